@@ -1,0 +1,52 @@
+"""Time sources.
+
+Every rule that depends on time (cooldown, idle PRs, claim TTL, schedules, token expiry,
+rate-limit resets) reads a `Clock` instead of the system time, so tests and the sandbox
+move time without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+
+class Clock:
+    """Wall-clock time; `sleep` really waits."""
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc)
+
+    def timestamp(self) -> float:
+        return self.now().timestamp()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class ManualClock(Clock):
+    """A clock that only moves when told to.
+
+    The sandbox GitHub owns one (its scenario's `now` plus every `advance_clock`), and in
+    `serve --sandbox` mode the bot shares it. `sleep` advances the clock instead of
+    waiting, so retry and backoff paths run instantly in tests; `slept` records each wait.
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = (start or datetime.now(timezone.utc)).astimezone(timezone.utc)
+        self.slept: list[float] = []
+
+    def now(self) -> datetime:
+        return self._now
+
+    def set(self, when: datetime) -> None:
+        self._now = when.astimezone(timezone.utc)
+
+    def advance(self, seconds: float) -> None:
+        self._now += timedelta(seconds=seconds)
+
+    async def sleep(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.slept.append(seconds)
+        self.advance(seconds)
+        await asyncio.sleep(0)

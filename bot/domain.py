@@ -1,0 +1,315 @@
+"""Plain data shared by Klaud's pure decision modules.
+
+Everything here is free of I/O: the catalog, overlap, outcome, planner and check modules
+exchange these frozen dataclasses, the store persists them, and handlers build them from
+payloads. Identities follow DESIGN §4 ("Candidate id") and domain §3.3 exactly, because
+branch names, claim refs and artifact names computed elsewhere must match ours bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+CANDIDATE_RE = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{16}$")
+FAMILY_RE = re.compile(r"^configs/[^/:]+-master\.yaml:[^\s:]+$")
+ARTIFACT_RE = re.compile(r"^klaud-candidate-([0-9a-f]{16}-[0-9a-f]{16})$")
+# Klaud's own PR branches; the older `klaude/` spelling still occurs on live repositories.
+OWN_BRANCH_RE = re.compile(r"^klaude?/auto-([0-9a-f]{16})-([0-9a-f]{16})$")
+
+OUTCOMES = (
+    "validated",
+    "capacity-deferred",
+    "readiness-blocked",
+    "incompatible",
+    "duplicate",
+    "retired",
+    "already-updated",
+    "uncertain",
+    "failed",
+    "handoff",
+    "unexpected-error",
+)
+PHASES = ("resolve", "baseline", "targeted", "final-sweep", "cleanup", "unknown")
+REASON_CODES = (
+    "baseline-preflight-mismatch",
+    "baseline-provenance-unverified",
+    "baseline-point-mismatch",
+    "baseline-eval-unverified",
+    "baseline-api-unavailable",
+    "baseline-other",
+)
+# Outcomes that retry at the next wave instead of cooling down (DESIGN §4 "Cooldown").
+RETRY_NEXT_WAVE_OUTCOMES = frozenset({"capacity-deferred"})
+# Check-run conclusions per outcome (DESIGN §4 "Check run"); everything else is `failure`.
+NEUTRAL_OUTCOMES = frozenset(
+    {"capacity-deferred", "handoff", "already-updated", "retired", "duplicate"}
+)
+
+Outcome = Literal[
+    "validated",
+    "capacity-deferred",
+    "readiness-blocked",
+    "incompatible",
+    "duplicate",
+    "retired",
+    "already-updated",
+    "uncertain",
+    "failed",
+    "handoff",
+    "unexpected-error",
+]
+TouchKind = Literal["image", "flags", "patch-unavailable"]
+DecisionKind = Literal[
+    "selected", "cooldown", "overlap", "capacity", "claimed", "in-flight", "held", "cap"
+]
+
+
+def identity(value: Any) -> str:
+    """SHA-256 hex of the canonical JSON of `value` (domain §2)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def normalized_image(image: str) -> str:
+    """Rewrite enroot's `registry#path` spelling to `registry/path` (domain §2)."""
+    registry, sep, rest = image.partition("#")
+    if sep and rest and ("." in registry or ":" in registry):
+        return f"{registry}/{rest}"
+    return image
+
+
+def family_hash(family: str) -> str:
+    return identity(family)[:16]
+
+
+def candidate_id(family: str, image: str) -> str:
+    return f"{family_hash(family)}-{identity(normalized_image(image))[:16]}"
+
+
+def claim_ref(family: str) -> str:
+    """Branch name (without `refs/heads/`) of a family's claim."""
+    return f"klaud/claim-{family_hash(family)}"
+
+
+def candidate_branch(candidate: str) -> str:
+    return f"klaud/auto-{candidate}"
+
+
+def artifact_name(candidate: str) -> str:
+    return f"klaud-candidate-{candidate}"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """Parse GitHub's ISO timestamps (`Z` suffix) into aware datetimes."""
+    if value is None:
+        return None
+    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if parsed.tzinfo is None:
+        raise ValueError(f"timestamp without a timezone: {value!r}")
+    return parsed.astimezone(timezone.utc)
+
+
+def stamp(value: datetime | None) -> str | None:
+    """ISO text with a `Z` suffix, the form every document and payload uses."""
+    if value is None:
+        return None
+    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One top-level key of a master config on the default branch."""
+
+    id: str  # "<path>:<key>"
+    path: str
+    key: str
+    image: str
+    runner: str
+    clusters: tuple[str, ...]
+    model_prefix: str | None
+    precision: str | None
+    framework: str | None
+    line_start: int  # 1-based line of `key:`
+    line_end: int  # last line of the block, inclusive
+    image_changed_at: datetime | None = None
+
+    @property
+    def normalized_image(self) -> str:
+        return normalized_image(self.image)
+
+    @property
+    def candidate(self) -> str:
+        return candidate_id(self.id, self.image)
+
+    @property
+    def family_hash(self) -> str:
+        return family_hash(self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class FileChange:
+    """What one changed file of a pull request touches, derived from its patch alone.
+
+    `keys` maps a top-level key of a master config to "image" (the key's own `image:` line
+    changed) or "flags" (any other non-blank, non-comment line of its block changed).
+    `unavailable` is set when neither the patch nor a local diff could be had: the PR then
+    overlaps every family of that file with reason `patch-unavailable`.
+    """
+
+    filename: str
+    previous_filename: str | None = None
+    keys: dict[str, Literal["image", "flags"]] = field(default_factory=dict)
+    unavailable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequest:
+    number: int
+    title: str
+    author: str
+    head_ref: str
+    head_sha: str
+    base_ref: str
+    draft: bool
+    labels: tuple[str, ...]
+    created_at: datetime | None
+    updated_at: datetime
+    klaud_own: bool
+    own_family_hash: str | None  # fam16 from a Klaud branch name, when it has one
+    changes: tuple[FileChange, ...] = ()
+    files_complete: bool = True
+    files_sha: str | None = None  # head SHA the `changes` were computed for
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One finished run of a candidate, read from its artifact or a receipt comment."""
+
+    candidate: str
+    family: str | None
+    run_id: int
+    run_attempt: int
+    base: str | None
+    completed_at: datetime
+    verified: bool
+    outcome: Outcome | None
+    phase: str | None
+    pull_request: int | None
+    reason_code: str | None
+    error: str | None  # error code when unverified, e.g. "artifact-expired"
+    source: Literal["artifact", "receipt", "run"] = "artifact"
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """One open pull request that blocks a family, with a reason for people."""
+
+    pr: int
+    kind: TouchKind  # "image", "flags" or "patch-unavailable"
+    reason: str  # e.g. "PR #4012 changes this family's image line"
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityReading:
+    """Which clusters may take Klaud work now (domain §4.5), fetched once per wave.
+
+    `error` is set (and `eligible` empty) when the feed is missing or structurally
+    invalid: Klaud fails closed and every capacity decision says why.
+    """
+
+    eligible: frozenset[str]
+    known: frozenset[str]
+    at: datetime
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    family: str
+    by: str
+    reason: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RetryApproval:
+    candidate: str
+    by: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    family: str
+    candidate: str
+    wave: int | None  # None when the ref was not made by Klaud's own wave (found on GitHub)
+    ref: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A candidate Klaud dispatched and whose outcome is not recorded yet."""
+
+    family: str
+    candidate: str
+    wave: int
+    base: str
+    at: datetime
+    run_id: int | None = None
+    finished: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    family: str
+    candidate: str
+    decision: DecisionKind
+    reason: str
+    until: datetime | None = None
+    pull_requests: tuple[int, ...] = ()
+    clusters: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Wave:
+    repo: str
+    at: datetime
+    base: str
+    wave: int
+    decisions: tuple[Decision, ...]
+
+    @property
+    def selected(self) -> tuple[str, ...]:
+        return tuple(d.candidate for d in self.decisions if d.decision == "selected")
+
+    def document(self) -> dict[str, Any]:
+        """The wave document of DESIGN §3.4."""
+        return {
+            "repo": self.repo,
+            "at": stamp(self.at),
+            "base": self.base,
+            "wave": self.wave,
+            "selected": list(self.selected),
+            "decisions": [
+                {
+                    "family": d.family,
+                    "candidate": d.candidate,
+                    "decision": d.decision,
+                    "reason": d.reason,
+                    "until": stamp(d.until),
+                    "pull_requests": list(d.pull_requests),
+                    "clusters": list(d.clusters),
+                }
+                for d in self.decisions
+            ],
+        }

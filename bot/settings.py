@@ -1,0 +1,202 @@
+"""Process settings (environment) and per-repository policy (`.github/klaud.yml`).
+
+Both are pydantic models so a bad value is reported with the name of the variable or key
+that holds it, never discovered later as an odd behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Mapping
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+
+POLICY_PATH = ".github/klaud.yml"
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message names the variable."""
+
+
+class Settings(BaseModel):
+    """Process settings from the environment (DESIGN §3.2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    webhook_secret: SecretStr | None = None
+    webhook_secret_previous: SecretStr | None = None
+    app_id: int | None = None
+    private_key: SecretStr | None = None
+    github_url: str = "https://api.github.com"
+    db: str = "sqlite:///klaud.db"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    dry_run: bool = False
+    bot_logins: tuple[str, ...] = ("klaud-cold[bot]", "Klaud-Cold")
+    capacity_url: str | None = None
+    capacity_token: SecretStr | None = None
+    log_format: Literal["json", "console"] = "json"
+
+    @field_validator("db")
+    @classmethod
+    def _sqlite_url(cls, value: str) -> str:
+        if not value.startswith("sqlite:///"):
+            raise ValueError("only sqlite:///PATH is supported")
+        return value
+
+    @field_validator("github_url", "capacity_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return value.rstrip("/") if value else value
+
+    @property
+    def db_path(self) -> str:
+        return self.db[len("sqlite:///") :]
+
+    def is_bot(self, login: str | None) -> bool:
+        if not login:
+            return False
+        wanted = login.lower()
+        return any(wanted == bot.lower() for bot in self.bot_logins)
+
+    def secrets(self) -> list[str]:
+        """Webhook secrets to accept, current first."""
+        return [
+            s.get_secret_value()
+            for s in (self.webhook_secret, self.webhook_secret_previous)
+            if s is not None and s.get_secret_value()
+        ]
+
+
+# Environment variable -> Settings field.
+_ENV_FIELDS = {
+    "KLAUD_WEBHOOK_SECRET": "webhook_secret",
+    "KLAUD_WEBHOOK_SECRET_PREVIOUS": "webhook_secret_previous",
+    "KLAUD_APP_ID": "app_id",
+    "KLAUD_PRIVATE_KEY": "private_key",
+    "KLAUD_GITHUB_URL": "github_url",
+    "KLAUD_DB": "db",
+    "KLAUD_HOST": "host",
+    "KLAUD_PORT": "port",
+    "KLAUD_DRY_RUN": "dry_run",
+    "KLAUD_BOT_LOGINS": "bot_logins",
+    "KLAUD_CAPACITY_URL": "capacity_url",
+    "KLAUD_CAPACITY_TOKEN": "capacity_token",
+    "KLAUD_LOG_FORMAT": "log_format",
+}
+_FIELD_ENV = {field: env for env, field in _ENV_FIELDS.items()}
+
+
+def load_settings(
+    env: Mapping[str, str] | None = None,
+    *,
+    require_secret: bool = False,
+    require_app: bool = False,
+) -> Settings:
+    """Read settings from `env` (default: the process environment).
+
+    Raises SettingsError with a one-line message naming the offending variable.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, object] = {}
+    for name, field in _ENV_FIELDS.items():
+        raw = env.get(name)
+        if raw is None or raw == "":
+            continue
+        if field == "bot_logins":
+            values[field] = tuple(login.strip() for login in raw.split(",") if login.strip())
+        elif field == "dry_run":
+            lowered = raw.strip().lower()
+            if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+                raise SettingsError(f"KLAUD_DRY_RUN: expected true or false, got {raw!r}")
+            values[field] = lowered in {"1", "true", "yes", "on"}
+        else:
+            values[field] = raw
+    key_file = env.get("KLAUD_PRIVATE_KEY_FILE")
+    if key_file and "private_key" not in values:
+        try:
+            values["private_key"] = Path(key_file).read_text()
+        except OSError as exc:
+            raise SettingsError(f"KLAUD_PRIVATE_KEY_FILE: cannot read {key_file}: {exc.strerror}")
+    try:
+        settings = Settings(**values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "?"
+        name = _FIELD_ENV.get(field, field)
+        raise SettingsError(f"{name}: {error['msg']}") from None
+    if require_secret and not settings.secrets():
+        raise SettingsError("KLAUD_WEBHOOK_SECRET: required to verify webhook deliveries")
+    if require_app:
+        if settings.app_id is None:
+            raise SettingsError("KLAUD_APP_ID: required to authenticate as the GitHub App")
+        if settings.private_key is None:
+            raise SettingsError(
+                "KLAUD_PRIVATE_KEY: required (or KLAUD_PRIVATE_KEY_FILE) to sign App JWTs"
+            )
+    return settings
+
+
+class Policy(BaseModel):
+    """Per-repository policy, `.github/klaud.yml` on the default branch (DESIGN §3.6)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cooldown_hours: int = Field(default=24, ge=1, le=168)
+    wave_every_minutes: int = Field(default=120, ge=10, le=10080)
+    max_candidates_per_wave: int = Field(default=5, ge=1, le=256)
+    max_in_flight: int = Field(default=10, ge=1, le=1024)
+    idle_days: int = Field(default=7, ge=1, le=365)
+    candidate_workflow: str = Field(default="klaud-candidate.yml", min_length=1)
+    outcome_workflows: tuple[str, ...] = ("klaud-candidate.yml", "klaud-plan.yml")
+    config_globs: tuple[str, ...] = ("configs/*-master.yaml",)
+    runners_file: str = "configs/runners.yaml"
+    family_files: tuple[str, ...] = ()
+    capacity_rule: Literal["all", "any"] = "all"
+    claim_ttl_hours: int = Field(default=12, ge=1, le=168)
+    enabled: bool = True
+
+    @field_validator("outcome_workflows", "config_globs")
+    @classmethod
+    def _not_empty(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("must name at least one entry")
+        return value
+
+
+class PolicyError(ValueError):
+    """`.github/klaud.yml` is unreadable or invalid; the message says where and why."""
+
+
+def parse_policy(text: str | None) -> Policy:
+    """Parse the policy file's text; None or an empty file means all defaults."""
+    if text is None or not text.strip():
+        return Policy()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PolicyError(f"{POLICY_PATH}: not valid YAML{where}") from None
+    if data is None:
+        return Policy()
+    if not isinstance(data, dict):
+        raise PolicyError(f"{POLICY_PATH}: expected a mapping at the top level")
+    try:
+        return Policy(**{str(k): v for k, v in data.items()})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '?'}: {err['msg']}" for err in exc.errors()
+        )
+        raise PolicyError(f"{POLICY_PATH}: {problems}") from None

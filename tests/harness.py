@@ -1,0 +1,80 @@
+"""Run a real Klaud server on 127.0.0.1 for tests, and sign deliveries like GitHub."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import uuid
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from bot.app import Klaud
+from bot.server import create_app
+from bot.settings import load_settings
+
+SECRET = "test-secret"
+PREVIOUS_SECRET = "old-secret"
+
+
+def sign(body: bytes, secret: str = SECRET) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def headers_for(event: str, body: bytes, *, delivery: str | None = None, secret: str = SECRET) -> dict[str, str]:
+    return {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+        "X-Hub-Signature-256": sign(body, secret),
+    }
+
+
+def make_settings(db_path: Path, **env: str):
+    values = {
+        "KLAUD_WEBHOOK_SECRET": SECRET,
+        "KLAUD_WEBHOOK_SECRET_PREVIOUS": PREVIOUS_SECRET,
+        "KLAUD_DB": f"sqlite:///{db_path}",
+        "KLAUD_LOG_FORMAT": "console",
+    }
+    values.update(env)
+    return load_settings(values)
+
+
+class Running:
+    def __init__(self, klaud: Klaud, url: str, session: aiohttp.ClientSession) -> None:
+        self.klaud = klaud
+        self.url = url
+        self.session = session
+
+    async def post(self, event: str, payload: Any, *, delivery: str | None = None, secret: str = SECRET) -> tuple[int, dict]:
+        body = json.dumps(payload).encode()
+        async with self.session.post(
+            f"{self.url}/webhook", data=body, headers=headers_for(event, body, delivery=delivery, secret=secret)
+        ) as response:
+            return response.status, await response.json()
+
+    async def get_json(self, path: str) -> tuple[int, Any]:
+        async with self.session.get(f"{self.url}{path}") as response:
+            return response.status, await response.json()
+
+
+@asynccontextmanager
+async def running_klaud(klaud: Klaud, *, drain: bool = True) -> AsyncIterator[Running]:
+    await klaud.start(drain=drain)
+    runner = web.AppRunner(create_app(klaud), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield Running(klaud, f"http://127.0.0.1:{port}", session)
+    finally:
+        await site.stop()
+        await klaud.stop(grace=5.0)
+        await runner.cleanup()

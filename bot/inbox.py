@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
     updated_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries(status)
-    WHERE status IN ('queued', 'processing');
+    WHERE status = 'queued';
 """
 
 # Headers worth keeping for processing and audits; the signature is not among them.
@@ -140,6 +140,7 @@ class Inbox:
         self._queues: dict[str, deque[Delivery]] = {}
         self._due: dict[str, float] = {}
         self._active: dict[str, asyncio.Task[None]] = {}
+        self._running: dict[str, Delivery] = {}
         self._wake = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
         self._stopping = False
@@ -178,11 +179,15 @@ class Inbox:
             return cur.rowcount == 1
 
         stored = await self._write(insert)
-        if stored and not self._stopping:
+        if stored:
             self._enqueue(delivery)
         return stored
 
     async def get(self, delivery_id: str) -> Delivery | None:
+        active = self._running.get(delivery_id)
+        if active is not None:
+            return active
+
         def select(conn: sqlite3.Connection) -> Delivery | None:
             row = conn.execute(
                 "SELECT id, event, action, repo, installation, headers, body, status,"
@@ -230,18 +235,14 @@ class Inbox:
     # -- draining ----------------------------------------------------------------------
 
     async def start(self) -> int:
-        """Queue every delivery acknowledged but not finished, then start draining.
-
-        A delivery found `processing` was interrupted by a crash: it runs again.
-        """
+        """Queue every delivery acknowledged but not finished, then start draining."""
 
         def pending(conn: sqlite3.Connection) -> list[Delivery]:
             rows = conn.execute(
                 "SELECT id, event, action, repo, installation, headers, body, status,"
                 " attempts, error FROM deliveries"
-                " WHERE status IN ('queued', 'processing') ORDER BY seq"
+                " WHERE status = 'queued' ORDER BY seq"
             ).fetchall()
-            conn.execute("UPDATE deliveries SET status = 'queued' WHERE status = 'processing'")
             return [_row_to_delivery(row) for row in rows]
 
         recovered = await self.db.run(pending)
@@ -301,6 +302,7 @@ class Inbox:
                 break
             task = asyncio.create_task(self._process(key, queue[0]))
             self._active[key] = task
+            self._running[queue[0].id] = queue[0]
         return next_due
 
     async def _process(self, key: str, delivery: Delivery) -> None:
@@ -312,9 +314,10 @@ class Inbox:
             installation=delivery.installation,
         )
         try:
+            # `processing` lives in memory only: after a crash an unfinished delivery is
+            # still `queued` in the store and runs again, which is all the state must say.
             delivery.attempts += 1
             delivery.status = "processing"
-            await self._save_status(delivery)
             started = time.perf_counter()
             try:
                 await asyncio.wait_for(self.handler(delivery), self.handler_timeout)
@@ -333,6 +336,7 @@ class Inbox:
                 self._finish(key)
         finally:
             self._active.pop(key, None)
+            self._running.pop(delivery.id, None)
             structlog.contextvars.clear_contextvars()
             self._wake.set()
 
@@ -392,7 +396,7 @@ class Inbox:
         """Stop taking work, let running handlers finish within `grace` seconds.
 
         Handlers still running after that are cancelled; their deliveries stay
-        `processing` in the store and run again at the next start.
+        `queued` in the store and run again at the next start.
         """
         self._stopping = True
         self._wake.set()

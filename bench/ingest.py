@@ -1,0 +1,168 @@
+"""Ingest benchmark: signed deliveries over loopback into a server with the SQLite inbox.
+
+Starts a Klaud server in a child process (real intake, real durable inbox, real worker; the
+handler only parses the payload so the figures measure intake and the inbox, not GitHub),
+sends N realistic `pull_request` deliveries from C concurrent clients, waits for the worker
+to drain, then counts what was processed and what was lost.
+
+Last line: {"deliveries_per_s", "p50_ms", "p99_ms", "processed", "lost"} where the
+latencies are acknowledgement latencies (request sent to 202 received).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.harness import SECRET, headers_for, make_settings  # noqa: E402
+
+
+def realistic_payload(number: int) -> dict:
+    """A pull_request payload shaped like GitHub's (about 20 KB, like real ones)."""
+    fixture = Path(os.environ.get("KLAUD_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+    example = fixture / "octokit-webhooks" / "pull_request" / "synchronize.payload.json"
+    if example.exists():
+        payload = json.loads(example.read_text())
+    else:
+        user = {"login": "bob", "id": 2, "type": "User", "site_admin": False}
+        repo = {"id": 1, "name": "bench", "full_name": "acme/bench", "private": False, "owner": user,
+                "default_branch": "main", "description": "x" * 200}
+        payload = {
+            "action": "synchronize",
+            "pull_request": {"number": 1, "state": "open", "title": "Bump image", "user": user,
+                             "body": "y" * 4000, "head": {"ref": "bump", "sha": "a" * 40, "repo": repo},
+                             "base": {"ref": "main", "sha": "b" * 40, "repo": repo}, "draft": False,
+                             "labels": [], "updated_at": "2026-11-30T08:00:00Z"},
+            "repository": repo,
+            "sender": user,
+        }
+    payload["number"] = number
+    payload["installation"] = {"id": 1, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uMQ=="}
+    payload["repository"]["full_name"] = f"acme/bench-{number % 8}"
+    return payload
+
+
+async def serve(db: str, port_file: str) -> None:
+    from aiohttp import web
+    from gidgethub import routing
+
+    from bot.app import Klaud
+    from bot.log import configure_logging
+    from bot.server import create_app
+
+    configure_logging("json")
+    router = routing.Router()
+
+    @router.register("pull_request")
+    async def parse_only(event, ctx) -> None:
+        assert event.data["pull_request"]["head"]["sha"]
+
+    klaud = Klaud(make_settings(Path(db)), router=router)
+    await klaud.start()
+    runner = web.AppRunner(create_app(klaud), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    Path(port_file).write_text(str(site._server.sockets[0].getsockname()[1]))
+    await asyncio.Event().wait()
+
+
+async def load(url: str, deliveries: int, clients: int) -> tuple[list[float], list[str], float]:
+    bodies = [json.dumps(realistic_payload(n)).encode() for n in range(deliveries)]
+    ids = [str(uuid.uuid4()) for _ in range(deliveries)]
+    latencies: list[float] = []
+    accepted: list[str] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(deliveries):
+        queue.put_nowait(index)
+    connector = aiohttp.TCPConnector(limit=clients)
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def client() -> None:
+            while not queue.empty():
+                index = queue.get_nowait()
+                headers = headers_for("pull_request", bodies[index], delivery=ids[index], secret=SECRET)
+                started = time.perf_counter()
+                async with session.post(f"{url}/webhook", data=bodies[index], headers=headers) as response:
+                    await response.read()
+                    if response.status == 202:
+                        accepted.append(ids[index])
+                latencies.append((time.perf_counter() - started) * 1000)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed = time.perf_counter() - started
+
+        # Wait for the worker to drain before counting.
+        for _ in range(6000):
+            async with session.get(f"{url}/readyz") as response:
+                if (await response.json())["backlog"] == 0:
+                    break
+            await asyncio.sleep(0.05)
+    return latencies, accepted, elapsed
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--deliveries", type=int, default=5000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--serve", nargs=2, metavar=("DB", "PORT_FILE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(*args.serve))
+        return
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db, port_file = Path(tmp) / "bench.db", Path(tmp) / "port"
+        server = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(db), str(port_file)],
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            while not (port_file.exists() and port_file.read_text()):
+                if server.poll() is not None:
+                    raise SystemExit("the benchmark server did not start")
+                time.sleep(0.05)
+            url = f"http://127.0.0.1:{port_file.read_text()}"
+            latencies, accepted, elapsed = asyncio.run(load(url, args.deliveries, args.clients))
+        finally:
+            server.terminate()
+            server.wait()
+        with sqlite3.connect(db) as conn:
+            done = {row[0] for row in conn.execute("SELECT id FROM deliveries WHERE status = 'done'")}
+    processed = len(done)
+    lost = len(set(accepted) - done)
+    print(f"sent {args.deliveries} deliveries from {args.clients} clients in {elapsed:.2f} s; "
+          f"accepted {len(accepted)}; processed {processed}")
+    print(json.dumps({
+        "deliveries_per_s": round(args.deliveries / elapsed, 1),
+        "p50_ms": round(statistics.median(latencies), 2),
+        "p99_ms": round(percentile(latencies, 0.99), 2),
+        "processed": processed,
+        "lost": lost,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import pytest
+
+from bot.log import configure_logging
+
+# Logs go to stderr (pytest shows them for failing tests); stdout stays for what commands print.
+configure_logging("console", logging.INFO)
 
 ROOT = Path(__file__).resolve().parent.parent
 

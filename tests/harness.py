@@ -78,3 +78,57 @@ async def running_klaud(klaud: Klaud, *, drain: bool = True) -> AsyncIterator[Ru
         await site.stop()
         await klaud.stop(grace=5.0)
         await runner.cleanup()
+
+
+@asynccontextmanager
+async def sandbox_stack(tmp_path: Path, scenario: dict[str, Any], **options: Any) -> AsyncIterator["SandboxRun"]:
+    """Klaud with the sandbox GitHub mounted (like `klaud serve --sandbox`), on a free port."""
+    from bot.runtime import start_stack
+
+    settings = make_settings(tmp_path / "klaud.db", KLAUD_PORT="0", **options.pop("env", {}))
+    klaud_options = {"check_delay_seconds": 0.02, "inbox_options": {"base_delay": 0.005, "max_delay": 0.02}}
+    klaud_options.update(options.pop("klaud_options", {}))
+    stack = await start_stack(
+        settings, scenario=scenario, sandbox_mode=True, schedule=False, klaud_options=klaud_options, **options
+    )
+    try:
+        yield SandboxRun(stack)
+    finally:
+        await stack.stop()
+
+
+class SandboxRun:
+    """Drive the sandbox and wait for the bot to have processed what it delivered."""
+
+    def __init__(self, stack: Any) -> None:
+        self.stack = stack
+        self.klaud: Klaud = stack.klaud
+        self.sandbox = stack.sandbox
+        self.url = stack.url
+
+    async def act(self, action: dict[str, Any]) -> dict[str, Any]:
+        answer = await self.sandbox.act(action)
+        await self.settle()
+        return answer
+
+    async def settle(self) -> None:
+        """Until no delivery, background webhook or check-run flush is pending."""
+        for _ in range(20):
+            await self.sandbox.drain()
+            await self.klaud.inbox.drained()
+            await self.klaud.checks.settle()
+            if not self.sandbox._tasks and self.klaud.inbox.backlog == 0:
+                return
+
+    def state(self, repo: str = "acme/bench") -> dict[str, Any]:
+        return self.klaud.live.repo(repo).state_document(self.klaud.clock.now())
+
+    def github(self, repo: str = "acme/bench") -> dict[str, Any]:
+        return self.sandbox.state_document()["repositories"][repo]
+
+    def reset_requests(self) -> None:
+        self.sandbox.log.reset()
+
+    @property
+    def requests(self) -> dict[str, Any]:
+        return self.sandbox.request_log

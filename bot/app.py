@@ -4,19 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import structlog
 from gidgethub import routing, sansio
 
+from bot.capacity import CapacityFeed
+from bot.checkruns import CheckPublisher
 from bot.clock import Clock
+from bot.github import GitHubApp, GitHubError
 from bot.inbox import Delivery, Inbox
+from bot.live import LiveState
+from bot.responder import CommandResponder
+from bot.scheduler import Scheduler
 from bot.settings import Settings
 from bot.store.db import Database
+from bot.store.state import StateStore
+from bot.waves import WaveRunner
 from handlers.context import HandlerContext
 
 log = structlog.get_logger("klaud.app")
 
 
 class Klaud:
+    """Everything one process runs. Construct it inside a running event loop."""
+
     def __init__(
         self,
         settings: Settings,
@@ -24,6 +35,7 @@ class Klaud:
         clock: Clock | None = None,
         router: routing.Router | None = None,
         inbox_options: dict[str, Any] | None = None,
+        check_delay_seconds: float = 3.0,
     ) -> None:
         if router is None:
             from handlers import router as default_router
@@ -34,15 +46,64 @@ class Klaud:
         self.router = router
         self.db = Database(settings.db_path)
         self.inbox = Inbox(self.db, self.handle, **(inbox_options or {}))
+        self.store = StateStore(self.db)
+        self.session = aiohttp.ClientSession()
+        self.github = GitHubApp(
+            self.session,
+            base_url=settings.github_url,
+            app_id=settings.app_id,
+            private_key=settings.private_key.get_secret_value() if settings.private_key else None,
+            clock=self.clock,
+            dry_run=settings.dry_run,
+        )
+        self.live = LiveState(self.store, self.github, settings, self.clock)
+        self.capacity = CapacityFeed(
+            self.session,
+            settings.capacity_url,
+            settings.capacity_token.get_secret_value() if settings.capacity_token else None,
+            self.clock,
+        )
+        self.waves = WaveRunner(self.live, self.capacity, self.clock, dry_run=settings.dry_run)
+        self.scheduler = Scheduler(self.live, self.waves, self.clock, discover=self.reconcile_new_installations)
+        self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
+        self.commands = CommandResponder(self.live, self.waves, self.clock)
 
-    async def start(self, *, drain: bool = True) -> None:
+    async def start(self, *, drain: bool = True, schedule: bool = False, reconcile: bool = False) -> None:
         await self.inbox.open()
+        await self.store.open()
+        await self.live.load()
+        # With local state a restart makes no GitHub call: installations added while the
+        # process was down are found by the scheduler's periodic discovery instead.
+        if reconcile and not self.live.repos:
+            await self.reconcile_new_installations()
         if drain:
             await self.inbox.start()
+        if schedule:
+            self.scheduler.start()
 
     async def stop(self, grace: float = 10.0) -> None:
+        await self.scheduler.stop()
         await self.inbox.stop(grace)
+        await self.checks.close()
+        await self.session.close()
         await self.db.close()
+
+    async def reconcile_new_installations(self) -> list[str]:
+        """Reconcile every installed repository that has no local state yet."""
+        done = []
+        try:
+            installations = await self.github.installations()
+        except GitHubError as exc:
+            log.error("startup.installations_unavailable", error=str(exc))
+            return done
+        for installation in installations:
+            client = self.github.installation(int(installation["id"]))
+            for repo in await client.repositories():
+                name = repo["full_name"]
+                if self.live.repo(name) is None:
+                    await self.live.reconcile(name, int(installation["id"]))
+                    done.append(name)
+        return done
 
     async def handle(self, delivery: Delivery) -> None:
         """Route one stored delivery to its handlers."""
@@ -53,7 +114,9 @@ class Klaud:
         await self.router.dispatch(event, HandlerContext(self, delivery))
 
     async def state_document(self, repo: str) -> dict[str, Any] | None:
-        return None
+        state = self.live.repo(repo)
+        return None if state is None else state.state_document(self.clock.now())
 
     async def plan_document(self, repo: str) -> dict[str, Any] | None:
-        return None
+        wave = await self.waves.preview(repo)
+        return None if wave is None else wave.document()

@@ -9,15 +9,20 @@ import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import structlog
 from aiohttp import web
 
 from bot.app import Klaud
+from bot.domain import parse_time
+from bot.github import GitHubError
 from bot.inbox import Delivery
 from bot.log import configure_logging
-from bot.server import create_app
+from bot.report import render_wave_table
+from bot.runtime import scenario_from, start_stack
+from bot.demo import run_demo
+from bot.sandbox import Sandbox, ScenarioError, load_scenario
 from bot.settings import Settings, SettingsError, load_settings
 
 log = structlog.get_logger("klaud.cli")
@@ -28,40 +33,111 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="klaud", description=__doc__)
+    parser = argparse.ArgumentParser(prog="klaud", description="Klaud: plans image-refresh waves from webhook-fed state.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the bot")
-    serve.add_argument("--sandbox", action="store_true", help="also run the sandbox GitHub")
-    serve.add_argument("--scenario", type=Path, help="scenario file for --sandbox")
+    serve.add_argument("--sandbox", action="store_true", help="also run the sandbox GitHub in this process")
+    serve.add_argument("--scenario", type=Path, help="scenario file for --sandbox (default: the bundled one)")
 
-    receive = sub.add_parser("receive", help="feed one payload through the handlers")
+    demo = sub.add_parser("demo", help="sandbox + bot + the scenario's timeline, then one wave")
+    demo.add_argument("--once", action="store_true", help="exit after printing the wave")
+    demo.add_argument("--scenario", type=Path)
+
+    sandbox = sub.add_parser("sandbox", help="the sandbox GitHub alone")
+    sandbox.add_argument("--port", type=int, default=8081)
+    sandbox.add_argument("--scenario", type=Path)
+    sandbox.add_argument("--deliver-to", dest="deliver_to", help="URL that receives the webhooks")
+
+    plan = sub.add_parser("plan", help="the next wave's decisions from local state (dispatches nothing)")
+    plan.add_argument("--repo", help="OWNER/NAME (default: every repository in the store)")
+    plan.add_argument("--at", help="ISO time to plan for (default: now)")
+    plan.add_argument("--json", action="store_true", help="print the wave document")
+
+    receive = sub.add_parser("receive", help="feed one payload through the handlers (no HTTP, no signature)")
     receive.add_argument("--event", required=True)
     receive.add_argument("--payload", required=True, type=Path)
     receive.add_argument("--delivery", default=None)
+
+    reconcile = sub.add_parser("reconcile", help="rebuild local state from the GitHub API")
+    reconcile.add_argument("--repo", help="OWNER/NAME (default: every installed repository)")
     return parser
 
 
-async def _serve(settings: Settings, args: argparse.Namespace) -> None:
-    klaud = Klaud(settings)
-    await klaud.start()
-    app = create_app(klaud)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
-    await site.start()
-    log.info("serve.listening", host=settings.host, port=settings.port)
+async def _wait_for_signal() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+async def _serve(settings: Settings, args: argparse.Namespace) -> None:
+    stack = await start_stack(settings, scenario=scenario_from(args.scenario), sandbox_mode=args.sandbox)
+    await _wait_for_signal()
     log.info("serve.stopping")
-    # Stop accepting webhooks first, then let running handlers finish.
-    await site.stop()
-    await klaud.stop(grace=10.0)
-    await runner.cleanup()
+    # The server stops taking webhooks first; running handlers then finish (bounded).
+    await stack.stop()
     log.info("serve.stopped")
+
+
+async def _sandbox(settings: Settings, args: argparse.Namespace) -> None:
+    secret = settings.secrets()[0] if settings.secrets() else None
+    sandbox = Sandbox(scenario_from(args.scenario) or load_scenario(None), webhook_secret=secret, deliver_to=args.deliver_to)
+    runner = web.AppRunner(sandbox.create_app(), handle_signals=False, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.host, args.port).start()
+    sandbox.world.origin = f"http://{settings.host}:{args.port}"
+    print(f"sandbox GitHub at http://{settings.host}:{args.port}/_sandbox/github", flush=True)
+    await _wait_for_signal()
+    await runner.cleanup()
+
+
+async def _demo(settings: Settings, args: argparse.Namespace) -> int:
+    return await run_demo(settings, scenario=scenario_from(args.scenario), once=args.once, wait=_wait_for_signal)
+
+
+async def _plan(settings: Settings, args: argparse.Namespace) -> int:
+    at = None
+    if args.at:
+        try:
+            at = parse_time(args.at)
+        except ValueError:
+            raise UsageError(f"--at: not an ISO time with a timezone: {args.at!r}") from None
+    klaud = Klaud(settings)
+    await klaud.start(drain=False)
+    try:
+        repos = [args.repo] if args.repo else sorted(klaud.live.repos)
+        if args.repo and klaud.live.repo(args.repo) is None:
+            raise UsageError(f"--repo: {args.repo} has no local state (run `klaud reconcile --repo {args.repo}`)")
+        for repo in repos:
+            wave = await klaud.waves.preview(repo, at)
+            assert wave is not None
+            if args.json:
+                print(json.dumps(wave.document(), indent=2))
+            else:
+                print(render_wave_table(wave))
+    finally:
+        await klaud.stop()
+    return 0
+
+
+async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
+    klaud = Klaud(settings)
+    await klaud.start(drain=False)
+    try:
+        targets: list[tuple[str, int]] = []
+        for installation in await klaud.github.installations():
+            for repo in await klaud.github.installation(int(installation["id"])).repositories():
+                if args.repo is None or repo["full_name"].lower() == args.repo.lower():
+                    targets.append((repo["full_name"], int(installation["id"])))
+        if args.repo and not targets:
+            raise UsageError(f"--repo: {args.repo} is not installed for this App")
+        for name, installation in targets:
+            print(json.dumps(await klaud.live.reconcile(name, installation)))
+    finally:
+        await klaud.stop()
+    return 0
 
 
 async def _receive(settings: Settings, args: argparse.Namespace) -> int:
@@ -96,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(
             require_secret=args.command == "serve",
-            require_app=args.command == "serve" and not getattr(args, "sandbox", False),
+            require_app=(args.command == "serve" and not args.sandbox) or args.command == "reconcile",
         )
     except SettingsError as exc:
         print(f"klaud: {exc}", file=sys.stderr)
@@ -107,14 +183,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"klaud: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except (ScenarioError, SettingsError) as exc:
+        print(f"klaud: {exc}", file=sys.stderr)
+        return 2
+    except GitHubError as exc:
+        print(f"klaud: GitHub answered {exc}", file=sys.stderr)
         return 1
 
 
-async def _run(settings: Settings, args: argparse.Namespace) -> Any:
-    if args.command == "serve":
-        await _serve(settings, args)
-        return 0
-    if args.command == "receive":
-        return await _receive(settings, args)
-    raise UsageError(f"unknown command {args.command}")
+COMMANDS = {
+    "serve": _serve,
+    "sandbox": _sandbox,
+    "demo": _demo,
+    "plan": _plan,
+    "receive": _receive,
+    "reconcile": _reconcile,
+}
+
+
+async def _run(settings: Settings, args: argparse.Namespace) -> int:
+    result = await COMMANDS[args.command](settings, args)
+    return 0 if result is None else int(result)

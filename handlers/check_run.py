@@ -1,4 +1,4 @@
-"""`check_run` events."""
+"""`check_run`: re-render ours when a person asks; our own created/completed events are ignored."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from handlers.context import HandlerContext
 router = routing.Router()
 
 
-@router.register("check_run")
-async def on_check_run(event: sansio.Event, ctx: HandlerContext) -> None:
-    ctx.log.info("handler.ran", handler="check_run")
-
+@router.register("check_run", action="rerequested")
+async def on_rerequested(event: sansio.Event, ctx: HandlerContext) -> None:
+    await ctx.klaud.checks.rerequested(event.data)

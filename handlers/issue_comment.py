@@ -1,4 +1,4 @@
-"""`issue_comment` events."""
+"""`issue_comment`: completion receipts from the bot, `/klaud` commands from people."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ from handlers.context import HandlerContext
 router = routing.Router()
 
 
-@router.register("issue_comment")
-async def on_issue_comment(event: sansio.Event, ctx: HandlerContext) -> None:
-    ctx.log.info("handler.ran", handler="issue_comment")
-
+@router.register("issue_comment", action="created")
+async def on_comment_created(event: sansio.Event, ctx: HandlerContext) -> None:
+    author = (event.data["comment"].get("user") or {}).get("login")
+    if ctx.klaud.settings.is_bot(author):
+        # The bot's own comments: a receipt counts as an outcome, anything else is ignored.
+        await ctx.klaud.live.on_receipt(event.data)
+        return
+    await ctx.klaud.commands.handle(event.data)

@@ -1,4 +1,4 @@
-"""`push` events."""
+"""`push`: the default branch's configs, runners.yaml and policy; claim refs made elsewhere."""
 
 from __future__ import annotations
 
@@ -11,5 +11,4 @@ router = routing.Router()
 
 @router.register("push")
 async def on_push(event: sansio.Event, ctx: HandlerContext) -> None:
-    ctx.log.info("handler.ran", handler="push")
-
+    await ctx.klaud.live.on_push(event.data)

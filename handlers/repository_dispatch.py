@@ -1,4 +1,4 @@
-"""`repository_dispatch` events."""
+"""`repository_dispatch` with action `klaud-plan`: run a wave now."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from handlers.context import HandlerContext
 router = routing.Router()
 
 
-@router.register("repository_dispatch")
-async def on_repository_dispatch(event: sansio.Event, ctx: HandlerContext) -> None:
-    ctx.log.info("handler.ran", handler="repository_dispatch")
-
+@router.register("repository_dispatch", action="klaud-plan")
+async def on_plan_requested(event: sansio.Event, ctx: HandlerContext) -> None:
+    state = await ctx.klaud.live.state_for(event.data)
+    if state is not None:
+        await ctx.klaud.waves.run(state.name, trigger="repository_dispatch")

@@ -1,4 +1,4 @@
-"""`workflow_run` events."""
+"""`workflow_run`: outcomes of candidate runs enter the ledger."""
 
 from __future__ import annotations
 
@@ -11,5 +11,4 @@ router = routing.Router()
 
 @router.register("workflow_run")
 async def on_workflow_run(event: sansio.Event, ctx: HandlerContext) -> None:
-    ctx.log.info("handler.ran", handler="workflow_run")
-
+    await ctx.klaud.live.on_workflow_run(event.data)

@@ -1,0 +1,109 @@
+"""Starting and stopping the whole stack: Klaud's server, optionally with the sandbox GitHub.
+
+`klaud serve`, `klaud demo`, the integration tests and the benchmarks all start Klaud the
+same way through `start_stack`, so what the tests exercise is what `serve` runs.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from pydantic import SecretStr
+
+from bot.app import Klaud
+from bot.sandbox import Sandbox, load_scenario
+from bot.server import create_app
+from bot.settings import Settings
+
+log = structlog.get_logger("klaud.runtime")
+
+SANDBOX_APP_ID = 1
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def generate_app_key() -> tuple[str, Any]:
+    """A throw-away App key for sandbox mode: (private PEM, public key)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    return pem, key.public_key()
+
+
+@dataclass
+class Stack:
+    klaud: Klaud
+    runner: web.AppRunner
+    url: str
+    sandbox: Any = None  # bot.sandbox.Sandbox in sandbox mode
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+        await self.klaud.stop()
+
+
+async def start_stack(
+    settings: Settings,
+    *,
+    scenario: dict[str, Any] | None = None,
+    sandbox_mode: bool = False,
+    schedule: bool = True,
+    reconcile: bool = True,
+    klaud_options: dict[str, Any] | None = None,
+) -> Stack:
+    """Start Klaud on settings.host:settings.port (0 picks a free port).
+
+    In sandbox mode the sandbox GitHub is mounted in the same server, the bot's GitHub and
+    capacity URLs point at it, its webhooks are delivered to the bot's /webhook signed with
+    the bot's secret, and the bot follows the sandbox clock.
+    """
+    port = settings.port or free_port(settings.host)
+    url = f"http://{settings.host}:{port}"
+    sandbox = None
+    clock = None
+    if sandbox_mode:
+        private_pem, public_key = generate_app_key()
+        secret = settings.secrets()[0] if settings.secrets() else None
+        sandbox = Sandbox(
+            scenario if scenario is not None else load_scenario(None),
+            webhook_secret=secret,
+            deliver_to=f"{url}/webhook",
+            app_id=SANDBOX_APP_ID,
+            app_public_key=public_key,
+        )
+        clock = sandbox.clock
+        settings = settings.model_copy(
+            update={
+                "github_url": f"{url}/_sandbox/github",
+                "app_id": SANDBOX_APP_ID,
+                "private_key": SecretStr(private_pem),
+                "capacity_url": settings.capacity_url or f"{url}/_sandbox/capacity",
+            }
+        )
+    klaud = Klaud(settings, clock=clock, **(klaud_options or {}))
+    app = create_app(klaud, extra_routes=sandbox.add_routes if sandbox else None)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, port)
+    await site.start()
+    if sandbox is not None:
+        sandbox.world.origin = url
+    await klaud.start(drain=True, schedule=schedule, reconcile=reconcile)
+    log.info("serve.listening", url=url, sandbox=sandbox is not None)
+    return Stack(klaud, runner, url, sandbox)
+
+
+def scenario_from(path: Path | None) -> dict[str, Any] | None:
+    return None if path is None else load_scenario(path)

@@ -1,0 +1,175 @@
+"""The edge of the sandbox REST API: everything between an HTTP request and a handler.
+
+Order per request, as GitHub behaves: route lookup, injected faults, authentication, the
+rate-limit budget, the handler; then pagination, ETag/304 and the rate-limit headers on
+the answer, and one line in the request log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from typing import Any, Callable
+
+from aiohttp import web
+
+from bot.sandbox.gate import ApiError, Auth, Faults, RateLimits, RequestLog, fault_error
+from bot.sandbox.rest import Call, Reply, build_router
+from bot.sandbox.world import Event, World
+
+PREFIX = "/_sandbox/github"
+DEFAULT_PER_PAGE = 30
+MAX_PER_PAGE = 100
+WRITE_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
+
+
+class Api:
+    def __init__(
+        self,
+        world: World,
+        auth: Auth,
+        faults: Faults,
+        limits: RateLimits,
+        log: RequestLog,
+        announce: Callable[[list[Event]], None],
+    ) -> None:
+        self.world = world
+        self.auth = auth
+        self.faults = faults
+        self.limits = limits
+        self.log = log
+        self.announce = announce
+        self.router = build_router()
+        self.request_count = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        origin = str(request.url.origin())
+        self.world.origin = origin
+        method = request.method
+        path = request.path[len(PREFIX):] or "/"
+        matched = self.router.match(method, path)
+        route = f"{method} {matched[0]}" if matched else f"{method} (unknown route)"
+        budget = self.budget_key(None, matched[2] if matched else {})
+        announce: list[Event] = []
+        counted = False
+        try:
+            rule = self.faults.pick(method, path)
+            if rule is not None and rule.latency_ms:
+                # Real time, not the sandbox clock: this is how client timeouts are provoked.
+                await asyncio.sleep(rule.latency_ms / 1000)
+            if rule is not None and (rule.status or rule.ratelimit_remaining_zero):
+                raise fault_error(rule, self.limits, budget)
+            if matched is None:
+                raise ApiError(404, "Not Found")
+            template, handler, params = matched
+            installation = self.auth.installation_for(path, request.headers.get("Authorization"))
+            budget = self.budget_key(installation, params)
+            if self.limits.exhausted(budget):
+                raise ApiError(403, f"API rate limit exceeded for installation ID {budget}.",
+                               self.limits.headers(budget, exhausted=True))
+            counted = True
+            call = Call(
+                world=self.world,
+                shapes=self.world.shapes(origin),
+                params=params,
+                query=request.query,
+                body=await read_json(request),
+                accept=request.headers.get("Accept", ""),
+                installation_id=installation if self.auth.strict else None,
+                origin=origin,
+                announce=announce,
+            )
+            reply = handler(call)
+        except ApiError as error:
+            reply = Reply(error.status, error.body(), dict(error.headers))
+        response = self.render(request, reply)
+        if counted and response.status != 304:
+            self.limits.spend(budget)
+        for name, value in self.limits.headers(budget).items():
+            response.headers.setdefault(name, value)
+        self.log.record(method, path, route, response.status, self.world.now())
+        if announce:
+            self.announce(announce)
+        return response
+
+    def budget_key(self, installation: int | None, params: dict[str, str]) -> str:
+        """Whose hourly budget a request spends: its installation's, else the App's."""
+        if installation is not None:
+            return str(installation)
+        if "owner" in params and "repo" in params:
+            repo = self.world.repos.get(f"{params['owner']}/{params['repo']}".lower())
+            if repo is not None:
+                return str(repo.installation_id)
+        return "app"
+
+    def render(self, request: web.Request, reply: Reply) -> web.Response:
+        self.request_count += 1
+        headers = {
+            "x-github-media-type": "github.v3; format=json",
+            "x-github-api-version-selected": "2022-11-28",
+            "x-github-request-id": f"SANDBOX:{self.request_count:08X}",
+            **reply.headers,
+        }
+        body = reply.body
+        if reply.items is not None:
+            body, link = paginate(request, reply)
+            if link:
+                headers["link"] = link
+        if reply.raw is not None:
+            payload, content_type = reply.raw, reply.content_type
+        elif body is not None:
+            payload, content_type = json.dumps(body).encode("utf-8"), "application/json"
+        else:
+            return web.Response(status=reply.status, headers=headers)
+        if request.method == "GET" and reply.status == 200:
+            etag = 'W/"' + hashlib.sha1(payload).hexdigest() + '"'
+            headers["etag"] = etag
+            if etag in request.headers.get("If-None-Match", ""):
+                return web.Response(status=304, headers=headers)
+        return web.Response(status=reply.status, body=payload, headers=headers,
+                            content_type=content_type, charset="utf-8")
+
+
+async def read_json(request: web.Request) -> Any:
+    if request.method not in WRITE_METHODS or not request.can_read_body:
+        return None
+    raw = await request.read()
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "Problems parsing JSON") from None
+
+
+def int_param(request: web.Request, name: str, default: int) -> int:
+    try:
+        return int(request.query.get(name, default))
+    except ValueError:
+        return default
+
+
+def paginate(request: web.Request, reply: Reply) -> tuple[Any, str]:
+    """One page of `reply.items` and GitHub's `Link` header (rel prev/next/last/first)."""
+    items = reply.items or []
+    per_page = min(max(int_param(request, "per_page", DEFAULT_PER_PAGE), 1), MAX_PER_PAGE)
+    page = max(int_param(request, "page", 1), 1)
+    last = max(1, -(-len(items) // per_page))
+    chunk = items[(page - 1) * per_page: page * per_page]
+
+    def url(number: int) -> str:
+        return str(request.url.update_query(page=str(number), per_page=str(per_page)))
+
+    links = []
+    if page > 1:
+        links.append(f'<{url(min(page - 1, last))}>; rel="prev"')
+    if page < last:
+        links.append(f'<{url(page + 1)}>; rel="next"')
+        links.append(f'<{url(last)}>; rel="last"')
+    if page > 1:
+        links.append(f'<{url(1)}>; rel="first"')
+    body: Any = chunk
+    if reply.wrap is not None:
+        body = {"total_count": len(items), **reply.extra, reply.wrap: chunk}
+    return body, ", ".join(links)

@@ -1,0 +1,95 @@
+"""Webhook payloads, shaped like GitHub's own (octokit-webhooks examples).
+
+Every payload an App receives carries `repository`, `sender` and `installation`, plus
+`organization` when the repository belongs to one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.sandbox.shapes import Shapes
+from bot.sandbox.state import CheckRun, Commit, IssueComment, PullRequest, RepoState, WorkflowRun
+from bot.sandbox.world import Event, World
+
+
+class Payloads:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.shapes: Shapes = world.shapes()
+
+    def envelope(
+        self, repo: RepoState, sender: str, fields: dict[str, Any], push: bool = False
+    ) -> dict[str, Any]:
+        payload = dict(fields)
+        payload["repository"] = (
+            self.shapes.push_repository(repo) if push else self.shapes.repository(repo)
+        )
+        if repo.owner_type == "Organization":
+            payload["organization"] = self.shapes.organization(repo)
+        payload["sender"] = self.shapes.user(sender)
+        payload["installation"] = self.shapes.installation_ref(repo.installation_id)
+        return payload
+
+    def pull_request(
+        self, repo: RepoState, pull: PullRequest, action: str, sender: str, **extra: Any
+    ) -> Event:
+        fields = {
+            "action": action,
+            "number": pull.number,
+            "pull_request": self.shapes.pull_request(repo, pull),
+            **extra,
+        }
+        return Event("pull_request", self.envelope(repo, sender, fields))
+
+    def push(self, repo: RepoState, before: Commit, after: Commit, pusher: str) -> Event:
+        known = set(repo.ancestors(before.sha))
+        new = [sha for sha in repo.ancestors(after.sha) if sha not in known]
+        commits = sorted((repo.commits[sha] for sha in new), key=lambda c: c.seq)
+        listed = [self.shapes.push_commit(repo, c, repo.commit_changes(c)) for c in commits]
+        fields = {
+            "ref": repo.default_ref,
+            "before": before.sha,
+            "after": after.sha,
+            "created": False,
+            "deleted": False,
+            "forced": False,
+            "base_ref": None,
+            "compare": (
+                f"{self.shapes.web}/{repo.full_name}/compare/{before.sha[:12]}...{after.sha[:12]}"
+            ),
+            "commits": listed,
+            "head_commit": listed[-1] if listed else None,
+            "pusher": {"name": pusher, "email": f"{pusher}@users.noreply.github.com"},
+        }
+        return Event("push", self.envelope(repo, pusher, fields, push=True))
+
+    def issue_comment(self, repo: RepoState, comment: IssueComment, action: str = "created") -> Event:
+        fields = {
+            "action": action,
+            "issue": self.shapes.issue(repo, comment.issue_number),
+            "comment": self.shapes.comment(repo, comment),
+        }
+        return Event("issue_comment", self.envelope(repo, comment.user, fields))
+
+    def workflow_run(self, repo: RepoState, run: WorkflowRun, action: str) -> Event:
+        fields = {
+            "action": action,
+            "workflow_run": self.shapes.workflow_run(repo, run),
+            "workflow": self.shapes.workflow(repo, run.workflow),
+        }
+        return Event("workflow_run", self.envelope(repo, run.actor, fields))
+
+    def check_run(self, repo: RepoState, check: CheckRun, action: str, sender: str) -> Event:
+        fields = {"action": action, "check_run": self.shapes.check_run(repo, check)}
+        return Event("check_run", self.envelope(repo, sender, fields))
+
+    def repository_dispatch(
+        self, repo: RepoState, event_type: str, client_payload: dict[str, Any], sender: str
+    ) -> Event:
+        fields = {
+            "action": event_type,
+            "branch": repo.default_branch,
+            "client_payload": client_payload,
+        }
+        return Event("repository_dispatch", self.envelope(repo, sender, fields))

@@ -1,0 +1,795 @@
+"""GitHub's REST routes the bot uses, answered from the sandbox state.
+
+Each handler takes a `Call` and answers a `Reply` (or raises `ApiError`); the edge in
+`api.py` adds authentication, faults, rate limits, ETags, pagination and the log.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from multidict import MultiMapping
+
+from bot.sandbox.events import Payloads
+from bot.sandbox.gate import ApiError
+from bot.sandbox.patches import blob_sha
+from bot.sandbox.shapes import APP_PERMISSIONS, BOT_LOGIN, REACTIONS, Shapes, ts
+from bot.sandbox.state import (
+    Artifact,
+    CheckRun,
+    Dispatch,
+    IssueComment,
+    Reaction,
+    RepoState,
+    WorkflowRun,
+    workflow_display_name,
+    workflow_trigger,
+)
+from bot.sandbox.world import Event, World
+
+MAX_PULL_FILES = 3000
+MAX_COMPARE_FILES = 300
+LARGE_FILE = 1024 * 1024
+CHECK_STATUSES = ("queued", "in_progress", "completed", "waiting", "requested", "pending")
+CHECK_CONCLUSIONS = ("action_required", "cancelled", "failure", "neutral", "success",
+                     "skipped", "stale", "timed_out")
+# Route parameters that may contain slashes.
+GREEDY = {"path", "ref", "basehead"}
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    items: list[Any] | None = None  # a list to paginate
+    wrap: str | None = None  # key of the paginated list inside an object
+    extra: dict[str, Any] = field(default_factory=dict)  # other keys of that object
+    raw: bytes | None = None
+    content_type: str = "application/json"
+
+
+@dataclass
+class Call:
+    world: World
+    shapes: Shapes
+    params: dict[str, str]
+    query: MultiMapping[str]
+    body: Any
+    accept: str
+    installation_id: int | None
+    origin: str
+    announce: list[Event] = field(default_factory=list)
+
+    @property
+    def now(self) -> datetime:
+        return self.world.now()
+
+    def repo(self) -> RepoState:
+        repo = self.world.repos.get(f"{self.params['owner']}/{self.params['repo']}".lower())
+        if repo is None or (
+            self.installation_id is not None and repo.installation_id != self.installation_id
+        ):
+            raise ApiError(404, "Not Found")
+        return repo
+
+    def number(self, name: str) -> int:
+        try:
+            return int(self.params[name])
+        except ValueError:
+            raise ApiError(404, "Not Found") from None
+
+    def field(self, name: str) -> Any:
+        return self.body.get(name) if isinstance(self.body, dict) else None
+
+
+Handler = Callable[[Call], Reply]
+
+
+class Router:
+    def __init__(self) -> None:
+        self.routes: list[tuple[str, str, re.Pattern[str], Handler]] = []
+
+    def add(self, method: str, template: str, handler: Handler) -> None:
+        def group(match: re.Match[str]) -> str:
+            name = match.group(1)
+            return f"(?P<{name}>.+)" if name in GREEDY else f"(?P<{name}>[^/]+)"
+
+        pattern = re.compile("^" + re.sub(r"\{(\w+)\}", group, template) + "$")
+        self.routes.append((method, template, pattern, handler))
+
+    def match(self, method: str, path: str) -> tuple[str, Handler, dict[str, str]] | None:
+        for wanted, template, pattern, handler in self.routes:
+            found = pattern.match(path)
+            if wanted == method and found:
+                return template, handler, found.groupdict()
+        return None
+
+
+def validation_failed(message: str, **extra: Any) -> ApiError:
+    return ApiError(422, message, **extra)
+
+
+# --- the App and its installations -----------------------------------------------------
+
+
+def create_token(call: Call) -> Reply:
+    installation_id = call.number("installation_id")
+    repos = call.world.installations().get(installation_id)
+    if not repos:
+        raise ApiError(404, "Not Found")
+    token, expires = call.world.issue_token(installation_id)
+    return Reply(201, {"token": token, "expires_at": ts(expires),
+                       "permissions": dict(APP_PERMISSIONS),
+                       "repository_selection": "selected"})
+
+
+def get_app(call: Call) -> Reply:
+    return Reply(body=call.shapes.app())
+
+
+def list_installations(call: Call) -> Reply:
+    grouped = call.world.installations()
+    return Reply(items=[call.shapes.installation(i, grouped[i][0]) for i in sorted(grouped)])
+
+
+def repo_installation(call: Call) -> Reply:
+    repo = call.repo()
+    return Reply(body=call.shapes.installation(repo.installation_id, repo))
+
+
+def installation_repositories(call: Call) -> Reply:
+    repos = [r for r in call.world.repos.values()
+             if call.installation_id is None or r.installation_id == call.installation_id]
+    return Reply(items=[call.shapes.repository(r) for r in repos], wrap="repositories",
+                 extra={"repository_selection": "selected"})
+
+
+def get_repository(call: Call) -> Reply:
+    return Reply(body=call.shapes.repository(call.repo()))
+
+
+# --- contents, commits, compare, refs --------------------------------------------------
+
+
+def resolve_or_404(repo: RepoState, ref: str) -> str:
+    sha = repo.resolve(ref)
+    if sha is None:
+        raise ApiError(404, "Not Found")
+    return sha
+
+
+def get_contents(call: Call) -> Reply:
+    repo = call.repo()
+    ref = call.query.get("ref") or repo.default_branch
+    sha = repo.resolve(ref)
+    if sha is None:
+        raise ApiError(404, f"No commit found for the ref {ref}")
+    tree = repo.commits[sha].tree
+    path = call.params.get("path", "").strip("/")
+    if path in tree:
+        text = tree[path]
+        if "raw" in call.accept:
+            return Reply(raw=text.encode("utf-8"), content_type="application/vnd.github.raw")
+        return Reply(body=file_content(call.shapes, repo, path, text, ref))
+    prefix = f"{path}/" if path else ""
+    children = sorted({p[len(prefix):].split("/")[0] for p in tree if p.startswith(prefix)})
+    if not children:
+        raise ApiError(404, "Not Found")
+    listing = []
+    for name in children:
+        child = prefix + name
+        if child in tree:
+            listing.append(call.shapes.content_entry(
+                repo, child, ref, "file", blob_sha(tree[child]), len(tree[child].encode())))
+        else:
+            listing.append(call.shapes.content_entry(repo, child, ref, "dir", blob_sha(child), 0))
+    return Reply(body=listing)
+
+
+def file_content(shapes: Shapes, repo: RepoState, path: str, text: str, ref: str) -> dict[str, Any]:
+    data = text.encode("utf-8")
+    entry = shapes.content_entry(repo, path, ref, "file", blob_sha(text), len(data))
+    if len(data) > LARGE_FILE:
+        # GitHub leaves out the content of files over 1 MB; the raw media type still works.
+        return {**entry, "content": "", "encoding": "none"}
+    encoded = base64.b64encode(data).decode("ascii")
+    wrapped = "\n".join(encoded[i:i + 60] for i in range(0, len(encoded), 60))
+    return {**entry, "content": wrapped + ("\n" if wrapped else ""), "encoding": "base64"}
+
+
+def get_commit(call: Call) -> Reply:
+    repo = call.repo()
+    ref = call.params["ref"]
+    sha = repo.resolve(ref)
+    if sha is None:
+        raise validation_failed(f"No commit found for SHA: {ref}")
+    commit = repo.commits[sha]
+    parent = repo.commits.get(commit.parents[0]) if commit.parents else None
+    files = repo.diff_trees(parent.tree if parent else {}, commit.tree)
+    return Reply(body=call.shapes.commit(repo, commit, files))
+
+
+def compare(call: Call) -> Reply:
+    repo = call.repo()
+    base_ref, sep, head_ref = call.params["basehead"].partition("...")
+    if not sep:
+        raise ApiError(404, "Not Found")
+    base = resolve_or_404(repo, base_ref.split(":")[-1])
+    head = resolve_or_404(repo, head_ref.split(":")[-1])
+    base_line, head_line = repo.ancestors(base), repo.ancestors(head)
+    base_set, head_set = set(base_line), set(head_line)
+    ahead = [sha for sha in head_line if sha not in base_set]
+    behind = [sha for sha in base_line if sha not in head_set]
+    if base == head:
+        status = "identical"
+    elif not behind:
+        status = "ahead"
+    elif not ahead:
+        status = "behind"
+    else:
+        status = "diverged"
+    merge_base = repo.merge_base(base, head) or base
+    files = repo.diff_trees(repo.commits[merge_base].tree, repo.commits[head].tree)
+    web = f"{call.shapes.web}/{repo.full_name}"
+    commits = sorted((repo.commits[sha] for sha in ahead), key=lambda c: c.seq)
+    return Reply(body={
+        "url": f"{call.shapes.api}/repos/{repo.full_name}/compare/{base_ref}...{head_ref}",
+        "html_url": f"{web}/compare/{base_ref}...{head_ref}",
+        "permalink_url": f"{web}/compare/{repo.owner}:{base}...{repo.owner}:{head}",
+        "diff_url": f"{web}/compare/{base_ref}...{head_ref}.diff",
+        "patch_url": f"{web}/compare/{base_ref}...{head_ref}.patch",
+        "base_commit": call.shapes.commit(repo, repo.commits[base]),
+        "merge_base_commit": call.shapes.commit(repo, repo.commits[merge_base]),
+        "status": status,
+        "ahead_by": len(ahead),
+        "behind_by": len(behind),
+        "total_commits": len(ahead),
+        "commits": [call.shapes.commit(repo, c) for c in commits],
+        "files": [call.shapes.pull_file(repo, f, head) for f in files[:MAX_COMPARE_FILES]],
+    })
+
+
+def get_tree(call: Call) -> Reply:
+    repo = call.repo()
+    sha = resolve_or_404(repo, call.params["tree_sha"])
+    tree = repo.commits[sha].tree
+    recursive = call.query.get("recursive") not in (None, "", "0", "false")
+    paths = sorted(tree) if recursive else sorted({p.split("/")[0] for p in tree})
+    entries = []
+    for path in paths:
+        if path in tree:
+            entries.append({"path": path, "mode": "100644", "type": "blob", "sha": blob_sha(tree[path]),
+                            "size": len(tree[path].encode())})
+        else:
+            entries.append({"path": path, "mode": "040000", "type": "tree", "sha": blob_sha(path)})
+    if recursive:
+        directories = sorted({"/".join(p.split("/")[:i]) for p in tree
+                              for i in range(1, p.count("/") + 1)})
+        entries += [{"path": d, "mode": "040000", "type": "tree", "sha": blob_sha(d)}
+                    for d in directories]
+        entries.sort(key=lambda e: e["path"])
+    return Reply(body={"sha": sha, "url": f"{call.shapes.api}/repos/{repo.full_name}/git/trees/{sha}",
+                       "tree": entries, "truncated": False})
+
+
+def full_ref(ref: str) -> str:
+    return ref if ref.startswith("refs/") else f"refs/{ref}"
+
+
+def get_ref(call: Call) -> Reply:
+    repo = call.repo()
+    name = full_ref(call.params["ref"])
+    if name not in repo.refs:
+        raise ApiError(404, "Not Found")
+    return Reply(body=call.shapes.ref(repo, name, repo.refs[name]))
+
+
+def matching_refs(call: Call) -> Reply:
+    repo = call.repo()
+    prefix = full_ref(call.params["ref"])
+    return Reply(body=[call.shapes.ref(repo, name, sha)
+                       for name, sha in sorted(repo.refs.items()) if name.startswith(prefix)])
+
+
+def create_ref(call: Call) -> Reply:
+    repo = call.repo()
+    name, sha = call.field("ref"), call.field("sha")
+    if not isinstance(name, str) or not isinstance(sha, str):
+        raise validation_failed('Invalid request. "ref" and "sha" are required.')
+    if not name.startswith("refs/") or name.count("/") < 2:
+        raise validation_failed("Reference name must start with 'refs/' and have at least two slashes.")
+    if sha not in repo.commits:
+        raise validation_failed("Object does not exist")
+    if name in repo.refs:
+        raise validation_failed("Reference already exists")
+    repo.refs[name] = sha
+    made = call.shapes.ref(repo, name, sha)
+    return Reply(201, made, headers={"location": made["url"]})
+
+
+def update_ref(call: Call) -> Reply:
+    repo = call.repo()
+    name = full_ref(call.params["ref"])
+    sha = call.field("sha")
+    if name not in repo.refs:
+        raise validation_failed("Reference does not exist")
+    if not isinstance(sha, str) or sha not in repo.commits:
+        raise validation_failed("Object does not exist")
+    if not call.field("force") and repo.refs[name] not in repo.ancestors(sha):
+        raise validation_failed("Update is not a fast forward")
+    repo.refs[name] = sha
+    return Reply(body=call.shapes.ref(repo, name, sha))
+
+
+def delete_ref(call: Call) -> Reply:
+    repo = call.repo()
+    name = full_ref(call.params["ref"])
+    if name not in repo.refs:
+        raise validation_failed("Reference does not exist")
+    if name == repo.default_ref:
+        raise validation_failed("Cannot delete the default branch")
+    del repo.refs[name]
+    return Reply(204)
+
+
+# --- pull requests ---------------------------------------------------------------------
+
+
+def list_pulls(call: Call) -> Reply:
+    repo = call.repo()
+    state = call.query.get("state", "open")
+    head = call.query.get("head")
+    base = call.query.get("base")
+    pulls = [p for p in repo.pulls.values() if state == "all" or p.state == state]
+    if head:
+        owner, _, branch = head.partition(":")
+        pulls = [p for p in pulls
+                 if owner.lower() == repo.owner.lower() and p.head_ref == (branch or owner)]
+    if base:
+        pulls = [p for p in pulls if p.base_ref == base]
+    sort = call.query.get("sort", "created")
+    direction = call.query.get("direction", "desc" if sort == "created" else "asc")
+    key = {"updated": lambda p: (p.updated_at, p.number)}.get(
+        sort, lambda p: (p.created_at, p.number))
+    pulls.sort(key=key, reverse=direction == "desc")
+    return Reply(items=[call.shapes.pull_request(repo, p, full=False) for p in pulls])
+
+
+def get_pull(call: Call) -> Reply:
+    repo = call.repo()
+    pull = repo.pulls.get(call.number("pull_number"))
+    if pull is None:
+        raise ApiError(404, "Not Found")
+    return Reply(body=call.shapes.pull_request(repo, pull))
+
+
+def pull_files(call: Call) -> Reply:
+    repo = call.repo()
+    pull = repo.pulls.get(call.number("pull_number"))
+    if pull is None:
+        raise ApiError(404, "Not Found")
+    files = pull.files[:MAX_PULL_FILES]
+    return Reply(items=[call.shapes.pull_file(repo, f, pull.head_sha) for f in files])
+
+
+# --- actions ---------------------------------------------------------------------------
+
+
+def created_filter(text: str) -> Callable[[datetime], bool]:
+    """GitHub's `created` search syntax: DATE, >=DATE, <=DATE, >DATE, <DATE, A..B (`*` open)."""
+    lower: datetime | None
+    upper: datetime | None
+    if ".." in text:
+        low, high = text.split("..", 1)
+        lower = None if low == "*" else parse_when(low)[0]
+        upper = None if high == "*" else parse_when(high)[1]
+    elif text.startswith(">="):
+        lower, upper = parse_when(text[2:])[0], None
+    elif text.startswith("<="):
+        lower, upper = None, parse_when(text[2:])[1]
+    elif text.startswith(">"):
+        lower, upper = parse_when(text[1:])[1], None
+    elif text.startswith("<"):
+        lower, upper = None, parse_when(text[1:])[0]
+    else:
+        lower, upper = parse_when(text)
+    return lambda t: (lower is None or t >= lower) and (upper is None or t < upper)
+
+
+def parse_when(value: str) -> tuple[datetime, datetime]:
+    """[start, end) of a date (a whole day) or of an instant."""
+    try:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+            day = datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
+            return day, day + timedelta(days=1)
+        instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise validation_failed(f"Invalid created filter: {value}") from None
+    if instant.tzinfo is None:
+        instant = instant.replace(tzinfo=timezone.utc)
+    return instant, instant + timedelta(seconds=1)
+
+
+def filtered_runs(call: Call, runs: list[WorkflowRun]) -> list[WorkflowRun]:
+    query = call.query
+    if "status" in query:
+        runs = [r for r in runs if query["status"] in (r.status, r.conclusion)]
+    if "created" in query:
+        keep = created_filter(query["created"])
+        runs = [r for r in runs if keep(r.created_at)]
+    for name, attribute in (("event", "event"), ("branch", "head_branch"),
+                            ("head_sha", "head_sha"), ("actor", "actor")):
+        if name in query:
+            runs = [r for r in runs if getattr(r, attribute) == query[name]]
+    return sorted(runs, key=lambda r: (r.created_at, r.id), reverse=True)
+
+
+def list_runs(call: Call) -> Reply:
+    repo = call.repo()
+    runs = filtered_runs(call, list(repo.runs.values()))
+    return Reply(items=[call.shapes.workflow_run(repo, r) for r in runs], wrap="workflow_runs")
+
+
+def workflow_runs(call: Call) -> Reply:
+    repo = call.repo()
+    workflow = repo.workflow_by_id_or_name(call.params["workflow_id"])
+    if workflow is None:
+        raise ApiError(404, "Not Found")
+    runs = filtered_runs(call, [r for r in repo.runs.values() if r.workflow == workflow])
+    return Reply(items=[call.shapes.workflow_run(repo, r) for r in runs], wrap="workflow_runs")
+
+
+def run_or_404(call: Call, repo: RepoState) -> WorkflowRun:
+    run = repo.runs.get(call.number("run_id"))
+    if run is None:
+        raise ApiError(404, "Not Found")
+    return run
+
+
+def get_run(call: Call) -> Reply:
+    repo = call.repo()
+    return Reply(body=call.shapes.workflow_run(repo, run_or_404(call, repo)))
+
+
+def artifact_list(call: Call, repo: RepoState, runs: list[WorkflowRun]) -> Reply:
+    name = call.query.get("name")
+    shaped = [call.shapes.artifact(repo, a, run, call.now)
+              for run in runs for a in sorted(run.artifacts, key=lambda a: -a.id)
+              if name is None or a.name == name]
+    return Reply(items=shaped, wrap="artifacts")
+
+
+def run_artifacts(call: Call) -> Reply:
+    repo = call.repo()
+    return artifact_list(call, repo, [run_or_404(call, repo)])
+
+
+def repo_artifacts(call: Call) -> Reply:
+    repo = call.repo()
+    runs = sorted(repo.runs.values(), key=lambda r: r.id, reverse=True)
+    return artifact_list(call, repo, runs)
+
+
+def artifact_or_404(call: Call, repo: RepoState) -> tuple[Artifact, WorkflowRun]:
+    artifact = repo.artifact(call.number("artifact_id"))
+    if artifact is None:
+        raise ApiError(404, "Not Found")
+    return artifact, repo.runs[artifact.run_id]
+
+
+def get_artifact(call: Call) -> Reply:
+    repo = call.repo()
+    artifact, run = artifact_or_404(call, repo)
+    return Reply(body=call.shapes.artifact(repo, artifact, run, call.now))
+
+
+def download_artifact(call: Call) -> Reply:
+    repo = call.repo()
+    artifact, _ = artifact_or_404(call, repo)
+    if call.params["archive_format"] != "zip":
+        raise ApiError(404, "Not Found")
+    if artifact.expired(call.now):
+        raise ApiError(404, "Artifact has expired")
+    name = call.world.register_blob(artifact.data)
+    return Reply(302, None, headers={"location": f"{call.origin}/_sandbox/blobs/{name}"})
+
+
+def dispatch_workflow(call: Call) -> Reply:
+    repo = call.repo()
+    ref = call.field("ref")
+    if not isinstance(ref, str) or not ref:
+        raise validation_failed('Invalid request.\n\n"ref" wasn\'t supplied.')
+    sha = repo.resolve(ref)
+    if sha is None:
+        raise validation_failed(f"No ref found for: {ref}")
+    key = call.params["workflow_id"]
+    tree = repo.commits[sha].tree
+    workflow = next((f for f in repo.workflow_files()
+                     if f".github/workflows/{f}" in tree and key in (f, str(repo.workflow_id(f)))),
+                    None)
+    if workflow is None:
+        raise ApiError(404, "Not Found")
+    text = tree[f".github/workflows/{workflow}"]
+    trigger = workflow_trigger(text)
+    if trigger is None:
+        raise validation_failed("Workflow does not have 'workflow_dispatch' trigger")
+    inputs = call.field("inputs") or {}
+    if not isinstance(inputs, dict):
+        raise validation_failed("Invalid request.\n\nFor 'properties/inputs', is not an object.")
+    check_inputs(trigger, inputs)
+    now = call.now
+    branch = ref.removeprefix("refs/heads/")
+    run = WorkflowRun(
+        id=call.world.ids.next("run"), workflow=workflow,
+        name=workflow_display_name(workflow, text), head_sha=sha, head_branch=branch,
+        event="workflow_dispatch", status="queued", conclusion=None, run_attempt=1,
+        run_number=repo.next_run_number(workflow), actor=BOT_LOGIN,
+        display_title=workflow_display_name(workflow, text), pull_requests=[],
+        created_at=now, updated_at=now, run_started_at=now,
+    )
+    repo.runs[run.id] = run
+    repo.dispatches.append(Dispatch(workflow, ref, dict(inputs), now, run.id))
+    call.announce.append(Payloads(call.world).workflow_run(repo, run, "requested"))
+    return Reply(204)
+
+
+def check_inputs(trigger: dict[str, Any], inputs: dict[str, Any]) -> None:
+    declared = trigger.get("inputs") or {}
+    unexpected = sorted(set(inputs) - set(declared))
+    if unexpected:
+        raise validation_failed(f"Unexpected inputs provided: {json.dumps(unexpected)}")
+    for name, spec in declared.items():
+        if isinstance(spec, dict) and spec.get("required") and name not in inputs \
+                and spec.get("default") is None:
+            raise validation_failed(f"Required input '{name}' not provided")
+
+
+# --- check runs ------------------------------------------------------------------------
+
+
+def apply_check_fields(call: Call, check: CheckRun) -> None:
+    status, conclusion = call.field("status"), call.field("conclusion")
+    if status is not None and status not in CHECK_STATUSES:
+        raise validation_failed(f"Invalid status: {status}")
+    if conclusion is not None and conclusion not in CHECK_CONCLUSIONS:
+        raise validation_failed(f"Invalid conclusion: {conclusion}")
+    if status == "completed" and conclusion is None and check.conclusion is None:
+        raise validation_failed("Conclusion must be given when the status is completed")
+    output = call.field("output")
+    if output is not None:
+        if not isinstance(output, dict) or not output.get("summary") or not output.get("title"):
+            raise validation_failed("Invalid request.\n\n\"title\" and \"summary\" are required in \"output\".")
+        check.output = dict(output)
+    for name in ("name", "details_url", "external_id"):
+        if isinstance(call.field(name), str):
+            setattr(check, name, call.field(name))
+    if status is not None:
+        check.status = status
+    if conclusion is not None:
+        check.conclusion, check.status = conclusion, "completed"
+    if check.status == "completed" and check.completed_at is None:
+        check.completed_at = call.now
+
+
+def create_check_run(call: Call) -> Reply:
+    repo = call.repo()
+    name, head_sha = call.field("name"), call.field("head_sha")
+    if not isinstance(name, str) or not name or not isinstance(head_sha, str):
+        raise validation_failed('Invalid request.\n\n"name" and "head_sha" are required.')
+    if head_sha not in repo.commits:
+        raise validation_failed(f"No commit found for SHA: {head_sha}")
+    check = CheckRun(
+        id=call.world.ids.next("check_run"), name=name, head_sha=head_sha, status="queued",
+        conclusion=None, started_at=call.now, completed_at=None,
+        output={}, details_url=None, external_id="",
+        check_suite_id=call.world.ids.next("check_suite"),
+    )
+    apply_check_fields(call, check)
+    repo.check_runs[check.id] = check
+    call.announce.append(Payloads(call.world).check_run(repo, check, "created", BOT_LOGIN))
+    return Reply(201, call.shapes.check_run(repo, check))
+
+
+def check_or_404(call: Call, repo: RepoState) -> CheckRun:
+    check = repo.check_runs.get(call.number("check_run_id"))
+    if check is None:
+        raise ApiError(404, "Not Found")
+    return check
+
+
+def update_check_run(call: Call) -> Reply:
+    repo = call.repo()
+    check = check_or_404(call, repo)
+    apply_check_fields(call, check)
+    return Reply(body=call.shapes.check_run(repo, check))
+
+
+def get_check_run(call: Call) -> Reply:
+    repo = call.repo()
+    return Reply(body=call.shapes.check_run(repo, check_or_404(call, repo)))
+
+
+def commit_check_runs(call: Call) -> Reply:
+    repo = call.repo()
+    ref = call.params["ref"]
+    sha = repo.resolve(ref)
+    if sha is None:
+        raise validation_failed(f"No commit found for SHA: {ref}")
+    checks = [c for c in repo.check_runs.values() if c.head_sha == sha]
+    if "check_name" in call.query:
+        checks = [c for c in checks if c.name == call.query["check_name"]]
+    if "status" in call.query:
+        checks = [c for c in checks if c.status == call.query["status"]]
+    if call.query.get("filter", "latest") == "latest":
+        latest: dict[str, CheckRun] = {}
+        for check in checks:
+            if check.name not in latest or check.id > latest[check.name].id:
+                latest[check.name] = check
+        checks = list(latest.values())
+    checks.sort(key=lambda c: -c.id)
+    return Reply(items=[call.shapes.check_run(repo, c) for c in checks], wrap="check_runs")
+
+
+# --- issues: comments and reactions ----------------------------------------------------
+
+
+def issue_exists(repo: RepoState, number: int) -> bool:
+    return number in repo.pulls or number in repo.issues
+
+
+def list_comments(call: Call) -> Reply:
+    repo = call.repo()
+    number = call.number("issue_number")
+    if not issue_exists(repo, number):
+        raise ApiError(404, "Not Found")
+    comments = sorted((c for c in repo.comments.values() if c.issue_number == number),
+                      key=lambda c: c.id)
+    if "since" in call.query:
+        since = parse_when(call.query["since"])[0]
+        comments = [c for c in comments if c.updated_at >= since]
+    return Reply(items=[call.shapes.comment(repo, c) for c in comments])
+
+
+def create_comment(call: Call) -> Reply:
+    repo = call.repo()
+    number = call.number("issue_number")
+    if not issue_exists(repo, number):
+        raise ApiError(404, "Not Found")
+    body = call.field("body")
+    if not isinstance(body, str) or not body:
+        raise validation_failed('Invalid request.\n\n"body" wasn\'t supplied.')
+    comment = call.world.add_comment(repo, number, BOT_LOGIN, body, via_app=True)
+    call.announce.append(Payloads(call.world).issue_comment(repo, comment))
+    shaped = call.shapes.comment(repo, comment)
+    return Reply(201, shaped, headers={"location": shaped["url"]})
+
+
+def comment_or_404(call: Call, repo: RepoState) -> IssueComment:
+    comment = repo.comments.get(call.number("comment_id"))
+    if comment is None:
+        raise ApiError(404, "Not Found")
+    return comment
+
+
+def get_comment(call: Call) -> Reply:
+    repo = call.repo()
+    return Reply(body=call.shapes.comment(repo, comment_or_404(call, repo)))
+
+
+def update_comment(call: Call) -> Reply:
+    repo = call.repo()
+    comment = comment_or_404(call, repo)
+    body = call.field("body")
+    if not isinstance(body, str) or not body:
+        raise validation_failed('Invalid request.\n\n"body" wasn\'t supplied.')
+    comment.body = body
+    comment.updated_at = call.now
+    return Reply(body=call.shapes.comment(repo, comment))
+
+
+def create_reaction(call: Call) -> Reply:
+    repo = call.repo()
+    comment = comment_or_404(call, repo)
+    content = call.field("content")
+    if content not in REACTIONS:
+        raise validation_failed("Validation Failed", errors=[
+            {"resource": "Reaction", "code": "custom", "field": "content",
+             "message": f"content is not one of {', '.join(REACTIONS)}"}])
+    existing = next((r for r in repo.comment_reactions(comment.id)
+                     if r.user == BOT_LOGIN and r.content == content), None)
+    if existing is not None:
+        return Reply(200, call.shapes.reaction(existing))
+    reaction = Reaction(call.world.ids.next("reaction"), comment.id, content, BOT_LOGIN, call.now)
+    repo.reactions.append(reaction)
+    return Reply(201, call.shapes.reaction(reaction))
+
+
+def list_reactions(call: Call) -> Reply:
+    repo = call.repo()
+    comment = comment_or_404(call, repo)
+    return Reply(items=[call.shapes.reaction(r) for r in repo.comment_reactions(comment.id)])
+
+
+# --- collaborators ---------------------------------------------------------------------
+
+# Legacy permission and role name per repository role.
+ROLES = {
+    "admin": ("admin", "admin"),
+    "maintain": ("write", "maintain"),
+    "write": ("write", "write"),
+    "triage": ("read", "triage"),
+    "read": ("read", "read"),
+    "none": ("none", "none"),
+}
+
+
+def collaborator_permission(call: Call) -> Reply:
+    """Everyone not listed is an existing user without access (a private repository)."""
+    repo = call.repo()
+    login = call.params["username"]
+    level = next((v for k, v in repo.collaborators.items() if k.lower() == login.lower()), "none")
+    permission, role = ROLES[level]
+    user = call.shapes.user(login)
+    user["permissions"] = {
+        "admin": level == "admin",
+        "maintain": level in ("admin", "maintain"),
+        "push": permission in ("admin", "write"),
+        "triage": level in ("admin", "maintain", "write", "triage"),
+        "pull": level != "none",
+    }
+    user["role_name"] = role
+    return Reply(body={"permission": permission, "role_name": role, "user": user})
+
+
+def build_router() -> Router:
+    router = Router()
+    repo = "/repos/{owner}/{repo}"
+    routes: list[tuple[str, str, Handler]] = [
+        ("POST", "/app/installations/{installation_id}/access_tokens", create_token),
+        ("GET", "/app/installations", list_installations),
+        ("GET", "/app", get_app),
+        ("GET", "/installation/repositories", installation_repositories),
+        ("GET", repo, get_repository),
+        ("GET", f"{repo}/installation", repo_installation),
+        ("GET", f"{repo}/contents", get_contents),
+        ("GET", f"{repo}/contents/{{path}}", get_contents),
+        ("GET", f"{repo}/commits/{{ref}}/check-runs", commit_check_runs),
+        ("GET", f"{repo}/commits/{{ref}}", get_commit),
+        ("GET", f"{repo}/compare/{{basehead}}", compare),
+        ("GET", f"{repo}/git/trees/{{tree_sha}}", get_tree),
+        ("GET", f"{repo}/git/ref/{{ref}}", get_ref),
+        ("GET", f"{repo}/git/matching-refs/{{ref}}", matching_refs),
+        ("POST", f"{repo}/git/refs", create_ref),
+        ("PATCH", f"{repo}/git/refs/{{ref}}", update_ref),
+        ("DELETE", f"{repo}/git/refs/{{ref}}", delete_ref),
+        ("GET", f"{repo}/pulls", list_pulls),
+        ("GET", f"{repo}/pulls/{{pull_number}}", get_pull),
+        ("GET", f"{repo}/pulls/{{pull_number}}/files", pull_files),
+        ("GET", f"{repo}/actions/runs", list_runs),
+        ("GET", f"{repo}/actions/runs/{{run_id}}", get_run),
+        ("GET", f"{repo}/actions/runs/{{run_id}}/artifacts", run_artifacts),
+        ("GET", f"{repo}/actions/workflows/{{workflow_id}}/runs", workflow_runs),
+        ("POST", f"{repo}/actions/workflows/{{workflow_id}}/dispatches", dispatch_workflow),
+        ("GET", f"{repo}/actions/artifacts", repo_artifacts),
+        ("GET", f"{repo}/actions/artifacts/{{artifact_id}}", get_artifact),
+        ("GET", f"{repo}/actions/artifacts/{{artifact_id}}/{{archive_format}}", download_artifact),
+        ("POST", f"{repo}/check-runs", create_check_run),
+        ("GET", f"{repo}/check-runs/{{check_run_id}}", get_check_run),
+        ("PATCH", f"{repo}/check-runs/{{check_run_id}}", update_check_run),
+        ("GET", f"{repo}/issues/{{issue_number}}/comments", list_comments),
+        ("POST", f"{repo}/issues/{{issue_number}}/comments", create_comment),
+        ("GET", f"{repo}/issues/comments/{{comment_id}}", get_comment),
+        ("PATCH", f"{repo}/issues/comments/{{comment_id}}", update_comment),
+        ("GET", f"{repo}/issues/comments/{{comment_id}}/reactions", list_reactions),
+        ("POST", f"{repo}/issues/comments/{{comment_id}}/reactions", create_reaction),
+        ("GET", f"{repo}/collaborators/{{username}}/permission", collaborator_permission),
+    ]
+    for method, template, handler in routes:
+        router.add(method, template, handler)
+    return router

@@ -1,0 +1,271 @@
+"""The scenario file: the sandbox's starting state (DESIGN §5 "Scenario file").
+
+A scenario crosses a boundary (a file written by people, or a dict from a test), so it is
+validated with pydantic and a mistake is reported with the path of the offending key.
+`load_scenario` answers the plain dict; `Sandbox` parses it again into these models.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+BUNDLED_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "demo.json"
+
+SHA_PATTERN = r"^[0-9a-f]{40}$"
+REPO_PATTERN = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$"
+Permission = Literal["admin", "maintain", "write", "triage", "read", "none"]
+
+
+class ScenarioError(ValueError):
+    """The scenario file is unreadable or invalid; the message says where and why."""
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Cluster(Model):
+    id: str
+    status: str = "operational"
+    stale: bool = False
+    total: int
+    allocated: int = 0
+    mixed: int = 0
+    idle: int = 0
+    down: int = 0
+    other: int = 0
+
+
+class Capacity(Model):
+    available: bool = True
+    clusters: list[Cluster] = Field(default_factory=list)
+
+
+class PullFile(Model):
+    """One changed file of a pull request.
+
+    `patch` absent: computed from `content` like `git diff` does. `patch: null`: GitHub
+    omitted it (too large), the bot must fall back to the contents API.
+    """
+
+    filename: str
+    status: Literal["added", "removed", "modified", "renamed", "copied", "changed"] = "modified"
+    patch: str | None = None
+    content: str | None = None
+    previous_filename: str | None = None
+
+    @property
+    def patch_given(self) -> bool:
+        return "patch" in self.model_fields_set
+
+
+class Pull(Model):
+    number: int | None = Field(default=None, gt=0)
+    title: str
+    user: str
+    head_ref: str
+    head_sha: str | None = Field(default=None, pattern=SHA_PATTERN)
+    base_ref: str | None = None
+    body: str | None = None
+    draft: bool = False
+    labels: list[str] = Field(default_factory=list)
+    created_at: AwareDatetime | None = None
+    updated_at: AwareDatetime | None = None
+    files: list[PullFile] = Field(default_factory=list)
+
+
+class Artifact(Model):
+    name: str
+    expired: bool = False
+    files: dict[str, Any] = Field(default_factory=dict)
+    raw_zip_base64: str | None = None
+
+
+class Run(Model):
+    id: int | None = Field(default=None, gt=0)
+    workflow: str
+    head_sha: str | None = Field(default=None, pattern=SHA_PATTERN)
+    head_branch: str | None = None
+    event: str = "workflow_dispatch"
+    status: Literal["queued", "in_progress", "completed"] = "completed"
+    conclusion: str | None = None
+    run_attempt: int = Field(default=1, ge=1)
+    actor: str | None = None
+    display_title: str | None = None
+    pull_requests: list[int] = Field(default_factory=list)
+    created_at: AwareDatetime | None = None
+    completed_at: AwareDatetime | None = None
+    artifacts: list[Artifact] = Field(default_factory=list)
+
+
+class Comment(Model):
+    """A comment present before the scenario starts (no webhook is sent for it)."""
+
+    number: int = Field(gt=0)
+    user: str
+    body: str
+    created_at: AwareDatetime | None = None
+
+
+class Repository(Model):
+    full_name: str = Field(pattern=REPO_PATTERN)
+    installation_id: int = Field(gt=0)
+    owner_type: Literal["Organization", "User"] = "Organization"
+    default_branch: str = "main"
+    private: bool = True
+    files: dict[str, str] = Field(default_factory=dict)
+    collaborators: dict[str, Permission] = Field(default_factory=dict)
+    pulls: list[Pull] = Field(default_factory=list)
+    runs: list[Run] = Field(default_factory=list)
+    comments: list[Comment] = Field(default_factory=list)
+
+
+# --- control actions (also the scenario's timeline) -------------------------------------
+
+
+class OpenPull(Model):
+    action: Literal["open_pull"]
+    repo: str
+    pull: Pull
+
+
+class PushPull(Model):
+    action: Literal["push_pull"]
+    repo: str
+    number: int
+    files: list[PullFile]
+    head_sha: str | None = Field(default=None, pattern=SHA_PATTERN)
+
+
+class EditPull(Model):
+    action: Literal["edit_pull"]
+    repo: str
+    number: int
+    title: str | None = None
+    body: str | None = None
+    draft: bool | None = None
+    labels: list[str] | None = None
+    user: str | None = None
+
+
+class ClosePull(Model):
+    action: Literal["close_pull"]
+    repo: str
+    number: int
+    merged: bool = False
+    user: str | None = None
+
+
+class AddComment(Model):
+    action: Literal["comment"]
+    repo: str
+    number: int = Field(gt=0)
+    user: str
+    body: str
+
+
+class CompleteRun(Model):
+    action: Literal["complete_run"]
+    repo: str
+    run: Run
+
+
+class PushDefault(Model):
+    action: Literal["push_default"]
+    repo: str
+    files: dict[str, str | None]
+    user: str | None = None
+    message: str | None = None
+
+
+class RepositoryDispatch(Model):
+    action: Literal["dispatch"]
+    repo: str
+    event_type: str = Field(min_length=1)
+    client_payload: dict[str, Any] = Field(default_factory=dict)
+    user: str | None = None
+
+
+class SetCapacity(Model):
+    action: Literal["set_capacity"]
+    capacity: Capacity
+
+
+class AdvanceClock(Model):
+    action: Literal["advance_clock"]
+    seconds: float = Field(ge=0)
+
+
+Action = Annotated[
+    Union[
+        OpenPull,
+        PushPull,
+        EditPull,
+        ClosePull,
+        AddComment,
+        CompleteRun,
+        PushDefault,
+        RepositoryDispatch,
+        SetCapacity,
+        AdvanceClock,
+    ],
+    Field(discriminator="action"),
+]
+
+
+class ActionEnvelope(Model):
+    step: Action
+
+
+class Scenario(Model):
+    now: AwareDatetime
+    seed: int = 0
+    rate_limit: int = Field(default=5000, ge=1)
+    capacity: Capacity = Field(default_factory=Capacity)
+    repositories: list[Repository] = Field(default_factory=list)
+    timeline: list[Action] = Field(default_factory=list)
+
+
+def describe(exc: ValidationError) -> str:
+    """One line per problem, each naming the key path (`repositories.0.pulls.1.title`)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+        for err in exc.errors()
+    )
+
+
+def parse_scenario(data: Any, source: str = "scenario") -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: expected a JSON object at the top level")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(f"{source}: {describe(exc)}") from None
+
+
+def parse_action(data: Any) -> Action:
+    try:
+        return ActionEnvelope.model_validate({"step": data}).step
+    except ValidationError as exc:
+        raise ScenarioError(describe(exc).replace("step.", "")) from None
+
+
+def load_scenario(path: str | Path | None = None) -> dict[str, Any]:
+    """Read and validate a scenario file; None means the bundled demo scenario."""
+    source = Path(path) if path is not None else BUNDLED_SCENARIO
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"{source}: cannot read: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(
+            f"{source}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    parse_scenario(data, str(source))
+    return data

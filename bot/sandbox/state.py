@@ -1,0 +1,609 @@
+"""The sandbox's repositories, held in memory.
+
+Plain mutable records and the few git-like operations the REST routes and the control
+actions share (commits, refs, ancestry, tree diffs, pull-request files). Nothing here
+knows about HTTP or JSON shapes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import json
+import re
+import zipfile
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Iterator
+
+import yaml
+
+from bot.sandbox import scenario as sc
+from bot.sandbox.patches import PatchError, apply_patch, blob_sha, compute_patch, count_changes
+
+ARTIFACT_RETENTION = timedelta(days=14)
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+SHORT_SHA_RE = re.compile(r"^[0-9a-f]{7,39}$")
+
+
+class SandboxError(ValueError):
+    """A control action that cannot apply to the current state."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Ids:
+    """Deterministic id counters, one range per kind so ids never collide across kinds."""
+
+    STARTS = {
+        "pull": 600_000_001,
+        "comment": 1_000_000_001,
+        "check_run": 2_000_000_001,
+        "artifact": 3_000_000_001,
+        "reaction": 4_000_000_001,
+        "run": 5_000_000_001,
+        "commit": 1,
+        "workflow": 70_000_001,
+        "check_suite": 8_000_000_001,
+    }
+
+    def __init__(self) -> None:
+        self._next = dict(self.STARTS)
+
+    def next(self, kind: str) -> int:
+        value = self._next[kind]
+        self._next[kind] = value + 1
+        return value
+
+    def reserve(self, kind: str, used: int) -> None:
+        """Make sure ids handed out later never repeat one a scenario fixed."""
+        self._next[kind] = max(self._next[kind], used + 1)
+
+
+@dataclass
+class Commit:
+    sha: str
+    tree: dict[str, str]
+    parents: tuple[str, ...]
+    message: str
+    author: str
+    at: datetime
+    seq: int  # creation order, to pick the nearest merge base
+
+
+@dataclass
+class ChangedFile:
+    filename: str
+    status: str
+    patch: str | None
+    previous_filename: str | None
+    additions: int
+    deletions: int
+    sha: str | None
+
+
+@dataclass
+class PullRequest:
+    number: int
+    id: int
+    title: str
+    body: str | None
+    user: str
+    head_ref: str
+    head_sha: str
+    base_ref: str
+    base_sha: str
+    draft: bool
+    labels: list[str]
+    created_at: datetime
+    updated_at: datetime
+    files: list[ChangedFile]
+    state: str = "open"
+    merged: bool = False
+    merged_at: datetime | None = None
+    merged_by: str | None = None
+    merge_commit_sha: str | None = None
+    closed_at: datetime | None = None
+    head_shas: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Issue:
+    """A plain issue, created when a comment names a number that is not a pull request."""
+
+    number: int
+    id: int
+    title: str
+    user: str
+    created_at: datetime
+
+
+@dataclass
+class Artifact:
+    id: int
+    name: str
+    data: bytes
+    expired_flag: bool
+    created_at: datetime
+    run_id: int
+
+    def expired(self, now: datetime) -> bool:
+        return self.expired_flag or now >= self.expires_at
+
+    @property
+    def expires_at(self) -> datetime:
+        return self.created_at + ARTIFACT_RETENTION
+
+
+@dataclass
+class WorkflowRun:
+    id: int
+    workflow: str  # file name under .github/workflows
+    name: str
+    head_sha: str
+    head_branch: str | None
+    event: str
+    status: str
+    conclusion: str | None
+    run_attempt: int
+    run_number: int
+    actor: str
+    display_title: str
+    pull_requests: list[int]
+    created_at: datetime
+    updated_at: datetime
+    run_started_at: datetime
+    artifacts: list[Artifact] = field(default_factory=list)
+
+
+@dataclass
+class CheckRun:
+    id: int
+    name: str
+    head_sha: str
+    status: str
+    conclusion: str | None
+    started_at: datetime
+    completed_at: datetime | None
+    output: dict[str, Any]
+    details_url: str | None
+    external_id: str
+    check_suite_id: int
+
+
+@dataclass
+class IssueComment:
+    id: int
+    issue_number: int
+    user: str
+    body: str
+    created_at: datetime
+    updated_at: datetime
+    via_app: bool
+
+
+@dataclass
+class Reaction:
+    id: int
+    comment_id: int
+    content: str
+    user: str
+    created_at: datetime
+
+
+@dataclass
+class Dispatch:
+    workflow: str
+    ref: str
+    inputs: dict[str, Any]
+    at: datetime
+    run_id: int
+
+
+def build_zip(files: dict[str, Any]) -> bytes:
+    """An artifact archive; a JSON value is serialised, a string is stored as is."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, value in files.items():
+            text = value if isinstance(value, str) else json.dumps(value, indent=2)
+            archive.writestr(name, text)
+    return buffer.getvalue()
+
+
+def workflow_trigger(text: str | None) -> dict[str, Any] | None:
+    """The `workflow_dispatch` block of a workflow file ({} when it takes no inputs).
+
+    None when the file is missing, unparsable or has no such trigger.
+    """
+    if text is None:
+        return None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    # YAML 1.1 reads the bare key `on` as the boolean True.
+    triggers = data.get("on", data.get(True))
+    if triggers == "workflow_dispatch" or (
+        isinstance(triggers, list) and "workflow_dispatch" in triggers
+    ):
+        return {}
+    if isinstance(triggers, dict) and "workflow_dispatch" in triggers:
+        return triggers["workflow_dispatch"] or {}
+    return None
+
+
+def workflow_display_name(file: str, text: str | None) -> str:
+    if text:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            return data["name"]
+    return f".github/workflows/{file}"
+
+
+class RepoState:
+    def __init__(self, spec: sc.Repository, repo_id: int, ids: Ids, now: datetime) -> None:
+        self.full_name = spec.full_name
+        self.owner, self.name = spec.full_name.split("/")
+        self.id = repo_id
+        self.installation_id = spec.installation_id
+        self.owner_type = spec.owner_type
+        self.default_branch = spec.default_branch
+        self.private = spec.private
+        self.created_at = now - timedelta(days=365)
+        self.collaborators = dict(spec.collaborators)
+        self.ids = ids
+        self.commits: dict[str, Commit] = {}
+        self.refs: dict[str, str] = {}
+        self.pulls: dict[int, PullRequest] = {}
+        self.issues: dict[int, Issue] = {}
+        self.runs: dict[int, WorkflowRun] = {}
+        self.check_runs: dict[int, CheckRun] = {}
+        self.comments: dict[int, IssueComment] = {}
+        self.reactions: list[Reaction] = []
+        self.dispatches: list[Dispatch] = []
+        self.workflow_ids: dict[str, int] = {}
+        root = self.commit(dict(spec.files), (), "Initial commit", self.first_admin(), now)
+        self.refs[self.default_ref] = root.sha
+
+    # --- git ----------------------------------------------------------------------------
+
+    @property
+    def default_ref(self) -> str:
+        return f"refs/heads/{self.default_branch}"
+
+    @property
+    def head_sha(self) -> str:
+        return self.refs[self.default_ref]
+
+    @property
+    def head(self) -> Commit:
+        return self.commits[self.head_sha]
+
+    def first_admin(self) -> str:
+        admins = [user for user, level in self.collaborators.items() if level == "admin"]
+        return admins[0] if admins else self.owner
+
+    def commit(
+        self,
+        tree: dict[str, str],
+        parents: tuple[str, ...],
+        message: str,
+        author: str,
+        at: datetime,
+        sha: str | None = None,
+    ) -> Commit:
+        seq = self.ids.next("commit")
+        if sha is None:
+            material = json.dumps([self.full_name, seq, parents, message, tree], sort_keys=True)
+            sha = hashlib.sha1(material.encode("utf-8")).hexdigest()
+        made = Commit(sha, tree, parents, message, author, at, seq)
+        self.commits[sha] = made
+        return made
+
+    def advance_default(self, tree: dict[str, str], message: str, author: str, at: datetime,
+                        extra_parent: str | None = None) -> tuple[Commit, Commit]:
+        """A new commit on the default branch; answers (previous head, new head)."""
+        before = self.head
+        parents = (before.sha,) + ((extra_parent,) if extra_parent else ())
+        after = self.commit(tree, parents, message, author, at)
+        self.refs[self.default_ref] = after.sha
+        return before, after
+
+    def resolve(self, ref: str) -> str | None:
+        """The commit sha a ref, branch, tag or (short) sha names."""
+        if SHA_RE.match(ref) and ref in self.commits:
+            return ref
+        for name in (ref, f"refs/{ref}", f"refs/heads/{ref}", f"refs/tags/{ref}"):
+            if name in self.refs:
+                return self.refs[name]
+        if SHORT_SHA_RE.match(ref):
+            found = [sha for sha in self.commits if sha.startswith(ref)]
+            if len(found) == 1:
+                return found[0]
+        return None
+
+    def ancestors(self, sha: str) -> list[str]:
+        """`sha` and every commit reachable from it, nearest first."""
+        order: list[str] = []
+        seen: set[str] = set()
+        queue = deque([sha])
+        while queue:
+            current = queue.popleft()
+            if current in seen or current not in self.commits:
+                continue
+            seen.add(current)
+            order.append(current)
+            queue.extend(self.commits[current].parents)
+        return order
+
+    def merge_base(self, base: str, head: str) -> str | None:
+        common = set(self.ancestors(base)) & set(self.ancestors(head))
+        if not common:
+            return None
+        return max(common, key=lambda sha: self.commits[sha].seq)
+
+    @staticmethod
+    def changed_paths(old: dict[str, str], new: dict[str, str]) -> list[tuple[str, str]]:
+        """(path, added|removed|modified) for every file that differs between two trees."""
+        changes = []
+        for path in sorted(set(old) | set(new)):
+            before, after = old.get(path), new.get(path)
+            if before != after:
+                status = "added" if before is None else "removed" if after is None else "modified"
+                changes.append((path, status))
+        return changes
+
+    def commit_changes(self, commit: Commit) -> list[tuple[str, str]]:
+        parent = self.commits.get(commit.parents[0]) if commit.parents else None
+        return self.changed_paths(parent.tree if parent else {}, commit.tree)
+
+    def diff_trees(self, old: dict[str, str], new: dict[str, str]) -> list[ChangedFile]:
+        changes = []
+        for path, status in self.changed_paths(old, new):
+            before, after = old.get(path), new.get(path)
+            patch = compute_patch(before or "", after or "")
+            additions, deletions = count_changes(patch)
+            sha = blob_sha(after) if after is not None else None
+            changes.append(ChangedFile(path, status, patch, None, additions, deletions, sha))
+        return changes
+
+    # --- pull requests ------------------------------------------------------------------
+
+    def pull_files(
+        self, base_tree: dict[str, str], specs: list[sc.PullFile]
+    ) -> tuple[dict[str, str], list[ChangedFile]]:
+        """The head tree and GitHub's file list for a pull request's changes."""
+        tree = dict(base_tree)
+        files = []
+        for spec in specs:
+            old_name = spec.previous_filename or spec.filename
+            old_text = base_tree.get(old_name)
+            new_text = self._head_text(spec, old_text)
+            if spec.previous_filename:
+                tree.pop(spec.previous_filename, None)
+            if spec.status == "removed":
+                tree.pop(spec.filename, None)
+            elif new_text is not None:
+                tree[spec.filename] = new_text
+            else:
+                # The head text is unknowable (patch does not apply, or omitted without
+                # content): the contents API answers 404 for it at the head.
+                tree.pop(spec.filename, None)
+            patch = spec.patch if spec.patch_given else self._diff(spec, old_text, new_text)
+            counted = patch if patch is not None else self._diff(spec, old_text, new_text)
+            additions, deletions = count_changes(counted)
+            sha = blob_sha(new_text) if new_text is not None else None
+            files.append(
+                ChangedFile(spec.filename, spec.status, patch, spec.previous_filename,
+                            additions, deletions, sha)
+            )
+        return tree, files
+
+    @staticmethod
+    def _diff(spec: sc.PullFile, old_text: str | None, new_text: str | None) -> str | None:
+        if new_text is None and spec.status != "removed":
+            return None
+        return compute_patch(old_text or "", new_text or "")
+
+    @staticmethod
+    def _head_text(spec: sc.PullFile, old_text: str | None) -> str | None:
+        if spec.status == "removed":
+            return None
+        if spec.content is not None:
+            return spec.content
+        if spec.patch is not None:
+            try:
+                return apply_patch(old_text or "", spec.patch)
+            except PatchError:
+                return None
+        return old_text if spec.status == "renamed" else None
+
+    def add_pull(self, spec: sc.Pull, now: datetime) -> PullRequest:
+        number = spec.number or self.next_issue_number()
+        if number in self.pulls or number in self.issues:
+            raise SandboxError(f"{self.full_name}#{number} already exists", 409)
+        base_ref = spec.base_ref or self.default_branch
+        base_sha = self.resolve(base_ref)
+        if base_sha is None:
+            raise SandboxError(f"{self.full_name}: no branch {base_ref!r} to open a pull against")
+        created = spec.created_at or now
+        tree, files = self.pull_files(self.commits[base_sha].tree, spec.files)
+        head = self.commit(tree, (base_sha,), spec.title, spec.user, created, spec.head_sha)
+        self.refs[f"refs/heads/{spec.head_ref}"] = head.sha
+        pull = PullRequest(
+            number=number,
+            id=self.ids.next("pull"),
+            title=spec.title,
+            body=spec.body,
+            user=spec.user,
+            head_ref=spec.head_ref,
+            head_sha=head.sha,
+            base_ref=base_ref,
+            base_sha=base_sha,
+            draft=spec.draft,
+            labels=list(spec.labels),
+            created_at=created,
+            updated_at=spec.updated_at or created,
+            files=files,
+            head_shas=[head.sha],
+        )
+        self.pulls[number] = pull
+        return pull
+
+    def push_pull(
+        self, pull: PullRequest, specs: list[sc.PullFile], sha: str | None, now: datetime
+    ) -> str:
+        """A new head commit whose changes against the base are exactly `specs`."""
+        if pull.state != "open":
+            raise SandboxError(f"{self.full_name}#{pull.number} is closed", 409)
+        before = pull.head_sha
+        tree, files = self.pull_files(self.commits[pull.base_sha].tree, specs)
+        head = self.commit(tree, (before,), f"Update {pull.head_ref}", pull.user, now, sha)
+        self.refs[f"refs/heads/{pull.head_ref}"] = head.sha
+        pull.head_sha = head.sha
+        pull.head_shas.append(head.sha)
+        pull.files = files
+        pull.updated_at = now
+        return before
+
+    def merge_pull(self, pull: PullRequest, by: str, now: datetime) -> tuple[Commit, Commit]:
+        """Apply the pull request's changes to the default branch as a merge commit."""
+        tree = dict(self.head.tree)
+        head_tree = self.commits[pull.head_sha].tree
+        for changed in pull.files:
+            if changed.previous_filename:
+                tree.pop(changed.previous_filename, None)
+            if changed.status == "removed":
+                tree.pop(changed.filename, None)
+            elif changed.filename in head_tree:
+                tree[changed.filename] = head_tree[changed.filename]
+            else:
+                raise SandboxError(
+                    f"cannot merge #{pull.number}: the head text of {changed.filename} is "
+                    "unknown (give its content in the scenario)", 409
+                )
+        message = f"Merge pull request #{pull.number} from {pull.head_ref}\n\n{pull.title}"
+        before, after = self.advance_default(tree, message, by, now, extra_parent=pull.head_sha)
+        pull.merged, pull.merged_at, pull.merged_by = True, now, by
+        pull.merge_commit_sha = after.sha
+        return before, after
+
+    def add_run(self, spec: sc.Run, now: datetime) -> WorkflowRun:
+        run_id = spec.id or self.ids.next("run")
+        self.ids.reserve("run", run_id)
+        if run_id in self.runs:
+            raise SandboxError(f"{self.full_name}: run {run_id} already exists", 409)
+        created = spec.created_at or now
+        finished = spec.completed_at or created
+        name = workflow_display_name(spec.workflow, self.workflow_text(spec.workflow))
+        completed = spec.status == "completed"
+        run = WorkflowRun(
+            id=run_id,
+            workflow=spec.workflow,
+            name=name,
+            head_sha=spec.head_sha or self.head_sha,
+            head_branch=spec.head_branch or self.default_branch,
+            event=spec.event,
+            status=spec.status,
+            conclusion=(spec.conclusion or "success") if completed else None,
+            run_attempt=spec.run_attempt,
+            run_number=self.next_run_number(spec.workflow),
+            actor=spec.actor or self.first_admin(),
+            display_title=spec.display_title or name,
+            pull_requests=list(spec.pull_requests),
+            created_at=created,
+            updated_at=finished if completed else created,
+            run_started_at=created,
+        )
+        self.runs[run_id] = run
+        self.attach_artifacts(run, spec.artifacts, finished)
+        return run
+
+    def complete_run(self, spec: sc.Run, now: datetime) -> WorkflowRun:
+        """Finish a queued run (a dispatched one) or record a new finished run."""
+        run = self.runs.get(spec.id) if spec.id else None
+        if run is None:
+            finished = spec.completed_at or now
+            return self.add_run(
+                spec.model_copy(update={"status": "completed", "completed_at": finished}), now
+            )
+        if run.status == "completed" and spec.run_attempt <= run.run_attempt:
+            raise SandboxError(
+                f"run {run.id} already completed; give a higher run_attempt to re-run it", 409
+            )
+        finished = spec.completed_at or now
+        run.status = "completed"
+        run.conclusion = spec.conclusion or "success"
+        run.run_attempt = max(run.run_attempt, spec.run_attempt)
+        run.updated_at = finished
+        if spec.head_sha:
+            run.head_sha = spec.head_sha
+        if spec.pull_requests:
+            run.pull_requests = list(spec.pull_requests)
+        self.attach_artifacts(run, spec.artifacts, finished)
+        return run
+
+    def attach_artifacts(
+        self, run: WorkflowRun, specs: list[sc.Artifact], at: datetime
+    ) -> None:
+        for spec in specs:
+            if spec.raw_zip_base64 is not None:
+                try:
+                    data = base64.b64decode(spec.raw_zip_base64, validate=True)
+                except binascii.Error:
+                    raise SandboxError(f"artifact {spec.name}: raw_zip_base64 is not base64")
+            else:
+                data = build_zip(spec.files)
+            artifact = Artifact(self.ids.next("artifact"), spec.name, data, spec.expired, at, run.id)
+            run.artifacts = [a for a in run.artifacts if a.name != spec.name] + [artifact]
+
+    def next_issue_number(self) -> int:
+        used = list(self.pulls) + list(self.issues)
+        return max(used, default=0) + 1
+
+    def find_pull_by_sha(self, sha: str) -> list[PullRequest]:
+        return [p for p in self.pulls.values() if p.state == "open" and p.head_sha == sha]
+
+    # --- actions ------------------------------------------------------------------------
+
+    def workflow_text(self, workflow: str) -> str | None:
+        return self.head.tree.get(f".github/workflows/{workflow}")
+
+    def workflow_id(self, workflow: str) -> int:
+        if workflow not in self.workflow_ids:
+            self.workflow_ids[workflow] = self.ids.next("workflow")
+        return self.workflow_ids[workflow]
+
+    def workflow_files(self) -> list[str]:
+        prefix = ".github/workflows/"
+        names = {p[len(prefix):] for p in self.head.tree if p.startswith(prefix) and "/" not in p[len(prefix):]}
+        return sorted(names | {run.workflow for run in self.runs.values()})
+
+    def workflow_by_id_or_name(self, key: str) -> str | None:
+        for name in self.workflow_files():
+            if key == name or key == str(self.workflow_id(name)):
+                return name
+        return None
+
+    def next_run_number(self, workflow: str) -> int:
+        return 1 + sum(1 for run in self.runs.values() if run.workflow == workflow)
+
+    def artifacts(self) -> Iterator[Artifact]:
+        for run in self.runs.values():
+            yield from run.artifacts
+
+    def artifact(self, artifact_id: int) -> Artifact | None:
+        return next((a for a in self.artifacts() if a.id == artifact_id), None)
+
+    def comment_reactions(self, comment_id: int) -> list[Reaction]:
+        return [r for r in self.reactions if r.comment_id == comment_id]

@@ -1,0 +1,157 @@
+"""Everything the sandbox knows: repositories, capacity, installation tokens, the clock.
+
+Built once from a scenario; the REST routes read and write it, the control actions change
+it and say which webhooks GitHub would send.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from bot.clock import ManualClock
+from bot.sandbox import scenario as sc
+from bot.sandbox.shapes import Shapes, ts
+from bot.sandbox.state import Ids, Issue, IssueComment, RepoState, SandboxError
+
+TOKEN_LIFETIME = timedelta(hours=1)
+# Until the first request tells us where we listen, payload URLs point nowhere reachable.
+UNKNOWN_ORIGIN = "http://sandbox.invalid"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One webhook GitHub would send: event name (X-GitHub-Event) and payload."""
+
+    name: str
+    payload: dict[str, Any]
+
+    @property
+    def action(self) -> str | None:
+        action = self.payload.get("action")
+        return action if isinstance(action, str) else None
+
+
+@dataclass(frozen=True)
+class Token:
+    installation_id: int
+    expires_at: datetime
+
+
+class World:
+    def __init__(self, scenario: sc.Scenario, clock: ManualClock, app_id: int) -> None:
+        self.clock = clock
+        self.app_id = app_id
+        self.ids = Ids()
+        self.capacity = scenario.capacity
+        self.rate_limit = scenario.rate_limit
+        self.origin = UNKNOWN_ORIGIN
+        self.tokens: dict[str, Token] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.repos: dict[str, RepoState] = {}
+        now = clock.now()
+        for index, spec in enumerate(scenario.repositories):
+            key = spec.full_name.lower()
+            if key in self.repos:
+                raise SandboxError(f"repository {spec.full_name} appears twice in the scenario")
+            repo = RepoState(spec, 500_000_001 + index, self.ids, now)
+            self.repos[key] = repo
+            self._load_contents(repo, spec, now)
+
+    def _load_contents(self, repo: RepoState, spec: sc.Repository, now: datetime) -> None:
+        for pull in spec.pulls:
+            repo.add_pull(pull, now)
+        for run in spec.runs:
+            repo.add_run(run, now)
+        for comment in spec.comments:
+            self.add_comment(repo, comment.number, comment.user, comment.body,
+                             via_app=False, at=comment.created_at or now)
+
+    # --- lookups -----------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    def shapes(self, origin: str | None = None) -> Shapes:
+        return Shapes(api=f"{origin or self.origin}/_sandbox/github", app_id=self.app_id)
+
+    def repo(self, full_name: str) -> RepoState:
+        repo = self.repos.get(full_name.lower())
+        if repo is None:
+            raise SandboxError(f"no repository {full_name} in the scenario", 404)
+        return repo
+
+    def installations(self) -> dict[int, list[RepoState]]:
+        grouped: dict[int, list[RepoState]] = {}
+        for repo in self.repos.values():
+            grouped.setdefault(repo.installation_id, []).append(repo)
+        return grouped
+
+    # --- installation tokens -----------------------------------------------------------
+
+    def issue_token(self, installation_id: int) -> tuple[str, datetime]:
+        token = "ghs_" + secrets.token_hex(18)
+        expires = self.now().replace(microsecond=0) + TOKEN_LIFETIME
+        self.tokens[token] = Token(installation_id, expires)
+        return token, expires
+
+    def token_installation(self, token: str) -> int | None:
+        """The installation of a token the sandbox issued and that has not expired."""
+        known = self.tokens.get(token)
+        if known is None or self.now() >= known.expires_at:
+            return None
+        return known.installation_id
+
+    # --- shared writes -----------------------------------------------------------------
+
+    def add_comment(
+        self, repo: RepoState, number: int, user: str, body: str, via_app: bool,
+        at: datetime | None = None,
+    ) -> IssueComment:
+        if number not in repo.pulls and number not in repo.issues:
+            repo.issues[number] = Issue(number, self.ids.next("pull"), f"Issue #{number}",
+                                        user, at or self.now())
+        when = at or self.now()
+        comment = IssueComment(self.ids.next("comment"), number, user, body, when, when, via_app)
+        repo.comments[comment.id] = comment
+        return comment
+
+    def register_blob(self, data: bytes) -> str:
+        """An unauthenticated download name, like GitHub's signed artifact URLs."""
+        name = hashlib.sha256(data + secrets.token_bytes(8)).hexdigest()[:40]
+        self.blobs[name] = data
+        return name
+
+    # --- capacity ----------------------------------------------------------------------
+
+    def capacity_document(self) -> dict[str, Any]:
+        """The cluster status feed of domain §4.5, stamped with the sandbox clock."""
+        now = ts(self.now())
+        return {
+            "kind": "inferencex.status.clusters",
+            "generatedAt": now,
+            "data": {
+                "available": self.capacity.available,
+                "clusters": [
+                    {
+                        "id": cluster.id,
+                        "stale": cluster.stale,
+                        "status": cluster.status,
+                        "observedAt": now,
+                        "receivedAt": now,
+                        "summary": {
+                            "totalNodes": cluster.total,
+                            "allocatedNodes": cluster.allocated,
+                            "mixedNodes": cluster.mixed,
+                            "idleNodes": cluster.idle,
+                            "downNodes": cluster.down,
+                            "otherNodes": cluster.other,
+                        },
+                    }
+                    for cluster in self.capacity.clusters
+                ],
+            },
+        }

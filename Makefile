@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/klaud demo --once
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py

@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -83,10 +84,13 @@ def normalized_image(image: str) -> str:
     return image
 
 
+# Both are asked for every family of every wave; the inputs are few and never change.
+@lru_cache(maxsize=65536)
 def family_hash(family: str) -> str:
     return identity(family)[:16]
 
 
+@lru_cache(maxsize=65536)
 def candidate_id(family: str, image: str) -> str:
     return f"{family_hash(family)}-{identity(normalized_image(image))[:16]}"
 

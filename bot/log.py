@@ -31,7 +31,3 @@ def configure_logging(fmt: str = "json", level: int = logging.INFO) -> None:
 def _stderr_logger(*_args: object) -> structlog.PrintLogger:
     # Resolved at each use: test runners and daemons may swap sys.stderr after set-up.
     return structlog.PrintLogger(file=sys.stderr)
-
-
-def get_logger(name: str) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)

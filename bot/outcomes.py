@@ -456,10 +456,13 @@ class OutcomeLedger:
     `artifact-expired` after `download-failed`) is kept.
     """
 
-    __slots__ = ("_runs_by_candidate", "_candidates_by_family_hash")
+    __slots__ = ("_runs_by_candidate", "_candidates_by_family_hash", "_ordered")
 
     def __init__(self, attempts: Iterable[Attempt] = ()) -> None:
         self._runs_by_candidate: dict[str, dict[tuple[int, int], Attempt]] = {}
+        # Newest-first lists, built on first read and dropped when the candidate changes:
+        # a wave reads every candidate, events change a few.
+        self._ordered: dict[str, list[Attempt]] = {}
         # Candidate ids start with their family's hash, so attempts without a family
         # (receipts) are still found by family.
         self._candidates_by_family_hash: dict[str, set[str]] = {}
@@ -484,10 +487,27 @@ class OutcomeLedger:
         ):
             return False
         runs[key] = attempt
+        self._ordered.pop(attempt.candidate, None)
         return True
 
+    def _newest(self, candidate: str) -> list[Attempt]:
+        ordered = self._ordered.get(candidate)
+        if ordered is None:
+            ordered = self._ordered[candidate] = _newest_first(
+                self._runs_by_candidate.get(candidate, {}).values()
+            )
+        return ordered
+
     def for_candidate(self, candidate: str) -> list[Attempt]:
-        return _newest_first(self._runs_by_candidate.get(candidate, {}).values())
+        return list(self._newest(candidate))
+
+    def recent(self, candidate: str, since: datetime) -> list[Attempt]:
+        """Newest first, the attempts that completed after `since` (the planner's lookup)."""
+        ordered = self._newest(candidate)
+        for index, attempt in enumerate(ordered):
+            if attempt.completed_at <= since:
+                return ordered[:index]
+        return list(ordered)
 
     def for_family(self, family: str) -> list[Attempt]:
         candidates = self._candidates_by_family_hash.get(family_hash(family), ())

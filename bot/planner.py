@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from functools import lru_cache
 from typing import Callable, Mapping, Sequence
 
 from bot.capacity import target_eligibility
@@ -27,7 +26,6 @@ from bot.domain import (
     Overlap,
     RetryApproval,
     Wave,
-    candidate_id,
 )
 from bot.settings import Policy
 
@@ -70,13 +68,9 @@ def _in_priority_order(families: Sequence[Family]) -> list[tuple[str, Family]]:
     An image whose last change is unknown may be the oldest of all, so it goes first. The
     candidate id is computed once here: hashing it is the costliest step per family.
     """
-    rows = [(_candidate(family.id, family.image), family) for family in families]
+    rows = [(family.candidate, family) for family in families]
     rows.sort(key=lambda row: (row[1].image_changed_at or _UNKNOWN_AGE, row[0], row[1].id))
     return rows
-
-
-# Families rarely change between waves, so their ids are remembered across calls.
-_candidate = lru_cache(maxsize=16384)(candidate_id)
 
 
 class _Ladder:

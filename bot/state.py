@@ -198,7 +198,8 @@ class RepoState:
             del self.dispatches[family]
             change.delete(self.name, "dispatch", family)
         claim = self.claims.get(family)
-        if claim is not None and claim.candidate == attempt.candidate and attempt.verified:
+        # Any recorded attempt means the run is over, even if its outcome could not be read.
+        if claim is not None and claim.candidate == attempt.candidate:
             del self.claims[family]
             change.delete(self.name, "claim", family)
             return claim, change
@@ -253,14 +254,16 @@ class RepoState:
 
     # -- reading -----------------------------------------------------------------------
 
-    def snapshot(self, wave: int) -> Snapshot:
+    def snapshot(self, wave: int, now: datetime) -> Snapshot:
+        # Only attempts inside the cooldown window can decide anything at `now`.
+        since = now - timedelta(hours=self.policy.cooldown_hours)
         return Snapshot(
             repo=self.name,
             base=self.meta.head_sha,
             wave=wave,
             families=list(self.catalog),
             overlaps=lambda family, now: self.overlap.overlaps(family, now, self.policy.idle_days),
-            attempts=self.ledger.for_candidate,
+            attempts=lambda candidate: self.ledger.recent(candidate, since),
             # Copies: a wave changes claims and dispatches while it still plans from this.
             holds=dict(self.holds),
             retries=dict(self.retries),

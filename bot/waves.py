@@ -43,7 +43,7 @@ class WaveRunner:
             return None
         reading = await self.capacity.read()
         now = at or self.clock.now()
-        return plan(state.snapshot(state.meta.wave + 1), state.policy, reading, now)
+        return plan(state.snapshot(state.meta.wave + 1, now), state.policy, reading, now)
 
     async def run(self, repo: str, *, trigger: str, next_wave_at: datetime | None = None) -> Wave | None:
         """One real wave: plan, claim and dispatch the selected candidates, store the document.
@@ -108,53 +108,56 @@ class WaveRunner:
     async def _plan_and_dispatch(
         self, state: RepoState, number: int, reading, now: datetime, change: Change
     ) -> Wave:
-        snapshot = state.snapshot(number)
+        snapshot = state.snapshot(number, now)
         lost: dict[str, Claim] = {}
         done: set[str] = set()
         overrides: dict[str, Decision] = {}
         stop_reason: str | None = None
-        while True:
+        replan = True
+        while replan:
             # Claims lost to another wave block their family; re-planning lets the next
-            # candidate in priority order take the freed slot.
+            # candidate in priority order take the freed slot. Nothing else changes the
+            # planner's input during a wave, so a wave usually plans once.
             wave = plan(replace(snapshot, claims={**snapshot.claims, **lost}), state.policy, reading, now)
-            pending = [d for d in wave.decisions if d.decision == "selected" and d.family not in done]
-            if not pending or stop_reason:
-                break
-            decision = pending[0]
-            done.add(decision.family)
-            if self.dry_run:
-                overrides[decision.family] = replace(
-                    decision, reason=f"{decision.reason} (dry run: would claim the family and dispatch {state.policy.candidate_workflow})"
-                )
-                continue
-            family = state.catalog.get(decision.family)
-            try:
-                result = await dispatch_candidate(
-                    self.live.client(state),
-                    state.name,
-                    workflow=state.policy.candidate_workflow,
-                    branch=state.meta.default_branch,
-                    family=family,
-                    base=state.meta.head_sha,
-                    wave=number,
-                    now=now,
-                )
-            except GitHubError as exc:
-                stop_reason = f"dispatch of {decision.candidate} failed ({exc}); claim released, no more dispatches this wave"
-                log.warning("wave.dispatch_failed", family=decision.family, error=str(exc))
-                overrides[decision.family] = replace(decision, decision="cap", reason=stop_reason)
-                continue
-            if result is None:
-                lost[decision.family] = Claim(decision.family, decision.candidate, None, "", now)
-                overrides[decision.family] = replace(
-                    decision, decision="claimed", reason="another wave claimed this family first"
-                )
-                continue
-            claim, dispatch = result
-            change.extend(state.add_claim(claim))
-            change.extend(state.add_dispatch(dispatch))
-            if decision.candidate in state.retries:
-                change.extend(state.consume_retry(decision.candidate))
+            replan = False
+            for decision in wave.decisions:
+                if decision.decision != "selected" or decision.family in done:
+                    continue
+                done.add(decision.family)
+                if self.dry_run:
+                    overrides[decision.family] = replace(
+                        decision,
+                        reason=f"{decision.reason} (dry run: would claim the family and dispatch {state.policy.candidate_workflow})",
+                    )
+                    continue
+                try:
+                    result = await dispatch_candidate(
+                        self.live.client(state),
+                        state.name,
+                        workflow=state.policy.candidate_workflow,
+                        branch=state.meta.default_branch,
+                        family=state.catalog.get(decision.family),
+                        base=state.meta.head_sha,
+                        wave=number,
+                        now=now,
+                    )
+                except GitHubError as exc:
+                    stop_reason = f"dispatch of {decision.candidate} failed ({exc}); claim released, no more dispatches this wave"
+                    log.warning("wave.dispatch_failed", family=decision.family, error=str(exc))
+                    overrides[decision.family] = replace(decision, decision="cap", reason=stop_reason)
+                    break
+                if result is None:
+                    lost[decision.family] = Claim(decision.family, decision.candidate, None, "", now)
+                    overrides[decision.family] = replace(
+                        decision, decision="claimed", reason="another wave claimed this family first"
+                    )
+                    replan = True
+                    break
+                claim, dispatch = result
+                change.extend(state.add_claim(claim))
+                change.extend(state.add_dispatch(dispatch))
+                if decision.candidate in state.retries:
+                    change.extend(state.consume_retry(decision.candidate))
         decisions = []
         for decision in wave.decisions:
             if decision.family in overrides:

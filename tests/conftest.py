@@ -11,7 +11,7 @@ import pytest
 from bot.log import configure_logging
 
 # Logs go to stderr (pytest shows them for failing tests); stdout stays for what commands print.
-configure_logging("console", logging.INFO)
+configure_logging("console", logging.DEBUG)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -40,6 +40,8 @@ def make_settings(db_path: Path, **env: str):
         "KLAUD_WEBHOOK_SECRET_PREVIOUS": PREVIOUS_SECRET,
         "KLAUD_DB": f"sqlite:///{db_path}",
         "KLAUD_LOG_FORMAT": "console",
+        # Never the internet: a test that calls GitHub without the sandbox fails fast here.
+        "KLAUD_GITHUB_URL": "http://127.0.0.1:9",
     }
     values.update(env)
     return load_settings(values)

@@ -305,23 +305,54 @@ async def test_readyz_is_503_when_backlog_reaches_its_limit(tmp_path):
 
 def _fixture_payloads(root: Path):
     for path in sorted((root / "octokit-webhooks").glob("*/*.json")):
-        yield path.parent.name, path
+        yield path.parent.name, path, json.loads(path.read_text())
+
+
+def _fixture_world(root: Path) -> dict:
+    """A sandbox holding every repository, pull request and issue the example payloads name."""
+    repos: dict[str, dict] = {}
+
+    def repo(name: str) -> dict:
+        return repos.setdefault(name, {"full_name": name, "installation_id": 1, "default_branch": "master",
+                                       "files": {}, "pulls": []})
+
+    for _, _, payload in _fixture_payloads(root):
+        for key in ("repository",):
+            if payload.get(key):
+                repo(payload[key]["full_name"])
+        for listed in payload.get("repositories") or payload.get("repositories_added") or []:
+            repo(listed["full_name"])
+        pr = payload.get("pull_request")
+        if pr and not any(p["number"] == pr["number"] for p in repo(payload["repository"]["full_name"])["pulls"]):
+            repo(payload["repository"]["full_name"])["pulls"].append(
+                {"number": pr["number"], "title": pr["title"], "user": pr["user"]["login"], "head_ref": pr["head"]["ref"]}
+            )
+    return {"now": "2026-11-30T08:00:00Z", "repositories": list(repos.values()), "timeline": []}
 
 
 async def test_every_octokit_example_payload_is_accepted_and_processed(tmp_path, fixtures):
-    async with running_klaud(make_klaud(tmp_path)) as run:
+    from tests.harness import sandbox_stack
+
+    async with sandbox_stack(tmp_path, _fixture_world(fixtures)) as run:
         sent = []
-        for event, path in _fixture_payloads(fixtures):
-            payload = json.loads(path.read_text())
-            payload.setdefault("installation", {"id": 1, "node_id": "MDIz"})
-            status, body = await run.post(event, payload, delivery=f"fx-{event}-{path.stem}")
+        for event, path, payload in _fixture_payloads(fixtures):
+            # An App always receives its installation; here every repository belongs to one.
+            payload["installation"] = {"id": 1, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uMQ=="}
+            status, body = await _post_signed(run.url, event, payload, f"fx-{event}-{path.stem}")
             assert status == (200 if event == "ping" else 202), path
             sent.append(body["delivery"])
-        await run.klaud.inbox.drained()
+        await run.settle()
         for delivery in sent:
-            status, body = await run.get_json(f"/api/v1/deliveries/{delivery}")
-            assert body["status"] == "done", body
+            found = await run.klaud.inbox.get(delivery)
+            assert found is not None and found.status == "done", (delivery, found and found.error)
     assert len(sent) > 50
+
+
+async def _post_signed(url: str, event: str, payload: dict, delivery: str) -> tuple[int, dict]:
+    body = json.dumps(payload).encode()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/webhook", data=body, headers=headers_for(event, body, delivery=delivery)) as response:
+            return response.status, await response.json()
 
 
 def test_serve_without_secret_exits_2_naming_the_variable(tmp_path, monkeypatch, capsys):

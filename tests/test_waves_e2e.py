@@ -160,9 +160,11 @@ async def test_capacity_rule_any_accepts_one_free_cluster(tmp_path):
         assert decision(wave, B200).decision == "capacity"
 
 
-async def test_expired_claim_with_no_run_is_released_by_the_next_wave(tmp_path):
+async def test_expired_claim_whose_run_never_appeared_is_released(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 1\n")) as run:
+        target, run.sandbox.deliver_to = run.sandbox.deliver_to, None  # the run's events are lost
         first = await run.klaud.waves.run("acme/bench", trigger="test")
+        run.sandbox.deliver_to = target
         [cand] = first.selected
         family = next(d.family for d in first.decisions if d.candidate == cand)
         await run.act({"action": "advance_clock", "seconds": 11 * 3600})
@@ -170,6 +172,19 @@ async def test_expired_claim_with_no_run_is_released_by_the_next_wave(tmp_path):
         await run.act({"action": "advance_clock", "seconds": 2 * 3600})
         wave = await run.klaud.waves.run("acme/bench", trigger="test")
         assert decision(wave, family).decision == "selected"  # released, then claimed again
+
+
+async def test_expired_claim_whose_run_is_still_going_is_kept(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 1\n")) as run:
+        first = await run.klaud.waves.run("acme/bench", trigger="test")
+        await run.settle()  # the run's `requested` event arrives
+        [cand] = first.selected
+        family = next(d.family for d in first.decisions if d.candidate == cand)
+        assert run.klaud.live.repo("acme/bench").dispatches[family].run_id is not None  # linked by run-name
+        await run.act({"action": "advance_clock", "seconds": 13 * 3600})
+        wave = await run.klaud.waves.run("acme/bench", trigger="test")
+        assert decision(wave, family).decision == "claimed"
+        assert f"refs/heads/{claim_ref(family)}" in run.github()["refs"]
 
 
 async def test_schedule_survives_a_restart_without_skipping_or_doubling(tmp_path):

@@ -28,6 +28,7 @@ from bot.sandbox.state import (
     RepoState,
     WorkflowRun,
     workflow_display_name,
+    workflow_run_title,
     workflow_trigger,
 )
 from bot.sandbox.world import Event, World
@@ -530,7 +531,7 @@ def dispatch_workflow(call: Call) -> Reply:
         name=workflow_display_name(workflow, text), head_sha=sha, head_branch=branch,
         event="workflow_dispatch", status="queued", conclusion=None, run_attempt=1,
         run_number=repo.next_run_number(workflow), actor=BOT_LOGIN,
-        display_title=workflow_display_name(workflow, text), pull_requests=[],
+        display_title=workflow_run_title(workflow, text, inputs), pull_requests=[],
         created_at=now, updated_at=now, run_started_at=now,
     )
     repo.runs[run.id] = run

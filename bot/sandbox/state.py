@@ -17,12 +17,16 @@ import zipfile
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any, Iterator
 
 import yaml
 
 from bot.sandbox import scenario as sc
 from bot.sandbox.patches import PatchError, apply_patch, blob_sha, compute_patch, count_changes
+
+# libyaml's loader when the wheel has it; the pure-Python one otherwise.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 ARTIFACT_RETENTION = timedelta(days=14)
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -215,18 +219,23 @@ def build_zip(files: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+@lru_cache(maxsize=256)
+def _workflow(text: str) -> dict[str, Any] | None:
+    """A workflow file parsed once (every dispatch reads it several times)."""
+    try:
+        data = yaml.load(text, Loader=_YAML_LOADER)
+    except yaml.YAMLError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def workflow_trigger(text: str | None) -> dict[str, Any] | None:
     """The `workflow_dispatch` block of a workflow file ({} when it takes no inputs).
 
     None when the file is missing, unparsable or has no such trigger.
     """
-    if text is None:
-        return None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return None
-    if not isinstance(data, dict):
+    data = _workflow(text) if text is not None else None
+    if data is None:
         return None
     # YAML 1.1 reads the bare key `on` as the boolean True.
     triggers = data.get("on", data.get(True))
@@ -240,14 +249,23 @@ def workflow_trigger(text: str | None) -> dict[str, Any] | None:
 
 
 def workflow_display_name(file: str, text: str | None) -> str:
-    if text:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError:
-            data = None
-        if isinstance(data, dict) and isinstance(data.get("name"), str):
-            return data["name"]
+    data = _workflow(text) if text else None
+    if data is not None and isinstance(data.get("name"), str):
+        return data["name"]
     return f".github/workflows/{file}"
+
+
+_INPUT_EXPRESSION = re.compile(r"\$\{\{\s*(?:github\.event\.)?inputs\.([A-Za-z0-9_-]+)\s*\}\}")
+
+
+def workflow_run_title(file: str, text: str | None, inputs: dict[str, Any]) -> str:
+    """A dispatched run's display title: its `run-name` with `${{ inputs.x }}` filled in,
+    else the workflow's name, as GitHub shows it."""
+    data = _workflow(text) if text else None
+    run_name = data.get("run-name") if data is not None else None
+    if not isinstance(run_name, str):
+        return workflow_display_name(file, text)
+    return _INPUT_EXPRESSION.sub(lambda m: str(inputs.get(m.group(1), "")), run_name)
 
 
 class RepoState:

@@ -167,14 +167,14 @@ class _Ladder:
 
         parts = [state.reason, "no open PR overlaps this family", capacity_reason]
         if approval is not None:
-            parts.append(f"/klaud retry approved by @{approval.by}")
+            parts.append(f"/klaud retry approved by {approval.by}")
         self.selected += 1
         return decision("selected", "; ".join(parts))
 
 
 def _hold_reason(hold: Hold) -> str:
     why = hold.reason.strip() or "no reason given"
-    return f"held by @{hold.by} since {human_time(hold.at)}: {why}"
+    return f"held by {hold.by} since {human_time(hold.at)}: {why}"
 
 
 def _dispatch_reason(dispatch: Dispatch) -> str:

@@ -222,7 +222,7 @@ def test_held_names_who_and_why() -> None:
     hold = Hold(A.id, "alice", "driver upgrade on b200", NOW - timedelta(hours=2))
     decision = decide(snapshot([A], holds={A.id: hold}))["dsr1-fp4-b200-sglang"]
     assert decision.decision == "held"
-    assert "@alice" in decision.reason and "driver upgrade on b200" in decision.reason
+    assert "held by alice" in decision.reason and "@" not in decision.reason and "driver upgrade on b200" in decision.reason
     assert decision.clusters == ("b200-nscale",)
 
 
@@ -429,7 +429,7 @@ def test_retry_approval_clears_the_cooldown_and_names_who() -> None:
     )
     decision = decide(snap)[A.key]
     assert decision.decision == "selected"
-    assert "cooldown cleared by /klaud retry" in decision.reason and "@bob" in decision.reason
+    assert "cooldown cleared by /klaud retry" in decision.reason and "approved by bob" in decision.reason and "@" not in decision.reason
 
 
 def test_cooldown_policy_hours_apply() -> None:

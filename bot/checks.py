@@ -23,7 +23,8 @@ from typing import Any, Awaitable, Callable, Generic, Hashable, Literal, Sequenc
 import structlog
 
 from bot import commands
-from bot.domain import NEUTRAL_OUTCOMES, Attempt, Family, Hold, Overlap
+from bot.domain import Attempt, Family, Hold, Overlap
+from bot.outcomes import check_conclusion
 from bot.settings import POLICY_PATH
 
 CHECK_NAME = "Klaud Cold"
@@ -92,19 +93,11 @@ def latest_verified(attempts: Sequence[Attempt]) -> Attempt | None:
     return max(verified, key=lambda a: a.completed_at, default=None)
 
 
-def conclusion_for(outcome: str) -> Conclusion:
-    if outcome == "validated":
-        return "success"
-    if outcome in NEUTRAL_OUTCOMES:
-        return "neutral"
-    return "failure"
-
-
 def _state(view: CheckView, latest: Attempt | None) -> tuple[Status, Conclusion | None, str]:
     if view.in_flight:
         return "in_progress", None, "Candidate run in progress"
     if latest is not None and latest.outcome is not None:
-        return "completed", conclusion_for(latest.outcome), f"Latest attempt: {latest.outcome}"
+        return "completed", check_conclusion(latest.outcome), f"Latest attempt: {latest.outcome}"
     if view.attempts:
         newest = max(view.attempts, key=lambda a: a.completed_at)
         return "completed", "neutral", f"Outcome not verified ({newest.error or 'unknown'})"

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Iterable, Mapping, Sequence
 
+from bot.cooldown import human_time
 from bot.domain import (
     CANDIDATE_RE,
     FAMILY_RE,
@@ -409,13 +410,13 @@ def render_status(view: StatusView, *, comment_id: int) -> str:
     facts = [
         ("Candidate", code_span(family.candidate)),
         ("Image", code_span(family.image)),
-        ("Image changed", when_text(view.staleness) if view.staleness else "unknown"),
+        ("Image changed", human_time(view.staleness) if view.staleness else "unknown"),
         ("Cooldown", with_until(view.cooldown_reason, view.cooldown_until)),
         ("Hold", describe_hold(view.hold) if view.hold else "none"),
         ("Overlapping PRs", _overlaps_inline(view.overlaps)),
         (
             "Next wave",
-            f"{when_text(view.next_wave_at) if view.next_wave_at else 'time unknown'}: "
+            f"{human_time(view.next_wave_at) if view.next_wave_at else 'time unknown'}: "
             f"**{decision.decision}**, {with_until(decision.reason, decision.until)}",
         ),
     ]
@@ -469,7 +470,7 @@ def _attempt_row(attempt: Attempt, repo: str | None, web_url: str) -> str:
     else:
         pull = f"#{attempt.pull_request}"
     cells = [
-        when_text(attempt.completed_at),
+        human_time(attempt.completed_at),
         outcome,
         attempt.phase or "",
         attempt.reason_code or "",
@@ -488,21 +489,20 @@ def _overlaps_inline(overlaps: Sequence[Overlap]) -> str:
 
 def describe_hold(hold: Hold) -> str:
     reason = code_span(hold.reason) if hold.reason.strip() else "no reason given"
-    return f"by {_person(hold.by)} since {when_text(hold.at)}: {reason}"
+    return f"by {_person(hold.by)} since {human_time(hold.at)}: {reason}"
 
 
 def _next_wave(at: datetime | None) -> str:
     if at is None:
         return "The time of the next wave is not known yet."
-    return f"The next wave runs at {when_text(at)}."
+    return f"The next wave runs at {human_time(at)}."
 
 
 def with_until(reason: str, until: datetime | None) -> str:
-    return f"{reason} (until {when_text(until)})" if until else reason
-
-
-def when_text(value: datetime) -> str:
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    # Cooldown reasons usually name their end already ("cooling down until …").
+    if until is None or human_time(until) in reason:
+        return reason
+    return f"{reason} (until {human_time(until)})"
 
 
 def _person(login: str) -> str:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 CANDIDATE_RE = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{16}$")
 FAMILY_RE = re.compile(r"^configs/[^/:]+-master\.yaml:[^\s:]+$")
@@ -22,28 +22,6 @@ ARTIFACT_RE = re.compile(r"^klaud-candidate-([0-9a-f]{16}-[0-9a-f]{16})$")
 # Klaud's own PR branches; the older `klaude/` spelling still occurs on live repositories.
 OWN_BRANCH_RE = re.compile(r"^klaude?/auto-([0-9a-f]{16})-([0-9a-f]{16})$")
 
-OUTCOMES = (
-    "validated",
-    "capacity-deferred",
-    "readiness-blocked",
-    "incompatible",
-    "duplicate",
-    "retired",
-    "already-updated",
-    "uncertain",
-    "failed",
-    "handoff",
-    "unexpected-error",
-)
-PHASES = ("resolve", "baseline", "targeted", "final-sweep", "cleanup", "unknown")
-REASON_CODES = (
-    "baseline-preflight-mismatch",
-    "baseline-provenance-unverified",
-    "baseline-point-mismatch",
-    "baseline-eval-unverified",
-    "baseline-api-unavailable",
-    "baseline-other",
-)
 # Outcomes that retry at the next wave instead of cooling down (DESIGN §4 "Cooldown").
 RETRY_NEXT_WAVE_OUTCOMES = frozenset({"capacity-deferred"})
 # Check-run conclusions per outcome (DESIGN §4 "Check run"); everything else is `failure`.
@@ -64,6 +42,7 @@ Outcome = Literal[
     "handoff",
     "unexpected-error",
 ]
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
 TouchKind = Literal["image", "flags", "patch-unavailable"]
 DecisionKind = Literal[
     "selected", "cooldown", "overlap", "capacity", "claimed", "in-flight", "held", "cap"

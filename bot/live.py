@@ -21,7 +21,7 @@ from bot.clock import Clock
 from bot.catalog import is_master_config
 from bot.dispatch import release_claim
 from bot.domain import Attempt, Claim, parse_time, stamp
-from bot.github import GitHubApp, InstallationClient, NotFound
+from bot.github import GitHubApp, GitHubError, InstallationClient, NotFound
 from bot.outcomes import (
     ReceiptError,
     RunInfo,
@@ -34,6 +34,7 @@ from bot.settings import POLICY_PATH, Settings
 from bot.state import RepoMeta, RepoState
 from bot.store.state import Change, StateStore
 from bot.sync import (
+    ArtifactRead,
     config_paths,
     is_outcome_workflow,
     load_catalog,
@@ -427,12 +428,26 @@ class LiveState:
 
     async def _retry_artifact(self, state: RepoState, key: str, entry: dict[str, Any]) -> None:
         gh = self.client(state)
-        run = entry["run"]
-        artifact = await gh.getitem(
-            "/repos/{owner}/{repo}/actions/artifacts/{artifact_id}",
-            {**split_repo(state.name), "artifact_id": entry["artifact_id"]},
-        )
-        read = await read_artifact(state, gh, entry["candidate"], artifact, run_info(run))
+        run, candidate, artifact_id = entry["run"], entry["candidate"], entry["artifact_id"]
+        info = run_info(run)
+
+        def unread(code: str, transient: bool) -> ArtifactRead:
+            attempt = unverified_attempt(candidate, state.family_of_candidate(candidate), info, code)
+            return ArtifactRead(attempt, transient, artifact_id)
+
+        try:
+            artifact = await gh.getitem(
+                "/repos/{owner}/{repo}/actions/artifacts/{artifact_id}",
+                {**split_repo(state.name), "artifact_id": artifact_id},
+            )
+        except NotFound:
+            read = unread("artifact-not-found", False)
+        except GitHubError as exc:
+            if not exc.transient:
+                raise
+            read = unread("download-failed", True)
+        else:
+            read = await read_artifact(state, gh, candidate, artifact, info)
         async with self.lock(state.name):
             change = Change()
             if read.transient:

@@ -18,7 +18,9 @@ import structlog
 
 from bot.clock import Clock
 from bot.domain import parse_time, stamp
+from bot.github import GitHubError
 from bot.live import LiveState
+from bot.state import RepoState
 from bot.waves import WaveRunner
 
 log = structlog.get_logger("klaud.scheduler")
@@ -68,7 +70,12 @@ class Scheduler:
 
     async def _loop(self) -> None:
         while not self._stopping.is_set():
-            await self.tick()
+            try:
+                await self.tick()
+            # A timer that dies silently loses every later wave: whatever went wrong is
+            # logged with its traceback and the next tick tries again.
+            except Exception:  # noqa: BLE001
+                log.exception("scheduler.tick_failed")
             try:
                 await asyncio.wait_for(self._stopping.wait(), self.poll_seconds)
             except asyncio.TimeoutError:
@@ -78,23 +85,41 @@ class Scheduler:
         """Run whatever is due now; returns the repositories that got a wave."""
         waved = []
         for name, state in list(self.live.repos.items()):
-            now = self.clock.now()
-            due = parse_time(state.meta.next_wave_at)
-            if due is None:
-                await self._set_next(name, now)
-                continue
-            if due <= now:
-                upcoming = self._upcoming(state.policy.wave_every_minutes, now)
-                if await self.waves.run(name, trigger="schedule", next_wave_at=upcoming) is not None:
-                    waved.append(name)
-            reconciled = parse_time(state.meta.reconciled_at)
-            if reconciled is None or now - reconciled >= LIGHT_RECONCILE_EVERY:
-                await self.live.reconcile(name, state.meta.installation, light=True)
+            if await self._guarded(name, self._wave_if_due(name, state)):
+                waved.append(name)
+            await self._guarded(name, self._light_reconcile_if_due(name, state))
         await self.live.retry_artifacts()
         if self.discover is not None and self.clock.now() - self._discovered_at >= LIGHT_RECONCILE_EVERY:
             self._discovered_at = self.clock.now()
             await self.discover()
         return waved
+
+    @staticmethod
+    async def _guarded(name: str, work: Awaitable[bool]) -> bool:
+        # One repository's GitHub trouble must not hold up the other repositories' work.
+        try:
+            return await work
+        except GitHubError as exc:
+            log.warning("scheduler.repo_failed", repo=name, error=str(exc), transient=exc.transient)
+            return False
+
+    async def _wave_if_due(self, name: str, state: RepoState) -> bool:
+        now = self.clock.now()
+        due = parse_time(state.meta.next_wave_at)
+        if due is None:
+            await self._set_next(name, now)
+            return False
+        if due > now:
+            return False
+        upcoming = self._upcoming(state.policy.wave_every_minutes, now)
+        return await self.waves.run(name, trigger="schedule", next_wave_at=upcoming) is not None
+
+    async def _light_reconcile_if_due(self, name: str, state: RepoState) -> bool:
+        reconciled = parse_time(state.meta.reconciled_at)
+        if reconciled is not None and self.clock.now() - reconciled < LIGHT_RECONCILE_EVERY:
+            return False
+        await self.live.reconcile(name, state.meta.installation, light=True)
+        return True
 
     def _upcoming(self, every_minutes: int, now: datetime) -> datetime:
         return next_boundary(now, every_minutes, self.rng.uniform(0, MAX_JITTER_SECONDS))

@@ -5,10 +5,12 @@ from __future__ import annotations
 from gidgethub import routing, sansio
 
 from handlers.context import HandlerContext
+from handlers.payloads import CheckRunEvent, check
 
 router = routing.Router()
 
 
 @router.register("check_run", action="rerequested")
 async def on_rerequested(event: sansio.Event, ctx: HandlerContext) -> None:
+    check(CheckRunEvent, event.data)
     await ctx.klaud.checks.rerequested(event.data)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from gidgethub import routing, sansio
 
 from handlers.context import HandlerContext
+from handlers.payloads import PushEvent, check
 
 router = routing.Router()
 
 
 @router.register("push")
 async def on_push(event: sansio.Event, ctx: HandlerContext) -> None:
+    check(PushEvent, event.data)
     await ctx.klaud.live.on_push(event.data)

@@ -400,3 +400,22 @@ def test_delivery_records_repository_and_installation():
     delivery = Delivery.from_payload("x", "pull_request", b"{}", PR_PAYLOAD, {})
     assert (delivery.repo, delivery.installation, delivery.action) == ("acme/bench", 7, "opened")
     assert delivery.ordering_key == "repo:acme/bench"
+
+
+@pytest.mark.parametrize(
+    "event, payload",
+    [
+        ("pull_request", {"action": "opened", "repository": {"full_name": "acme/bench"}, "installation": {"id": 7}}),
+        ("push", {"ref": "refs/heads/main", "repository": {"full_name": "acme/bench"}, "installation": {"id": 7}}),
+        ("workflow_run", {"action": "completed", "workflow_run": {"id": "x"}, "repository": {"full_name": "acme/bench"}, "installation": {"id": 7}}),
+        ("issue_comment", {"action": "created", "comment": {"body": "/klaud help"}, "repository": {"full_name": "acme/bench"}, "installation": {"id": 7}}),
+    ],
+    ids=["pr-without-pull_request", "push-without-after", "run-with-bad-id", "comment-without-id"],
+)
+async def test_malformed_payload_fails_at_once_with_the_reason(tmp_path, event, payload):
+    async with running_klaud(make_klaud(tmp_path)) as run:
+        status, _ = await run.post(event, payload, delivery="bad-shape")
+        assert status == 202
+        failed = await wait_status(run, "bad-shape", "failed")
+    assert failed["attempts"] == 1
+    assert "ValidationError" in failed["error"]

@@ -224,6 +224,26 @@ async def test_transient_download_error_is_retried_in_the_background(tmp_path):
         assert run.klaud.live.repo("acme/bench").pending_artifacts == {}
 
 
+async def test_artifact_gone_before_its_retry_is_recorded_not_found(tmp_path):
+    cand = sc.candidate(H200)
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        run.sandbox.set_faults({"rules": [{"method": "GET", "route": r"/actions/artifacts/\d+", "status": 500}]})
+        await run.act({"action": "complete_run", "repo": "acme/bench", "run": {
+            "workflow": "klaud-plan.yml", "event": "schedule", "conclusion": "success",
+            "artifacts": [{"name": f"klaud-candidate-{cand}", "files": {"candidate-diagnostics.json": sc.diagnostics("failed")}}]}})
+        # Still failing at the first retry: rescheduled, not given up.
+        await run.act({"action": "advance_clock", "seconds": 3600})
+        assert await run.klaud.live.retry_artifacts() == 1
+        assert len(run.klaud.live.repo("acme/bench").pending_artifacts) == 1
+        # Then the artifact is gone for good.
+        run.sandbox.set_faults({"rules": [{"method": "GET", "route": r"/actions/artifacts/\d+$", "status": 404}]})
+        await run.act({"action": "advance_clock", "seconds": 6 * 3600})
+        assert await run.klaud.live.retry_artifacts() == 1
+        [attempt] = attempts_of(run.state(), cand)
+        assert (attempt["verified"], attempt["error"]) == (False, "artifact-not-found")
+        assert run.klaud.live.repo("acme/bench").pending_artifacts == {}
+
+
 async def test_receipt_comment_records_the_same_attempt_once(tmp_path):
     cand = sc.candidate(MI355)
     receipt = (

@@ -218,3 +218,16 @@ async def test_plan_endpoint_and_cli_show_the_next_wave(tmp_path, capsys, monkey
     assert printed["at"] == "2026-11-30T09:00:00Z"
     assert {d["decision"] for d in printed["decisions"]} == {"capacity"}
     assert await asyncio.to_thread(klaud_main, ["plan", "--repo", "acme/none"]) == 2
+
+
+async def test_scheduler_survives_a_repository_whose_github_fails(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await run.klaud.scheduler.tick()  # schedules the first wave
+        run.sandbox.set_faults({"rules": [{"method": "GET", "route": "/pulls$", "status": 404}]})
+        await run.act({"action": "advance_clock", "seconds": 7 * 3600})
+        # The wave is due and runs; the light reconcile that follows fails with a GitHub error.
+        assert await run.klaud.scheduler.tick() == ["acme/bench"]
+        run.sandbox.set_faults({"rules": []})
+        await run.act({"action": "advance_clock", "seconds": 2 * 3600})
+        assert await run.klaud.scheduler.tick() == ["acme/bench"]
+        assert run.klaud.live.repo("acme/bench").meta.wave == 2

@@ -67,6 +67,7 @@ class Klaud:
         self.scheduler = Scheduler(self.live, self.waves, self.clock, discover=self.reconcile_new_installations)
         self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
         self.commands = CommandResponder(self.live, self.waves, self.clock)
+        self.started = False  # set once start-up (store, state, first reconcile) is done
 
     async def start(self, *, drain: bool = True, schedule: bool = False, reconcile: bool = False) -> None:
         await self.inbox.open()
@@ -80,8 +81,14 @@ class Klaud:
             await self.inbox.start()
         if schedule:
             self.scheduler.start()
+        self.started = True
+
+    @property
+    def ready(self) -> bool:
+        return self.started and self.inbox.ready
 
     async def stop(self, grace: float = 10.0) -> None:
+        self.started = False
         await self.scheduler.stop()
         await self.inbox.stop(grace)
         await self.checks.close()

@@ -128,8 +128,13 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     klaud = _klaud(request)
     inbox = klaud.inbox
-    body = {"store": inbox.db.is_open, "backlog": inbox.backlog, "limit": inbox.backlog_limit}
-    return web.json_response(body, status=200 if inbox.ready else 503)
+    body = {
+        "started": klaud.started,
+        "store": inbox.db.is_open,
+        "backlog": inbox.backlog,
+        "limit": inbox.backlog_limit,
+    }
+    return web.json_response(body, status=200 if klaud.ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

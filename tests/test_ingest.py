@@ -419,3 +419,36 @@ async def test_malformed_payload_fails_at_once_with_the_reason(tmp_path, event, 
         failed = await wait_status(run, "bad-shape", "failed")
     assert failed["attempts"] == 1
     assert "ValidationError" in failed["error"]
+
+
+async def test_serve_sandbox_stops_cleanly_on_sigterm(tmp_path):
+    from bot.runtime import free_port
+
+    port = free_port("127.0.0.1")
+    env = {**os.environ, "KLAUD_DB": f"sqlite:///{tmp_path / 'serve.db'}", "KLAUD_PORT": str(port),
+           "KLAUD_WEBHOOK_SECRET": SECRET, "KLAUD_LOG_FORMAT": "json"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "serve", "--sandbox", cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.05)
+            # The bundled scenario was reconciled at start-up through the mounted sandbox.
+            async with session.get(f"http://127.0.0.1:{port}/api/v1/repos/acme/bench/state") as response:
+                assert response.status == 200 and len((await response.json())["families"]) == 30
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(proc.communicate(), timeout=20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.returncode == 0
+    events = [json.loads(line)["event"] for line in stderr.decode().splitlines() if line.startswith("{")]
+    assert events.index("serve.stopping") < events.index("serve.stopped")

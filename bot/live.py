@@ -12,7 +12,7 @@ import asyncio
 import random
 from collections import defaultdict
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Awaitable, Callable
 
 import structlog
@@ -53,6 +53,7 @@ from bot.sync import (
 log = structlog.get_logger("klaud.live")
 
 CLAIM_PREFIX = "refs/heads/klaud/claim-"
+ATTEMPT_MEMORY = timedelta(days=14)
 ZERO_SHA = "0" * 40
 
 # Called with (repo, reason) whenever something a check run shows may have changed.
@@ -82,9 +83,14 @@ class LiveState:
         return self.github.installation(state.meta.installation)
 
     async def load(self) -> None:
-        """Rebuild every repository's in-memory state from the store (no GitHub call)."""
+        """Rebuild every repository's in-memory state from the store (no GitHub call).
+
+        Attempts older than ATTEMPT_MEMORY stay in the store only: cooldowns look back at
+        most 168 hours and artifacts live 14 days.
+        """
+        since = stamp(self.clock.now() - ATTEMPT_MEMORY)
         for name in await self.store.repos():
-            records = await self.store.load(name)
+            records = await self.store.load(name, attempts_since=since)
             meta = await self.store.get("", "repo", name)
             self.repos[name] = RepoState.from_records(name, records, meta)
         log.info("live.loaded", repositories=len(self.repos))

@@ -114,12 +114,20 @@ class StateStore:
 
         return await self.db.run(select)
 
-    async def load(self, repo: str) -> dict[str, dict[str, Any]]:
-        """Every record of `repo` as {kind: {key: value}}."""
+    async def load(self, repo: str, *, attempts_since: str | None = None) -> dict[str, dict[str, Any]]:
+        """Every record of `repo` as {kind: {key: value}}.
+
+        `attempts_since` (ISO text, as stored) leaves older attempts in the store: they are
+        history no rule reads, and decoding them dominated the time of a restart.
+        """
 
         def select(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+            if attempts_since is None:
+                return conn.execute("SELECT kind, key, data FROM records WHERE repo = ?", (repo,)).fetchall()
             return conn.execute(
-                "SELECT kind, key, data FROM records WHERE repo = ?", (repo,)
+                "SELECT kind, key, data FROM records WHERE repo = ?"
+                " AND (kind != 'attempt' OR json_extract(data, '$.completed_at') >= ?)",
+                (repo, attempts_since),
             ).fetchall()
 
         rows = await self.db.run(select)

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Literal, Mapping
 
 import yaml
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -45,6 +47,18 @@ class Settings(BaseModel):
     capacity_url: str | None = None
     capacity_token: SecretStr | None = None
     log_format: Literal["json", "console"] = "json"
+
+    @field_validator("private_key")
+    @classmethod
+    def _pem_private_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return value
+        try:
+            serialization.load_pem_private_key(value.get_secret_value().encode(), password=None)
+        except (ValueError, TypeError, UnsupportedAlgorithm):
+            # The message never includes the key itself.
+            raise ValueError("not an unencrypted PEM private key") from None
+        return value
 
     @field_validator("db")
     @classmethod

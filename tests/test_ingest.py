@@ -452,3 +452,14 @@ async def test_serve_sandbox_stops_cleanly_on_sigterm(tmp_path):
     assert proc.returncode == 0
     events = [json.loads(line)["event"] for line in stderr.decode().splitlines() if line.startswith("{")]
     assert events.index("serve.stopping") < events.index("serve.stopped")
+
+
+def test_invalid_private_key_exits_2_without_printing_it(monkeypatch, capsys):
+    from bot.cli import main
+
+    monkeypatch.setenv("KLAUD_WEBHOOK_SECRET", "s")
+    monkeypatch.setenv("KLAUD_APP_ID", "1")
+    monkeypatch.setenv("KLAUD_PRIVATE_KEY", "not-a-key-SECRET-MATERIAL")
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("klaud: KLAUD_PRIVATE_KEY:") and "SECRET-MATERIAL" not in err

@@ -315,3 +315,41 @@ async def test_installation_removed_forgets_the_repository(tmp_path):
         await fresh.start(drain=False)
         assert fresh.live.repos == {}
         await fresh.stop()
+
+
+async def test_klaud_reconcile_command_against_the_sandbox(tmp_path, monkeypatch, capsys):
+    import asyncio
+    import json as json_module
+
+    from aiohttp import web
+
+    from datetime import datetime, timezone
+
+    from bot.cli import main
+    from bot.clock import ManualClock
+    from bot.runtime import generate_app_key
+    from bot.sandbox import Sandbox
+
+    private_pem, public_key = generate_app_key()
+    # The command runs on the wall clock; the strict sandbox checks JWTs against its own.
+    sandbox = Sandbox(sc.scenario(pulls=[sc.image_bump(12)]), clock=ManualClock(datetime.now(timezone.utc)),
+                      strict_auth=True, app_id=7, app_public_key=public_key)
+    runner = web.AppRunner(sandbox.create_app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    sandbox.world.origin = f"http://127.0.0.1:{port}"
+    key_file = tmp_path / "app.pem"
+    key_file.write_text(private_pem)
+    for name, value in {"KLAUD_DB": f"sqlite:///{tmp_path / 'r.db'}", "KLAUD_APP_ID": "7",
+                        "KLAUD_PRIVATE_KEY_FILE": str(key_file),
+                        "KLAUD_GITHUB_URL": f"http://127.0.0.1:{port}/_sandbox/github"}.items():
+        monkeypatch.setenv(name, value)
+    try:
+        assert await asyncio.to_thread(main, ["reconcile", "--repo", "acme/bench"]) == 0
+        report = json_module.loads(capsys.readouterr().out)
+        assert report["after"]["families"] == 5 and report["open_pulls"] == 1
+        assert await asyncio.to_thread(main, ["reconcile", "--repo", "acme/other"]) == 2
+    finally:
+        await runner.cleanup()

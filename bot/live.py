@@ -114,7 +114,9 @@ class LiveState:
             gh = self.client(state)
             before = _counts(state)
             change = Change()
-            if not light:
+            if light:
+                await self._catch_up_default_branch(state, gh, change)
+            else:
                 await self._reconcile_default_branch(state, gh, change)
             pulls = await self._reconcile_pulls(state, gh, change)
             if not light:
@@ -140,6 +142,18 @@ class LiveState:
         change.extend(policy_change)
         change.extend(await load_catalog(state, gh, state.meta.head_sha))
         state.retouch()
+
+    async def _catch_up_default_branch(self, state: RepoState, gh: InstallationClient, change: Change) -> None:
+        """A missed push shows as a moved head: re-read configs and policy at the new one."""
+        commit = await gh.getitem(
+            "/repos/{owner}/{repo}/commits/{ref}", {**split_repo(state.name), "ref": state.meta.default_branch}
+        )
+        if commit["sha"] == state.meta.head_sha:
+            return
+        log.info("catalog.missed_push", old=state.meta.head_sha[:12], new=commit["sha"][:12])
+        state.meta.head_sha = commit["sha"]
+        # When the push happened is unknown; changed images are dated when we noticed.
+        await self._apply_default_branch_change(state, gh, None, commit["sha"], self.clock.now(), change)
 
     async def _reconcile_pulls(self, state: RepoState, gh: InstallationClient, change: Change) -> dict[str, int]:
         seen: set[int] = set()
@@ -228,18 +242,7 @@ class LiveState:
         before, after = payload.get("before") or ZERO_SHA, payload["after"]
         async with self.lock(name):
             gh = self.client(state)
-            if before == ZERO_SHA:
-                changed = None  # a new default branch: everything may have changed
-            else:
-                compare = await gh.getitem(
-                    "/repos/{owner}/{repo}/compare/{base}...{head}",
-                    {**split_repo(name), "base": before, "head": after},
-                )
-                changed = set()
-                for item in compare.get("files") or []:
-                    changed.add(item["filename"])
-                    if item.get("previous_filename"):
-                        changed.add(item["previous_filename"])
+            changed = await self._changed_files(gh, name, before, after)
             pushed_at = parse_time((payload.get("head_commit") or {}).get("timestamp")) or self.clock.now()
             state.meta.head_sha = after
             change = Change()
@@ -248,6 +251,25 @@ class LiveState:
             await self.persist(change)
         log.info("catalog.updated", head=after[:12], files=sorted(changed) if changed is not None else "all", families=len(touched))
         await self.notify(state, touched)
+
+    async def _changed_files(self, gh: InstallationClient, repo: str, before: str, after: str) -> set[str] | None:
+        """Paths a push changed, from one compare call; None when everything must be re-read."""
+        if before == ZERO_SHA:
+            return None  # a new default branch
+        try:
+            compare = await gh.getitem(
+                "/repos/{owner}/{repo}/compare/{base}...{head}", {**split_repo(repo), "base": before, "head": after}
+            )
+        except NotFound:
+            # A force-push can leave `before` unknown to GitHub: re-read every config.
+            log.info("catalog.compare_unavailable", before=before[:12], after=after[:12])
+            return None
+        changed = set()
+        for item in compare.get("files") or []:
+            changed.add(item["filename"])
+            if item.get("previous_filename"):
+                changed.add(item["previous_filename"])
+        return changed
 
     async def _apply_default_branch_change(
         self,

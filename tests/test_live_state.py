@@ -294,6 +294,30 @@ async def test_reconcile_catches_up_after_missed_events(tmp_path):
         assert report["pulls_removed"] == 1 and report["after"]["attempts"] == 1
 
 
+async def test_light_reconcile_catches_a_missed_default_branch_push(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        target, run.sandbox.deliver_to = run.sandbox.deliver_to, None
+        bumped = sc.NVIDIA.replace("vllm/vllm-openai:v0.11.2", "vllm/vllm-openai:v0.12.0")
+        await run.sandbox.act({"action": "push_default", "repo": "acme/bench", "files": {NV: bumped}})
+        run.sandbox.deliver_to = target
+        assert family(run.state(), GPTOSS)["image"] == "vllm/vllm-openai:v0.11.2"
+        await run.klaud.live.reconcile("acme/bench", 1, light=True)
+        state = run.state()
+        assert family(state, GPTOSS)["image"] == "vllm/vllm-openai:v0.12.0"
+        assert family(state, GPTOSS)["image_changed_at"] is not None
+        assert family(state, H200)["image_changed_at"] is None
+        assert state["head_sha"] == run.github()["head_sha"]
+
+
+async def test_push_whose_compare_is_gone_rereads_every_config(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        run.sandbox.set_faults({"rules": [{"method": "GET", "route": "/compare/", "status": 404}]})
+        bumped = sc.AMD.replace("rocm/vllm:rocm7.0.0_vllm_0.10.1", "rocm/vllm:rocm7.1.0_vllm_0.11.0")
+        answer = await run.act({"action": "push_default", "repo": "acme/bench", "files": {"configs/amd-master.yaml": bumped}})
+        assert answer["statuses"] == [202]
+        assert family(run.state(), "configs/amd-master.yaml:llama70b-fp8-mi300x-vllm")["image"] == "rocm/vllm:rocm7.1.0_vllm_0.11.0"
+
+
 async def test_light_reconcile_reads_files_only_for_changed_heads(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12), sc.image_bump(13, "gptoss-fp4-b200-vllm")])) as run:
         run.reset_requests()

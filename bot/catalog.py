@@ -33,9 +33,6 @@ _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _RUNNER_NUMBER_RE = re.compile(r"_\d+$")
 _FAMILY_KEY_RE = re.compile(r"^[^\s:]+$")
 CLUSTER_PREFIX = "cluster:"
-PLACEHOLDERS = ("key", "model-prefix", "precision", "framework", "hardware")
-
-
 class CatalogError(ValueError):
     """A master config or runners.yaml cannot be read; the message says where and why."""
 
@@ -218,17 +215,6 @@ def _text(value: object) -> str | None:
     if value is None or isinstance(value, (dict, list)):
         return None
     return str(value)
-
-
-def changed_image_families(old: Iterable[Family], new: Iterable[Family]) -> set[str]:
-    """Ids of families in `new` that are new or whose image line differs from `old`."""
-    images = {family.id: family.image for family in old}
-    return {family.id for family in new if images.get(family.id) != family.image}
-
-
-# ---------------------------------------------------------------------------
-# The catalog of one repository
-# ---------------------------------------------------------------------------
 
 
 class Catalog:

@@ -328,14 +328,6 @@ def reply_counts(comment_bodies: Iterable[str]) -> Counter[int]:
     return counts
 
 
-def replied_to(comment_bodies: Iterable[str]) -> set[int]:
-    """Ids of the comments Klaud has already answered."""
-    return set(reply_counts(comment_bodies))
-
-
-# -------------------------------------------------------------------------- rendering
-
-
 def help_text() -> str:
     """The verbs as a Markdown list, in declaration order."""
     lines = [

@@ -7,25 +7,16 @@ answers 422 because someone else holds it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import structlog
 
-from bot.domain import Claim, Decision, Dispatch, Family, claim_ref
+from bot.domain import Claim, Dispatch, Family, claim_ref
 from bot.github import Conflict, GitHubError, InstallationClient, NotFound
 from bot.sync import split_repo
 
 log = structlog.get_logger("klaud.dispatch")
-
-
-@dataclass
-class DispatchResult:
-    claims: list[Claim] = field(default_factory=list)
-    dispatches: list[Dispatch] = field(default_factory=list)
-    lost: list[Decision] = field(default_factory=list)  # claim taken by another wave
-    failed: Decision | None = None  # dispatch error: nothing more is dispatched this wave
 
 
 async def create_claim(gh: InstallationClient, repo: str, family: Family, base: str) -> bool:

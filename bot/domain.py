@@ -83,14 +83,6 @@ def candidate_branch(candidate: str) -> str:
     return f"klaud/auto-{candidate}"
 
 
-def artifact_name(candidate: str) -> str:
-    return f"klaud-candidate-{candidate}"
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
 def parse_time(value: str | None) -> datetime | None:
     """Parse GitHub's ISO timestamps (`Z` suffix) into aware datetimes."""
     if value is None:

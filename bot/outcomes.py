@@ -63,13 +63,6 @@ ERROR_CODES: dict[str, bool] = {
 }
 
 
-def is_transient(code: str) -> bool:
-    """Whether an artifact failure is worth retrying later."""
-    if code not in ERROR_CODES:
-        raise ValueError(f"unknown artifact error code {code!r}")
-    return ERROR_CODES[code]
-
-
 class ArtifactError(Exception):
     """An artifact that yields no verified outcome; `code` is one of ERROR_CODES."""
 
@@ -456,16 +449,13 @@ class OutcomeLedger:
     `artifact-expired` after `download-failed`) is kept.
     """
 
-    __slots__ = ("_runs_by_candidate", "_candidates_by_family_hash", "_ordered")
+    __slots__ = ("_runs_by_candidate", "_ordered")
 
     def __init__(self, attempts: Iterable[Attempt] = ()) -> None:
         self._runs_by_candidate: dict[str, dict[tuple[int, int], Attempt]] = {}
         # Newest-first lists, built on first read and dropped when the candidate changes:
         # a wave reads every candidate, events change a few.
         self._ordered: dict[str, list[Attempt]] = {}
-        # Candidate ids start with their family's hash, so attempts without a family
-        # (receipts) are still found by family.
-        self._candidates_by_family_hash: dict[str, set[str]] = {}
         for attempt in attempts:
             self.add(attempt)
 
@@ -474,12 +464,7 @@ class OutcomeLedger:
 
     def add(self, attempt: Attempt) -> bool:
         """Record `attempt`; True when the ledger changed."""
-        runs = self._runs_by_candidate.get(attempt.candidate)
-        if runs is None:
-            runs = self._runs_by_candidate[attempt.candidate] = {}
-            self._candidates_by_family_hash.setdefault(attempt.candidate[:16], set()).add(
-                attempt.candidate
-            )
+        runs = self._runs_by_candidate.setdefault(attempt.candidate, {})
         key = (attempt.run_id, attempt.run_attempt)
         current = runs.get(key)
         if current is not None and (
@@ -509,25 +494,10 @@ class OutcomeLedger:
                 return ordered[:index]
         return list(ordered)
 
-    def for_family(self, family: str) -> list[Attempt]:
-        candidates = self._candidates_by_family_hash.get(family_hash(family), ())
-        return _newest_first(
-            a for c in candidates for a in self._runs_by_candidate[c].values()
-        )
-
     def all(self) -> list[Attempt]:
         return _newest_first(
             a for runs in self._runs_by_candidate.values() for a in runs.values()
         )
-
-    def latest_verified(self, candidate: str, since: datetime) -> Attempt | None:
-        """The newest verified attempt that completed at or after `since`."""
-        recent = [
-            a
-            for a in self._runs_by_candidate.get(candidate, {}).values()
-            if a.verified and a.completed_at >= since
-        ]
-        return _newest_first(recent)[0] if recent else None
 
 
 # ---------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from bot.domain import (
     parse_time,
 )
 from bot.github import GitHubError, InstallationClient, NotFound, TooLarge
-from bot.gitdiff import unified_diff
 from bot.outcomes import (
     MAX_ARCHIVE_BYTES,
     ArtifactError,
@@ -33,7 +32,7 @@ from bot.outcomes import (
     read_outcome_artifact,
     unverified_attempt,
 )
-from bot.overlap import file_change_from_patch, is_klaud_own
+from bot.overlap import file_change_from_contents, file_change_from_patch, is_klaud_own
 from bot.settings import POLICY_PATH
 from bot.state import RepoState
 from bot.store.state import Change
@@ -218,29 +217,22 @@ async def _file_change(
     globs = state.policy.config_globs
     if not (is_master_config(filename, globs) or (previous and is_master_config(previous, globs))):
         return FileChange(filename=filename, previous_filename=previous)
+    status = item.get("status", "modified")
     patch = item.get("patch")
-    if patch is None:
-        patch = await _local_patch(state, gh, previous or filename, filename, base_sha, head_sha)
-        if patch is None:
-            log.warning("overlap.patch_unavailable", file=filename)
-            return FileChange(filename=filename, previous_filename=previous, unavailable=True)
-    return file_change_from_patch(filename, patch, previous, item.get("status", "modified"))
-
-
-async def _local_patch(
-    state: RepoState, gh: InstallationClient, base_path: str, head_path: str, base_sha: str, head_sha: str
-) -> str | None:
-    """GitHub omitted the patch (large diff): diff base and head contents here."""
+    if patch is not None:
+        return file_change_from_patch(filename, patch, previous, status)
+    # GitHub omits the patch of a large diff: diff the base and head contents here.
     try:
-        old = await read_text(gh, state.name, base_path, base_sha)
-        new = await read_text(gh, state.name, head_path, head_sha)
+        base = await read_text(gh, state.name, previous or filename, base_sha)
+        head = await read_text(gh, state.name, filename, head_sha)
     except GitHubError as exc:
         if exc.transient:
             raise
-        return None
-    if old is None and new is None:
-        return None
-    return unified_diff(old, new)
+        base = head = None
+    if base is None and head is None:
+        log.warning("overlap.patch_unavailable", file=filename)
+        return FileChange(filename=filename, previous_filename=previous, unavailable=True)
+    return file_change_from_contents(filename, base, head, previous, status)
 
 
 # -- outcomes -------------------------------------------------------------------------

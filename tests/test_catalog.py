@@ -12,7 +12,6 @@ import yaml
 from bot.catalog import (
     Catalog,
     CatalogError,
-    changed_image_families,
     clusters_for,
     family_file_patterns,
     glob_match,
@@ -278,15 +277,6 @@ def test_real_master_configs(fixtures: Path) -> None:
 
 
 # --- image changes and the catalog ----------------------------------------------
-
-
-def test_changed_image_families() -> None:
-    old = [family("a", "x:1"), family("b", "y:1"), family("gone", "z:1")]
-    new = [family("a", "x:1"), family("b", "y:2"), family("added", "w:1")]
-    assert changed_image_families(old, new) == {
-        "configs/x-master.yaml:b",
-        "configs/x-master.yaml:added",
-    }
 
 
 def test_catalog_lookups_and_sorted_iteration() -> None:

@@ -21,7 +21,6 @@ from bot.commands import (
     render_retry,
     render_status,
     render_unhold,
-    replied_to,
     reply_counts,
     reply_marker,
     resolve_command,
@@ -292,20 +291,6 @@ def test_hold_reason_without_target_uses_the_pr_family() -> None:
 
 def test_reply_marker_is_exact() -> None:
     assert reply_marker(1234) == "<!-- klaud-command:1234 -->"
-
-
-def test_replied_to_finds_markers_of_replies_only() -> None:
-    bodies = [
-        f"{reply_marker(7)}\nStatus of …",
-        "a human comment mentioning klaud-command:8",
-        f"{reply_marker(9)}\nHeld …",
-        f"{reply_marker(9)}\nReleased …",
-    ]
-    assert replied_to(bodies) == {7, 9}
-    assert reply_counts(bodies) == {7: 1, 9: 2}
-
-
-# -------------------------------------------------------------------------- rendering
 
 
 def test_every_reply_starts_with_its_marker() -> None:

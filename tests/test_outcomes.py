@@ -28,7 +28,6 @@ from bot.outcomes import (
     RunInfo,
     attempt_from_outcome,
     check_conclusion,
-    is_transient,
     next_retry_at,
     parse_receipt,
     read_outcome_artifact,
@@ -550,14 +549,12 @@ def test_error_codes_and_transience() -> None:
         "outcome-missing", "outcome-invalid", "artifact-expired", "artifact-not-found",
         "download-failed", "download-too-large", "artifact-missing",
     }
-    assert [code for code in ERROR_CODES if is_transient(code)] == ["download-failed"]
+    assert [code for code, transient in ERROR_CODES.items() if transient] == ["download-failed"]
     assert ArtifactError("download-failed", "502").transient
     assert not ArtifactError("artifact-expired", "410").transient
 
 
 def test_unknown_error_codes_are_bugs() -> None:
-    with pytest.raises(ValueError, match="unknown artifact error code"):
-        is_transient("oops")
     with pytest.raises(ValueError, match="unknown artifact error code"):
         ArtifactError("oops", "detail")
 
@@ -785,15 +782,14 @@ def test_queries_order_newest_first_and_filter() -> None:
 
     assert ledger.for_candidate(CANDIDATE) == [newest_unverified, recent, old]
     assert ledger.for_candidate("0" * 16 + "-" + "0" * 16) == []
-    assert ledger.for_family(FAMILY) == [sibling, newest_unverified, recent, old]
-    assert ledger.for_family(OTHER_FAMILY) == [other]
-    assert ledger.for_family("configs/x-master.yaml:none") == []
+    assert ledger.recent(CANDIDATE, T0 - 24 * hour) == [newest_unverified, recent]
+    assert ledger.recent(CANDIDATE, T0 - 2 * hour) == [newest_unverified]
+    assert ledger.recent(CANDIDATE, T0 - 48 * hour) == [newest_unverified, recent, old]
     assert ledger.all() == [other, sibling, newest_unverified, recent, old]
-    assert ledger.latest_verified(CANDIDATE, since=T0 - 24 * hour) == recent
-    assert ledger.latest_verified(CANDIDATE, since=T0 - 2 * hour) == recent
-    assert ledger.latest_verified(CANDIDATE, since=T0 - hour) is None
-    assert ledger.latest_verified(CANDIDATE, since=T0 - 48 * hour) == recent
-    assert ledger.latest_verified(OTHER_CANDIDATE, since=T0 - hour) == other
+    # The cached order follows later additions.
+    newer = verified(run_id=6, at=T0 + hour)
+    ledger.add(newer)
+    assert ledger.recent(CANDIDATE, T0 - 2 * hour) == [newer, newest_unverified]
 
 
 def test_ledger_holds_a_hundred_thousand_attempts() -> None:
@@ -815,16 +811,7 @@ def test_ledger_holds_a_hundred_thousand_attempts() -> None:
     history = ledger.for_candidate(candidates[7])
     assert len(history) == 500
     assert history[0].run_id == 8
-    assert ledger.for_family(families[7]) == history
-    # run 8 (n=7) is verified; run 1 (n=0) is not, so the newest verified one is run 201.
-    assert ledger.latest_verified(candidates[0], since=T0 - timedelta(days=1)).run_id == 201
-
-
-def test_family_hash_prefix_finds_receipts_without_family() -> None:
-    receipt = verified(source="receipt", family=None)
-
-    assert receipt.candidate.startswith(family_hash(FAMILY))
-    assert OutcomeLedger([receipt]).for_family(FAMILY) == [receipt]
+    assert ledger.recent(candidates[7], T0 - timedelta(minutes=1000)) == history[:5]
 
 
 # --- retry schedule ----------------------------------------------------------------------

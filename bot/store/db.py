@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -23,7 +22,6 @@ class Database:
         self.path = path
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klaud-db")
         self._conn: sqlite3.Connection | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def is_open(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any
 
 from pydantic import TypeAdapter
 
@@ -149,7 +149,3 @@ class StateStore:
 
         text = await self.db.run(select)
         return None if text is None else decode_many(kind, [text])[0]
-
-
-def keyed(values: Iterable[Any], attribute: str) -> dict[str, Any]:
-    return {str(getattr(value, attribute)): value for value in values}

@@ -12,6 +12,7 @@ from gidgethub import routing
 from handlers import (
     check_run,
     installation,
+    installation_repositories,
     issue_comment,
     ping,
     pull_request,
@@ -23,6 +24,7 @@ from handlers import (
 router = routing.Router(
     ping.router,
     installation.router,
+    installation_repositories.router,
     pull_request.router,
     push.router,
     workflow_run.router,

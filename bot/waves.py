@@ -93,7 +93,9 @@ class WaveRunner:
             ms=round(elapsed * 1000, 1),
             dry_run=self.dry_run,
         )
-        await self.live.notify(state, {d.family for d in wave.decisions if d.decision == "selected"})
+        # Time moves cooldowns and in-flight states on without any event: each wave lets the
+        # check runs of Klaud PRs catch up (only Klaud PRs render, unchanged renders are not sent).
+        await self.live.notify(state, {d.family for d in wave.decisions})
         return wave
 
     async def _release_expired_claims(self, state: RepoState, now: datetime, change: Change) -> None:

@@ -214,3 +214,17 @@ async def test_invalid_policy_is_reported_on_the_check_run(tmp_path):
         await run.klaud.checks.publish(("acme/bench", 50), force=True)
         [check] = checks(run)
         assert "cooldown_hours" in check["output"]["summary"] and ".github/klaud.yml" in check["output"]["summary"]
+
+
+async def test_a_wave_refreshes_a_check_run_whose_cooldown_ended(tmp_path):
+    cand = sc.candidate(H200)
+    scenario = sc.scenario(pulls=[klaud_pr(50, H200)], runs=[sc.run(301, cand, "readiness-blocked")])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await run.klaud.checks.publish(("acme/bench", 50))
+        assert "cooling down until" in checks(run)[0]["output"]["summary"]
+        await run.act({"action": "advance_clock", "seconds": 25 * 3600})
+        await run.klaud.waves.run("acme/bench", trigger="test")
+        await run.settle()
+        [check] = checks(run)
+        assert "cooling down until" not in check["output"]["summary"]
+        assert check["conclusion"] == "failure"  # the latest outcome still decides the conclusion

@@ -12,7 +12,7 @@ import asyncio
 import random
 from collections import defaultdict
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Awaitable, Callable
 
 import structlog
@@ -243,7 +243,7 @@ class LiveState:
         async with self.lock(name):
             gh = self.client(state)
             changed = await self._changed_files(gh, name, before, after)
-            pushed_at = parse_time((payload.get("head_commit") or {}).get("timestamp")) or self.clock.now()
+            pushed_at = _push_time(payload) or self.clock.now()
             state.meta.head_sha = after
             change = Change()
             touched = await self._apply_default_branch_change(state, gh, changed, after, pushed_at, change)
@@ -536,6 +536,17 @@ class LiveState:
             change.delete("", "repo", name)
             await self.persist(change)
         log.info("live.forgotten", repo=name)
+
+
+def _push_time(payload: dict[str, Any]) -> datetime | None:
+    """When the push happened: push payloads carry `repository.pushed_at` in epoch seconds.
+
+    The head commit's timestamp is its author date, which a rebase can leave days old.
+    """
+    pushed_at = (payload.get("repository") or {}).get("pushed_at")
+    if isinstance(pushed_at, (int, float)) and not isinstance(pushed_at, bool):
+        return datetime.fromtimestamp(pushed_at, timezone.utc)
+    return None
 
 
 def _counts(state: RepoState) -> dict[str, int]:

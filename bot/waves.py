@@ -18,7 +18,7 @@ import structlog
 from bot.capacity import CapacityFeed
 from bot.clock import Clock
 from bot.dispatch import dispatch_candidate, release_claim
-from bot.domain import Claim, Decision, Wave, stamp
+from bot.domain import CapacityReading, Claim, Decision, Wave, stamp
 from bot.github import GitHubError
 from bot.live import LiveState
 from bot.metrics import CANDIDATES, WAVE_SECONDS
@@ -66,7 +66,8 @@ class WaveRunner:
         async with self.live.lock(repo):
             now = self.clock.now()
             change = Change()
-            await self._release_expired_claims(state, now, change)
+            if not self.dry_run:
+                await self._release_expired_claims(state, now, change)
             number = state.meta.wave + 1
             wave = await self._plan_and_dispatch(state, number, reading, now, change)
             if not self.dry_run:
@@ -100,15 +101,19 @@ class WaveRunner:
 
     async def _release_expired_claims(self, state: RepoState, now: datetime, change: Change) -> None:
         for claim in state.expired_claims(now):
-            log.info("claim.expired", family=claim.family, candidate=claim.candidate)
-            if not self.dry_run:
+            try:
                 await release_claim(self.live.client(state), state.name, claim.family)
+            except GitHubError as exc:
+                # Kept (and the family stays claimed) until a later wave can delete it.
+                log.warning("claim.release_failed", family=claim.family, error=str(exc))
+                continue
+            log.info("claim.expired", family=claim.family, candidate=claim.candidate)
             change.extend(state.drop_claim(claim.family))
             if claim.family in state.dispatches:
                 change.extend(state.drop_dispatch(claim.family))
 
     async def _plan_and_dispatch(
-        self, state: RepoState, number: int, reading, now: datetime, change: Change
+        self, state: RepoState, number: int, reading: CapacityReading, now: datetime, change: Change
     ) -> Wave:
         snapshot = state.snapshot(number, now)
         lost: dict[str, Claim] = {}

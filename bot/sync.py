@@ -60,7 +60,9 @@ async def read_text(gh: InstallationClient, repo: str, path: str, ref: str) -> s
         return None
     if not isinstance(item, dict) or item.get("type") != "file":
         return None
-    return base64.b64decode(item.get("content") or "").decode("utf-8")
+    # Undecodable bytes become U+FFFD: the YAML parser then reports the file as invalid
+    # (keeping the last good state) instead of the delivery failing over and over.
+    return base64.b64decode(item.get("content") or "").decode("utf-8", errors="replace")
 
 
 async def list_directory(gh: InstallationClient, repo: str, directory: str, ref: str) -> list[str]:

@@ -45,7 +45,6 @@ async def test_install_reconcile_builds_the_catalog(tmp_path):
         assert family(state, GPTOSS)["clusters"] == ["b200-nscale"]
         assert state["head_sha"] == run.github()["head_sha"]
         assert state["policy"]["cooldown_hours"] == 24
-        status, body = await run.stack.klaud.inbox.db.run(lambda c: (200, None))  # store is open
         async with run.klaud.session.get(f"{run.url}/api/v1/repos/acme/bench/state") as response:
             document = await response.json()
         assert response.status == 200
@@ -164,7 +163,7 @@ async def test_klaud_own_pr_claims_its_family(tmp_path):
         assert pull(run.state(), 50)["klaud_own"] is True
         wave = await run.klaud.waves.preview("acme/bench")
         decision = next(d for d in wave.decisions if d.family == H200)
-        assert decision.decision == "claimed" and 50 in decision.pull_requests or "#50" in decision.reason
+        assert decision.decision == "claimed" and "#50" in decision.reason
 
 
 def _zip(members: dict[str, bytes]) -> str:

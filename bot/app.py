@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
@@ -11,6 +13,7 @@ from gidgethub import routing, sansio
 from bot.capacity import CapacityFeed
 from bot.checkruns import CheckPublisher
 from bot.clock import Clock
+from bot.domain import stamp
 from bot.github import GitHubApp, GitHubError
 from bot.inbox import Delivery, Inbox
 from bot.live import LiveState
@@ -23,6 +26,10 @@ from bot.waves import WaveRunner
 from handlers.context import HandlerContext
 
 log = structlog.get_logger("klaud.app")
+
+DELIVERY_RETENTION = timedelta(days=7)
+FAILED_DELIVERY_RETENTION = timedelta(days=30)
+ATTEMPT_RETENTION = timedelta(days=90)
 
 
 class Klaud:
@@ -64,7 +71,9 @@ class Klaud:
             self.clock,
         )
         self.waves = WaveRunner(self.live, self.capacity, self.clock, dry_run=settings.dry_run)
-        self.scheduler = Scheduler(self.live, self.waves, self.clock, discover=self.reconcile_new_installations)
+        self.scheduler = Scheduler(
+            self.live, self.waves, self.clock, discover=self.reconcile_new_installations, prune=self.prune
+        )
         self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
         self.commands = CommandResponder(self.live, self.waves, self.clock)
         self.started = False  # set once start-up (store, state, first reconcile) is done
@@ -111,6 +120,17 @@ class Klaud:
                     await self.live.reconcile(name, int(installation["id"]))
                     done.append(name)
         return done
+
+    async def prune(self) -> dict[str, int]:
+        """Retention: finished deliveries and old attempts leave the store."""
+        now = time.time()
+        deliveries = await self.inbox.prune(
+            done_before=now - DELIVERY_RETENTION.total_seconds(),
+            failed_before=now - FAILED_DELIVERY_RETENTION.total_seconds(),
+        )
+        attempts = await self.store.prune_attempts(stamp(self.clock.now() - ATTEMPT_RETENTION))
+        log.info("store.pruned", deliveries=deliveries, attempts=attempts)
+        return {"deliveries": deliveries, "attempts": attempts}
 
     async def handle(self, delivery: Delivery) -> None:
         """Route one stored delivery to its handlers."""

@@ -198,6 +198,23 @@ class Inbox:
 
         return await self.db.run(select)
 
+    async def prune(self, *, done_before: float, failed_before: float) -> int:
+        """Delete finished deliveries last updated before the given epoch times.
+
+        GitHub redelivers on request for a few days only, so duplicate detection needs
+        no older ids; failed deliveries are kept longer for people to inspect.
+        """
+
+        def delete(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "DELETE FROM deliveries WHERE (status = 'done' AND updated_at < ?)"
+                " OR (status = 'failed' AND updated_at < ?)",
+                (done_before, failed_before),
+            )
+            return cur.rowcount
+
+        return await self._write(delete)
+
     @property
     def backlog(self) -> int:
         return self._backlog

@@ -46,12 +46,14 @@ class Scheduler:
         clock: Clock,
         *,
         discover: Callable[[], Awaitable[Any]] | None = None,
+        prune: Callable[[], Awaitable[Any]] | None = None,
         poll_seconds: float = 1.0,
         rng: random.Random | None = None,
     ) -> None:
         self.live = live
         self.discover = discover
-        self._discovered_at = clock.now()
+        self.prune = prune
+        self._housekeeping_at = clock.now()
         self.waves = waves
         self.clock = clock
         self.poll_seconds = poll_seconds
@@ -89,9 +91,12 @@ class Scheduler:
                 waved.append(name)
             await self._guarded(name, self._light_reconcile_if_due(name, state))
         await self.live.retry_artifacts()
-        if self.discover is not None and self.clock.now() - self._discovered_at >= LIGHT_RECONCILE_EVERY:
-            self._discovered_at = self.clock.now()
-            await self.discover()
+        if self.clock.now() - self._housekeeping_at >= LIGHT_RECONCILE_EVERY:
+            # Housekeeping on the light-reconcile cadence: new installations, retention.
+            self._housekeeping_at = self.clock.now()
+            for chore in (self.discover, self.prune):
+                if chore is not None:
+                    await chore()
         return waved
 
     @staticmethod

@@ -28,6 +28,8 @@ from bot.store.state import Change
 
 log = structlog.get_logger("klaud.waves")
 
+KEEP_WAVES = 100  # about eight days of stored wave documents at the default cadence
+
 
 class WaveRunner:
     def __init__(self, live: LiveState, capacity: CapacityFeed, clock: Clock, *, dry_run: bool = False) -> None:
@@ -73,6 +75,8 @@ class WaveRunner:
             if not self.dry_run:
                 state.meta.wave = number
                 change.put(repo, "wave", f"{number:08d}", wave.document())
+                # Wave documents are large (one decision per family): keep the recent ones.
+                change.delete(repo, "wave", f"{number - KEEP_WAVES:08d}")
             if next_wave_at is not None:
                 state.meta.next_wave_at = stamp(next_wave_at)
             state.save_meta(change)

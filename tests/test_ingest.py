@@ -463,3 +463,19 @@ def test_invalid_private_key_exits_2_without_printing_it(monkeypatch, capsys):
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("klaud: KLAUD_PRIVATE_KEY:") and "SECRET-MATERIAL" not in err
+
+
+async def test_prune_removes_finished_deliveries_after_their_retention(tmp_path):
+    import time as time_module
+
+    recorder = Recorder(failures=1, exc=PermanentError)
+    async with running_klaud(make_klaud(tmp_path, recorder)) as run:
+        await run.post("pull_request", PR_PAYLOAD, delivery="will-fail")
+        await run.post("pull_request", dict(PR_PAYLOAD, number=2), delivery="will-pass")
+        await run.klaud.inbox.drained()
+        now = time_module.time() + 1
+        # Failed deliveries are kept longer than done ones.
+        assert await run.klaud.inbox.prune(done_before=now, failed_before=now - 3600) == 1
+        assert (await run.get_json("/api/v1/deliveries/will-pass"))[0] == 404
+        assert (await run.get_json("/api/v1/deliveries/will-fail"))[1]["status"] == "failed"
+        assert await run.klaud.inbox.prune(done_before=now, failed_before=now) == 1

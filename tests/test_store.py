@@ -65,3 +65,14 @@ async def test_clear_then_put_in_one_change(store):
     await store.apply(Change().put("o/r", "wave", "a", {"v": 1}).put("o/r", "wave", "b", {"v": 2}))
     await store.apply(Change().clear("o/r", "wave").put("o/r", "wave", "c", {"v": 3}))
     assert (await store.load("o/r"))["wave"] == {"c": {"v": 3}}
+
+
+async def test_prune_attempts_deletes_only_old_ones(store):
+    change = Change()
+    for run_id, days in ((1, 1), (2, 100)):
+        change.put("o/r", "attempt", str(run_id), attempt(run_id, days))
+    change.put("o/r", "wave", "1", {"at": "2026-01-01T00:00:00Z"})
+    await store.apply(change)
+    assert await store.prune_attempts(stamp(NOW - timedelta(days=90))) == 1
+    loaded = await store.load("o/r")
+    assert [a.run_id for a in loaded["attempt"].values()] == [1] and "1" in loaded["wave"]

@@ -231,3 +231,34 @@ async def test_scheduler_survives_a_repository_whose_github_fails(tmp_path):
         await run.act({"action": "advance_clock", "seconds": 2 * 3600})
         assert await run.klaud.scheduler.tick() == ["acme/bench"]
         assert run.klaud.live.repo("acme/bench").meta.wave == 2
+
+
+async def test_only_the_latest_wave_documents_are_kept(tmp_path, monkeypatch):
+    import bot.waves
+
+    monkeypatch.setattr(bot.waves, "KEEP_WAVES", 2)
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        for _ in range(3):
+            await run.klaud.waves.run("acme/bench", trigger="test")
+        stored = (await run.klaud.store.load("acme/bench"))["wave"]
+        assert sorted(stored) == ["00000002", "00000003"]
+
+
+async def test_housekeeping_runs_every_six_hours(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        calls = []
+
+        async def chore() -> None:
+            calls.append(run.sandbox.clock.now())
+
+        run.klaud.scheduler.prune = chore
+        run.klaud.scheduler.discover = chore
+        await run.klaud.scheduler.tick()
+        assert calls == []
+        await run.act({"action": "advance_clock", "seconds": 6 * 3600 + 1})
+        await run.klaud.scheduler.tick()
+        await run.klaud.scheduler.tick()
+        assert len(calls) == 2  # discovery and pruning, once
+    # The real prune runs against the real store.
+    async with sandbox_stack(tmp_path / "real", sc.scenario()) as run:
+        assert set(await run.klaud.prune()) == {"deliveries", "attempts"}

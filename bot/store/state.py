@@ -140,6 +140,17 @@ class StateStore:
             kind: dict(zip(keys, decode_many(kind, texts))) for kind, (keys, texts) in grouped.items()
         }
 
+    async def prune_attempts(self, before: str) -> int:
+        """Delete attempts that completed before `before` (ISO text, as stored)."""
+
+        def delete(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "DELETE FROM records WHERE kind = 'attempt' AND json_extract(data, '$.completed_at') < ?", (before,)
+            )
+            return cur.rowcount
+
+        return await self.db.transaction(delete)
+
     async def get(self, repo: str, kind: str, key: str) -> Any | None:
         def select(conn: sqlite3.Connection) -> str | None:
             row = conn.execute(

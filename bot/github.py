@@ -630,10 +630,17 @@ class InstallationClient:
         self._max_attempts = max_attempts
 
     async def getitem(
-        self, url: str, url_vars: dict[str, Any] | None = None, *, params: dict[str, Any] | None = None
+        self,
+        url: str,
+        url_vars: dict[str, Any] | None = None,
+        *,
+        params: dict[str, Any] | None = None,
+        accept: str | None = None,
     ) -> Any:
+        """One GET; `accept` asks for another media type (e.g. a file's raw text)."""
+        extra = {} if accept is None else {"accept": accept}
         with _github_errors(self._clock):
-            return await self._api.getitem(_with_params(url, params), url_vars or {})
+            return await self._api.getitem(_with_params(url, params), url_vars or {}, **extra)
 
     async def getiter(
         self, url: str, url_vars: dict[str, Any] | None = None, *, iterable_key: str | None = None

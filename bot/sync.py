@@ -60,6 +60,16 @@ async def read_text(gh: InstallationClient, repo: str, path: str, ref: str) -> s
         return None
     if not isinstance(item, dict) or item.get("type") != "file":
         return None
+    if item.get("encoding") == "none":
+        # GitHub leaves the content of files over 1 MB out of the JSON; the raw media type
+        # still returns it (up to 100 MB).
+        raw = await gh.getitem(
+            "/repos/{owner}/{repo}/contents/{+path}",
+            {**split_repo(repo), "path": path},
+            params={"ref": ref},
+            accept="application/vnd.github.raw",
+        )
+        return raw or ""
     # Undecodable bytes become U+FFFD: the YAML parser then reports the file as invalid
     # (keeping the last good state) instead of the delivery failing over and over.
     return base64.b64decode(item.get("content") or "").decode("utf-8", errors="replace")

@@ -10,10 +10,15 @@ import pytest
 
 from bot.log import configure_logging
 
-# Logs go to stderr (pytest shows them for failing tests); stdout stays for what commands print.
-configure_logging("console", logging.DEBUG)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def debug_logging() -> None:
+    """Every test starts with debug logs on stderr (shown for failures), whatever an
+    earlier test's in-process `klaud` command configured; stdout stays for what commands print."""
+    configure_logging("console", logging.DEBUG)
 
 
 def fixtures_root() -> Path:

@@ -72,6 +72,14 @@ async def test_push_rereads_only_changed_configs_and_dates_image_changes(tmp_pat
         assert [r["path"].split("/contents/")[1].split("?")[0] for r in contents] == [NV]
 
 
+async def test_config_over_one_megabyte_is_read_through_the_raw_media_type(tmp_path):
+    padding = "".join(f"# benchmark note {n:07d}: {'x' * 60}\n" for n in range(16_000))  # about 1.3 MB
+    scenario = sc.scenario()
+    scenario["repositories"][0]["files"][NV] = sc.NVIDIA + padding
+    async with sandbox_stack(tmp_path, scenario) as run:
+        assert {f["family"] for f in run.state()["families"]} == set(sc.FAMILIES)
+
+
 async def test_unparseable_config_keeps_the_last_good_families(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
         await run.act({"action": "push_default", "repo": "acme/bench", "files": {NV: sc.NVIDIA + "broken: [unclosed\n"}})

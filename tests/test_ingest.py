@@ -433,7 +433,7 @@ async def test_serve_sandbox_stops_cleanly_on_sigterm(tmp_path):
     )
     try:
         async with aiohttp.ClientSession() as session:
-            for _ in range(200):
+            for _ in range(400):  # up to 20 s: start-up generates a key and reconciles
                 try:
                     async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
                         if response.status == 200:

@@ -293,6 +293,17 @@ def test_reply_marker_is_exact() -> None:
     assert reply_marker(1234) == "<!-- klaud-command:1234 -->"
 
 
+def test_reply_counts_counts_replies_per_comment_and_ignores_mentions() -> None:
+    bodies = [
+        f"{reply_marker(7)}\nStatus of …",
+        "a human comment mentioning klaud-command:8",
+        f"{reply_marker(9)}\nHeld …",
+        f"{reply_marker(9)}\nReleased …",
+    ]
+    assert reply_counts(bodies) == {7: 1, 9: 2}
+    assert reply_counts([]) == {}
+
+
 def test_every_reply_starts_with_its_marker() -> None:
     hold = Hold(FAMILY_ID, "alice", "new weights", AT)
     replies = [

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from bot.domain import NEUTRAL_OUTCOMES, OUTCOMES, Attempt, candidate_id, family_hash
+from bot.domain import NEUTRAL_OUTCOMES, OUTCOMES, Attempt, candidate_id
 from bot.outcomes import (
     ERROR_CODES,
     MAX_ARCHIVE_BYTES,

@@ -380,21 +380,10 @@ def attempt_from_outcome(
     outcome: CandidateOutcome,
     source: Literal["artifact", "receipt"],
 ) -> Attempt:
-    _check_owner(candidate, family)
-    return Attempt(
-        candidate=candidate,
-        family=family,
-        run_id=run.run_id,
-        run_attempt=run.run_attempt,
-        base=run.head_sha,
-        completed_at=run.completed_at,
-        verified=True,
-        outcome=outcome.outcome,
-        phase=outcome.phase,
-        pull_request=outcome.pull_request,
-        reason_code=outcome.reason_code,
-        error=None,
-        source=source,
+    return _attempt(
+        candidate, family, run,
+        verified=True, outcome=outcome.outcome, phase=outcome.phase, pull_request=outcome.pull_request,
+        reason_code=outcome.reason_code, error=None, source=source,
     )
 
 
@@ -402,9 +391,18 @@ def unverified_attempt(
     candidate: str, family: str | None, run: RunInfo, error_code: str
 ) -> Attempt:
     """A finished run whose outcome could not be read; all we know comes from the run."""
-    _check_owner(candidate, family)
     if error_code not in ERROR_CODES:
         raise ValueError(f"unknown artifact error code {error_code!r}")
+    return _attempt(
+        candidate, family, run,
+        verified=False, outcome=None, phase=None, pull_request=None, reason_code=None,
+        error=error_code, source="run",
+    )
+
+
+def _attempt(candidate: str, family: str | None, run: RunInfo, **outcome_fields: Any) -> Attempt:
+    """The attempt of `run` for `candidate`; the run gives its id, attempt, base and time."""
+    _check_owner(candidate, family)
     return Attempt(
         candidate=candidate,
         family=family,
@@ -412,13 +410,7 @@ def unverified_attempt(
         run_attempt=run.run_attempt,
         base=run.head_sha,
         completed_at=run.completed_at,
-        verified=False,
-        outcome=None,
-        phase=None,
-        pull_request=None,
-        reason_code=None,
-        error=error_code,
-        source="run",
+        **outcome_fields,
     )
 
 

@@ -1,7 +1,7 @@
 """Ingest benchmark: signed deliveries over loopback into a server with the SQLite inbox.
 
 Starts a Klaud server in a child process (real intake, real durable inbox, real worker; the
-handler only parses the payload so the figures measure intake and the inbox, not GitHub),
+handler returns at once so the figures measure intake and the inbox, not GitHub),
 sends N realistic `pull_request` deliveries from C concurrent clients, waits for the worker
 to drain, then counts what was processed and what was lost.
 
@@ -29,7 +29,10 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import SECRET, headers_for, make_settings  # noqa: E402
+from tests.harness import SECRET, headers_for  # noqa: E402
+
+# The same server the kill-and-restart test uses, with a handler that returns at once.
+SERVER = ROOT / "tests" / "helpers" / "slow_server.py"
 
 
 def realistic_payload(number: int) -> dict:
@@ -55,31 +58,6 @@ def realistic_payload(number: int) -> dict:
     payload["installation"] = {"id": 1, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uMQ=="}
     payload["repository"]["full_name"] = f"acme/bench-{number % 8}"
     return payload
-
-
-async def serve(db: str, port_file: str) -> None:
-    from aiohttp import web
-    from gidgethub import routing
-
-    from bot.app import Klaud
-    from bot.log import configure_logging
-    from bot.server import create_app
-
-    configure_logging("json")
-    router = routing.Router()
-
-    @router.register("pull_request")
-    async def parse_only(event, ctx) -> None:
-        assert event.data["pull_request"]["head"]["sha"]
-
-    klaud = Klaud(make_settings(Path(db)), router=router)
-    await klaud.start()
-    runner = web.AppRunner(create_app(klaud), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    Path(port_file).write_text(str(site._server.sockets[0].getsockname()[1]))
-    await asyncio.Event().wait()
 
 
 async def load(url: str, deliveries: int, clients: int) -> tuple[list[float], list[str], float]:
@@ -127,16 +105,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--deliveries", type=int, default=5000)
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--serve", nargs=2, metavar=("DB", "PORT_FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        asyncio.run(serve(*args.serve))
-        return
-
     with tempfile.TemporaryDirectory() as tmp:
         db, port_file = Path(tmp) / "bench.db", Path(tmp) / "port"
         server = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(db), str(port_file)],
+            [sys.executable, str(SERVER), str(db), str(port_file), "0"],
             stderr=subprocess.DEVNULL,
         )
         try:

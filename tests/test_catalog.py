@@ -22,6 +22,7 @@ from bot.catalog import (
     read_master,
 )
 from bot.domain import FAMILY_RE, Family
+from tests.builders import family
 
 RUNNERS = """\
 labels:
@@ -81,26 +82,6 @@ T2 = datetime(2026, 8, 21, tzinfo=timezone.utc)
 
 def runners() -> dict[str, tuple[str, ...]]:
     return parse_runners(RUNNERS)
-
-
-def family(
-    key: str, image: str = "img:1", path: str = "configs/x-master.yaml", **fields: object
-) -> Family:
-    values: dict[str, object] = dict(
-        id=f"{path}:{key}",
-        path=path,
-        key=key,
-        image=image,
-        runner="b200",
-        clusters=("b200-nb",),
-        model_prefix="dsr1",
-        precision="fp4",
-        framework="sglang",
-        line_start=1,
-        line_end=5,
-    )
-    values.update(fields)
-    return Family(**values)  # type: ignore[arg-type]
 
 
 # --- runners.yaml ---------------------------------------------------------------

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from bot.catalog import Catalog, parse_master, parse_runners
-from bot.domain import FileChange, Family, Overlap, PullRequest, candidate_branch, candidate_id
+from bot.domain import (
+    Family,
+    FileChange,
+    Overlap,
+    PullRequest,
+    candidate_branch,
+    candidate_id,
+)
 from bot.gitdiff import unified_diff
 from bot.overlap import (
     OverlapIndex,
@@ -23,6 +30,7 @@ from bot.overlap import (
     top_level_key,
     touched_keys,
 )
+from tests.builders import family
 
 NOW = datetime(2026, 8, 21, 12, 0, tzinfo=timezone.utc)
 NV = "configs/nvidia-master.yaml"
@@ -468,19 +476,7 @@ def test_idle_rule() -> None:
 
 
 def make_family(key: str, image: str = "img:1", path: str = NV) -> Family:
-    return Family(
-        id=f"{path}:{key}",
-        path=path,
-        key=key,
-        image=image,
-        runner="b200",
-        clusters=("b200-nb",),
-        model_prefix="dsr1",
-        precision="fp4",
-        framework="sglang",
-        line_start=1,
-        line_end=5,
-    )
+    return family(key, image, path)
 
 
 ALPHA, BETA, GAMMA = make_family("alpha"), make_family("beta"), make_family("gamma")

@@ -1,4 +1,5 @@
-"""A Klaud server whose handler is slow, for the kill-and-restart durability test.
+"""A Klaud server whose pull_request handler only waits, for the kill-and-restart test
+and (with 0 seconds) the ingest benchmark: real intake, inbox and worker, no GitHub.
 
 Usage: python slow_server.py DB_PATH PORT_FILE SECONDS_PER_DELIVERY
 Writes the port it listens on to PORT_FILE once ready, then serves until killed.
@@ -16,6 +17,7 @@ from gidgethub import routing
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bot.app import Klaud  # noqa: E402
+from bot.log import configure_logging  # noqa: E402
 from bot.server import create_app  # noqa: E402
 from tests.harness import make_settings  # noqa: E402
 
@@ -27,6 +29,7 @@ async def main(db: str, port_file: str, seconds: float) -> None:
     async def slow(event, ctx) -> None:
         await asyncio.sleep(seconds)
 
+    configure_logging("json")
     klaud = Klaud(make_settings(Path(db)), router=router)
     await klaud.start()
     runner = web.AppRunner(create_app(klaud), access_log=None)

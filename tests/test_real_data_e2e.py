@@ -41,6 +41,7 @@ async def test_real_configs_and_a_real_image_bump_end_to_end(tmp_path, fixtures)
         run.reset_requests()
         wave = await run.klaud.waves.run("acme/bench", trigger="test")
         assert [r for r in run.requests["requests"] if r["method"] == "GET"] == []
+        assert run.requests["total"] == 2 * len(wave.selected)  # a claim and a dispatch each
         assert len(wave.decisions) == 208 and {d.family for d in wave.decisions} == keys
         for family in bumped:
             decision = next(d for d in wave.decisions if d.family == family)

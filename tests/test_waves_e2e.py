@@ -35,6 +35,8 @@ async def test_events_then_a_wave_claims_and_dispatches_without_reading_github(t
         run.reset_requests()
         wave = await run.klaud.waves.run("acme/bench", trigger="test")
         assert reads(run) == []
+        # The log did record the wave's requests: one claim and one dispatch per selection.
+        assert run.requests["total"] == 2 * len(wave.selected) == 4
         assert decision(wave, H200).decision == "cooldown" and decision(wave, H200).until is not None
         assert decision(wave, B200).decision == "overlap" and decision(wave, B200).pull_requests == (12,)
         assert decision(wave, MI300).decision == "capacity" and "mi300x-amd" in decision(wave, MI300).reason
@@ -81,7 +83,9 @@ async def test_concurrent_waves_never_dispatch_a_family_twice(tmp_path):
             run.klaud.waves.run("acme/bench", trigger="a"), run.klaud.waves.run("acme/bench", trigger="b")
         )
         dispatched = [d["inputs"]["candidate"] for d in run.github()["dispatches"]]
+        assert dispatched, "the first wave should have dispatched the eligible families"
         assert len(dispatched) == len(set(dispatched)) == len(first.selected) + len(second.selected)
+        assert set(first.selected).isdisjoint(second.selected)
         assert {first.wave, second.wave} == {1, 2}
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Iterator, Literal
 
-from bot.domain import Attempt, FileChange, PullRequest, candidate_id, family_hash, identity, parse_time
-from bot.overlap import is_klaud_own
+from bot.core.domain import Attempt, FileChange, PullRequest, candidate_id, family_hash, identity, parse_time
+from bot.core.overlap import is_klaud_own
 
 NOW = parse_time("2026-11-30T08:00:00Z")
 assert NOW is not None

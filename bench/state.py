@@ -38,15 +38,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import bigstate as big  # noqa: E402
-from bot.catalog import parse_master, parse_runners  # noqa: E402
-from bot.clock import ManualClock  # noqa: E402
-from bot.domain import Attempt, PullRequest  # noqa: E402
-from bot.live import ATTEMPT_MEMORY, LiveState  # noqa: E402
+from bot.core.catalog import parse_master, parse_runners  # noqa: E402
+from bot.core.clock import ManualClock  # noqa: E402
+from bot.core.domain import Attempt, PullRequest  # noqa: E402
+from bot.services.live import ATTEMPT_MEMORY, LiveState  # noqa: E402
 from bot.log import configure_logging  # noqa: E402
 from bot.settings import load_settings  # noqa: E402
-from bot.state import RepoMeta, RepoState  # noqa: E402
+from bot.services.repo_state import RepoMeta, RepoState  # noqa: E402
 from bot.store.db import Database  # noqa: E402
-from bot.store.state import STATE_SCHEMA, Change, StateStore  # noqa: E402
+from bot.store.records import STATE_SCHEMA, Change, StateStore  # noqa: E402
 
 SMALL_INDEX = 100
 BATCH = 10_000  # records per setup transaction, so setup never holds every encoded record

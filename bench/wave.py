@@ -46,12 +46,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import bigstate as big  # noqa: E402
-from bot.domain import Attempt, stamp  # noqa: E402
+from bot.core.domain import Attempt, stamp  # noqa: E402
 from bot.log import configure_logging  # noqa: E402
 from bot.metrics import REGISTRY  # noqa: E402
-from bot.state import RepoMeta, RepoState  # noqa: E402
+from bot.services.repo_state import RepoMeta, RepoState  # noqa: E402
 from bot.store.db import Database  # noqa: E402
-from bot.store.state import STATE_SCHEMA, Change, StateStore  # noqa: E402
+from bot.store.records import STATE_SCHEMA, Change, StateStore  # noqa: E402
 from tests.harness import SandboxRun, sandbox_stack  # noqa: E402
 from tests.scenarios import CANDIDATE_WORKFLOW  # noqa: E402
 

@@ -10,19 +10,19 @@ import aiohttp
 import structlog
 from gidgethub import routing, sansio
 
-from bot.capacity import CapacityFeed
-from bot.checkruns import CheckPublisher
-from bot.clock import Clock
-from bot.domain import stamp
-from bot.github import GitHubApp, GitHubError
-from bot.inbox import Delivery, Inbox
-from bot.live import LiveState
-from bot.responder import CommandResponder
-from bot.scheduler import Scheduler
+from bot.services.capacity_feed import CapacityFeed
+from bot.services.checkruns import CheckPublisher
+from bot.core.clock import Clock
+from bot.core.domain import stamp
+from bot.github.client import GitHubApp, GitHubError
+from bot.web.inbox import Delivery, Inbox
+from bot.services.live import LiveState
+from bot.services.responder import CommandResponder
+from bot.services.scheduler import Scheduler
 from bot.settings import Settings
 from bot.store.db import Database
-from bot.store.state import StateStore
-from bot.waves import WaveRunner
+from bot.store.records import StateStore
+from bot.services.waves import WaveRunner
 from handlers.context import HandlerContext
 
 log = structlog.get_logger("klaud.app")

@@ -15,11 +15,11 @@ import structlog
 from aiohttp import web
 
 from bot.app import Klaud
-from bot.domain import parse_time
-from bot.github import GitHubError
-from bot.inbox import Delivery
+from bot.core.domain import parse_time
+from bot.github.client import GitHubError
+from bot.web.inbox import Delivery
 from bot.log import configure_logging
-from bot.report import render_wave_table
+from bot.core.report import render_wave_table
 from bot.runtime import scenario_from, start_stack
 from bot.demo import run_demo
 from bot.sandbox import Sandbox, ScenarioError, load_scenario

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 from pydantic import SecretStr
 
 from bot.log import configure_logging
-from bot.report import render_requests, render_wave_table
+from bot.core.report import render_requests, render_wave_table
 from bot.runtime import start_stack
 from bot.settings import Settings
 

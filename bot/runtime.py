@@ -19,7 +19,7 @@ from pydantic import SecretStr
 
 from bot.app import Klaud
 from bot.sandbox import Sandbox, load_scenario
-from bot.server import create_app
+from bot.web.server import create_app
 from bot.settings import Settings
 
 log = structlog.get_logger("klaud.runtime")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gidgethub import routing, sansio
 
 from handlers.context import HandlerContext
-from handlers.payloads import CheckRunEvent, check
+from bot.core.events import CheckRunEvent, check
 
 router = routing.Router()
 

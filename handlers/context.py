@@ -9,7 +9,7 @@ import structlog
 
 if TYPE_CHECKING:
     from bot.app import Klaud
-    from bot.inbox import Delivery
+    from bot.web.inbox import Delivery
 
 
 @dataclass(slots=True)

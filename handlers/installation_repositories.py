@@ -6,7 +6,7 @@ from gidgethub import routing, sansio
 
 from handlers.context import HandlerContext
 from handlers.installation import forget_all, reconcile_all
-from handlers.payloads import InstallationRepositoriesEvent, check
+from bot.core.events import InstallationRepositoriesEvent, check
 
 router = routing.Router()
 

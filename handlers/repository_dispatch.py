@@ -5,7 +5,7 @@ from __future__ import annotations
 from gidgethub import routing, sansio
 
 from handlers.context import HandlerContext
-from handlers.payloads import RepoEvent, check
+from bot.core.events import RepoEvent, check
 
 router = routing.Router()
 

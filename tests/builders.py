@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot.domain import Family
+from bot.core.domain import Family
 
 
 def family(

@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from bot.app import Klaud
-from bot.server import create_app
+from bot.web.server import create_app
 from bot.settings import load_settings
 
 SECRET = "test-secret"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from bot.domain import candidate_id
+from bot.core.domain import candidate_id
 
 NOW = "2026-11-30T08:00:00Z"
 REPO = "acme/bench"

@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
-from bot.clock import ManualClock
+from bot.core.clock import ManualClock
 from bot.sandbox import actions
 from bot.sandbox import scenario as sc
 from bot.sandbox.api import PREFIX, Api

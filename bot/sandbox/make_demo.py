@@ -6,7 +6,7 @@
 The repository `acme/bench` is small but shaped like the real InferenceX one: master
 configs in the same format, a runners.yaml, Klaud's workflows, and open pull requests and
 finished candidate runs of every kind the planner must tell apart. Candidate ids come from
-`bot.domain.candidate_id`, so artifacts and branch names match the families exactly.
+`bot.core.domain.candidate_id`, so artifacts and branch names match the families exactly.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bot.domain import candidate_id
+from bot.core.domain import candidate_id
 from bot.sandbox.scenario import BUNDLED_SCENARIO, parse_scenario
 
 NOW = "2026-11-30T08:00:00Z"

@@ -18,8 +18,8 @@ class PatchError(ValueError):
 
 
 def compute_patch(old: str, new: str) -> str:
-    # Imported late: bot.gitdiff is optional for scenarios that give every patch.
-    from bot.gitdiff import unified_diff
+    # Imported late: bot.sandbox.gitdiff is optional for scenarios that give every patch.
+    from bot.sandbox.gitdiff import unified_diff
 
     return unified_diff(old, new)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from bot.domain import stamp
+from bot.core.domain import stamp
 from bot.sandbox.state import (
     Artifact,
     ChangedFile,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from bot.clock import ManualClock
+from bot.core.clock import ManualClock
 from bot.sandbox import scenario as sc
 from bot.sandbox.shapes import Shapes, ts
 from bot.sandbox.state import Ids, Issue, IssueComment, RepoState, SandboxError

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bot.app import Klaud  # noqa: E402
 from bot.log import configure_logging  # noqa: E402
-from bot.server import create_app  # noqa: E402
+from bot.web.server import create_app  # noqa: E402
 from tests.harness import make_settings  # noqa: E402
 
 

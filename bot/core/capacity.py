@@ -1,0 +1,146 @@
+"""Cluster capacity gate (domain §4.5, DESIGN §4 "Clusters").
+
+Klaud fails closed: a missing, unreachable or malformed feed makes every cluster count as
+busy, and each capacity decision says why. The feed's numbers are private, so nothing here
+logs or returns them; a reading only says which clusters are known and which may take work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal, Sequence
+
+from bot.core.domain import CapacityReading, parse_time
+
+FEED_KIND = "inferencex.status.clusters"
+MAX_AGE = timedelta(seconds=120)
+CLOCK_SKEW = timedelta(seconds=5)
+USABLE_STATUSES = frozenset({"operational", "degraded"})
+NODE_COUNTS = ("allocatedNodes", "mixedNodes", "idleNodes", "downNodes", "otherNodes")
+
+
+class FeedUnusable(Exception):
+    """The feed cannot be used at all; `code` is the short reason shown to people."""
+
+    def __init__(self, code: str, *, retryable: bool = False) -> None:
+        super().__init__(code)
+        self.code = code
+        self.retryable = retryable
+
+
+def evaluate_feed(document: Any, *, now: datetime, retrieved_at: datetime) -> CapacityReading:
+    """Apply the payload and per-cluster gates of domain §4.5 to a parsed feed document."""
+    try:
+        generated_at, clusters = _usable_clusters(document, now=now, retrieved_at=retrieved_at)
+    except FeedUnusable as problem:
+        return closed_reading(retrieved_at, problem.code)
+    return CapacityReading(
+        eligible=frozenset(c["id"] for c in clusters if _has_capacity(c, generated_at)),
+        known=frozenset(c["id"] for c in clusters),
+        at=retrieved_at,
+    )
+
+
+def closed_reading(at: datetime, error: str) -> CapacityReading:
+    """A reading in which no cluster may take work, with the reason why."""
+    return CapacityReading(eligible=frozenset(), known=frozenset(), at=at, error=error)
+
+
+def _usable_clusters(
+    document: Any, *, now: datetime, retrieved_at: datetime
+) -> tuple[datetime, list[dict[str, Any]]]:
+    if not _fresh(retrieved_at, now):
+        raise FeedUnusable("stale-retrieval")
+    if not isinstance(document, dict):
+        raise FeedUnusable("invalid-response")
+    if document.get("kind") != FEED_KIND:
+        raise FeedUnusable("invalid-kind")
+    generated_at = _time(document.get("generatedAt"))
+    if generated_at is None:
+        raise FeedUnusable("invalid-generated-at")
+    if not _fresh(generated_at, now):
+        raise FeedUnusable("stale-feed")
+    data = document.get("data")
+    if not isinstance(data, dict):
+        raise FeedUnusable("invalid-response")
+    if data.get("available") is not True:
+        raise FeedUnusable("feed-unavailable")
+    clusters = data.get("clusters")
+    if not isinstance(clusters, list) or not all(isinstance(c, dict) for c in clusters):
+        raise FeedUnusable("invalid-response")
+    ids = [c.get("id") for c in clusters]
+    if not all(isinstance(i, str) and i for i in ids) or len(set(ids)) != len(ids):
+        raise FeedUnusable("invalid-cluster-ids")
+    return generated_at, clusters
+
+
+def _fresh(moment: datetime, now: datetime) -> bool:
+    age = now - moment
+    return -CLOCK_SKEW <= age <= MAX_AGE + CLOCK_SKEW
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_time(value)
+    except ValueError:
+        return None
+
+
+def _has_capacity(cluster: dict[str, Any], generated_at: datetime) -> bool:
+    if cluster.get("stale") is not False or cluster.get("status") not in USABLE_STATUSES:
+        return False
+    observed_at = _time(cluster.get("observedAt"))
+    received_at = _time(cluster.get("receivedAt"))
+    if observed_at is None or received_at is None:
+        return False
+    if observed_at - received_at > CLOCK_SKEW or received_at - generated_at > CLOCK_SKEW:
+        return False
+    summary = cluster.get("summary")
+    if not isinstance(summary, dict):
+        return False
+    total = summary.get("totalNodes")
+    counts = [summary.get(name) for name in NODE_COUNTS]
+    if not _node_count(total) or total <= 0 or not all(_node_count(c) for c in counts):
+        return False
+    if sum(counts) != total:
+        return False
+    allocated, mixed, idle = counts[0], counts[1], counts[2]
+    # Strictly below 80 % busy, in integers so no rounding can let a full cluster through.
+    return idle > 0 and (allocated + mixed) * 5 < total * 4
+
+
+def _node_count(value: Any) -> bool:
+    # JSON true would pass an isinstance(int) check; a node count is never a boolean.
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def target_eligibility(
+    clusters: Sequence[str], reading: CapacityReading, rule: Literal["all", "any"]
+) -> tuple[bool, str]:
+    """Whether a family's target clusters may take work under `rule`, with a reason for people."""
+    if reading.error is not None:
+        return False, f"capacity feed unavailable ({reading.error}): every cluster counts as busy"
+    if not clusters:
+        return False, "runner has no known target cluster"
+    free = [c for c in clusters if c in reading.eligible]
+    blocked = [_why_blocked(c, reading) for c in clusters if c not in reading.eligible]
+    if rule == "all" and not blocked:
+        return True, f"{_cluster_list(free)} {'has' if len(free) == 1 else 'have'} capacity"
+    if rule == "any" and free:
+        return True, f"{_cluster_list(free)} {'has' if len(free) == 1 else 'have'} capacity"
+    if rule == "any" and len(clusters) > 1:
+        return False, "no target cluster has capacity: " + "; ".join(blocked)
+    return False, "; ".join(blocked)
+
+
+def _why_blocked(cluster: str, reading: CapacityReading) -> str:
+    if cluster in reading.known:
+        return f"cluster {cluster} is busy"
+    return f"cluster {cluster} is not in the capacity feed"
+
+
+def _cluster_list(clusters: Sequence[str]) -> str:
+    return ("cluster " if len(clusters) == 1 else "clusters ") + ", ".join(clusters)

@@ -1,0 +1,193 @@
+"""The `Klaud Cold` check run on Klaud pull requests (DESIGN §4 "Check run").
+
+`render_check` turns what Klaud knows about a PR's candidate into the check run's status,
+conclusion and Markdown summary (`bot.services.coalescer` batches the updates).
+
+Status mapping:
+- in flight (dispatched, outcome not recorded): `in_progress`;
+- otherwise `completed`, with the latest *verified* attempt's outcome deciding the
+  conclusion: `success` for `validated`, `neutral` for `NEUTRAL_OUTCOMES`, `failure` else;
+- no verified attempt (none at all, or only unverified ones) and not in flight: `completed`
+  `neutral`. Nothing is running, so an `in_progress` check would spin forever and block
+  branch protection on something nobody is doing; the title says what Klaud waits for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, Sequence
+
+from bot.core import commands
+from bot.core.domain import Attempt, Family, Hold, Overlap
+from bot.core.outcomes import check_conclusion
+from bot.core.policy import POLICY_PATH
+
+CHECK_NAME = "Klaud Cold"
+# GitHub rejects an output.summary over 65535 characters; counting UTF-8 bytes instead
+# keeps us under the limit whatever GitHub counts.
+SUMMARY_LIMIT = 65535
+_CLIPPED = "\n\n… (summary truncated)"
+
+Status = Literal["in_progress", "completed"]
+Conclusion = Literal["success", "neutral", "failure"]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckView:
+    """Everything the check run of one Klaud PR shows."""
+
+    repo: str  # owner/name
+    family: Family | None  # None when the candidate no longer matches a live family
+    candidate: str
+    image: str | None
+    attempts: Sequence[Attempt]  # newest first
+    cooldown_reason: str
+    cooldown_until: datetime | None
+    overlaps: Sequence[Overlap]  # other open PRs touching the family
+    hold: Hold | None
+    in_flight: bool
+    policy_error: str | None  # why .github/klaud.yml was rejected, if it was
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOutput:
+    status: Status
+    conclusion: Conclusion | None
+    title: str
+    summary: str
+
+    def payload(self, head_sha: str | None = None) -> dict[str, Any]:
+        """JSON body for `POST …/check-runs` (give `head_sha`) or `PATCH …/check-runs/{id}`."""
+        body: dict[str, Any] = {
+            "name": CHECK_NAME,
+            "status": self.status,
+            "output": {"title": self.title, "summary": self.summary},
+        }
+        if head_sha is not None:
+            body["head_sha"] = head_sha
+        # GitHub treats any conclusion as "completed", so an in-progress run sends none.
+        if self.conclusion is not None:
+            body["conclusion"] = self.conclusion
+        return body
+
+
+def render_check(view: CheckView, *, web_url: str = commands.GITHUB_WEB) -> CheckOutput:
+    latest = latest_verified(view.attempts)
+    status, conclusion, title = _state(view, latest)
+    if view.hold is not None:
+        title += " · held"
+    if view.policy_error is not None:
+        title += f" · invalid {POLICY_PATH}"
+    return CheckOutput(status, conclusion, title, _summary(view, web_url.rstrip("/")))
+
+
+def latest_verified(attempts: Sequence[Attempt]) -> Attempt | None:
+    verified = [a for a in attempts if a.verified and a.outcome is not None]
+    return max(verified, key=lambda a: a.completed_at, default=None)
+
+
+def _state(view: CheckView, latest: Attempt | None) -> tuple[Status, Conclusion | None, str]:
+    if view.in_flight:
+        return "in_progress", None, "Candidate run in progress"
+    if latest is not None and latest.outcome is not None:
+        return "completed", check_conclusion(latest.outcome), f"Latest attempt: {latest.outcome}"
+    if view.attempts:
+        newest = max(view.attempts, key=lambda a: a.completed_at)
+        return "completed", "neutral", f"Outcome not verified ({newest.error or 'unknown'})"
+    return "completed", "neutral", "Waiting for a wave"
+
+
+def _summary(view: CheckView, web_url: str) -> str:
+    before = _policy_warning(view.policy_error) + [
+        *commands.facts_table(_facts(view)),
+        "",
+        "### Overlapping pull requests",
+        "",
+        *_overlap_lines(view, web_url),
+        "",
+        "### Attempts",
+        "",
+    ]
+    after = ["", "### Commands", "", commands.help_text()]
+    if not view.attempts:
+        return _clip("\n".join([*before, "No attempts yet.", *after]))
+    ordered = sorted(view.attempts, key=lambda a: a.completed_at, reverse=True)
+    rows = commands.attempt_rows(ordered, view.repo, web_url)
+    header = commands.attempts_table_header()
+    return _clip(_fit_rows(before + header, rows, after))
+
+
+def _fit_rows(before: list[str], rows: list[str], after: list[str]) -> str:
+    """The summary with as many attempt rows (newest first) as the size limit allows."""
+    budget = SUMMARY_LIMIT - _size("\n".join(before + after)) - _size(_omitted(len(rows))) - 2
+    kept: list[str] = []
+    for row in rows:
+        cost = _size(row) + 1
+        if cost > budget:
+            break
+        kept.append(row)
+        budget -= cost
+    table = "\n".join(kept)
+    if len(kept) < len(rows):
+        table += _omitted(len(rows) - len(kept))
+    return "\n".join([*before, table, *after])
+
+
+def _omitted(count: int) -> str:
+    return f"\n\n{count} older attempts not shown (summary size limit)."
+
+
+def _clip(summary: str) -> str:
+    """Last resort when even the parts around the attempts table are too big."""
+    if _size(summary) <= SUMMARY_LIMIT:
+        return summary
+    room = SUMMARY_LIMIT - _size(_CLIPPED)
+    head = summary.encode("utf-8")[:room].decode("utf-8", errors="ignore")
+    return head + _CLIPPED
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def _policy_warning(error: str | None) -> list[str]:
+    if error is None:
+        return []
+    return [
+        f"### ⚠️ Invalid `{POLICY_PATH}`",
+        "",
+        f"Klaud keeps using the last valid policy until the file is fixed: {error}",
+        "",
+    ]
+
+
+def _facts(view: CheckView) -> list[tuple[str, str]]:
+    if view.family is not None:
+        family = commands.code_span(view.family.id)
+    else:
+        family = "none: the candidate no longer matches a family on the default branch"
+    hold = (
+        f"{commands.describe_hold(view.hold)}; release with `/klaud unhold`"
+        if view.hold is not None
+        else "none"
+    )
+    return [
+        ("Family", family),
+        ("Candidate", commands.code_span(view.candidate)),
+        ("Image", commands.code_span(view.image) if view.image else "unknown"),
+        ("Cooldown", commands.with_until(view.cooldown_reason, view.cooldown_until)),
+        ("Hold", hold),
+    ]
+
+
+def _overlap_lines(view: CheckView, web_url: str) -> list[str]:
+    if not view.overlaps:
+        return ["None."]
+    return [
+        f"- [#{o.pr}]({web_url}/{view.repo}/pull/{o.pr}) ({o.kind}): {o.reason}"
+        for o in view.overlaps
+    ]
+
+
+# -------------------------------------------------------------------------- coalescer

@@ -1,0 +1,520 @@
+"""`/klaud` commands in issue and pull-request comments (DESIGN §4 "Commands"), pure parts.
+
+Parsing, permission checks, target resolution and the Markdown replies live here; the
+issue_comment handler does the I/O (reaction, permission lookup, store writes, replies).
+Every verb is declared once in `VERBS`, with its usage and help text, so the help reply,
+the check-run summary and the permission rule cannot drift apart.
+
+Replies never @-mention anyone (domain §6.1) and show user-typed text inside code spans,
+so a hold reason cannot ping people or inject Markdown.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from types import MappingProxyType
+from typing import Iterable, Mapping, Sequence
+
+from bot.core.cooldown import human_time
+from bot.core.domain import (
+    CANDIDATE_RE,
+    FAMILY_RE,
+    Attempt,
+    Decision,
+    Family,
+    Hold,
+    Overlap,
+)
+
+GITHUB_WEB = "https://github.com"
+# A status reply shows this many attempts; older ones are summarised in one line.
+STATUS_ATTEMPTS_SHOWN = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Verb:
+    name: str
+    usage: str
+    help: str
+    needs_write: bool
+    takes_text: bool = False  # free text after the target (a hold's reason)
+
+
+_TARGET_HELP = (
+    "The target is a family id or candidate id; on a Klaud pull request it defaults to "
+    "its family."
+)
+
+VERBS: Mapping[str, Verb] = MappingProxyType(
+    {
+        verb.name: verb
+        for verb in (
+            Verb(
+                "retry",
+                "/klaud retry [target]",
+                "clear the cooldown of the target's current candidate once, for the next wave",
+                needs_write=True,
+            ),
+            Verb(
+                "hold",
+                "/klaud hold [target] [reason]",
+                "keep the family out of every wave until it is released",
+                needs_write=True,
+                takes_text=True,
+            ),
+            Verb(
+                "unhold",
+                "/klaud unhold [target]",
+                "release a hold",
+                needs_write=True,
+            ),
+            Verb(
+                "status",
+                "/klaud status [target]",
+                "show the family's candidate, attempts, cooldown, overlaps, hold and "
+                "what the next wave would decide",
+                needs_write=False,
+            ),
+            Verb("help", "/klaud help", "list these commands", needs_write=False),
+        )
+    }
+)
+
+# Highest first. `maintain` and `triage` only appear in the API's `role_name`.
+_PERMISSION_RANK = {"none": 0, "read": 1, "triage": 2, "write": 3, "maintain": 4, "admin": 5}
+_WRITE_RANK = _PERMISSION_RANK["write"]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One `/klaud` line of a comment.
+
+    `verb` is lower-cased for known verbs and kept as typed (possibly empty) otherwise.
+    `line` is the 1-based line of the comment body it was found on.
+    """
+
+    verb: str
+    target: str | None
+    text: str
+    line: int
+    unknown: bool = False
+
+    @property
+    def spec(self) -> Verb | None:
+        return VERBS.get(self.verb)
+
+    def as_typed(self) -> str:
+        return " ".join(part for part in ("/klaud", self.verb, self.target, self.text) if part)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """The family a command acts on, or a reason for people why there is none."""
+
+    family: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    """What `/klaud status` reports about one family (the next decision comes from a dry plan)."""
+
+    family: Family
+    staleness: datetime | None  # the family's image_changed_at
+    attempts: Sequence[Attempt]  # the current candidate's attempts, newest first
+    cooldown_reason: str
+    cooldown_until: datetime | None
+    overlaps: Sequence[Overlap]
+    hold: Hold | None
+    next_decision: Decision
+    next_wave_at: datetime | None
+    repo: str | None = None  # owner/name; when set, attempts link to their runs
+    web_url: str = GITHUB_WEB
+
+
+# ---------------------------------------------------------------------------- parsing
+
+_COMMAND_RE = re.compile(r"^/klaud(?:\s+(?P<verb>\S+))?(?:\s+(?P<rest>.*))?$", re.IGNORECASE)
+_FENCE_OPEN_RE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+_QUOTE_RE = re.compile(r"^ {0,3}>")
+
+
+def parse_commands(body: str) -> list[Command]:
+    """Every `/klaud` line of a Markdown comment body, in order.
+
+    Lines inside fenced code blocks (``` or ~~~), indented code blocks and quotes (`>`) are
+    not commands: quoting or showing a command must not run it again. Following CommonMark,
+    a line indented four or more columns is code only when it does not continue a
+    paragraph; an unclosed fence runs to the end of the comment.
+    """
+    commands: list[Command] = []
+    fence: str | None = None  # the opening fence while inside a fenced block
+    paragraph_open = False  # an indented line right after text continues that text
+    for number, raw in enumerate(body.splitlines(), start=1):
+        line = raw.expandtabs(4)
+        if fence is not None:
+            if _closes_fence(line, fence):
+                fence = None
+            continue
+        if not line.strip():
+            paragraph_open = False
+            continue
+        if _QUOTE_RE.match(line):
+            paragraph_open = True
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if indent >= 4 and not paragraph_open:
+            continue
+        opening = _FENCE_OPEN_RE.match(line)
+        if opening and not (opening["fence"][0] == "`" and "`" in opening["info"]):
+            fence = opening["fence"]
+            paragraph_open = False
+            continue
+        paragraph_open = True
+        command = _parse_command_line(line.strip(), number)
+        if command is not None:
+            commands.append(command)
+    return commands
+
+
+def _closes_fence(line: str, fence: str) -> bool:
+    stripped = line.rstrip()
+    indent = len(stripped) - len(stripped.lstrip(" "))
+    marker = stripped.lstrip(" ")
+    return (
+        indent <= 3
+        and len(marker) >= len(fence)
+        and set(marker) == {fence[0]}
+    )
+
+
+def _parse_command_line(line: str, number: int) -> Command | None:
+    match = _COMMAND_RE.match(line)
+    if match is None:
+        return None
+    typed_verb = match["verb"] or ""
+    rest = (match["rest"] or "").strip()
+    verb = typed_verb.lower()
+    unknown = verb not in VERBS
+    words = rest.split(maxsplit=1)
+    if words and _looks_like_target(words[0]):
+        target, text = words[0], words[1] if len(words) > 1 else ""
+    else:
+        target, text = None, rest
+    return Command(
+        verb=typed_verb if unknown else verb,
+        target=target,
+        text=text,
+        line=number,
+        unknown=unknown,
+    )
+
+
+def _looks_like_target(word: str) -> bool:
+    return bool(FAMILY_RE.match(word) or CANDIDATE_RE.match(word))
+
+
+# ------------------------------------------------------------------------- permission
+
+
+def effective_permission(permission: str | None, role_name: str | None) -> str | None:
+    """The stronger of the collaborator API's `permission` and `role_name`.
+
+    `permission` only says admin/write/read/none, so a maintainer shows up as `write` there
+    and as `maintain` in `role_name`; custom role names are ignored (their base level is
+    what `permission` reports).
+    """
+    known = [p.lower() for p in (permission, role_name) if p and p.lower() in _PERMISSION_RANK]
+    return max(known, key=_PERMISSION_RANK.__getitem__) if known else None
+
+
+def permission_allows(verb: str, permission: str | None) -> bool:
+    """Whether a user with `permission` may run `verb`; unknown verbs only answer with help."""
+    spec = VERBS.get(verb.lower())
+    if spec is None or not spec.needs_write:
+        return True
+    rank = _PERMISSION_RANK.get((permission or "").lower(), 0)
+    return rank >= _WRITE_RANK
+
+
+# ----------------------------------------------------------------------------- target
+
+
+def resolve_target(
+    target: str | None,
+    *,
+    families: Mapping[str, Family],
+    default_family: str | None,
+) -> Resolved:
+    """The family a command names (family id, or current candidate id), else why not.
+
+    `default_family` is the family of the Klaud pull request the comment is on, if any.
+    """
+    if target is None:
+        if default_family is None:
+            return Resolved(error="this is not a Klaud pull request: name a family")
+        return _known_family(default_family, families)
+    if FAMILY_RE.match(target):
+        return _known_family(target, families)
+    if CANDIDATE_RE.match(target):
+        return _family_of_candidate(target, families)
+    return Resolved(error=f"{code_span(target)} is not a family or candidate id")
+
+
+def resolve_command(
+    command: Command,
+    *,
+    families: Mapping[str, Family],
+    default_family: str | None,
+) -> Resolved:
+    """`resolve_target` for a parsed command.
+
+    For verbs without free text the first word is the target whatever it looks like, so a
+    mistyped id is refused instead of silently falling back to the pull request's family.
+    """
+    spec = command.spec
+    if command.target is None and command.text and spec is not None and not spec.takes_text:
+        return resolve_target(
+            command.text.split()[0], families=families, default_family=default_family
+        )
+    return resolve_target(command.target, families=families, default_family=default_family)
+
+
+def _known_family(family: str, families: Mapping[str, Family]) -> Resolved:
+    if family in families:
+        return Resolved(family=family)
+    return Resolved(error=f"unknown family {code_span(family)}")
+
+
+def _family_of_candidate(candidate: str, families: Mapping[str, Family]) -> Resolved:
+    for family in families.values():
+        if family.candidate == candidate:
+            return Resolved(family=family.id)
+    fam16 = candidate.split("-")[0]
+    for family in families.values():
+        if family.family_hash == fam16:
+            return Resolved(
+                error=f"candidate {code_span(candidate)} is not the current candidate of any "
+                f"family: {code_span(family.id)} is now at {code_span(family.candidate)}"
+            )
+    return Resolved(
+        error=f"candidate {code_span(candidate)} is not the current candidate of any family"
+    )
+
+
+# ---------------------------------------------------------------------------- markers
+
+_MARKER_RE = re.compile(r"<!-- klaud-command:(\d+) -->")
+
+
+def reply_marker(comment_id: int) -> str:
+    return f"<!-- klaud-command:{comment_id} -->"
+
+
+def reply_counts(comment_bodies: Iterable[str]) -> Counter[int]:
+    """How many replies each command comment already has.
+
+    Replies go out in command order, so a redelivery that finds k replies to a comment
+    skips its first k commands and answers only the rest.
+    """
+    counts: Counter[int] = Counter()
+    for body in comment_bodies:
+        match = _MARKER_RE.search(body)
+        if match:
+            counts[int(match[1])] += 1
+    return counts
+
+
+def help_text() -> str:
+    """The verbs as a Markdown list, in declaration order."""
+    lines = [
+        f"- `{verb.usage}`: {verb.help}"
+        + (" (needs write access)" if verb.needs_write else "")
+        for verb in VERBS.values()
+    ]
+    return "\n".join([*lines, "", _TARGET_HELP])
+
+
+def render_help(*, comment_id: int, unknown_verb: str | None = None) -> str:
+    """The help reply; `unknown_verb` says what was not understood ("" when none was given)."""
+    if unknown_verb is None:
+        opening = "Klaud commands:"
+    elif unknown_verb:
+        opening = f"{code_span(unknown_verb)} is not a Klaud command. Klaud commands:"
+    else:
+        opening = "`/klaud` needs a verb. Klaud commands:"
+    return _reply(comment_id, opening, "", help_text())
+
+
+def render_refusal(command: Command, why: str, *, comment_id: int) -> str:
+    return _reply(comment_id, f"Not done: {code_span(command.as_typed())}: {why}.")
+
+
+def render_retry(
+    family: str,
+    candidate: str,
+    cleared: bool,
+    cooldown_reason: str,
+    next_wave_at: datetime | None,
+    *,
+    comment_id: int,
+) -> str:
+    if cleared:
+        what = (
+            f"Cleared the cooldown of candidate {code_span(candidate)} of {code_span(family)} "
+            f"({cooldown_reason}) for the next wave only."
+        )
+    else:
+        what = (
+            f"Candidate {code_span(candidate)} of {code_span(family)} is not cooling down "
+            f"({cooldown_reason}): nothing to clear."
+        )
+    return _reply(comment_id, what, "", _next_wave(next_wave_at))
+
+
+def render_hold(hold: Hold, *, comment_id: int) -> str:
+    return _reply(
+        comment_id,
+        f"Held {code_span(hold.family)} out of every wave: {describe_hold(hold)}.",
+        "",
+        f"Release it with `/klaud unhold {hold.family}`.",
+    )
+
+
+def render_unhold(family: str, previous_hold: Hold | None, by: str, *, comment_id: int) -> str:
+    if previous_hold is None:
+        return _reply(comment_id, f"{code_span(family)} was not held: nothing to release.")
+    return _reply(
+        comment_id,
+        f"Released {code_span(family)} (requested by {_person(by)}); "
+        f"it was held {describe_hold(previous_hold)}.",
+        "",
+        "The next wave considers it again.",
+    )
+
+
+def render_status(view: StatusView, *, comment_id: int) -> str:
+    family = view.family
+    decision = view.next_decision
+    facts = [
+        ("Candidate", code_span(family.candidate)),
+        ("Image", code_span(family.image)),
+        ("Image changed", human_time(view.staleness) if view.staleness else "unknown"),
+        ("Cooldown", with_until(view.cooldown_reason, view.cooldown_until)),
+        ("Hold", describe_hold(view.hold) if view.hold else "none"),
+        ("Overlapping PRs", _overlaps_inline(view.overlaps)),
+        (
+            "Next wave",
+            f"{human_time(view.next_wave_at) if view.next_wave_at else 'time unknown'}: "
+            f"**{decision.decision}**, {with_until(decision.reason, decision.until)}",
+        ),
+    ]
+    shown = list(view.attempts[:STATUS_ATTEMPTS_SHOWN])
+    hidden = len(view.attempts) - len(shown)
+    parts = [f"Status of {code_span(family.id)}:", "", *facts_table(facts), ""]
+    if shown:
+        parts += attempts_table_header() + attempt_rows(shown, view.repo, view.web_url)
+        if hidden:
+            parts += ["", f"{hidden} older attempts not shown."]
+    else:
+        parts.append("No attempts yet.")
+    return _reply(comment_id, *parts)
+
+
+# ------------------------------------------------- Markdown pieces shared with checks
+
+
+def facts_table(facts: Sequence[tuple[str, str]]) -> list[str]:
+    return ["| | |", "| --- | --- |", *(f"| {name} | {_cell(value)} |" for name, value in facts)]
+
+
+def attempts_table_header() -> list[str]:
+    return [
+        "| Completed | Outcome | Phase | Reason | Base | PR | Run |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+
+def attempt_rows(
+    attempts: Iterable[Attempt], repo: str | None, web_url: str = GITHUB_WEB
+) -> list[str]:
+    """One table row per attempt; runs and PRs are links when `repo` is known."""
+    return [_attempt_row(attempt, repo, web_url.rstrip("/")) for attempt in attempts]
+
+
+def _attempt_row(attempt: Attempt, repo: str | None, web_url: str) -> str:
+    outcome = (
+        f"**{attempt.outcome}**"
+        if attempt.verified and attempt.outcome
+        else f"unverified ({attempt.error or 'no outcome'})"
+    )
+    run = f"{attempt.run_id} / attempt {attempt.run_attempt}"
+    if repo:
+        url = f"{web_url}/{repo}/actions/runs/{attempt.run_id}/attempts/{attempt.run_attempt}"
+        run = f"[{run}]({url})"
+    if attempt.pull_request is None:
+        pull = ""
+    elif repo:
+        pull = f"[#{attempt.pull_request}]({web_url}/{repo}/pull/{attempt.pull_request})"
+    else:
+        pull = f"#{attempt.pull_request}"
+    cells = [
+        human_time(attempt.completed_at),
+        outcome,
+        attempt.phase or "",
+        attempt.reason_code or "",
+        f"`{attempt.base[:12]}`" if attempt.base else "",
+        pull,
+        run,
+    ]
+    return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
+
+
+def _overlaps_inline(overlaps: Sequence[Overlap]) -> str:
+    if not overlaps:
+        return "none"
+    return "; ".join(f"#{o.pr} ({o.kind}): {o.reason}" for o in overlaps)
+
+
+def describe_hold(hold: Hold) -> str:
+    reason = code_span(hold.reason) if hold.reason.strip() else "no reason given"
+    return f"by {_person(hold.by)} since {human_time(hold.at)}: {reason}"
+
+
+def _next_wave(at: datetime | None) -> str:
+    if at is None:
+        return "The time of the next wave is not known yet."
+    return f"The next wave runs at {human_time(at)}."
+
+
+def with_until(reason: str, until: datetime | None) -> str:
+    # Cooldown reasons usually name their end already ("cooling down until …").
+    if until is None or human_time(until) in reason:
+        return reason
+    return f"{reason} (until {human_time(until)})"
+
+
+def _person(login: str) -> str:
+    # Bold, not @login: Klaud never notifies people (domain §6.1).
+    return f"**{login}**"
+
+
+def code_span(text: str) -> str:
+    """`text` as an inline code span that its own backticks cannot break."""
+    flat = " ".join(text.split())
+    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
+    ticks = "`" * (longest + 1)
+    padded = f" {flat} " if flat.startswith("`") or flat.endswith("`") else flat
+    return f"{ticks}{padded}{ticks}"
+
+
+def _cell(text: str) -> str:
+    # A pipe would end the table cell even inside a code span.
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _reply(comment_id: int, *lines: str) -> str:
+    return "\n".join([reply_marker(comment_id), *lines])

@@ -1,0 +1,195 @@
+"""The planning wave: one decision per live family, from local state only (DESIGN §4 "A wave").
+
+`plan` is pure. Everything it needs arrives in a `Snapshot` (plain data plus two index
+lookups) and a capacity reading fetched by the caller; it makes no network call and reads
+no clock, so a dry plan (`klaud plan`, `/plan`) is the same function as a real wave. Whether
+a selected candidate's `/klaud retry` approval is consumed is the caller's choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Mapping, Sequence
+
+from bot.core.capacity import target_eligibility
+from bot.core.cooldown import cooldown, human_time
+from bot.core.domain import (
+    Attempt,
+    CapacityReading,
+    Claim,
+    Decision,
+    DecisionKind,
+    Dispatch,
+    Family,
+    Hold,
+    Overlap,
+    RetryApproval,
+    Wave,
+)
+from bot.core.policy import Policy
+
+_UNKNOWN_AGE = datetime.min.replace(tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The local state one wave decides from."""
+
+    repo: str
+    base: str
+    wave: int
+    families: Sequence[Family]
+    # Overlap index query; it already ignores idle PRs and applies Klaud-own rules.
+    overlaps: Callable[[Family, datetime], list[Overlap]]
+    attempts: Callable[[str], Sequence[Attempt]]  # by candidate id, an index lookup
+    holds: Mapping[str, Hold]  # by family id
+    retries: Mapping[str, RetryApproval]  # by candidate id
+    claims: Mapping[str, Claim]  # by family id
+    dispatches: Mapping[str, Dispatch]  # in-flight, by family id
+    klaud_prs: Mapping[str, int]  # family id -> open Klaud PR number
+
+
+def plan(snapshot: Snapshot, policy: Policy, capacity: CapacityReading, now: datetime) -> Wave:
+    """Decide every live family in priority order (stalest image first)."""
+    ladder = _Ladder(snapshot, policy, capacity, now)
+    decisions = tuple(
+        ladder.decide(family, candidate)
+        for candidate, family in _in_priority_order(snapshot.families)
+    )
+    return Wave(
+        repo=snapshot.repo, at=now, base=snapshot.base, wave=snapshot.wave, decisions=decisions
+    )
+
+
+def _in_priority_order(families: Sequence[Family]) -> list[tuple[str, Family]]:
+    """(candidate id, family) pairs, stalest image first, ties by candidate id.
+
+    An image whose last change is unknown may be the oldest of all, so it goes first. The
+    candidate id is computed once here: hashing it is the costliest step per family.
+    """
+    rows = [(family.candidate, family) for family in families]
+    rows.sort(key=lambda row: (row[1].image_changed_at or _UNKNOWN_AGE, row[0], row[1].id))
+    return rows
+
+
+class _Ladder:
+    """The rungs of DESIGN §4 "A wave", tried in order for one family at a time.
+
+    It counts the candidates it selects, so families must be decided in priority order.
+    """
+
+    def __init__(
+        self, snapshot: Snapshot, policy: Policy, capacity: CapacityReading, now: datetime
+    ) -> None:
+        self.snapshot = snapshot
+        self.policy = policy
+        self.capacity = capacity
+        self.now = now
+        self.claim_ttl = timedelta(hours=policy.claim_ttl_hours)
+        self.in_flight = sum(1 for d in snapshot.dispatches.values() if self._in_flight(d))
+        self.selected = 0
+
+    def _in_flight(self, dispatch: Dispatch) -> bool:
+        return not dispatch.finished and self.now - dispatch.at < self.claim_ttl
+
+    def decide(self, family: Family, candidate: str) -> Decision:
+        snapshot, policy = self.snapshot, self.policy
+
+        def decision(
+            kind: DecisionKind,
+            reason: str,
+            until: datetime | None = None,
+            pull_requests: tuple[int, ...] = (),
+        ) -> Decision:
+            return Decision(
+                family=family.id,
+                candidate=candidate,
+                decision=kind,
+                reason=reason,
+                until=until,
+                pull_requests=pull_requests,
+                clusters=family.clusters,
+            )
+
+        hold = snapshot.holds.get(family.id)
+        if hold is not None:
+            return decision("held", _hold_reason(hold))
+
+        dispatch = snapshot.dispatches.get(family.id)
+        if dispatch is not None and self._in_flight(dispatch):
+            until = dispatch.at + self.claim_ttl
+            return decision("in-flight", _dispatch_reason(dispatch), until=until)
+
+        claim = snapshot.claims.get(family.id)
+        if claim is not None and claim.wave == snapshot.wave:
+            claim = None  # this wave's own claim does not block it
+        klaud_pr = snapshot.klaud_prs.get(family.id)
+        if claim is not None or klaud_pr is not None:
+            prs = (klaud_pr,) if klaud_pr is not None else ()
+            return decision("claimed", _claimed_reason(claim, klaud_pr), pull_requests=prs)
+
+        approval = snapshot.retries.get(candidate)
+        state = cooldown(
+            snapshot.attempts(candidate),
+            candidate,
+            self.now,
+            policy.cooldown_hours,
+            retry_approved=approval is not None,
+        )
+        if not state.eligible:
+            return decision("cooldown", state.reason, until=state.until)
+
+        overlaps = snapshot.overlaps(family, self.now)
+        if overlaps:
+            ordered = sorted(overlaps, key=lambda o: (o.pr, o.kind, o.reason))
+            prs = tuple(dict.fromkeys(o.pr for o in ordered))
+            return decision("overlap", "; ".join(o.reason for o in ordered), pull_requests=prs)
+
+        has_capacity, capacity_reason = target_eligibility(
+            family.clusters, self.capacity, policy.capacity_rule
+        )
+        if not has_capacity:
+            return decision("capacity", capacity_reason)
+
+        if self.selected >= policy.max_candidates_per_wave:
+            return decision(
+                "cap",
+                f"this wave already has {self.selected} candidates "
+                f"(max_candidates_per_wave {policy.max_candidates_per_wave})",
+            )
+        if self.in_flight + self.selected >= policy.max_in_flight:
+            return decision(
+                "cap",
+                f"{self.in_flight} candidates in flight and {self.selected} selected in this "
+                f"wave (max_in_flight {policy.max_in_flight})",
+            )
+
+        parts = [state.reason, "no open PR overlaps this family", capacity_reason]
+        if approval is not None:
+            parts.append(f"/klaud retry approved by {approval.by}")
+        self.selected += 1
+        return decision("selected", "; ".join(parts))
+
+
+def _hold_reason(hold: Hold) -> str:
+    why = hold.reason.strip() or "no reason given"
+    return f"held by {hold.by} since {human_time(hold.at)}: {why}"
+
+
+def _dispatch_reason(dispatch: Dispatch) -> str:
+    run = f", run {dispatch.run_id}" if dispatch.run_id is not None else ""
+    return (
+        f"dispatched by wave {dispatch.wave} at {human_time(dispatch.at)}{run}; "
+        "waiting for its outcome"
+    )
+
+
+def _claimed_reason(claim: Claim | None, klaud_pr: int | None) -> str:
+    parts = []
+    if klaud_pr is not None:
+        parts.append(f"Klaud PR #{klaud_pr} is open for this family")
+    if claim is not None:
+        made_by = f"wave {claim.wave}" if claim.wave is not None else "no Klaud wave"
+        parts.append(f"claim ref {claim.ref} exists since {human_time(claim.at)} ({made_by})")
+    return "; ".join(parts)

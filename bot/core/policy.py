@@ -1,0 +1,68 @@
+"""Per-repository policy: `.github/klaud.yml` on the default branch (DESIGN §3.6).
+
+A pydantic model, so a bad key or value is reported with its name and the last good policy
+stays in force.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+POLICY_PATH = ".github/klaud.yml"
+
+
+class Policy(BaseModel):
+    """Per-repository policy, `.github/klaud.yml` on the default branch (DESIGN §3.6)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cooldown_hours: int = Field(default=24, ge=1, le=168)
+    wave_every_minutes: int = Field(default=120, ge=10, le=10080)
+    max_candidates_per_wave: int = Field(default=5, ge=1, le=256)
+    max_in_flight: int = Field(default=10, ge=1, le=1024)
+    idle_days: int = Field(default=7, ge=1, le=365)
+    candidate_workflow: str = Field(default="klaud-candidate.yml", min_length=1)
+    outcome_workflows: tuple[str, ...] = ("klaud-candidate.yml", "klaud-plan.yml")
+    config_globs: tuple[str, ...] = ("configs/*-master.yaml",)
+    runners_file: str = "configs/runners.yaml"
+    family_files: tuple[str, ...] = ()
+    capacity_rule: Literal["all", "any"] = "all"
+    claim_ttl_hours: int = Field(default=12, ge=1, le=168)
+    enabled: bool = True
+
+    @field_validator("outcome_workflows", "config_globs")
+    @classmethod
+    def _not_empty(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("must name at least one entry")
+        return value
+
+
+class PolicyError(ValueError):
+    """`.github/klaud.yml` is unreadable or invalid; the message says where and why."""
+
+
+def parse_policy(text: str | None) -> Policy:
+    """Parse the policy file's text; None or an empty file means all defaults."""
+    if text is None or not text.strip():
+        return Policy()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PolicyError(f"{POLICY_PATH}: not valid YAML{where}") from None
+    if data is None:
+        return Policy()
+    if not isinstance(data, dict):
+        raise PolicyError(f"{POLICY_PATH}: expected a mapping at the top level")
+    try:
+        return Policy(**{str(k): v for k, v in data.items()})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '?'}: {err['msg']}" for err in exc.errors()
+        )
+        raise PolicyError(f"{POLICY_PATH}: {problems}") from None

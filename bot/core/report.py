@@ -1,0 +1,31 @@
+"""Plain-text renderings for the terminal (`klaud plan`, `klaud demo`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.core.domain import Wave
+
+
+def render_wave_table(wave: Wave, *, reason_width: int = 90) -> str:
+    rows = [("#", "family", "decision", "reason")]
+    for index, decision in enumerate(wave.decisions, start=1):
+        reason = decision.reason if len(decision.reason) <= reason_width else decision.reason[: reason_width - 1] + "…"
+        rows.append((str(index), decision.family, decision.decision, reason))
+    widths = [max(len(row[col]) for row in rows) for col in range(3)]
+    lines = [
+        f"Wave {wave.wave} of {wave.repo} at {wave.document()['at']} on base {wave.base[:12]}: "
+        f"{len(wave.selected)} selected of {len(wave.decisions)} families"
+    ]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(widths[col]) for col, cell in enumerate(row[:3])) + "  " + row[3])
+    return "\n".join(lines)
+
+
+def render_requests(by_route: dict[str, Any]) -> str:
+    if not by_route:
+        return "GitHub requests made by the wave: none"
+    lines = ["GitHub requests made by the wave:"]
+    for route, count in sorted(by_route.items()):
+        lines.append(f"  {count:4d}  {route}")
+    return "\n".join(lines)

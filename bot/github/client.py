@@ -1,0 +1,833 @@
+"""Klaud's one GitHub client: App JWT, installation tokens, retries, rate limits, dry run.
+
+gidgethub's aiohttp `GitHubAPI` formats URLs, builds headers, encodes bodies, keeps the
+ETag cache and raises on error statuses. `_KlaudAPI._request` wraps every HTTP exchange
+with what a GitHub App needs on top: credentials, retries with backoff, the per-installation
+rate-limit gate, write spacing, dry run, logging and metrics. Callers see only
+`InstallationClient` and the typed errors below, never aiohttp's or gidgethub's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from functools import partial
+from typing import Any, NamedTuple
+from urllib.parse import urlencode, urljoin, urlsplit
+
+import aiohttp
+import cachetools
+import gidgethub
+import gidgethub.aiohttp
+import jwt
+import structlog
+from gidgethub import sansio
+
+from bot.core.clock import Clock
+from bot.core.domain import parse_time
+from bot.metrics import GITHUB_RATE_LIMIT_REMAINING, GITHUB_REQUESTS
+
+log = structlog.get_logger(__name__)
+
+WRITE_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
+RETRY_STATUSES = frozenset({500, 502, 503, 504})
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# GitHub rejects a JWT whose `iat` lies in its future; backdating absorbs clock drift.
+JWT_BACKDATE = 60
+JWT_LIFETIME = 9 * 60
+TOKEN_RENEW_MARGIN = 5 * 60
+# GitHub asks to wait at least a minute after a secondary rate limit without headers.
+SECONDARY_RATE_LIMIT_WAIT = 60.0
+MAX_SECONDARY_WAIT = 15 * 60.0
+MAX_BACKOFF = 30.0
+ETAG_CACHE_SIZE = 1024
+TOKEN_CACHE_SIZE = 4096
+DOWNLOAD_CHUNK = 64 * 1024
+ERROR_BODY_LIMIT = 64 * 1024
+ITEMS_KEY = "items"
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+class GitHubError(Exception):
+    """A GitHub call failed; `status` is None when no HTTP answer came back."""
+
+    transient = False
+
+    def __init__(self, status: int | None, message: str) -> None:
+        super().__init__(f"{status if status is not None else 'no answer'}: {message}")
+        self.status = status
+        self.message = message
+
+
+class NotFound(GitHubError):
+    """404 or 410: the thing is gone (or the App cannot see it)."""
+
+
+class Conflict(GitHubError):
+    """409 or 422, e.g. "Reference already exists"."""
+
+
+class BadRequest(GitHubError):
+    """Any other 4xx: retrying the same request will not help."""
+
+
+class Unauthorized(GitHubError):
+    """401 even after minting a fresh credential."""
+
+
+class TooLarge(GitHubError):
+    """A download exceeded its byte cap."""
+
+
+class RateLimited(GitHubError):
+    """Still rate limited after the allowed attempts."""
+
+    transient = True
+
+    def __init__(self, status: int | None, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(status, message)
+        self.retry_after = retry_after
+
+
+class Unavailable(GitHubError):
+    """Network error, timeout or 5xx after the allowed attempts.
+
+    `maybe_applied` marks a write that may have taken effect although no answer said so;
+    such a write is only repeated after reading whether it happened.
+    """
+
+    transient = True
+
+    def __init__(self, status: int | None, message: str, *, maybe_applied: bool = False) -> None:
+        super().__init__(status, message)
+        self.maybe_applied = maybe_applied
+
+
+def translate(exc: gidgethub.HTTPException, *, now: float) -> GitHubError:
+    """Map one of gidgethub's HTTP errors onto Klaud's small set."""
+    return error_for(int(exc.status_code), exc.headers, str(exc), now=now)
+
+
+def error_for(status: int, headers: Mapping[str, str], message: str, *, now: float) -> GitHubError:
+    if status in (404, 410):
+        return NotFound(status, message)
+    if status in (409, 422):
+        return Conflict(status, message)
+    if status == 401:
+        return Unauthorized(status, message)
+    wait = rate_limit_wait(status, headers, message, now=now, attempt=1)
+    if wait is not None:
+        return RateLimited(status, message, retry_after=wait)
+    if status >= 500:
+        return Unavailable(status, message)
+    if status >= 400:
+        return BadRequest(status, message)
+    return GitHubError(status, message)
+
+
+@contextmanager
+def _github_errors(clock: Clock) -> Iterator[None]:
+    try:
+        yield
+    except gidgethub.HTTPException as exc:
+        raise translate(exc, now=clock.timestamp()) from exc
+
+
+# ------------------------------------------------------------------ pure decisions
+
+
+def backoff_delay(attempt: int, *, base: float = 1.0, cap: float = MAX_BACKOFF) -> float:
+    """Exponential backoff with jitter: half the ceiling fixed, half random.
+
+    The fixed half keeps a retry from firing at once; the random half keeps many clients
+    that failed together from retrying together.
+    """
+    ceiling = min(cap, base * 2 ** (attempt - 1))
+    return ceiling / 2 + random.random() * ceiling / 2
+
+
+def is_rate_limited(status: int, headers: Mapping[str, str], message: str) -> bool:
+    if status not in (403, 429):
+        return False
+    if "retry-after" in headers or headers.get("x-ratelimit-remaining") == "0":
+        return True
+    # A 403 is usually a permission problem; only its message tells a secondary limit apart.
+    lowered = message.lower()
+    return status == 429 or "rate limit" in lowered or "abuse" in lowered
+
+
+def rate_limit_wait(
+    status: int, headers: Mapping[str, str], message: str, *, now: float, attempt: int
+) -> float | None:
+    """Seconds to wait before retrying a rate-limited answer; None when it is not one."""
+    if not is_rate_limited(status, headers, message):
+        return None
+    retry_after = headers.get("retry-after")
+    if retry_after is not None:
+        return _retry_after_seconds(retry_after, now=now)
+    reset = headers.get("x-ratelimit-reset")
+    if headers.get("x-ratelimit-remaining") == "0" and reset is not None:
+        # At least a second, so a reset that our clock already passed does not spin.
+        return max(float(reset) - now, 1.0)
+    return min(SECONDARY_RATE_LIMIT_WAIT * 2 ** (attempt - 1), MAX_SECONDARY_WAIT)
+
+
+def _retry_after_seconds(value: str, *, now: float) -> float:
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        return max(parsedate_to_datetime(value).timestamp() - now, 0.0)
+    except (TypeError, ValueError):
+        return SECONDARY_RATE_LIMIT_WAIT
+
+
+_ROUTES = (
+    "/app",
+    "/app/installations",
+    "/app/installations/{installation_id}",
+    "/app/installations/{installation_id}/access_tokens",
+    "/installation/repositories",
+    "/rate_limit",
+    "/repos/{owner}/{repo}",
+    "/repos/{owner}/{repo}/actions/artifacts",
+    "/repos/{owner}/{repo}/actions/artifacts/{artifact_id}",
+    "/repos/{owner}/{repo}/actions/artifacts/{artifact_id}/{archive_format}",
+    "/repos/{owner}/{repo}/actions/runs",
+    "/repos/{owner}/{repo}/actions/runs/{run_id}",
+    "/repos/{owner}/{repo}/actions/runs/{run_id}/artifacts",
+    "/repos/{owner}/{repo}/actions/runs/{run_id}/attempts/{attempt_number}",
+    "/repos/{owner}/{repo}/actions/workflows/{workflow_id}",
+    "/repos/{owner}/{repo}/actions/workflows/{workflow_id}/dispatches",
+    "/repos/{owner}/{repo}/actions/workflows/{workflow_id}/runs",
+    "/repos/{owner}/{repo}/branches/{branch}",
+    "/repos/{owner}/{repo}/check-runs",
+    "/repos/{owner}/{repo}/check-runs/{check_run_id}",
+    "/repos/{owner}/{repo}/collaborators/{username}/permission",
+    "/repos/{owner}/{repo}/commits",
+    "/repos/{owner}/{repo}/commits/{ref}/check-runs",
+    "/repos/{owner}/{repo}/commits/{ref}",
+    "/repos/{owner}/{repo}/compare/{basehead}",
+    "/repos/{owner}/{repo}/contents",
+    "/repos/{owner}/{repo}/contents/{path}",
+    "/repos/{owner}/{repo}/dispatches",
+    "/repos/{owner}/{repo}/git/blobs/{sha}",
+    "/repos/{owner}/{repo}/git/commits/{sha}",
+    "/repos/{owner}/{repo}/git/matching-refs/{ref}",
+    "/repos/{owner}/{repo}/git/ref/{ref}",
+    "/repos/{owner}/{repo}/git/refs",
+    "/repos/{owner}/{repo}/git/refs/{ref}",
+    "/repos/{owner}/{repo}/git/trees/{sha}",
+    "/repos/{owner}/{repo}/installation",
+    "/repos/{owner}/{repo}/issues/comments/{comment_id}",
+    "/repos/{owner}/{repo}/issues/comments/{comment_id}/reactions",
+    "/repos/{owner}/{repo}/issues/{number}",
+    "/repos/{owner}/{repo}/issues/{number}/comments",
+    "/repos/{owner}/{repo}/issues/{number}/labels",
+    "/repos/{owner}/{repo}/pulls",
+    "/repos/{owner}/{repo}/pulls/{number}",
+    "/repos/{owner}/{repo}/pulls/{number}/commits",
+    "/repos/{owner}/{repo}/pulls/{number}/files",
+)
+_NUMERIC_VARS = frozenset(
+    {"number", "installation_id", "artifact_id", "run_id", "attempt_number", "check_run_id", "comment_id"}
+)
+# Ref names, file paths and compare specs contain slashes.
+_MULTI_SEGMENT_VARS = frozenset({"path", "ref", "basehead", "branch"})
+
+
+def _variable_regex(name: str) -> str:
+    if name in _NUMERIC_VARS:
+        return r"\d+"
+    return ".+" if name in _MULTI_SEGMENT_VARS else "[^/]+"
+
+
+def _route_pattern(template: str) -> re.Pattern[str]:
+    # re.split with a group alternates literal text (even places) and variable names.
+    parts = re.split(r"\{(\w+)\}", template)
+    return re.compile(
+        "".join(re.escape(part) if i % 2 == 0 else _variable_regex(part) for i, part in enumerate(parts))
+    )
+
+
+_ROUTE_PATTERNS = tuple((_route_pattern(template), template) for template in _ROUTES)
+
+
+def route_template(path: str) -> str:
+    """The route template of a concrete API path, for metric labels and logs.
+
+    Unknown paths collapse to their leading literal segment so that a label never carries
+    a name, number or sha and the metric's cardinality stays bounded.
+    """
+    path = "/" + path.split("?", 1)[0].strip("/")
+    for pattern, template in _ROUTE_PATTERNS:
+        if pattern.fullmatch(path):
+            return template
+    segments = path.strip("/").split("/")
+    if segments[0] == "repos" and len(segments) >= 3:
+        head = "/repos/{owner}/{repo}" + (f"/{segments[3]}" if len(segments) > 3 else "")
+        return head + ("/{rest}" if len(segments) > 4 else "")
+    return f"/{segments[0]}" + ("/{rest}" if len(segments) > 1 else "")
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+def _message_of(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    return str(data.get("message", "")) if isinstance(data, dict) else ""
+
+
+def _with_params(url: str, params: Mapping[str, Any] | None) -> str:
+    if not params:
+        return url
+    return url + ("&" if "?" in url else "?") + urlencode(params)
+
+
+# ------------------------------------------------------------ per-installation state
+
+
+class _Response(NamedTuple):
+    """What gidgethub's `_request` returns: status, headers, body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class _RateGate:
+    """Holds back every call of one installation while GitHub says it is rate limited."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self.blocked_until = 0.0
+
+    def block_until(self, when: float) -> None:
+        self.blocked_until = max(self.blocked_until, when)
+
+    async def wait(self) -> None:
+        while (left := self.blocked_until - self._clock.timestamp()) > 0:
+            await self._clock.sleep(left)
+
+
+class _WriteSpacer:
+    """Sends one installation's writes one at a time, `spacing` seconds apart.
+
+    GitHub's secondary rate limits punish bursts of writes; serial writes with a pause
+    between them are what its guidelines ask for.
+    """
+
+    def __init__(self, clock: Clock, spacing: float) -> None:
+        self._clock = clock
+        self._spacing = spacing
+        self._lock = asyncio.Lock()
+        self._last: float | None = None
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        async with self._lock:
+            if self._last is not None:
+                left = self._last + self._spacing - self._clock.timestamp()
+                if left > 0:
+                    await self._clock.sleep(left)
+            try:
+                yield
+            finally:
+                self._last = self._clock.timestamp()
+
+
+Credential = Callable[[str | None], Awaitable[str]]
+"""Given the Authorization value GitHub just rejected (or None), the value to send."""
+
+Reader = Callable[[aiohttp.ClientResponse], Awaitable[_Response]]
+
+
+async def _read_all(response: aiohttp.ClientResponse) -> _Response:
+    return _Response(response.status, response.headers, await response.read())
+
+
+async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    if response.status != 200:
+        # An error's body only feeds the error message; the cap guards the payload.
+        return await _read_at_most(response, ERROR_BODY_LIMIT)
+    announced = response.content_length
+    if announced is not None and announced > max_bytes:
+        raise TooLarge(None, f"{announced} bytes announced, limit {max_bytes}")
+    received = await _read_at_most(response, max_bytes + 1)
+    if len(received) > max_bytes:
+        raise TooLarge(None, f"more than {max_bytes} bytes received")
+    return received
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    received = bytearray()
+    async for chunk in response.content.iter_chunked(DOWNLOAD_CHUNK):
+        received += chunk
+        if len(received) >= limit:
+            break
+    return bytes(received[:limit])
+
+
+@dataclass(frozen=True)
+class _Transport:
+    """What every API object of one App shares."""
+
+    session: aiohttp.ClientSession
+    base_url: str
+    user_agent: str
+    clock: Clock
+    timeout: aiohttp.ClientTimeout
+    max_attempts: int
+    write_spacing: float
+
+
+class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
+    """gidgethub's API object for one credential: the App itself or one installation."""
+
+    def __init__(
+        self,
+        transport: _Transport,
+        *,
+        label: str,
+        credential: Credential,
+        dry_run: bool,
+        creates_are_safe: bool,
+        etag_cache: cachetools.LRUCache[str, Any] | None,
+    ) -> None:
+        super().__init__(
+            transport.session, transport.user_agent, cache=etag_cache, base_url=transport.base_url
+        )
+        self._transport = transport
+        self._clock = transport.clock
+        self._label = label
+        self._credential = credential
+        self._dry_run = dry_run
+        self._creates_are_safe = creates_are_safe
+        self._gate = _RateGate(transport.clock)
+        self._writes = _WriteSpacer(transport.clock, transport.write_spacing)
+        self._origin = _origin(transport.base_url)
+        self._base_path = urlsplit(transport.base_url).path.rstrip("/")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._clock.sleep(seconds)
+
+    async def _request(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        if self._dry_run and method in WRITE_METHODS:
+            return self._pretend(method, url, body)
+        return await self._exchange(method, url, headers, body, read=_read_all)
+
+    async def download(self, url: str, *, max_bytes: int) -> bytes:
+        target = sansio.format_url(url, {}, base_url=self.base_url)
+        headers = sansio.create_headers(self.requester)
+        read = partial(self._read_artifact, max_bytes=max_bytes)
+        response = await self._exchange(
+            "GET", target, headers, b"", read=read, allow_redirects=False
+        )
+        if response.status != 200:
+            message = _message_of(response.body) or f"download answered {response.status}"
+            raise error_for(response.status, response.headers, message, now=self._clock.timestamp())
+        return response.body
+
+    def _pretend(self, method: str, url: str, body: bytes) -> _Response:
+        log.info(
+            "github.dry_run",
+            method=method,
+            route=self._route(url),
+            path=urlsplit(url).path,
+            body=json.loads(body) if body else None,
+            installation=self._label,
+        )
+        if method == "DELETE":
+            return _Response(204, {}, b"")
+        return _Response(200, {"content-type": "application/json"}, b"{}")
+
+    def _may_repeat(self, method: str) -> bool:
+        """Whether a request that may have reached GitHub can be sent again blindly."""
+        return method != "POST" or self._creates_are_safe
+
+    def _turn(self, method: str) -> AbstractAsyncContextManager[None]:
+        return self._writes.turn() if method in WRITE_METHODS else nullcontext()
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        read: Reader,
+        allow_redirects: bool = True,
+    ) -> _Response:
+        headers = dict(headers)
+        rejected: str | None = None
+        attempt = 1
+        while True:
+            try:
+                await self._gate.wait()
+                async with self._turn(method):
+                    # Again: the gate may have closed while this call waited for its turn.
+                    await self._gate.wait()
+                    await self._authorize(headers, url, rejected)
+                    response = await self._send(
+                        method, url, headers, body, read=read, allow_redirects=allow_redirects
+                    )
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                failure = Unavailable(None, f"{type(exc).__name__}: {exc}", maybe_applied=method in WRITE_METHODS)
+                if not self._may_repeat(method) or attempt >= self._transport.max_attempts:
+                    raise failure from exc
+                await self._clock.sleep(backoff_delay(attempt))
+                attempt += 1
+                continue
+            self._note_rate_limit(response.headers)
+            if response.status == 401 and rejected is None and "authorization" in headers:
+                # One fresh credential per call, not counted as an attempt: an expired or
+                # revoked token is renewed, one GitHub keeps refusing ends as Unauthorized.
+                rejected = headers["authorization"]
+                continue
+            if not await self._ready_to_retry(method, url, response, attempt):
+                return response
+            attempt += 1
+
+    async def _ready_to_retry(self, method: str, url: str, response: _Response, attempt: int) -> bool:
+        """Wait as long as the answer asks and say whether to send again.
+
+        False hands the answer back to gidgethub, which raises for an error status.
+        """
+        if response.status < 400:
+            return False
+        message = _message_of(response.body)
+        now = self._clock.timestamp()
+        wait = rate_limit_wait(response.status, response.headers, message, now=now, attempt=attempt)
+        if wait is not None:
+            # The gate does the waiting, for this call and the installation's others.
+            self._gate.block_until(now + wait)
+            log.info("github.rate_limited", route=self._route(url), wait=wait, installation=self._label)
+            return attempt < self._transport.max_attempts
+        if response.status not in RETRY_STATUSES:
+            return False
+        if not self._may_repeat(method):
+            raise Unavailable(response.status, message, maybe_applied=True)
+        if attempt >= self._transport.max_attempts:
+            return False
+        await self._clock.sleep(backoff_delay(attempt))
+        return True
+
+    async def _authorize(self, headers: dict[str, str], url: str, rejected: str | None) -> None:
+        # The credential goes only to the API's own origin, never to a host a URL from a
+        # response points at.
+        if _origin(url) == self._origin:
+            headers["authorization"] = await self._credential(rejected)
+        else:
+            headers.pop("authorization", None)
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        read: Reader,
+        allow_redirects: bool,
+    ) -> _Response:
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            async with self._transport.session.request(
+                method,
+                url,
+                headers=headers,
+                data=body,
+                timeout=self._transport.timeout,
+                allow_redirects=allow_redirects,
+            ) as response:
+                outcome = str(response.status)
+                return await read(response)
+        except TimeoutError:
+            outcome = "timeout"
+            raise
+        finally:
+            self._observe(method, url, outcome, started)
+
+    async def _read_artifact(self, response: aiohttp.ClientResponse, *, max_bytes: int) -> _Response:
+        location = response.headers.get("location")
+        if response.status not in REDIRECT_STATUSES or location is None:
+            return _Response(response.status, response.headers, await _read_capped(response, max_bytes))
+        # The blob URL carries its own signature; GitHub's token must not travel with it.
+        target = urljoin(str(response.url), location)
+        started = time.perf_counter()
+        async with self._transport.session.get(
+            target, headers={"user-agent": self.requester}, timeout=self._transport.timeout
+        ) as blob:
+            log.debug(
+                "github.blob",
+                status=blob.status,
+                duration_ms=round((time.perf_counter() - started) * 1000, 1),
+                installation=self._label,
+            )
+            return _Response(blob.status, blob.headers, await _read_capped(blob, max_bytes))
+
+    def _observe(self, method: str, url: str, outcome: str, started: float) -> None:
+        route = self._route(url)
+        GITHUB_REQUESTS.labels(method=method, route=route, status=outcome).inc()
+        log.debug(
+            "github.request",
+            method=method,
+            route=route,
+            status=outcome,
+            duration_ms=round((time.perf_counter() - started) * 1000, 1),
+            installation=self._label,
+        )
+
+    def _note_rate_limit(self, headers: Mapping[str, str]) -> None:
+        remaining = headers.get("x-ratelimit-remaining")
+        if remaining is None:
+            return
+        GITHUB_RATE_LIMIT_REMAINING.labels(installation=self._label).set(float(remaining))
+        reset = headers.get("x-ratelimit-reset")
+        if remaining == "0" and reset is not None:
+            # The quota is spent: hold the installation's next calls instead of spending
+            # one request each on a 403.
+            self._gate.block_until(float(reset))
+
+    def _route(self, url: str) -> str:
+        if _origin(url) != self._origin:
+            return "(external)"
+        path = urlsplit(url).path
+        if self._base_path and path.startswith(self._base_path + "/"):
+            path = path[len(self._base_path) :]
+        return route_template(path)
+
+
+# -------------------------------------------------------------------- public API
+
+
+class InstallationClient:
+    """GitHub as one installation of the App sees it."""
+
+    def __init__(self, api: _KlaudAPI, installation_id: int, *, clock: Clock, max_attempts: int) -> None:
+        self.installation_id = installation_id
+        self._api = api
+        self._clock = clock
+        self._max_attempts = max_attempts
+
+    async def getitem(
+        self,
+        url: str,
+        url_vars: dict[str, Any] | None = None,
+        *,
+        params: dict[str, Any] | None = None,
+        accept: str | None = None,
+    ) -> Any:
+        """One GET; `accept` asks for another media type (e.g. a file's raw text)."""
+        extra = {} if accept is None else {"accept": accept}
+        with _github_errors(self._clock):
+            return await self._api.getitem(_with_params(url, params), url_vars or {}, **extra)
+
+    async def getiter(
+        self, url: str, url_vars: dict[str, Any] | None = None, *, iterable_key: str | None = None
+    ) -> AsyncIterator[Any]:
+        """Every item of every page, following `Link: rel="next"`."""
+        with _github_errors(self._clock):
+            async for item in self._api.getiter(
+                url, url_vars or {}, iterable_key=iterable_key or ITEMS_KEY
+            ):
+                yield item
+
+    async def post(
+        self,
+        url: str,
+        url_vars: dict[str, Any] | None = None,
+        *,
+        data: Any,
+        verify: Callable[[], Awaitable[Any]] | None = None,
+    ) -> Any:
+        """POST once; when no answer says whether it took effect, ask `verify`.
+
+        `verify` reads what the POST would have created and returns it, or returns None
+        (or raises NotFound) when it is not there; only then is the POST sent again.
+        Without `verify` such a POST fails with `Unavailable(maybe_applied=True)`.
+        """
+        attempt = 1
+        while True:
+            try:
+                with _github_errors(self._clock):
+                    return await self._api.post(url, url_vars or {}, data=data)
+            except Unavailable as exc:
+                if verify is None or not exc.maybe_applied or attempt >= self._max_attempts:
+                    raise
+            applied = await self._applied(verify)
+            if applied is not None:
+                log.info("github.post_applied", route=route_template(url), installation=self.installation_id)
+                return applied
+            await self._clock.sleep(backoff_delay(attempt))
+            attempt += 1
+
+    async def patch(self, url: str, url_vars: dict[str, Any] | None = None, *, data: Any) -> Any:
+        with _github_errors(self._clock):
+            return await self._api.patch(url, url_vars or {}, data=data)
+
+    async def put(self, url: str, url_vars: dict[str, Any] | None = None, *, data: Any = None) -> Any:
+        with _github_errors(self._clock):
+            return await self._api.put(url, url_vars or {}, data=b"" if data is None else data)
+
+    async def delete(self, url: str, url_vars: dict[str, Any] | None = None, *, data: Any = None) -> None:
+        with _github_errors(self._clock):
+            await self._api.delete(url, url_vars or {}, data=b"" if data is None else data)
+
+    async def download(self, url: str, *, max_bytes: int) -> bytes:
+        """The bytes behind `url` (e.g. an artifact zip), at most `max_bytes` of them."""
+        with _github_errors(self._clock):
+            return await self._api.download(url, max_bytes=max_bytes)
+
+    async def repositories(self) -> list[dict[str, Any]]:
+        return [repo async for repo in self.getiter("/installation/repositories", iterable_key="repositories")]
+
+    @staticmethod
+    async def _applied(verify: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            return await verify()
+        except NotFound:
+            return None
+
+
+@dataclass(frozen=True)
+class _Token:
+    header: str
+    expires_at: float
+
+
+def _renew_at(_installation_id: int, token: _Token, _now: float) -> float:
+    return token.expires_at - TOKEN_RENEW_MARGIN
+
+
+class GitHubApp:
+    """The App: its JWT, its installations' tokens, and one client per installation."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        base_url: str,
+        app_id: int | None,
+        private_key: str | None,
+        clock: Clock,
+        dry_run: bool = False,
+        user_agent: str = "klaud",
+        request_timeout: float = 30.0,
+        max_attempts: int = 5,
+        write_spacing: float = 1.0,
+    ) -> None:
+        if private_key is not None and app_id is None:
+            raise ValueError("a private key needs the App id it belongs to")
+        self._app_id = app_id
+        self._private_key = private_key
+        self._clock = clock
+        self._dry_run = dry_run
+        self._transport = _Transport(
+            session=session,
+            base_url=base_url.rstrip("/"),
+            user_agent=user_agent,
+            clock=clock,
+            timeout=aiohttp.ClientTimeout(total=request_timeout),
+            max_attempts=max(1, max_attempts),
+            write_spacing=write_spacing,
+        )
+        self._tokens: cachetools.TLRUCache[int, _Token] = cachetools.TLRUCache(
+            maxsize=TOKEN_CACHE_SIZE, ttu=_renew_at, timer=clock.timestamp
+        )
+        self._token_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._clients: dict[int, InstallationClient] = {}
+        # The App itself only reads and mints tokens, and minting twice is harmless.
+        self._api = _KlaudAPI(
+            self._transport,
+            label="app",
+            credential=self._app_credential,
+            dry_run=False,
+            creates_are_safe=True,
+            etag_cache=None,
+        )
+
+    def app_jwt(self) -> str:
+        """The App's JWT: RS256, issued a minute ago, valid for nine more minutes.
+
+        Without a private key the JWT is unsigned; only the sandbox without strict auth
+        accepts it.
+        """
+        now = int(self._clock.timestamp())
+        payload = {
+            "iat": now - JWT_BACKDATE,
+            "exp": now + JWT_LIFETIME,
+            "iss": str(self._app_id) if self._app_id is not None else "0",
+        }
+        if self._private_key is None:
+            return jwt.encode(payload, None, algorithm="none")
+        return jwt.encode(payload, self._private_key, algorithm="RS256")
+
+    async def installations(self) -> list[dict[str, Any]]:
+        with _github_errors(self._clock):
+            return [item async for item in self._api.getiter("/app/installations")]
+
+    def installation(self, installation_id: int) -> InstallationClient:
+        client = self._clients.get(installation_id)
+        if client is None:
+            api = _KlaudAPI(
+                self._transport,
+                label=str(installation_id),
+                credential=partial(self._installation_credential, installation_id),
+                dry_run=self._dry_run,
+                creates_are_safe=False,
+                etag_cache=cachetools.LRUCache(maxsize=ETAG_CACHE_SIZE),
+            )
+            client = InstallationClient(
+                api, installation_id, clock=self._clock, max_attempts=self._transport.max_attempts
+            )
+            self._clients[installation_id] = client
+        return client
+
+    async def _app_credential(self, _rejected: str | None) -> str:
+        return f"bearer {self.app_jwt()}"
+
+    async def _installation_credential(self, installation_id: int, rejected: str | None) -> str:
+        async with self._token_locks[installation_id]:
+            token = self._tokens.get(installation_id)
+            # Only the token GitHub refused is dropped: calls that failed with it together
+            # share one renewal instead of minting one each.
+            if token is not None and token.header == rejected:
+                del self._tokens[installation_id]
+                token = None
+            if token is None:
+                token = await self._mint(installation_id)
+                self._tokens[installation_id] = token
+            return token.header
+
+    async def _mint(self, installation_id: int) -> _Token:
+        with _github_errors(self._clock):
+            answer = await self._api.post(
+                "/app/installations/{installation_id}/access_tokens",
+                {"installation_id": installation_id},
+                data=b"",
+            )
+        expires_at = parse_time(answer["expires_at"])
+        if expires_at is None:
+            raise GitHubError(201, "installation token without expires_at")
+        log.info("github.token_minted", installation=installation_id, expires_at=answer["expires_at"])
+        return _Token(header=f"token {answer['token']}", expires_at=expires_at.timestamp())

@@ -1,0 +1,120 @@
+"""Publishing the `Klaud Cold` check run on every open Klaud pull request.
+
+Whenever the live state says a family changed (attempts, cooldown, hold, overlaps, a new
+head), the PRs of that family are marked; a coalescer turns a burst of marks into one
+render and one write per PR. A render identical to what the check run already shows is
+not sent at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import structlog
+
+from bot.core.checks import CHECK_NAME, CheckView, render_check
+from bot.services.coalescer import Coalescer
+from bot.core.clock import Clock
+from bot.core.cooldown import cooldown
+from bot.core.domain import OWN_BRANCH_RE, PullRequest
+from bot.github.client import GitHubError
+from bot.services.live import LiveState
+from bot.services.repo_state import RepoState
+from bot.services.sync import split_repo
+
+log = structlog.get_logger("klaud.checks")
+
+Key = tuple[str, int]  # (repo, PR number)
+
+
+class CheckPublisher:
+    def __init__(self, live: LiveState, clock: Clock, *, delay_seconds: float = 3.0) -> None:
+        self.live = live
+        self.clock = clock
+        # Transient GitHub errors are logged and the next change publishes again.
+        self.coalescer: Coalescer[Key] = Coalescer(self.publish, delay_seconds, errors=(GitHubError,))
+        live.listeners.append(self.families_changed)
+
+    async def families_changed(self, state: RepoState, families: set[str]) -> None:
+        for pull in state.overlap.prs():
+            if not pull.klaud_own or not pull.own_family_hash:
+                continue
+            family = state.family_by_hash(pull.own_family_hash)
+            if family is not None and family.id in families:
+                self.coalescer.mark((state.name, pull.number))
+
+    def mark(self, repo: str, number: int) -> None:
+        self.coalescer.mark((repo, number))
+
+    async def settle(self) -> None:
+        await self.coalescer.settle()
+
+    async def close(self) -> None:
+        await self.coalescer.close()
+
+    def view(self, state: RepoState, pull: PullRequest) -> CheckView:
+        now = self.clock.now()
+        family = state.family_by_hash(pull.own_family_hash) if pull.own_family_hash else None
+        match = OWN_BRANCH_RE.match(pull.head_ref)
+        # The PR works on the candidate its branch names, even if the family moved on since.
+        candidate = f"{match.group(1)}-{match.group(2)}" if match else (family.candidate if family else "")
+        attempts = state.ledger.for_candidate(candidate)
+        approved = candidate in state.retries
+        cool = cooldown(attempts, candidate, now, state.policy.cooldown_hours, approved)
+        overlaps = []
+        if family is not None:
+            overlaps = [o for o in state.overlap.overlaps(family, now, state.policy.idle_days) if o.pr != pull.number]
+        dispatch = state.dispatches.get(family.id) if family else None
+        return CheckView(
+            repo=state.name,
+            family=family,
+            candidate=candidate,
+            image=family.image if family else None,
+            attempts=attempts,
+            cooldown_reason=cool.reason,
+            cooldown_until=cool.until,
+            overlaps=overlaps,
+            hold=state.holds.get(family.id) if family else None,
+            in_flight=dispatch is not None and dispatch.candidate == candidate,
+            policy_error=state.meta.policy_error,
+        )
+
+    async def publish(self, key: Key, *, force: bool = False) -> None:
+        repo, number = key
+        state = self.live.repo(repo)
+        pull = state.overlap.get(number) if state else None
+        if state is None or pull is None or not pull.klaud_own:
+            return
+        output = render_check(self.view(state, pull))
+        payload = output.payload()
+        digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+        known = state.meta.check_runs.get(str(number))
+        if known and known.get("head_sha") == pull.head_sha and known.get("digest") == digest and not force:
+            return
+        gh = self.live.client(state)
+        if known and known.get("head_sha") == pull.head_sha and known.get("id"):
+            await gh.patch(
+                "/repos/{owner}/{repo}/check-runs/{id}", {**split_repo(repo), "id": known["id"]}, data=payload
+            )
+            check_id = known["id"]
+        else:
+            created = await gh.post(
+                "/repos/{owner}/{repo}/check-runs", split_repo(repo), data=output.payload(pull.head_sha)
+            )
+            check_id = (created or {}).get("id")
+        async with self.live.lock(repo):
+            state.meta.check_runs[str(number)] = {"head_sha": pull.head_sha, "id": check_id, "digest": digest}
+            await self.live.persist(state.save_meta())
+        log.info("check.published", repo=repo, pr=number, status=output.status, conclusion=output.conclusion)
+
+    async def rerequested(self, payload: dict[str, Any]) -> None:
+        """A person asked for the check again: re-render it on that head."""
+        run = payload["check_run"]
+        state = self.live.repo(payload["repository"]["full_name"])
+        if state is None or run.get("name") != CHECK_NAME:
+            return
+        for pull in state.overlap.prs():
+            if pull.klaud_own and pull.head_sha == run.get("head_sha"):
+                await self.publish((state.name, pull.number), force=True)

@@ -1,0 +1,100 @@
+"""Coalescing bursts of changes into one flush per key (check runs, the dashboard).
+
+A reconcile or a wave touching many candidates marks many keys within milliseconds; each
+key is flushed once per burst, so a check run costs one PATCH however many changes led to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Generic, Hashable, TypeVar
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Coalescer(Generic[K]):
+    """Runs `flush(key)` once per burst of `mark(key)` calls.
+
+    The first mark of a key starts a `delay_seconds` window; marks inside it add nothing.
+    A mark while that key's flush runs asks for exactly one more flush, a window after the
+    running one ends, so the last change is never lost. Exceptions listed in `errors` are
+    logged with the key and the key stays usable; any other exception ends that key's task
+    and surfaces through asyncio like any task failure.
+    """
+
+    def __init__(
+        self,
+        flush: Callable[[K], Awaitable[None]],
+        delay_seconds: float = 3.0,
+        *,
+        errors: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self._flush = flush
+        self._delay = delay_seconds
+        self._errors = errors
+        self._tasks: dict[K, asyncio.Task[None]] = {}
+        self._running: set[K] = set()
+        self._again: set[K] = set()
+        self._hurry = asyncio.Event()  # set while settling: windows end at once
+        self._closed = False
+
+    @property
+    def pending(self) -> frozenset[K]:
+        """Keys with a flush scheduled or running."""
+        return frozenset(self._tasks)
+
+    def mark(self, key: K) -> None:
+        if self._closed:
+            raise RuntimeError("Coalescer is closed")
+        if key not in self._tasks:
+            self._tasks[key] = asyncio.get_running_loop().create_task(
+                self._run(key), name=f"check-flush:{key}"
+            )
+        elif key in self._running:
+            self._again.add(key)
+
+    async def settle(self) -> None:
+        """Flush every pending key now and wait until none is left."""
+        self._hurry.set()
+        try:
+            while self._tasks:
+                await asyncio.wait(list(self._tasks.values()))
+        finally:
+            if not self._closed:
+                self._hurry.clear()
+
+    async def close(self) -> None:
+        """For shutdown: flush what is pending, then refuse new marks."""
+        self._closed = True
+        await self.settle()
+
+    async def _run(self, key: K) -> None:
+        try:
+            while True:
+                await self._window()
+                self._running.add(key)
+                try:
+                    await self._flush(key)
+                except self._errors as exc:
+                    log.warning("check_flush_failed", key=str(key), error=repr(exc))
+                finally:
+                    self._running.discard(key)
+                if key not in self._again:
+                    return
+                self._again.discard(key)
+        finally:
+            self._tasks.pop(key, None)
+            self._again.discard(key)
+
+    async def _window(self) -> None:
+        if self._hurry.is_set():
+            return
+        try:
+            async with asyncio.timeout(self._delay):
+                await self._hurry.wait()
+        except TimeoutError:
+            pass  # the window ended normally

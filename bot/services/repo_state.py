@@ -1,0 +1,340 @@
+"""The live state of one repository: catalog, overlap index, outcome ledger and controls.
+
+A `RepoState` is the in-memory form of everything the store holds for a repository. It is
+rebuilt from the store at start-up with no GitHub call, changed by handlers through the
+methods below (each returns the store `Change` that persists it), and read by planning
+waves through `snapshot()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from bot.core.catalog import Catalog
+from bot.core.domain import (
+    Attempt,
+    Claim,
+    Dispatch,
+    Family,
+    Hold,
+    PullRequest,
+    RetryApproval,
+    stamp,
+)
+from bot.core.outcomes import OutcomeLedger
+from bot.core.overlap import OverlapIndex
+from bot.core.planner import Snapshot
+from bot.core.policy import Policy, PolicyError, parse_policy
+from bot.store.records import Change
+
+
+@dataclass
+class RepoMeta:
+    """Per-repository facts that are not collections (persisted as one record)."""
+
+    installation: int
+    default_branch: str = "main"
+    head_sha: str = ""
+    policy_text: str | None = None
+    policy_error: str | None = None
+    runners: dict[str, list[str]] = field(default_factory=dict)
+    config_errors: dict[str, str] = field(default_factory=dict)
+    wave: int = 0
+    next_wave_at: str | None = None
+    reconciled_at: str | None = None
+    check_runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # PR number -> {head_sha, id}
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "installation": self.installation,
+            "default_branch": self.default_branch,
+            "head_sha": self.head_sha,
+            "policy_text": self.policy_text,
+            "policy_error": self.policy_error,
+            "runners": self.runners,
+            "config_errors": self.config_errors,
+            "wave": self.wave,
+            "next_wave_at": self.next_wave_at,
+            "reconciled_at": self.reconciled_at,
+            "check_runs": self.check_runs,
+        }
+
+
+class RepoState:
+    def __init__(self, name: str, meta: RepoMeta) -> None:
+        self.name = name
+        self.meta = meta
+        self.policy = self._policy_from(meta.policy_text)
+        self.catalog = Catalog()
+        self.overlap = OverlapIndex(self.catalog, self.policy.family_files)
+        self._by_hash: dict[str, Family] = {}
+        self.ledger = OutcomeLedger()
+        self.holds: dict[str, Hold] = {}
+        self.retries: dict[str, RetryApproval] = {}
+        self.claims: dict[str, Claim] = {}
+        self.dispatches: dict[str, Dispatch] = {}
+        self.pending_artifacts: dict[str, dict[str, Any]] = {}
+
+    # -- loading -----------------------------------------------------------------------
+
+    @staticmethod
+    def _policy_from(text: str | None) -> Policy:
+        try:
+            return parse_policy(text)
+        except PolicyError:
+            # The stored text is the last good one; an invalid file never replaces it.
+            return Policy()
+
+    @classmethod
+    def from_records(cls, name: str, records: dict[str, dict[str, Any]], meta: dict[str, Any]) -> "RepoState":
+        state = cls(name, RepoMeta(**meta))
+        state.catalog = Catalog(records.get("family", {}).values())
+        state.overlap = OverlapIndex(state.catalog, state.policy.family_files)
+        state._index_families()
+        for pull in records.get("pull", {}).values():
+            state.overlap.upsert(pull)
+        state.ledger = OutcomeLedger(records.get("attempt", {}).values())
+        state.holds = {hold.family: hold for hold in records.get("hold", {}).values()}
+        state.retries = {retry.candidate: retry for retry in records.get("retry", {}).values()}
+        state.claims = {claim.family: claim for claim in records.get("claim", {}).values()}
+        state.dispatches = {d.family: d for d in records.get("dispatch", {}).values()}
+        state.pending_artifacts = dict(records.get("artifact-retry", {}))
+        return state
+
+    def save_meta(self, change: Change | None = None) -> Change:
+        change = change or Change()
+        return change.put("", "repo", self.name, self.meta.document())
+
+    # -- policy ------------------------------------------------------------------------
+
+    def set_policy_text(self, text: str | None) -> tuple[bool, Change]:
+        """Adopt a new `.github/klaud.yml`; an invalid one keeps the last good policy."""
+        try:
+            policy = parse_policy(text)
+        except PolicyError as exc:
+            self.meta.policy_error = str(exc)
+            return False, self.save_meta()
+        changed = policy != self.policy
+        self.policy = policy
+        self.meta.policy_text = text
+        self.meta.policy_error = None
+        change = self.save_meta()
+        if changed:
+            self.retouch()
+        return changed, change
+
+    # -- catalog -----------------------------------------------------------------------
+
+    def replace_families(self, path: str, families: list[Family], changed_at: datetime | None) -> Change:
+        """Make `families` the content of `path`; a new or changed image is dated `changed_at`."""
+        change = Change()
+        for old in self.catalog.families_of(path):
+            change.delete(self.name, "family", old.id)
+        self.catalog.replace_file(path, families, changed_at)
+        for family in self.catalog.families_of(path):
+            change.put(self.name, "family", family.id, family)
+        self.meta.config_errors.pop(path, None)
+        self._index_families()
+        return change
+
+    def remove_config(self, path: str) -> Change:
+        change = Change()
+        for old in self.catalog.remove_file(path):
+            change.delete(self.name, "family", old.id)
+        self.meta.config_errors.pop(path, None)
+        self._index_families()
+        return change
+
+    def _index_families(self) -> None:
+        self._by_hash = {family.family_hash: family for family in self.catalog}
+
+    def retouch(self) -> None:
+        """Recompute every PR's touches after the catalog or policy changed (no API call)."""
+        self.overlap.retouch(self.catalog, self.policy.family_files)
+
+    def family_by_hash(self, fam16: str) -> Family | None:
+        return self._by_hash.get(fam16)
+
+    def family_of_candidate(self, candidate: str) -> str | None:
+        family = self.family_by_hash(candidate[:16])
+        if family is not None:
+            return family.id
+        for dispatch in self.dispatches.values():
+            if dispatch.candidate == candidate:
+                return dispatch.family
+        return None
+
+    # -- pull requests -----------------------------------------------------------------
+
+    def upsert_pull(self, pull: PullRequest) -> Change:
+        self.overlap.upsert(pull)
+        return Change().put(self.name, "pull", pull.number, pull)
+
+    def remove_pull(self, number: int) -> Change:
+        self.overlap.remove(number)
+        self.meta.check_runs.pop(str(number), None)
+        return self.save_meta(Change().delete(self.name, "pull", number))
+
+    # -- outcomes ----------------------------------------------------------------------
+
+    def record_attempt(self, attempt: Attempt) -> tuple[bool, Change]:
+        change = Change()
+        if not self.ledger.add(attempt):
+            return False, change
+        key = f"{attempt.candidate}:{attempt.run_id}:{attempt.run_attempt}"
+        change.put(self.name, "attempt", key, attempt)
+        return True, change
+
+    def release_for(self, attempt: Attempt) -> tuple[Claim | None, Change]:
+        """An outcome arrived: the candidate is no longer in flight and its claim is released."""
+        change = Change()
+        family = attempt.family or self.family_of_candidate(attempt.candidate)
+        if family is None:
+            return None, change
+        dispatch = self.dispatches.get(family)
+        if dispatch is not None and dispatch.candidate == attempt.candidate:
+            del self.dispatches[family]
+            change.delete(self.name, "dispatch", family)
+        claim = self.claims.get(family)
+        # Any recorded attempt means the run is over, even if its outcome could not be read.
+        if claim is not None and claim.candidate == attempt.candidate:
+            del self.claims[family]
+            change.delete(self.name, "claim", family)
+            return claim, change
+        return None, change
+
+    # -- controls ----------------------------------------------------------------------
+
+    def hold(self, hold: Hold) -> Change:
+        self.holds[hold.family] = hold
+        return Change().put(self.name, "hold", hold.family, hold)
+
+    def unhold(self, family: str) -> tuple[Hold | None, Change]:
+        previous = self.holds.pop(family, None)
+        return previous, Change().delete(self.name, "hold", family)
+
+    def approve_retry(self, approval: RetryApproval) -> Change:
+        self.retries[approval.candidate] = approval
+        return Change().put(self.name, "retry", approval.candidate, approval)
+
+    def consume_retry(self, candidate: str) -> Change:
+        self.retries.pop(candidate, None)
+        return Change().delete(self.name, "retry", candidate)
+
+    def add_claim(self, claim: Claim) -> Change:
+        self.claims[claim.family] = claim
+        return Change().put(self.name, "claim", claim.family, claim)
+
+    def drop_claim(self, family: str) -> Change:
+        self.claims.pop(family, None)
+        return Change().delete(self.name, "claim", family)
+
+    def add_dispatch(self, dispatch: Dispatch) -> Change:
+        self.dispatches[dispatch.family] = dispatch
+        return Change().put(self.name, "dispatch", dispatch.family, dispatch)
+
+    def drop_dispatch(self, family: str) -> Change:
+        self.dispatches.pop(family, None)
+        return Change().delete(self.name, "dispatch", family)
+
+    def expired_claims(self, now: datetime) -> list[Claim]:
+        """Claims older than claim_ttl_hours whose run is finished or was never seen."""
+        ttl = timedelta(hours=self.policy.claim_ttl_hours)
+        expired = []
+        for claim in self.claims.values():
+            if now - claim.at < ttl:
+                continue
+            dispatch = self.dispatches.get(claim.family)
+            if dispatch is not None and dispatch.run_id is not None and not dispatch.finished:
+                continue  # its run is still going: keep the family claimed
+            expired.append(claim)
+        return expired
+
+    # -- reading -----------------------------------------------------------------------
+
+    def snapshot(self, wave: int, now: datetime) -> Snapshot:
+        # Only attempts inside the cooldown window can decide anything at `now`.
+        since = now - timedelta(hours=self.policy.cooldown_hours)
+        return Snapshot(
+            repo=self.name,
+            base=self.meta.head_sha,
+            wave=wave,
+            families=list(self.catalog),
+            overlaps=lambda family, now: self.overlap.overlaps(family, now, self.policy.idle_days),
+            attempts=lambda candidate: self.ledger.recent(candidate, since),
+            # Copies: a wave changes claims and dispatches while it still plans from this.
+            holds=dict(self.holds),
+            retries=dict(self.retries),
+            claims=dict(self.claims),
+            dispatches=dict(self.dispatches),
+            klaud_prs=self.overlap.klaud_prs(),
+        )
+
+    def state_document(self, now: datetime) -> dict[str, Any]:
+        """DESIGN §3.5."""
+        idle_before = now - timedelta(days=self.policy.idle_days)
+        return {
+            "repo": self.name,
+            "head_sha": self.meta.head_sha,
+            "policy": self.policy.model_dump(mode="json"),
+            "policy_error": self.meta.policy_error,
+            "config_errors": self.meta.config_errors,
+            "families": [
+                {
+                    "family": f.id,
+                    "candidate": f.candidate,
+                    "image": f.image,
+                    "runner": f.runner,
+                    "clusters": list(f.clusters),
+                    "image_changed_at": stamp(f.image_changed_at),
+                }
+                for f in self.catalog
+            ],
+            "pulls": [
+                {
+                    "number": p.number,
+                    "author": p.author,
+                    "head_ref": p.head_ref,
+                    "head_sha": p.head_sha,
+                    "draft": p.draft,
+                    "updated_at": stamp(p.updated_at),
+                    "klaud_own": p.klaud_own,
+                    "idle": not p.klaud_own and p.updated_at <= idle_before,
+                    "files_complete": p.files_complete,
+                    "touches": dict(sorted(self.overlap.touches(p.number).items())),
+                }
+                for p in sorted(self.overlap.prs(), key=lambda p: p.number)
+            ],
+            "attempts": [_attempt_document(a) for a in self.ledger.all()],
+            "holds": [
+                {"family": h.family, "by": h.by, "reason": h.reason, "at": stamp(h.at)}
+                for h in sorted(self.holds.values(), key=lambda h: h.family)
+            ],
+            "retries": [
+                {"candidate": r.candidate, "by": r.by, "at": stamp(r.at)}
+                for r in sorted(self.retries.values(), key=lambda r: r.candidate)
+            ],
+            "claims": [
+                {"family": c.family, "candidate": c.candidate, "wave": c.wave, "ref": c.ref, "at": stamp(c.at)}
+                for c in sorted(self.claims.values(), key=lambda c: c.family)
+            ],
+        }
+
+
+def _attempt_document(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "candidate": attempt.candidate,
+        "family": attempt.family,
+        "run_id": attempt.run_id,
+        "run_attempt": attempt.run_attempt,
+        "base": attempt.base,
+        "completed_at": stamp(attempt.completed_at),
+        "verified": attempt.verified,
+        "outcome": attempt.outcome,
+        "phase": attempt.phase,
+        "pull_request": attempt.pull_request,
+        "reason_code": attempt.reason_code,
+        "error": attempt.error,
+    }

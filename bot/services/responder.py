@@ -1,0 +1,181 @@
+"""Carrying out `/klaud` commands from comments (DESIGN §4 "Commands").
+
+The bot reacts 👀 at once, then answers each command with one reply carrying the
+`klaud-command:<comment id>` marker. Before answering it counts the replies already
+posted for that comment, so a redelivered event answers only what is still unanswered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from cachetools import TTLCache
+
+from bot.core.clock import Clock
+from bot.core.commands import (
+    Command,
+    StatusView,
+    effective_permission,
+    parse_commands,
+    permission_allows,
+    render_help,
+    render_hold,
+    render_refusal,
+    render_retry,
+    render_status,
+    render_unhold,
+    reply_counts,
+    resolve_command,
+)
+from bot.core.cooldown import cooldown
+from bot.core.domain import Hold, RetryApproval, parse_time
+from bot.github.client import InstallationClient, NotFound
+from bot.services.live import LiveState
+from bot.services.repo_state import RepoState
+from bot.services.sync import split_repo
+from bot.services.waves import WaveRunner
+
+log = structlog.get_logger("klaud.commands")
+
+PERMISSION_TTL_SECONDS = 600
+
+
+class CommandResponder:
+    def __init__(self, live: LiveState, waves: WaveRunner, clock: Clock) -> None:
+        self.live = live
+        self.waves = waves
+        self.clock = clock
+        self._permissions: TTLCache[tuple[str, str], str | None] = TTLCache(
+            maxsize=4096, ttl=PERMISSION_TTL_SECONDS, timer=clock.timestamp
+        )
+
+    async def handle(self, payload: dict[str, Any]) -> int:
+        """Answer the commands of a new comment; returns how many replies were posted."""
+        comment = payload["comment"]
+        commands = parse_commands(comment.get("body") or "")
+        if not commands:
+            return 0
+        state = await self.live.state_for(payload)
+        if state is None:
+            return 0
+        gh = self.live.client(state)
+        comment_id = int(comment["id"])
+        number = int(payload["issue"]["number"])
+        await gh.post(
+            "/repos/{owner}/{repo}/issues/comments/{id}/reactions",
+            {**split_repo(state.name), "id": comment_id},
+            data={"content": "eyes"},
+        )
+        answered = await self._answered(gh, state, number, comment_id)
+        author = (comment.get("user") or {}).get("login") or ""
+        posted = 0
+        for index, command in enumerate(commands):
+            if index < answered:
+                continue  # answered by an earlier delivery of this event
+            body = await self._answer(gh, state, command, author, number, comment_id)
+            await gh.post(
+                "/repos/{owner}/{repo}/issues/{number}/comments",
+                {**split_repo(state.name), "number": number},
+                data={"body": body},
+            )
+            posted += 1
+        log.info("commands.answered", comment_id=comment_id, commands=len(commands), posted=posted)
+        return posted
+
+    async def _answered(self, gh: InstallationClient, state: RepoState, number: int, comment_id: int) -> int:
+        bodies = [
+            c.get("body") or ""
+            async for c in gh.getiter(
+                "/repos/{owner}/{repo}/issues/{number}/comments?per_page=100", {**split_repo(state.name), "number": number}
+            )
+            if self.live.settings.is_bot((c.get("user") or {}).get("login"))
+        ]
+        return reply_counts(bodies)[comment_id]
+
+    async def _permission(self, gh: InstallationClient, state: RepoState, user: str) -> str | None:
+        key = (state.name, user.lower())
+        if key not in self._permissions:
+            try:
+                answer = await gh.getitem(
+                    "/repos/{owner}/{repo}/collaborators/{user}/permission", {**split_repo(state.name), "user": user}
+                )
+                self._permissions[key] = effective_permission(answer.get("permission"), answer.get("role_name"))
+            except NotFound:
+                self._permissions[key] = "none"
+        return self._permissions[key]
+
+    async def _answer(
+        self, gh: InstallationClient, state: RepoState, command: Command, author: str, number: int, comment_id: int
+    ) -> str:
+        spec = command.spec
+        if spec is None or command.verb == "help":
+            return render_help(comment_id=comment_id, unknown_verb=command.verb if spec is None else None)
+        if spec.needs_write and not permission_allows(command.verb, await self._permission(gh, state, author)):
+            return render_refusal(
+                command, f"`{command.verb}` needs write, maintain or admin permission on {state.name}", comment_id=comment_id
+            )
+        resolved = resolve_command(
+            command, families={f.id: f for f in state.catalog}, default_family=self._pr_family(state, number)
+        )
+        if resolved.family is None:
+            return render_refusal(command, resolved.error or "no target", comment_id=comment_id)
+        family = state.catalog.get(resolved.family)
+        now = self.clock.now()
+        if command.verb == "retry":
+            return await self._retry(state, family, author, now, comment_id)
+        if command.verb == "hold":
+            hold = Hold(family.id, author, command.text or "no reason given", now)
+            async with self.live.lock(state.name):
+                await self.live.persist(state.hold(hold))
+            await self.live.notify(state, {family.id})
+            return render_hold(hold, comment_id=comment_id)
+        if command.verb == "unhold":
+            async with self.live.lock(state.name):
+                previous, change = state.unhold(family.id)
+                await self.live.persist(change)
+            await self.live.notify(state, {family.id})
+            return render_unhold(family.id, previous, author, comment_id=comment_id)
+        return await self._status(state, family, comment_id)
+
+    async def _retry(self, state: RepoState, family: Any, author: str, now: Any, comment_id: int) -> str:
+        candidate = family.candidate
+        cool = cooldown(state.ledger.for_candidate(candidate), candidate, now, state.policy.cooldown_hours, False)
+        if not cool.eligible:
+            async with self.live.lock(state.name):
+                await self.live.persist(state.approve_retry(RetryApproval(candidate, author, now)))
+            await self.live.notify(state, {family.id})
+        return render_retry(
+            family.id, candidate, not cool.eligible, cool.reason,
+            parse_time(state.meta.next_wave_at), comment_id=comment_id,
+        )
+
+    async def _status(self, state: RepoState, family: Any, comment_id: int) -> str:
+        now = self.clock.now()
+        wave = await self.waves.preview(state.name, now)
+        assert wave is not None
+        decision = next(d for d in wave.decisions if d.family == family.id)
+        approved = family.candidate in state.retries
+        attempts = state.ledger.for_candidate(family.candidate)
+        cool = cooldown(attempts, family.candidate, now, state.policy.cooldown_hours, approved)
+        view = StatusView(
+            family=family,
+            staleness=family.image_changed_at,
+            attempts=attempts,
+            cooldown_reason=cool.reason,
+            cooldown_until=cool.until,
+            overlaps=state.overlap.overlaps(family, now, state.policy.idle_days),
+            hold=state.holds.get(family.id),
+            next_decision=decision,
+            next_wave_at=parse_time(state.meta.next_wave_at),
+            repo=state.name,
+        )
+        return render_status(view, comment_id=comment_id)
+
+    @staticmethod
+    def _pr_family(state: RepoState, number: int) -> str | None:
+        pull = state.overlap.get(number)
+        if pull is None or not pull.klaud_own or not pull.own_family_hash:
+            return None
+        family = state.family_by_hash(pull.own_family_hash)
+        return family.id if family else None

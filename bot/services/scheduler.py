@@ -1,0 +1,140 @@
+"""Timers: scheduled waves, light reconciles and artifact retries, all read off the Clock.
+
+Each repository's next wave time is persisted with the repository, so a restart neither
+skips a wave that fell due while the process was down (it runs once, at start-up) nor
+runs one twice (the time moves on only when a wave has been stored). Waves fire on the
+UTC boundaries of `wave_every_minutes` plus up to 60 s of jitter, so many installations
+do not hit GitHub in the same second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import datetime, timedelta, timezone
+from typing import Any, Awaitable, Callable
+
+import structlog
+
+from bot.core.clock import Clock
+from bot.core.domain import parse_time, stamp
+from bot.github.client import GitHubError
+from bot.services.live import LiveState
+from bot.services.repo_state import RepoState
+from bot.services.waves import WaveRunner
+
+log = structlog.get_logger("klaud.scheduler")
+
+LIGHT_RECONCILE_EVERY = timedelta(hours=6)
+MAX_JITTER_SECONDS = 60.0
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def next_boundary(now: datetime, every_minutes: int, jitter_seconds: float) -> datetime:
+    """The next UTC multiple of `every_minutes` strictly after `now`, plus jitter."""
+    interval = timedelta(minutes=every_minutes)
+    elapsed = now - EPOCH
+    boundary = EPOCH + (elapsed // interval + 1) * interval
+    return boundary + timedelta(seconds=jitter_seconds)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        live: LiveState,
+        waves: WaveRunner,
+        clock: Clock,
+        *,
+        discover: Callable[[], Awaitable[Any]] | None = None,
+        prune: Callable[[], Awaitable[Any]] | None = None,
+        poll_seconds: float = 1.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.live = live
+        self.discover = discover
+        self.prune = prune
+        self._housekeeping_at = clock.now()
+        self.waves = waves
+        self.clock = clock
+        self.poll_seconds = poll_seconds
+        self.rng = rng or random.Random()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._loop(), name="klaud-scheduler")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            await self._task
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.tick()
+            # A timer that dies silently loses every later wave: whatever went wrong is
+            # logged with its traceback and the next tick tries again.
+            except Exception:  # noqa: BLE001
+                log.exception("scheduler.tick_failed")
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.poll_seconds)
+            except asyncio.TimeoutError:
+                pass
+
+    async def tick(self) -> list[str]:
+        """Run whatever is due now; returns the repositories that got a wave."""
+        waved = []
+        for name, state in list(self.live.repos.items()):
+            if await self._guarded(name, self._wave_if_due(name, state)):
+                waved.append(name)
+            await self._guarded(name, self._light_reconcile_if_due(name, state))
+        await self.live.retry_artifacts()
+        if self.clock.now() - self._housekeeping_at >= LIGHT_RECONCILE_EVERY:
+            # Housekeeping on the light-reconcile cadence: new installations, retention.
+            self._housekeeping_at = self.clock.now()
+            for chore in (self.discover, self.prune):
+                if chore is not None:
+                    await chore()
+        return waved
+
+    @staticmethod
+    async def _guarded(name: str, work: Awaitable[bool]) -> bool:
+        # One repository's GitHub trouble must not hold up the other repositories' work.
+        try:
+            return await work
+        except GitHubError as exc:
+            log.warning("scheduler.repo_failed", repo=name, error=str(exc), transient=exc.transient)
+            return False
+
+    async def _wave_if_due(self, name: str, state: RepoState) -> bool:
+        now = self.clock.now()
+        due = parse_time(state.meta.next_wave_at)
+        if due is None:
+            await self._set_next(name, now)
+            return False
+        if due > now:
+            return False
+        upcoming = self._upcoming(state.policy.wave_every_minutes, now)
+        return await self.waves.run(name, trigger="schedule", next_wave_at=upcoming) is not None
+
+    async def _light_reconcile_if_due(self, name: str, state: RepoState) -> bool:
+        reconciled = parse_time(state.meta.reconciled_at)
+        if reconciled is not None and self.clock.now() - reconciled < LIGHT_RECONCILE_EVERY:
+            return False
+        await self.live.reconcile(name, state.meta.installation, light=True)
+        return True
+
+    def _upcoming(self, every_minutes: int, now: datetime) -> datetime:
+        return next_boundary(now, every_minutes, self.rng.uniform(0, MAX_JITTER_SECONDS))
+
+    async def _set_next(self, name: str, now: datetime) -> None:
+        state = self.live.repo(name)
+        if state is None:
+            return
+        upcoming = self._upcoming(state.policy.wave_every_minutes, now)
+        async with self.live.lock(name):
+            state.meta.next_wave_at = stamp(upcoming)
+            await self.live.persist(state.save_meta())
+        log.info("scheduler.next_wave", repo=name, at=state.meta.next_wave_at)

@@ -1,0 +1,379 @@
+"""Families from master configs, clusters from runners.yaml, and the per-repo catalog."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bot.core.catalog import (
+    Catalog,
+    CatalogError,
+    clusters_for,
+    family_file_patterns,
+    glob_match,
+    hardware_of,
+    is_master_config,
+    parse_master,
+    parse_runners,
+    read_master,
+)
+from bot.core.domain import FAMILY_RE, Family
+from tests.builders import family
+
+RUNNERS = """\
+labels:
+  h100:
+    - h100-cw_00
+    - h100-cw_01
+    - h100-dgxc-slurm_16
+    - h100-dgxc-slurm_7
+  b200:
+    - b200-nb_0
+    - b200-dgxc_00
+    - b200-nb_1
+  empty:
+hardware:
+  cluster:h100-cw:
+    gpus-per-node: 8
+"""
+
+MASTER = """\
+# Leading comment about the file.
+alpha-fp4-b200-sglang:
+  image: lmsysorg/sglang:v0.5.12
+  model: org/alpha
+  model-prefix: alpha
+  runner: b200
+  precision: fp4
+  framework: sglang
+  scenarios:
+    fixed-seq-len:
+    - isl: 1024
+      osl: 1024
+    # a comment inside the block
+
+# Introduces beta.
+beta-fp8-h100-vllm:
+  image: vllm/vllm-openai:v0.25.0
+  model-prefix: beta
+  runner: cluster:h100-dgxc
+  precision: fp8
+  framework: vllm
+
+gamma-no-image:
+  runner: b200
+  model-prefix: gamma
+
+delta-unknown-label:
+  image: x:1
+  runner: z900
+last-block:
+  image: nvcr.io#nvidia/last:1
+  runner: h100
+"""
+
+T1 = datetime(2026, 8, 1, tzinfo=timezone.utc)
+T2 = datetime(2026, 8, 21, tzinfo=timezone.utc)
+
+
+def runners() -> dict[str, tuple[str, ...]]:
+    return parse_runners(RUNNERS)
+
+
+# --- runners.yaml ---------------------------------------------------------------
+
+
+def test_runner_numbers_are_stripped_and_clusters_sorted_distinct() -> None:
+    assert runners() == {
+        "h100": ("h100-cw", "h100-dgxc-slurm"),
+        "b200": ("b200-dgxc", "b200-nb"),
+        "empty": (),
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "- a\n- b\n",
+        "hardware: {}\n",
+        "labels: [a, b]\n",
+        "labels:\n  h100: h100-cw_00\n",
+        "labels: {h: [1]}\n",
+    ],
+)
+def test_runners_with_invalid_structure_are_rejected(text: str) -> None:
+    with pytest.raises(CatalogError, match="runners.yaml"):
+        parse_runners(text)
+
+
+def test_runners_that_are_not_yaml_name_the_line() -> None:
+    with pytest.raises(CatalogError, match=r"^runners.yaml: not valid YAML at line 3$"):
+        parse_runners("labels:\n  h100:\n\t- h100-cw_00\n")
+
+
+def test_clusters_for_cluster_runner_and_labels() -> None:
+    table = runners()
+    assert clusters_for("cluster:mi355x-amds", table) == ("mi355x-amds",)
+    assert clusters_for("h100", table) == ("h100-cw", "h100-dgxc-slurm")
+    assert clusters_for("unknown", table) == ()
+
+
+def test_hardware_is_the_gpu_family_of_the_runner() -> None:
+    assert hardware_of("cluster:mi355x-amds") == "mi355x"
+    assert hardware_of("gb300-nv") == "gb300"
+    assert hardware_of("b200") == "b200"
+
+
+# --- master configs -------------------------------------------------------------
+
+
+def test_master_families_values_and_spans() -> None:
+    parsed = read_master("configs/x-master.yaml", MASTER, runners())
+    by_key = {f.key: f for f in parsed.families}
+    assert list(by_key) == [
+        "alpha-fp4-b200-sglang",
+        "beta-fp8-h100-vllm",
+        "delta-unknown-label",
+        "last-block",
+    ]
+
+    alpha = by_key["alpha-fp4-b200-sglang"]
+    assert alpha.id == "configs/x-master.yaml:alpha-fp4-b200-sglang"
+    assert (alpha.image, alpha.runner) == ("lmsysorg/sglang:v0.5.12", "b200")
+    assert alpha.clusters == ("b200-dgxc", "b200-nb")
+    assert (alpha.model_prefix, alpha.precision, alpha.framework) == ("alpha", "fp4", "sglang")
+    # Trailing comment and blank lines, and the comment introducing beta, belong to neither.
+    assert (alpha.line_start, alpha.line_end) == (2, 12)
+
+    beta = by_key["beta-fp8-h100-vllm"]
+    assert beta.clusters == ("h100-dgxc",)
+    assert (beta.line_start, beta.line_end) == (16, 21)
+    assert beta.image_changed_at is None
+
+    delta = by_key["delta-unknown-label"]
+    assert delta.clusters == ()
+    assert (delta.line_start, delta.line_end) == (27, 29)
+
+    last = by_key["last-block"]
+    assert (last.line_start, last.line_end) == (30, 32)
+    assert last.normalized_image == "nvcr.io/nvidia/last:1"
+
+    assert parsed.problems == (
+        "configs/x-master.yaml:23: `gamma-no-image` has no image",
+        "configs/x-master.yaml:27: `delta-unknown-label` runner `z900` is not a label in runners.yaml",
+    )
+    assert parse_master("configs/x-master.yaml", MASTER, runners()) == list(parsed.families)
+
+
+def test_blocks_that_cannot_be_families_are_reported_not_fatal() -> None:
+    text = (
+        "scalar-block: 3\n"
+        "no-runner:\n  image: a:1\n"
+        "runner-list:\n  image: a:1\n  runner: [b200]\n"
+        "'quoted key':\n  image: a:1\n  runner: b200\n"
+        "good:\n  image: a:1\n  runner: b200\n"
+    )
+    parsed = read_master("configs/x-master.yaml", text, runners())
+    assert [f.key for f in parsed.families] == ["good"]
+    assert parsed.problems == (
+        "configs/x-master.yaml:1: `scalar-block` is not a mapping",
+        "configs/x-master.yaml:2: `no-runner` has no runner",
+        "configs/x-master.yaml:4: `runner-list` has no runner",
+        "configs/x-master.yaml:7: top-level key 'quoted key' cannot name a family",
+    )
+
+
+def test_duplicate_key_keeps_the_later_block_like_yaml() -> None:
+    text = "a:\n  image: one:1\n  runner: b200\na:\n  image: two:2\n  runner: b200\n"
+    parsed = read_master("configs/x-master.yaml", text, runners())
+    assert [(f.key, f.image, f.line_start) for f in parsed.families] == [("a", "two:2", 4)]
+    assert parsed.problems == (
+        "configs/x-master.yaml:4: `a` repeats the key of line 1; the later block wins, as in YAML",
+    )
+
+
+def test_anchors_and_merge_keys_resolve() -> None:
+    text = (
+        "base: &base\n  image: shared:1\n  runner: h100\n  precision: fp8\n"
+        "child:\n  <<: *base\n  framework: vllm\n"
+    )
+    parsed = read_master("configs/x-master.yaml", text, runners())
+    child = next(f for f in parsed.families if f.key == "child")
+    assert (child.image, child.runner) == ("shared:1", "h100")
+    assert (child.precision, child.framework) == ("fp8", "vllm")
+
+
+def test_unparseable_master_names_file_and_line() -> None:
+    with pytest.raises(CatalogError, match=r"^configs/x-master.yaml: not valid YAML at line 3$"):
+        parse_master("configs/x-master.yaml", "a:\n  image: x\n  - item\nb: 1\n", runners())
+
+
+def test_non_mapping_master_is_rejected_and_empty_master_has_no_families() -> None:
+    with pytest.raises(CatalogError, match="mapping of families"):
+        parse_master("configs/x-master.yaml", "- a\n- b\n", runners())
+    assert parse_master("configs/x-master.yaml", "# nothing yet\n", runners()) == []
+
+
+def test_real_master_configs(fixtures: Path) -> None:
+    configs = fixtures / "inferencex" / "configs"
+    table = parse_runners((configs / "runners.yaml").read_text())
+    families: list[Family] = []
+    for name in ("nvidia-master.yaml", "amd-master.yaml"):
+        text = (configs / name).read_text()
+        parsed = read_master(f"configs/{name}", text, table)
+        raw = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        assert [f.key for f in parsed.families] == list(raw), "one family per top-level key, in order"
+        lines = text.split("\n")
+        for fam in parsed.families:
+            assert fam.image == raw[fam.key]["image"]
+            assert fam.runner == raw[fam.key]["runner"]
+            assert FAMILY_RE.match(fam.id)
+            assert lines[fam.line_start - 1] == f"{fam.key}:"
+            last = lines[fam.line_end - 1].strip()
+            assert last and not last.startswith("#")
+        families.extend(parsed.families)
+        # The only problems in the real data are runner labels missing from runners.yaml.
+        assert all("is not a label in runners.yaml" in p for p in parsed.problems)
+    assert len(families) == 208
+    assert len({f.id for f in families}) == 208
+
+    by_id = {f.id: f for f in families}
+    dsr1 = by_id["configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"]
+    assert dsr1.image == "lmsysorg/sglang:v0.5.16-cu130"
+    assert dsr1.candidate == "d92e15065c55779d-555679de269db36f"  # domain §3.3 worked example
+    assert dsr1.clusters == ("b200-cw", "b200-dgxc", "b200-nb")
+    first = by_id["configs/nvidia-master.yaml:dsr1-fp4-b200-dynamo-trt"]
+    assert (first.line_start, first.runner, first.model_prefix, first.precision, first.framework) == (
+        1, "b200-multinode", "dsr1", "fp4", "dynamo-trt",
+    )
+    amd = by_id["configs/amd-master.yaml:qwen3.5-fp4-mi355x-sglang-agentic-mtp"]
+    assert amd.clusters == ("mi355x-amds",)
+    assert amd.image == "lmsysorg/sglang-rocm:v0.5.17-rocm720-mi35x-20260818"
+    h100 = by_id["configs/nvidia-master.yaml:dsv4-fp8-h200-sglang"]
+    assert (h100.runner, h100.clusters) == ("h200-dgxc", ())  # a label runners.yaml lacks
+
+
+# --- image changes and the catalog ----------------------------------------------
+
+
+def test_catalog_lookups_and_sorted_iteration() -> None:
+    other = "configs/y-master.yaml"
+    catalog = Catalog([family("b", line_start=10), family("a", line_start=20), family("c", path=other)])
+    assert [f.id for f in catalog] == [
+        "configs/x-master.yaml:a",
+        "configs/x-master.yaml:b",
+        "configs/y-master.yaml:c",
+    ]
+    assert len(catalog) == 3
+    assert "configs/x-master.yaml:a" in catalog
+    assert catalog.get("configs/x-master.yaml:zzz") is None
+    assert catalog.find(other, "c") == family("c", path=other)
+    assert catalog.find(other, "a") is None
+    assert [f.key for f in catalog.families_of("configs/x-master.yaml")] == ["b", "a"]
+    assert catalog.paths() == ["configs/x-master.yaml", other]
+
+
+def test_replace_file_keeps_image_time_unless_image_changed() -> None:
+    catalog = Catalog()
+    assert catalog.replace_file(
+        "configs/x-master.yaml",
+        [family("a", "x:1", image_changed_at=T1), family("b", "y:1")],
+    ) == {"configs/x-master.yaml:a", "configs/x-master.yaml:b"}
+    # Backfill without a push time keeps what the caller found (blame or unknown).
+    assert catalog.get("configs/x-master.yaml:a").image_changed_at == T1  # type: ignore[union-attr]
+    assert catalog.get("configs/x-master.yaml:b").image_changed_at is None  # type: ignore[union-attr]
+
+    changed = catalog.replace_file(
+        "configs/x-master.yaml",
+        [family("a", "x:1", line_start=7), family("b", "y:2"), family("n", "z:1")],
+        changed_at=T2,
+    )
+    assert changed == {"configs/x-master.yaml:b", "configs/x-master.yaml:n"}
+    a = catalog.get("configs/x-master.yaml:a")
+    assert a is not None and a.image_changed_at == T1 and a.line_start == 7
+    assert catalog.get("configs/x-master.yaml:b").image_changed_at == T2  # type: ignore[union-attr]
+    assert catalog.get("configs/x-master.yaml:n").image_changed_at == T2  # type: ignore[union-attr]
+
+
+def test_replace_file_drops_families_no_longer_in_the_file() -> None:
+    catalog = Catalog([family("a"), family("b"), family("c", path="configs/y-master.yaml")])
+    catalog.replace_file("configs/x-master.yaml", [family("b")])
+    assert [f.id for f in catalog] == ["configs/x-master.yaml:b", "configs/y-master.yaml:c"]
+    assert catalog.find("configs/x-master.yaml", "a") is None
+
+
+def test_replace_file_rejects_families_of_another_file() -> None:
+    with pytest.raises(ValueError, match="does not belong"):
+        Catalog().replace_file("configs/x-master.yaml", [family("a", path="configs/y-master.yaml")])
+
+
+def test_remove_file() -> None:
+    catalog = Catalog([family("a"), family("c", path="configs/y-master.yaml")])
+    assert [f.key for f in catalog.remove_file("configs/x-master.yaml")] == ["a"]
+    assert [f.id for f in catalog] == ["configs/y-master.yaml:c"]
+    assert catalog.families_of("configs/x-master.yaml") == []
+    assert catalog.remove_file("configs/x-master.yaml") == []
+
+
+# --- globs ----------------------------------------------------------------------
+
+
+def test_family_file_patterns_fill_placeholders() -> None:
+    fam = family(
+        "dsv4-fp4-b200-vllm", runner="cluster:b200-dgxc", model_prefix="dsv4", framework="vllm"
+    )
+    patterns = [
+        "benchmarks/**/{model-prefix}_{precision}_{hardware}_{framework}*.sh",
+        "recipes/{key}/*.yaml",
+        "static/file.txt",
+    ]
+    assert family_file_patterns(fam, patterns) == [
+        "benchmarks/**/dsv4_fp4_b200_vllm*.sh",
+        "recipes/dsv4-fp4-b200-vllm/*.yaml",
+        "static/file.txt",
+    ]
+
+
+def test_family_file_patterns_skip_missing_values_and_escape_globs() -> None:
+    fam = family("odd[key]", precision=None)
+    assert family_file_patterns(fam, ["a/{precision}.sh", "b/{key}.sh"]) == ["b/odd[[]key].sh"]
+    assert glob_match("b/odd[key].sh", "b/odd[[]key].sh")
+    assert not glob_match("b/oddk.sh", "b/odd[[]key].sh")
+
+
+@pytest.mark.parametrize(
+    ("path", "pattern", "expected"),
+    [
+        ("configs/nvidia-master.yaml", "configs/*-master.yaml", True),
+        ("configs/deprecated/nvidia-x-master.yaml", "configs/*-master.yaml", False),
+        ("configs/x-master.yaml.bak", "configs/*-master.yaml", False),
+        ("benchmarks/a/b/dsv4_fp4.sh", "benchmarks/**/dsv4_*.sh", True),
+        ("benchmarks/dsv4_fp4.sh", "benchmarks/**/dsv4_*.sh", True),
+        ("benchmarks/a/dsv4_fp4.sh", "benchmarks/*.sh", False),
+        ("docs/anything/at/all.md", "docs/**", True),
+        ("a/b", "a?b", False),
+        ("axb", "a?b", True),
+        ("a1b", "a[0-9]b", True),
+        ("axb", "a[!0-9]b", True),
+        ("a/b", "a[!0-9]b", False),
+    ],
+)
+def test_glob_match(path: str, pattern: str, expected: bool) -> None:
+    assert glob_match(path, pattern) is expected
+
+
+def test_is_master_config_uses_policy_globs() -> None:
+    globs = ("configs/*-master.yaml",)
+    assert is_master_config("configs/amd-master.yaml", globs)
+    assert not is_master_config("configs/deprecated/amd-kimik2.5-agentic-master.yaml", globs)
+    assert not is_master_config("configs/runners.yaml", globs)
+    assert is_master_config("other/a.yaml", ("configs/*-master.yaml", "other/*.yaml"))
+
+
+def test_family_dataclass_replace_keeps_identity() -> None:
+    fam = family("a", "x:1")
+    assert replace(fam, line_start=3).candidate == fam.candidate

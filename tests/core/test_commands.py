@@ -1,0 +1,437 @@
+"""`/klaud` command parsing, permissions, targets, markers and replies (bot/commands.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from bot.core.commands import (
+    VERBS,
+    Command,
+    StatusView,
+    code_span,
+    effective_permission,
+    help_text,
+    parse_commands,
+    permission_allows,
+    render_help,
+    render_hold,
+    render_refusal,
+    render_retry,
+    render_status,
+    render_unhold,
+    reply_counts,
+    reply_marker,
+    resolve_command,
+    resolve_target,
+)
+from bot.core.domain import Attempt, Decision, Family, Hold, Overlap, candidate_id
+
+FAMILY_ID = "configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"
+OTHER_ID = "configs/amd-master.yaml:llama70b-fp8-mi300x-vllm"
+AT = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+
+
+def family(family_id: str = FAMILY_ID, image: str = "lmsysorg/sglang:v0.5.5") -> Family:
+    path, key = family_id.split(":")
+    return Family(
+        id=family_id,
+        path=path,
+        key=key,
+        image=image,
+        runner="b200",
+        clusters=("b200-nscale",),
+        model_prefix="dsr1",
+        precision="fp4",
+        framework="sglang",
+        line_start=10,
+        line_end=30,
+        image_changed_at=datetime(2026, 10, 1, tzinfo=timezone.utc),
+    )
+
+
+def attempt(run_id: int, outcome: str | None = "failed", **changes: object) -> Attempt:
+    values: dict[str, object] = dict(
+        candidate=family().candidate,
+        family=FAMILY_ID,
+        run_id=run_id,
+        run_attempt=1,
+        base="a" * 40,
+        completed_at=AT,
+        verified=outcome is not None,
+        outcome=outcome,
+        phase="targeted",
+        pull_request=None,
+        reason_code=None,
+        error=None if outcome is not None else "artifact-expired",
+    )
+    values.update(changes)
+    return Attempt(**values)  # type: ignore[arg-type]
+
+
+FAMILIES = {FAMILY_ID: family(), OTHER_ID: family(OTHER_ID, "rocm/vllm:1")}
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def test_parses_verb_case_insensitively_with_leading_whitespace() -> None:
+    commands = parse_commands("  /klaud RETRY")
+    assert commands == [Command(verb="retry", target=None, text="", line=1)]
+
+
+def test_several_commands_per_comment_keep_order_and_line_numbers() -> None:
+    body = "Thanks!\n/klaud status\nsome words\n/klaud hold\n"
+    assert [(c.verb, c.line) for c in parse_commands(body)] == [("status", 2), ("hold", 4)]
+
+
+def test_command_must_start_the_line() -> None:
+    assert parse_commands("please /klaud retry") == []
+    assert parse_commands("`/klaud retry`") == []
+
+
+@pytest.mark.parametrize("body", ["/klaudfoo", "/klaudretry", "/klaud:retry", "/klaud-status"])
+def test_word_glued_to_klaud_is_not_a_command(body: str) -> None:
+    assert parse_commands(body) == []
+
+
+@pytest.mark.parametrize(
+    ("opening", "closing"),
+    [("```", "```"), ("~~~", "~~~"), ("````", "`````"), ("```python", "```")],
+)
+def test_fenced_code_is_ignored(opening: str, closing: str) -> None:
+    body = f"{opening}\n/klaud retry\n{closing}\n/klaud status"
+    assert [c.verb for c in parse_commands(body)] == ["status"]
+
+
+def test_fence_closes_only_with_same_character_and_enough_length() -> None:
+    body = "~~~~\n/klaud retry\n```\n~~~\n/klaud hold\n~~~~\n/klaud help"
+    assert [c.verb for c in parse_commands(body)] == ["help"]
+
+
+def test_unclosed_fence_runs_to_the_end() -> None:
+    assert parse_commands("```\n/klaud retry") == []
+
+
+def test_indented_code_block_is_ignored() -> None:
+    body = "Example:\n\n    /klaud retry\n\t/klaud hold\n\n/klaud status"
+    assert [c.verb for c in parse_commands(body)] == ["status"]
+
+
+def test_indented_line_continuing_a_paragraph_is_a_command() -> None:
+    # CommonMark: an indented line cannot interrupt a paragraph, so it is plain text.
+    body = "I think we should\n     /klaud retry"
+    assert [c.verb for c in parse_commands(body)] == ["retry"]
+
+
+def test_quoted_lines_are_ignored() -> None:
+    body = "> /klaud retry\n>/klaud hold\n   > /klaud unhold\n\n/klaud status"
+    assert [c.verb for c in parse_commands(body)] == ["status"]
+
+
+def test_family_target_and_reason() -> None:
+    [command] = parse_commands(f"/klaud hold {FAMILY_ID} new weights coming")
+    assert command.target == FAMILY_ID
+    assert command.text == "new weights coming"
+
+
+def test_candidate_target() -> None:
+    candidate = family().candidate
+    [command] = parse_commands(f"/klaud retry {candidate}")
+    assert (command.verb, command.target, command.text) == ("retry", candidate, "")
+
+
+def test_words_that_are_not_ids_are_text() -> None:
+    [command] = parse_commands("/klaud hold waiting for new weights")
+    assert command.target is None
+    assert command.text == "waiting for new weights"
+
+
+def test_unknown_verb_is_kept_as_typed_and_flagged() -> None:
+    [command] = parse_commands("/klaud Frobnicate now")
+    assert command.unknown
+    assert command.verb == "Frobnicate"
+    assert command.spec is None
+
+
+def test_bare_klaud_is_an_unknown_empty_verb() -> None:
+    [command] = parse_commands("/klaud")
+    assert command.unknown and command.verb == ""
+
+
+def test_windows_line_endings() -> None:
+    assert [c.verb for c in parse_commands("hi\r\n/klaud status\r\n")] == ["status"]
+
+
+# ------------------------------------------------------------------------- permission
+
+WRITE_VERBS = ["retry", "hold", "unhold"]
+OPEN_VERBS = ["status", "help"]
+
+
+@pytest.mark.parametrize("permission", ["admin", "maintain", "write", "WRITE"])
+@pytest.mark.parametrize("verb", WRITE_VERBS + OPEN_VERBS)
+def test_writers_may_run_everything(verb: str, permission: str) -> None:
+    assert permission_allows(verb, permission)
+
+
+@pytest.mark.parametrize("permission", ["triage", "read", "none", None, "bogus"])
+def test_readers_may_not_change_state(permission: str | None) -> None:
+    for verb in WRITE_VERBS:
+        assert not permission_allows(verb, permission)
+    for verb in OPEN_VERBS:
+        assert permission_allows(verb, permission)
+
+
+def test_unknown_verbs_are_answered_for_anyone() -> None:
+    assert permission_allows("frobnicate", None)
+
+
+@pytest.mark.parametrize(
+    ("permission", "role_name", "expected"),
+    [
+        ("write", "maintain", "maintain"),
+        ("read", "triage", "triage"),
+        ("admin", "admin", "admin"),
+        ("write", "custom-release-role", "write"),
+        (None, None, None),
+        ("none", None, "none"),
+    ],
+)
+def test_effective_permission_takes_the_stronger(
+    permission: str | None, role_name: str | None, expected: str | None
+) -> None:
+    assert effective_permission(permission, role_name) == expected
+
+
+def test_maintainer_seen_only_through_role_name_may_retry() -> None:
+    assert permission_allows("retry", effective_permission("write", "maintain"))
+    assert not permission_allows("retry", effective_permission("read", "triage"))
+
+
+def test_every_verb_is_declared_once_with_help() -> None:
+    assert list(VERBS) == ["retry", "hold", "unhold", "status", "help"]
+    for verb in VERBS.values():
+        assert verb.help and verb.usage.startswith(f"/klaud {verb.name}")
+
+
+# ----------------------------------------------------------------------------- target
+
+
+def test_no_target_on_klaud_pr_uses_its_family() -> None:
+    resolved = resolve_target(None, families=FAMILIES, default_family=FAMILY_ID)
+    assert (resolved.family, resolved.error) == (FAMILY_ID, None)
+
+
+def test_no_target_elsewhere_asks_for_one() -> None:
+    resolved = resolve_target(None, families=FAMILIES, default_family=None)
+    assert resolved.family is None
+    assert resolved.error == "this is not a Klaud pull request: name a family"
+
+
+def test_family_target_overrides_default() -> None:
+    resolved = resolve_target(OTHER_ID, families=FAMILIES, default_family=FAMILY_ID)
+    assert resolved.family == OTHER_ID
+
+
+def test_unknown_family() -> None:
+    resolved = resolve_target("configs/x-master.yaml:gone", families=FAMILIES, default_family=None)
+    assert resolved.family is None
+    assert resolved.error == "unknown family `configs/x-master.yaml:gone`"
+
+
+def test_default_family_that_vanished_is_unknown() -> None:
+    resolved = resolve_target(None, families={}, default_family=FAMILY_ID)
+    assert resolved.error == f"unknown family `{FAMILY_ID}`"
+
+
+def test_current_candidate_resolves_to_its_family() -> None:
+    resolved = resolve_target(FAMILIES[OTHER_ID].candidate, families=FAMILIES, default_family=None)
+    assert resolved.family == OTHER_ID
+
+
+def test_candidate_of_an_older_image_is_refused() -> None:
+    old = candidate_id(FAMILY_ID, "lmsysorg/sglang:v0.4.0")
+    resolved = resolve_target(old, families=FAMILIES, default_family=None)
+    assert resolved.family is None
+    assert resolved.error is not None
+    assert resolved.error.startswith(
+        f"candidate `{old}` is not the current candidate of any family"
+    )
+    assert FAMILIES[FAMILY_ID].candidate in resolved.error
+
+
+def test_candidate_of_no_family_is_refused() -> None:
+    stray = candidate_id("configs/x-master.yaml:nope", "img:1")
+    resolved = resolve_target(stray, families=FAMILIES, default_family=None)
+    assert resolved.error == f"candidate `{stray}` is not the current candidate of any family"
+
+
+def test_garbage_target_is_not_an_id() -> None:
+    resolved = resolve_target("please", families=FAMILIES, default_family=FAMILY_ID)
+    assert resolved.error == "`please` is not a family or candidate id"
+
+
+def test_mistyped_target_of_retry_is_refused_not_defaulted() -> None:
+    [command] = parse_commands("/klaud retry configs/nvidia.yaml:typo")
+    resolved = resolve_command(command, families=FAMILIES, default_family=FAMILY_ID)
+    assert resolved.family is None
+    assert resolved.error == "`configs/nvidia.yaml:typo` is not a family or candidate id"
+
+
+def test_hold_reason_without_target_uses_the_pr_family() -> None:
+    [command] = parse_commands("/klaud hold waiting for new weights")
+    resolved = resolve_command(command, families=FAMILIES, default_family=FAMILY_ID)
+    assert resolved.family == FAMILY_ID
+
+
+# ---------------------------------------------------------------------------- markers
+
+
+def test_reply_marker_is_exact() -> None:
+    assert reply_marker(1234) == "<!-- klaud-command:1234 -->"
+
+
+def test_reply_counts_counts_replies_per_comment_and_ignores_mentions() -> None:
+    bodies = [
+        f"{reply_marker(7)}\nStatus of …",
+        "a human comment mentioning klaud-command:8",
+        f"{reply_marker(9)}\nHeld …",
+        f"{reply_marker(9)}\nReleased …",
+    ]
+    assert reply_counts(bodies) == {7: 1, 9: 2}
+    assert reply_counts([]) == {}
+
+
+def test_every_reply_starts_with_its_marker() -> None:
+    hold = Hold(FAMILY_ID, "alice", "new weights", AT)
+    replies = [
+        render_help(comment_id=5),
+        render_refusal(parse_commands("/klaud retry")[0], "why", comment_id=5),
+        render_retry(FAMILY_ID, "c", True, "r", AT, comment_id=5),
+        render_hold(hold, comment_id=5),
+        render_unhold(FAMILY_ID, hold, "bob", comment_id=5),
+        render_status(_status_view(), comment_id=5),
+    ]
+    assert all(reply.splitlines()[0] == "<!-- klaud-command:5 -->" for reply in replies)
+
+
+def test_help_lists_every_verb_and_who_may_use_it() -> None:
+    text = help_text()
+    for verb in VERBS.values():
+        assert f"`{verb.usage}`" in text
+    assert text.count("needs write access") == 3
+
+
+def test_help_for_unknown_verb_names_it() -> None:
+    reply = render_help(comment_id=1, unknown_verb="frob")
+    assert "`frob` is not a Klaud command" in reply
+    assert "`/klaud retry [target]`" in reply
+    assert "needs a verb" in render_help(comment_id=1, unknown_verb="")
+
+
+def test_refusal_echoes_the_command_and_reason() -> None:
+    [command] = parse_commands("/klaud hold nope please")
+    reply = render_refusal(command, "you need write access", comment_id=3)
+    assert "`/klaud hold nope please`" in reply
+    assert "you need write access" in reply
+
+
+def test_retry_reply_says_what_was_cleared_and_when_the_next_wave_runs() -> None:
+    reply = render_retry(
+        FAMILY_ID,
+        "abc",
+        True,
+        "last attempt failed",
+        datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc),
+        comment_id=1,
+    )
+    assert "Cleared the cooldown of candidate `abc`" in reply
+    assert "last attempt failed" in reply
+    assert "2026-11-30 10:00 UTC" in reply
+
+
+def test_retry_reply_when_nothing_was_cooling_down() -> None:
+    reply = render_retry(FAMILY_ID, "abc", False, "no verified attempt", None, comment_id=1)
+    assert "nothing to clear" in reply
+    assert "not known" in reply
+
+
+def test_hold_reply_says_who_and_why_without_mentioning() -> None:
+    reply = render_hold(Hold(FAMILY_ID, "alice", "ask @bob first", AT), comment_id=1)
+    assert "**alice**" in reply and "@alice" not in reply
+    assert "`ask @bob first`" in reply
+    assert f"/klaud unhold {FAMILY_ID}" in reply
+
+
+def test_hold_without_reason() -> None:
+    assert "no reason given" in render_hold(Hold(FAMILY_ID, "alice", "", AT), comment_id=1)
+
+
+def test_unhold_reply() -> None:
+    reply = render_unhold(FAMILY_ID, Hold(FAMILY_ID, "alice", "wait", AT), "bob", comment_id=1)
+    assert "Released" in reply and "**bob**" in reply and "**alice**" in reply
+    assert "was not held" in render_unhold(FAMILY_ID, None, "bob", comment_id=1)
+
+
+def test_user_text_cannot_break_out_of_code_span() -> None:
+    assert code_span("a `b` c") == "``a `b` c``"
+    assert code_span("`x`") == "`` `x` ``"
+    assert code_span("two\nlines") == "`two lines`"
+
+
+def _status_view(**changes: object) -> StatusView:
+    fam = family()
+    values: dict[str, object] = dict(
+        family=fam,
+        staleness=fam.image_changed_at,
+        attempts=[attempt(2, "readiness-blocked", pull_request=4012), attempt(1, None)],
+        cooldown_reason="cooling down: last attempt readiness-blocked",
+        cooldown_until=datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc),
+        overlaps=[Overlap(4013, "image", "PR #4013 changes this family's image line")],
+        hold=None,
+        next_decision=Decision(
+            FAMILY_ID, fam.candidate, "cooldown", "cooling down until 2026-12-01"
+        ),
+        next_wave_at=datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc),
+        repo="acme/bench",
+    )
+    values.update(changes)
+    return StatusView(**values)  # type: ignore[arg-type]
+
+
+def test_status_shows_everything_about_the_family() -> None:
+    reply = render_status(_status_view(), comment_id=1)
+    fam = family()
+    assert f"`{fam.candidate}`" in reply
+    assert f"`{fam.image}`" in reply
+    assert "2026-10-01 00:00 UTC" in reply  # staleness
+    assert "cooling down: last attempt readiness-blocked (until 2026-12-01 08:00 UTC)" in reply
+    assert "PR #4013 changes this family's image line" in reply
+    assert "**cooldown**" in reply and "2026-11-30 10:00 UTC" in reply
+    assert "https://github.com/acme/bench/actions/runs/2/attempts/1" in reply
+    assert "[#4012](https://github.com/acme/bench/pull/4012)" in reply
+    assert "unverified (artifact-expired)" in reply
+    assert "| Hold | none |" in reply
+
+
+def test_status_shows_hold_and_no_attempts() -> None:
+    reply = render_status(
+        _status_view(
+            attempts=[], hold=Hold(FAMILY_ID, "alice", "weights", AT), overlaps=[], staleness=None
+        ),
+        comment_id=1,
+    )
+    assert "No attempts yet." in reply
+    assert "**alice**" in reply and "`weights`" in reply
+    assert "| Image changed | unknown |" in reply
+    assert "| Overlapping PRs | none |" in reply
+
+
+def test_status_caps_the_attempts_shown() -> None:
+    many = [attempt(n) for n in range(30, 0, -1)]
+    reply = render_status(_status_view(attempts=many), comment_id=1)
+    assert "runs/30/attempts/1" in reply
+    assert "runs/10/attempts/1" not in reply
+    assert "10 older attempts not shown." in reply

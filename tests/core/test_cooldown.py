@@ -1,0 +1,146 @@
+"""Cooldown classification (DESIGN §4 "Cooldown", domain §4.2)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from bot.core.cooldown import cooldown
+from bot.core.domain import Attempt
+
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+CANDIDATE = "d92e15065c55779d-555679de269db36f"
+OTHER = "0a1b2c3d4e5f6071-8899aabbccddeeff"
+
+
+def attempt(
+    outcome: str | None,
+    hours_ago: float,
+    *,
+    run_id: int = 101,
+    candidate: str = CANDIDATE,
+    base: str = "a" * 40,
+    error: str | None = None,
+) -> Attempt:
+    return Attempt(
+        candidate=candidate,
+        family="configs/nvidia-master.yaml:dsr1-fp4-b200-sglang",
+        run_id=run_id,
+        run_attempt=1,
+        base=base,
+        completed_at=NOW - timedelta(hours=hours_ago),
+        verified=outcome is not None,
+        outcome=outcome,  # type: ignore[arg-type]
+        phase="targeted" if outcome else None,
+        pull_request=None,
+        reason_code=None,
+        error=error,
+    )
+
+
+def check(attempts: list[Attempt], *, retry: bool = False, hours: int = 24):
+    return cooldown(attempts, CANDIDATE, NOW, hours, retry)
+
+
+def test_no_attempt_is_eligible() -> None:
+    state = check([])
+    assert state.eligible and state.until is None and state.attempt is None
+    assert state.reason == "no attempt in the last 24 h"
+
+
+def test_readiness_blocked_cools_down_for_the_window_with_a_readable_reason() -> None:
+    # completed at 14:05 the day before
+    blocked = attempt("readiness-blocked", hours_ago=17 + 55 / 60)
+    state = check([blocked])
+    assert not state.eligible
+    assert state.until == datetime(2026, 11, 30, 14, 5, tzinfo=timezone.utc)
+    assert state.reason == (
+        "cooling down until 2026-11-30 14:05 UTC: last attempt readiness-blocked (run 101)"
+    )
+    assert state.attempt is blocked
+
+
+def test_cooldown_spans_every_base_sha() -> None:
+    # The previous planner only looked at runs on the current base; a new commit on main
+    # must not reset the cooldown.
+    old_base = attempt("readiness-blocked", hours_ago=3, base="1" * 40)
+    assert not check([old_base]).eligible
+
+
+def test_unexpected_error_is_a_verified_outcome_and_cools_down() -> None:
+    state = check([attempt("unexpected-error", hours_ago=1)])
+    assert not state.eligible
+    assert state.until == NOW + timedelta(hours=23)
+
+
+def test_capacity_deferred_retries_next_wave() -> None:
+    state = check([attempt("capacity-deferred", hours_ago=2)])
+    assert state.eligible and state.until is None
+    assert "capacity-deferred (run 101)" in state.reason
+
+
+def test_only_the_latest_verified_attempt_counts_whatever_the_order() -> None:
+    failed = attempt("failed", hours_ago=10, run_id=1)
+    deferred = attempt("capacity-deferred", hours_ago=2, run_id=2)
+    for order in ([failed, deferred], [deferred, failed]):
+        state = check(order)
+        assert state.eligible and state.attempt is deferred
+    newer_failure = attempt("failed", hours_ago=1, run_id=3)
+    for order in ([deferred, newer_failure], [newer_failure, deferred]):
+        assert check(order).attempt is newer_failure
+
+
+def test_attempts_completed_at_the_same_instant_break_ties_by_run() -> None:
+    first = attempt("failed", hours_ago=1, run_id=7)
+    second = attempt("capacity-deferred", hours_ago=1, run_id=8)
+    assert check([first, second]).attempt is second
+    assert check([second, first]).attempt is second
+
+
+def test_window_ends_exactly_cooldown_hours_after_completion() -> None:
+    assert check([attempt("failed", hours_ago=24)]).eligible
+    assert not check([attempt("failed", hours_ago=23.99)]).eligible
+    assert check([attempt("failed", hours_ago=5)], hours=4).eligible
+
+
+def test_unverified_attempt_never_blocks_and_is_noted() -> None:
+    unread = attempt(None, hours_ago=1, error="artifact-expired")
+    state = check([unread])
+    assert state.eligible and state.until is None
+    assert state.reason == (
+        "last attempt's outcome could not be read (artifact-expired); not treated as a failure"
+    )
+    assert state.attempt is unread
+
+
+def test_unverified_attempt_does_not_hide_an_earlier_verified_failure() -> None:
+    failed = attempt("failed", hours_ago=5, run_id=1)
+    unread = attempt(None, hours_ago=1, run_id=2, error="network-error")
+    state = check([unread, failed])
+    assert not state.eligible and state.attempt is failed
+
+
+def test_newer_unverified_attempt_is_noted_beside_a_capacity_deferral() -> None:
+    deferred = attempt("capacity-deferred", hours_ago=5, run_id=1)
+    unread = attempt(None, hours_ago=1, run_id=2, error="invalid-json")
+    state = check([deferred, unread])
+    assert state.eligible
+    assert "could not be read (invalid-json)" in state.reason
+
+
+def test_retry_approval_clears_an_active_cooldown() -> None:
+    failed = attempt("failed", hours_ago=1)
+    state = check([failed], retry=True)
+    assert state.eligible and state.until is None
+    assert state.reason.startswith("cooldown cleared by /klaud retry")
+    assert state.attempt is failed
+
+
+def test_attempts_of_other_candidates_are_ignored() -> None:
+    assert check([attempt("failed", hours_ago=1, candidate=OTHER)]).eligible
+
+
+@pytest.mark.parametrize("outcome", ["validated", "incompatible", "uncertain", "handoff"])
+def test_every_other_verified_outcome_cools_down(outcome: str) -> None:
+    assert not check([attempt(outcome, hours_ago=1)]).eligible

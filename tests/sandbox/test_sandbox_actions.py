@@ -1,0 +1,349 @@
+"""Control actions: state changes, answers, and the signed webhooks they deliver."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Any
+
+import gidgethub
+import pytest
+from gidgethub import sansio
+
+from bot.sandbox import Sandbox, SandboxError, ScenarioError, load_scenario
+from tests.sandbox.test_sandbox_support import (
+    BUMPED,
+    DIAGNOSTICS,
+    MASTER,
+    Hub,
+    Receiver,
+    hub,
+    receiver,
+    serve,
+    small_scenario,
+)
+
+__all__ = ["hub", "receiver"]
+REPO = "/repos/acme/bench"
+
+
+def events(target: Receiver) -> list[tuple[str, dict[str, Any]]]:
+    return [(headers["X-GitHub-Event"], json.loads(body)) for headers, body in target.received]
+
+
+@pytest.fixture
+async def wired(hub: Hub, receiver: Receiver) -> Hub:
+    hub.sandbox.deliver_to = receiver.url
+    return hub
+
+
+async def test_webhook_is_signed_and_carries_githubs_headers(
+    wired: Hub, receiver: Receiver
+) -> None:
+    answer = await wired.act(action="comment", repo="acme/bench", number=12, user="alice",
+                             body="/klaud status")
+    assert answer["statuses"] == [202]
+    headers, body = receiver.received[0]
+    assert answer["deliveries"] == [headers["X-GitHub-Delivery"]]
+    expected = hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
+    assert headers["X-Hub-Signature-256"] == f"sha256={expected}"
+    assert headers["X-Hub-Signature"] == "sha1=" + hmac.new(b"s3cret", body, hashlib.sha1).hexdigest()
+    assert headers["User-Agent"] == "GitHub-Hookshot/sandbox"
+    assert headers["X-GitHub-Hook-Installation-Target-Type"] == "integration"
+    assert headers["X-GitHub-Hook-Installation-Target-ID"] == "1"
+    assert headers["X-GitHub-Hook-ID"].isdigit()
+    assert headers["Content-Type"] == "application/json"
+    # gidgethub, which the bot uses, accepts it with the secret and refuses it without.
+    lowered = {name.lower(): value for name, value in headers.items()}
+    event = sansio.Event.from_http(lowered, body, secret="s3cret")
+    assert event.event == "issue_comment" and event.data["action"] == "created"
+    with pytest.raises(gidgethub.ValidationFailure):
+        sansio.Event.from_http(lowered, body, secret="wrong")
+
+
+async def test_delivery_ids_are_fresh_and_statuses_are_the_receivers(
+    wired: Hub, receiver: Receiver
+) -> None:
+    receiver.status = 500
+    first = await wired.act(action="dispatch", repo="acme/bench", event_type="klaud-plan")
+    second = await wired.act(action="dispatch", repo="acme/bench", event_type="klaud-plan")
+    assert first["statuses"] == [500] and second["statuses"] == [500]
+    assert first["deliveries"] != second["deliveries"]
+
+
+async def test_unreachable_receiver_gives_a_null_status(hub: Hub) -> None:
+    hub.sandbox.deliver_to = "http://127.0.0.1:9/webhook"
+    answer = await hub.act(action="dispatch", repo="acme/bench", event_type="x")
+    assert answer["statuses"] == [None] and len(answer["deliveries"]) == 1
+    assert hub.sandbox.deliveries[-1].error is not None
+
+
+async def test_without_a_target_actions_change_state_and_answer_empty(hub: Hub) -> None:
+    answer = await hub.act(action="comment", repo="acme/bench", number=12, user="bob", body="hi")
+    assert answer["deliveries"] == [] and answer["statuses"] == []
+    assert hub.state()["comments"][0]["body"] == "hi"
+
+
+async def test_open_pull(wired: Hub, receiver: Receiver) -> None:
+    answer = await wired.act(action="open_pull", repo="acme/bench", pull={
+        "title": "Tune GPT-OSS", "user": "carol", "head_ref": "tune", "draft": True,
+        "files": [{"filename": "configs/nvidia-master.yaml",
+                   "content": MASTER.replace("conc-end: 128", "conc-end: 256")}]})
+    assert answer["number"] == 13  # after #12
+    pull = next(p for p in wired.state()["pulls"] if p["number"] == 13)
+    assert pull["head_sha"] == answer["head_sha"] and pull["draft"] is True
+    assert wired.state()["refs"]["refs/heads/tune"] == answer["head_sha"]
+    [(name, payload)] = events(receiver)
+    assert name == "pull_request" and payload["action"] == "opened"
+    assert payload["number"] == 13
+    assert payload["pull_request"]["head"]["sha"] == answer["head_sha"]
+    assert payload["pull_request"]["created_at"] == "2026-11-30T08:00:00Z"
+    assert payload["sender"]["login"] == "carol"
+    assert payload["installation"] == {"id": 1, "node_id": payload["installation"]["node_id"]}
+    assert payload["repository"]["full_name"] == "acme/bench"
+    files = await wired.json("GET", f"{REPO}/pulls/13/files")
+    assert "+      - { tp: 8, conc-start: 4, conc-end: 256 }" in files[0]["patch"]
+
+
+async def test_push_pull_replaces_the_changes(wired: Hub, receiver: Receiver) -> None:
+    before = wired.state()["pulls"][0]["head_sha"]
+    answer = await wired.act(action="push_pull", repo="acme/bench", number=12, head_sha="a" * 40,
+                             files=[{"filename": "README.md", "status": "added",
+                                     "content": "# bench\n"}])
+    assert answer["head_sha"] == "a" * 40
+    [(name, payload)] = events(receiver)
+    assert (name, payload["action"]) == ("pull_request", "synchronize")
+    assert (payload["before"], payload["after"]) == (before, "a" * 40)
+    files = await wired.json("GET", f"{REPO}/pulls/12/files")
+    assert [(f["filename"], f["status"]) for f in files] == [("README.md", "added")]
+    assert files[0]["patch"] == "@@ -0,0 +1 @@\n+# bench\n"
+    commits = await wired.json("GET", f"{REPO}/compare/{before}...{'a' * 40}")
+    assert commits["status"] == "ahead" and commits["ahead_by"] == 1
+
+
+async def test_edit_pull_sends_one_event_per_change(wired: Hub, receiver: Receiver) -> None:
+    await wired.act(action="edit_pull", repo="acme/bench", number=12, title="Bump SGLang again",
+                    draft=True, labels=["klaud-handoff"])
+    sent = [(name, p["action"], p.get("label", {}).get("name")) for name, p in events(receiver)]
+    assert sent == [("pull_request", "edited", None),
+                    ("pull_request", "converted_to_draft", None),
+                    ("pull_request", "unlabeled", "perf"),
+                    ("pull_request", "labeled", "klaud-handoff")]
+    assert events(receiver)[0][1]["changes"] == {"title": {"from": "Bump SGLang"}}
+    pull = wired.state()["pulls"][0]
+    assert pull["title"] == "Bump SGLang again" and pull["draft"] is True
+    assert pull["labels"] == ["klaud-handoff"]
+    assert pull["updated_at"] == "2026-11-30T08:00:00Z"
+    receiver.received.clear()
+    await wired.act(action="edit_pull", repo="acme/bench", number=12, draft=False)
+    assert [p["action"] for _, p in events(receiver)] == ["ready_for_review"]
+
+
+async def test_close_without_merge(wired: Hub, receiver: Receiver) -> None:
+    head = wired.state()["head_sha"]
+    answer = await wired.act(action="close_pull", repo="acme/bench", number=12, merged=False)
+    assert answer["merged"] is False
+    [(name, payload)] = events(receiver)
+    assert payload["action"] == "closed" and payload["pull_request"]["merged"] is False
+    assert payload["pull_request"]["state"] == "closed"
+    assert wired.state()["head_sha"] == head
+    assert await wired.json("GET", f"{REPO}/pulls") == []
+
+
+async def test_merge_applies_the_files_and_pushes(wired: Hub, receiver: Receiver) -> None:
+    before = wired.state()["head_sha"]
+    answer = await wired.act(action="close_pull", repo="acme/bench", number=12, merged=True,
+                             user="alice")
+    after = wired.state()["head_sha"]
+    assert answer["merge_commit_sha"] == after != before
+    (closed, pr), (pushed, push) = events(receiver)
+    assert closed == "pull_request" and pr["pull_request"]["merged"] is True
+    assert pr["pull_request"]["merged_by"]["login"] == "alice"
+    assert pr["pull_request"]["merge_commit_sha"] == after
+    assert pushed == "push"
+    assert (push["ref"], push["before"], push["after"]) == ("refs/heads/main", before, after)
+    assert push["head_commit"]["id"] == after
+    assert push["head_commit"]["modified"] == ["configs/nvidia-master.yaml"]
+    assert push["compare"].endswith(f"{before[:12]}...{after[:12]}")
+    assert isinstance(push["repository"]["pushed_at"], int)  # push payloads use epoch seconds
+    raw = await wired.api("GET", f"{REPO}/contents/configs/nvidia-master.yaml",
+                          headers={"Accept": "application/vnd.github.raw"})
+    assert await raw.text() == BUMPED
+    compared = await wired.json("GET", f"{REPO}/compare/{before}...main")
+    assert [f["filename"] for f in compared["files"]] == ["configs/nvidia-master.yaml"]
+
+
+async def test_comment_on_a_number_without_a_pull_makes_an_issue(
+    wired: Hub, receiver: Receiver
+) -> None:
+    answer = await wired.act(action="comment", repo="acme/bench", number=40, user="bob",
+                             body="/klaud help")
+    [(name, payload)] = events(receiver)
+    assert payload["comment"]["id"] == answer["comment_id"]
+    assert payload["comment"]["user"]["login"] == "bob"
+    assert payload["issue"]["number"] == 40 and "pull_request" not in payload["issue"]
+    assert payload["comment"]["author_association"] == "MEMBER"
+    receiver.received.clear()
+    await wired.act(action="comment", repo="acme/bench", number=12, user="carol", body="hi")
+    [(_, on_pull)] = events(receiver)
+    assert on_pull["issue"]["pull_request"]["url"].endswith("/pulls/12")
+    assert on_pull["comment"]["author_association"] == "COLLABORATOR"
+
+
+async def test_complete_run_new_and_dispatched(wired: Hub, receiver: Receiver) -> None:
+    answer = await wired.act(action="complete_run", repo="acme/bench", run={
+        "workflow": "klaud-plan.yml", "event": "schedule", "artifacts": [
+            {"name": "klaud-candidate-new", "files": {"candidate-diagnostics.json": DIAGNOSTICS}}]})
+    [(name, payload)] = events(receiver)
+    assert (name, payload["action"]) == ("workflow_run", "completed")
+    run = payload["workflow_run"]
+    assert run["id"] == answer["run_id"] and run["status"] == "completed"
+    assert run["conclusion"] == "success" and run["path"] == ".github/workflows/klaud-plan.yml"
+    assert payload["workflow"]["path"] == ".github/workflows/klaud-plan.yml"
+    listed = await wired.json("GET", f"{REPO}/actions/runs/{answer['run_id']}/artifacts")
+    assert [a["name"] for a in listed["artifacts"]] == ["klaud-candidate-new"]
+
+    await wired.api("POST", f"{REPO}/actions/workflows/klaud-candidate.yml/dispatches", json={
+        "ref": "main", "inputs": {"candidate": "c", "family": "f", "base": "b"}})
+    await wired.sandbox.drain()
+    dispatched = wired.state()["dispatches"][0]["run_id"]
+    receiver.received.clear()
+    done = await wired.act(action="complete_run", repo="acme/bench", run={
+        "id": dispatched, "workflow": "klaud-candidate.yml", "conclusion": "failure"})
+    assert done["run_id"] == dispatched
+    run = await wired.json("GET", f"{REPO}/actions/runs/{dispatched}")
+    assert (run["status"], run["conclusion"], run["event"]) == (
+        "completed", "failure", "workflow_dispatch")
+    again = await wired.client.post("/_sandbox/act", json={
+        "action": "complete_run", "repo": "acme/bench",
+        "run": {"id": dispatched, "workflow": "klaud-candidate.yml"}})
+    assert again.status == 409
+    rerun = await wired.act(action="complete_run", repo="acme/bench", run={
+        "id": dispatched, "workflow": "klaud-candidate.yml", "run_attempt": 2})
+    assert rerun["run_id"] == dispatched
+    assert (await wired.json("GET", f"{REPO}/actions/runs/{dispatched}"))["run_attempt"] == 2
+
+
+async def test_push_default_adds_changes_and_deletes(wired: Hub, receiver: Receiver) -> None:
+    before = wired.state()["head_sha"]
+    answer = await wired.act(action="push_default", repo="acme/bench", user="bob",
+                             files={"configs/runners.yaml": None, "docs/a.md": "a\n",
+                                    "configs/nvidia-master.yaml": BUMPED})
+    assert answer["before"] == before and answer["sha"] == wired.state()["head_sha"]
+    [(name, push)] = events(receiver)
+    assert name == "push" and push["pusher"]["name"] == "bob"
+    commit = push["commits"][0]
+    assert (commit["added"], commit["removed"], commit["modified"]) == (
+        ["docs/a.md"], ["configs/runners.yaml"], ["configs/nvidia-master.yaml"])
+    assert commit["timestamp"] == "2026-11-30T08:00:00Z"
+    missing = await wired.api("GET", f"{REPO}/contents/configs/runners.yaml")
+    assert missing.status == 404
+    old = await wired.api("GET", f"{REPO}/contents/configs/runners.yaml", params={"ref": before})
+    assert old.status == 200
+
+
+async def test_repository_dispatch(wired: Hub, receiver: Receiver) -> None:
+    await wired.act(action="dispatch", repo="acme/bench", event_type="klaud-plan",
+                    client_payload={"reason": "manual"})
+    [(name, payload)] = events(receiver)
+    assert name == "repository_dispatch"
+    assert payload["action"] == "klaud-plan" and payload["branch"] == "main"
+    assert payload["client_payload"] == {"reason": "manual"}
+    assert payload["sender"]["login"] == "alice"
+
+
+async def test_set_capacity_and_advance_clock(hub: Hub) -> None:
+    feed = await (await hub.client.get("/_sandbox/capacity")).json()
+    assert feed["kind"] == "inferencex.status.clusters"
+    assert feed["generatedAt"] == "2026-11-30T08:00:00Z"
+    assert feed["data"]["available"] is True
+    first = feed["data"]["clusters"][0]
+    assert first["id"] == "b200-nb" and first["stale"] is False
+    assert first["observedAt"] == first["receivedAt"] == feed["generatedAt"]
+    assert first["summary"] == {"totalNodes": 8, "allocatedNodes": 2, "mixedNodes": 0,
+                                "idleNodes": 6, "downNodes": 0, "otherNodes": 0}
+    assert feed["data"]["clusters"][1]["stale"] is True
+    moved = await hub.act(action="advance_clock", seconds=7200)
+    assert moved == {"deliveries": [], "statuses": [], "now": "2026-11-30T10:00:00Z"}
+    await hub.act(action="set_capacity", capacity={"available": False, "clusters": [
+        {"id": "x", "total": 1, "idle": 1, "status": "maintenance"}]})
+    feed = await (await hub.client.get("/_sandbox/capacity")).json()
+    assert feed["generatedAt"] == "2026-11-30T10:00:00Z"
+    assert feed["data"]["available"] is False
+    assert [c["status"] for c in feed["data"]["clusters"]] == ["maintenance"]
+    assert hub.sandbox.state_document()["now"] == "2026-11-30T10:00:00Z"
+
+
+async def test_bad_actions_answer_400_404_409(hub: Hub) -> None:
+    unknown = await hub.client.post("/_sandbox/act", json={"action": "explode"})
+    assert unknown.status == 400
+    assert (await unknown.json())["error"] == "invalid-action"
+    missing = await hub.client.post("/_sandbox/act", json={"action": "comment", "repo": "acme/bench"})
+    assert missing.status == 400 and "number" in (await missing.json())["detail"]
+    no_repo = await hub.client.post("/_sandbox/act", json={
+        "action": "dispatch", "repo": "acme/none", "event_type": "x"})
+    assert no_repo.status == 404
+    no_pull = await hub.client.post("/_sandbox/act", json={
+        "action": "close_pull", "repo": "acme/bench", "number": 99})
+    assert no_pull.status == 404
+    await hub.act(action="close_pull", repo="acme/bench", number=12)
+    twice = await hub.client.post("/_sandbox/act", json={
+        "action": "close_pull", "repo": "acme/bench", "number": 12})
+    assert twice.status == 409
+    with pytest.raises(ScenarioError):
+        await hub.sandbox.act({"action": "advance_clock", "seconds": -1})
+    with pytest.raises(SandboxError):
+        await hub.sandbox.act({"action": "push_pull", "repo": "acme/bench", "number": 12,
+                               "files": []})
+
+
+async def test_bot_writes_are_announced_in_the_background(wired: Hub, receiver: Receiver) -> None:
+    made = await wired.api("POST", f"{REPO}/issues/12/comments", json={"body": "Klaud here"})
+    assert made.status == 201
+    head = wired.state()["pulls"][0]["head_sha"]
+    await wired.api("POST", f"{REPO}/check-runs", json={"name": "Klaud Cold", "head_sha": head})
+    await wired.sandbox.drain()
+    sent = [(name, p["action"]) for name, p in events(receiver)]
+    assert sent == [("issue_comment", "created"), ("check_run", "created")]
+    comment = events(receiver)[0][1]["comment"]
+    assert comment["user"] == {**comment["user"], "login": "klaud-cold[bot]", "type": "Bot"}
+    assert all(d.background for d in wired.sandbox.deliveries)
+    summary = await (await wired.client.get("/_sandbox/deliveries")).json()
+    assert [d["status"] for d in summary] == [202, 202]
+
+
+async def test_timeline_of_the_bundled_scenario_plays(receiver: Receiver) -> None:
+    sandbox = Sandbox(load_scenario(None), deliver_to=receiver.url)
+    async for hub in serve(sandbox):
+        answers = await sandbox.run_timeline()
+        assert [a["statuses"] for a in answers] == [[202], [202], [202]]
+        state = hub.state()
+        assert any(p["number"] == 4107 for p in state["pulls"])
+        assert state["comments"][-1]["body"].startswith("/klaud hold ")
+        assert any(r["id"] == 28123456704 and r["status"] == "completed" for r in state["runs"])
+        assert [name for name, _ in events(receiver)] == [
+            "pull_request", "issue_comment", "workflow_run"]
+
+
+async def test_state_document_shape(hub: Hub) -> None:
+    document = await (await hub.client.get("/_sandbox/state")).json()
+    assert document["now"] == "2026-11-30T08:00:00Z"
+    repo = document["repositories"]["acme/bench"]
+    assert set(repo) >= {"head_sha", "refs", "pulls", "runs", "check_runs", "comments",
+                         "reactions", "dispatches"}
+    assert repo["refs"]["refs/heads/main"] == repo["head_sha"]
+    assert [r["id"] for r in repo["runs"]] == [101, 102]
+    assert repo["runs"][0]["artifacts"][1] == {
+        "id": repo["runs"][0]["artifacts"][1]["id"], "name": "klaud-candidate-old", "expired": True}
+
+
+def test_sandbox_validates_the_scenario_it_is_given() -> None:
+    broken = small_scenario()
+    broken["repositories"][0]["pulls"][0]["files"][0]["status"] = "exploded"
+    with pytest.raises(ScenarioError, match=r"repositories\.0\.pulls\.0\.files\.0\.status"):
+        Sandbox(broken)
+    twice = small_scenario()
+    twice["repositories"].append(twice["repositories"][0])
+    with pytest.raises(SandboxError, match="twice"):
+        Sandbox(twice)

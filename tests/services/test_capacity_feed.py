@@ -1,0 +1,230 @@
+"""The capacity feed client against a local server (bot/services/capacity_feed.py)."""
+
+from __future__ import annotations
+
+import gzip
+from datetime import timedelta
+import json
+import socket
+from typing import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from bot.core.clock import ManualClock
+from bot.services.capacity_feed import CapacityFeed
+from tests.core.test_capacity import NOW, cluster, feed
+
+# --- CapacityFeed against a local server -------------------------------------------------
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class FeedServer:
+    """A capacity endpoint on 127.0.0.1 whose answer each test chooses."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.requests: list[web.Request] = []
+        self.handler: Handler = self.valid_feed
+        app = web.Application()
+        app.router.add_get("/status", self._serve)
+        app.router.add_get("/elsewhere", self.valid_feed)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(request)
+        return await self.handler(request)
+
+    async def valid_feed(self, request: web.Request) -> web.StreamResponse:
+        now = self.clock.now()
+        return web.json_response(feed(cluster("b200-nscale", at=now), at=now))
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("/status"))
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(NOW)
+
+
+@pytest.fixture
+async def server(clock: ManualClock) -> AsyncIterator[FeedServer]:
+    feed_server = FeedServer(clock)
+    await feed_server.server.start_server()
+    yield feed_server
+    await feed_server.server.close()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+async def test_reads_the_feed_with_bearer_token(server, session, clock) -> None:
+    reading = await CapacityFeed(session, server.url, "s3cret", clock).read()
+    assert reading.error is None and reading.eligible == {"b200-nscale"}
+    (request,) = server.requests
+    assert request.headers["Authorization"] == "Bearer s3cret"
+    assert request.headers["Accept"] == "application/json"
+    assert request.headers["Accept-Encoding"] == "gzip"
+
+
+async def test_no_token_sends_no_authorization(server, session, clock) -> None:
+    await CapacityFeed(session, server.url, None, clock).read()
+    assert "Authorization" not in server.requests[0].headers
+
+
+async def test_reading_is_cached_for_the_ttl_of_the_clock(server, session, clock) -> None:
+    capacity = CapacityFeed(session, server.url, None, clock, ttl_seconds=120)
+    first = await capacity.read()
+    clock.advance(119)
+    assert await capacity.read() is first
+    assert len(server.requests) == 1
+    clock.advance(1)
+    second = await capacity.read()
+    assert len(server.requests) == 2
+    assert second.at == NOW + timedelta(seconds=120) and second.eligible == {"b200-nscale"}
+
+
+async def test_unconfigured_feed_fails_closed_without_a_request(session, clock) -> None:
+    reading = await CapacityFeed(session, None, "token", clock).read()
+    assert reading.error == "capacity-feed-not-configured" and reading.eligible == frozenset()
+
+
+GZIP_BOMB = gzip.compress(b" " * (17 * 1024 * 1024), compresslevel=1)
+
+
+def answer(status: int = 200, body: bytes = b"{}", content_type: str = "application/json",
+           headers: dict[str, str] | None = None) -> Handler:
+    async def handler(_: web.Request) -> web.StreamResponse:
+        response = web.Response(status=status, body=body, headers=headers or {})
+        response.content_type = content_type
+        return response
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("handler", "code", "requests"),
+    [
+        (answer(404, b'{"error": "no"}'), "http-404", 1),
+        (answer(503), "http-503", 3),
+        (answer(429), "http-429", 3),
+        (answer(200, b"<html></html>", "text/html"), "response-not-json", 1),
+        (answer(200, b'{"kind": '), "invalid-json", 1),
+        (answer(200, b"\xff\xfe{}"), "invalid-json", 1),
+        (answer(200, b'{"n": NaN}'), "invalid-json-number", 1),
+        (answer(200, b'{"n": 1e999}'), "invalid-json-number", 1),
+        (answer(200, b"{}"), "invalid-kind", 1),
+        (answer(200, gzip.compress(b"{}"), headers={"Content-Encoding": "br"}),
+         "unsupported-content-encoding", 1),
+        (answer(200, b"not gzip", headers={"Content-Encoding": "gzip"}),
+         "invalid-content-encoding", 1),
+        (answer(200, gzip.compress(b"{}")[:-12], headers={"Content-Encoding": "gzip"}),
+         "invalid-content-encoding", 1),
+        # a gzip bomb: a few KiB on the wire, over 16 MiB once inflated
+        (answer(200, GZIP_BOMB, headers={"Content-Encoding": "gzip"}), "response-too-large", 1),
+    ],
+)
+async def test_feed_errors_fail_closed(server, session, clock, handler, code, requests) -> None:
+    server.handler = handler
+    reading = await CapacityFeed(session, server.url, None, clock).read()
+    assert reading.error == code
+    assert reading.eligible == frozenset()
+    assert len(server.requests) == requests
+
+
+async def test_a_failed_read_is_cached_like_a_good_one(server, session, clock) -> None:
+    # Each read may retry three times; a broken feed is not asked again before the TTL.
+    server.handler = answer(503)
+    capacity = CapacityFeed(session, server.url, None, clock, ttl_seconds=120)
+    assert (await capacity.read()).error == "http-503"
+    assert (await capacity.read()).error == "http-503"
+    assert len(server.requests) == 3
+    server.handler = server.valid_feed
+    clock.advance(120)
+    assert (await capacity.read()).eligible == {"b200-nscale"}
+
+
+async def test_transient_errors_retry_with_backoff_then_succeed(server, session, clock) -> None:
+    answers = [answer(502), answer(500), server.valid_feed]
+
+    async def flaky(request: web.Request) -> web.StreamResponse:
+        return await answers.pop(0)(request)
+
+    server.handler = flaky
+    reading = await CapacityFeed(session, server.url, None, clock).read()
+    assert reading.error is None and reading.eligible == {"b200-nscale"}
+    assert clock.slept == [0.5, 1.5]
+
+
+async def test_redirects_are_not_followed(server, session, clock) -> None:
+    async def redirect(_: web.Request) -> web.StreamResponse:
+        raise web.HTTPFound(server.server.make_url("/elsewhere"))
+
+    server.handler = redirect
+    reading = await CapacityFeed(session, server.url, None, clock).read()
+    assert reading.error == "http-302"
+
+
+async def test_gzip_encoded_feed_is_read(server, session, clock) -> None:
+    async def gzipped(request: web.Request) -> web.StreamResponse:
+        document = json.loads((await server.valid_feed(request)).body)
+        return await answer(200, gzip.compress(json.dumps(document).encode()),
+                            headers={"Content-Encoding": "gzip"})(request)
+
+    server.handler = gzipped
+    assert (await CapacityFeed(session, server.url, None, clock).read()).eligible == {
+        "b200-nscale"
+    }
+
+
+async def test_body_over_16_mib_is_refused_while_streaming(server, session, clock) -> None:
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        chunk = b" " * (1024 * 1024)
+        try:
+            for _ in range(17):
+                await response.write(chunk)
+        except ConnectionResetError:
+            pass  # the client hung up once it had read too much, as it should
+        return response
+
+    server.handler = endless
+    reading = await CapacityFeed(session, server.url, None, clock).read()
+    assert reading.error == "response-too-large"
+
+
+async def test_declared_length_over_16_mib_is_refused(server, session, clock) -> None:
+    async def huge(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = 17 * 1024 * 1024
+        await response.prepare(request)
+        return response
+
+    server.handler = huge
+    reading = await CapacityFeed(session, server.url, None, clock).read()
+    assert reading.error == "response-too-large"
+
+
+async def test_unreachable_feed_is_a_network_error_after_retries(session, clock) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    reading = await CapacityFeed(session, f"http://127.0.0.1:{port}/status", None, clock).read()
+    assert reading.error == "network-error" and reading.eligible == frozenset()
+    assert clock.slept == [0.5, 1.5]
+
+
+async def test_token_with_control_characters_is_never_sent(server, session, clock) -> None:
+    reading = await CapacityFeed(session, server.url, "abc\r\nX-Evil: 1", clock).read()
+    assert reading.error == "capacity-token-invalid"
+    assert server.requests == []

@@ -1,0 +1,28 @@
+"""`klaud demo --once`, the README's first command, end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_demo_once_prints_every_family_and_the_waves_requests(tmp_path):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "demo", "--once", cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "KLAUD_DB": f"sqlite:///{tmp_path / 'unused.db'}", "KLAUD_LOG_FORMAT": "json"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    out = stdout.decode()
+    assert "Played the scenario's timeline" in out
+    rows = [line for line in out.splitlines() if line.split(" ", 1)[0].isdigit()]
+    assert len(rows) == 30
+    for decision in ("selected", "claimed", "cooldown", "overlap", "capacity", "held", "cap"):
+        assert any(f"  {decision}  " in row for row in rows), decision
+    assert "GitHub requests made by the wave:" in out and "GET " not in out.split("GitHub requests made by the wave:")[1]
+    # The demo used a throw-away store, not KLAUD_DB.
+    assert not (tmp_path / "unused.db").exists()

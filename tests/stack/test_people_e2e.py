@@ -1,0 +1,230 @@
+"""/klaud commands and the Klaud Cold check run, end to end against the sandbox (issue 6)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bot.web.inbox import Delivery
+from tests import scenarios as sc
+from tests.harness import sandbox_stack
+
+NV = "configs/nvidia-master.yaml"
+B200 = f"{NV}:dsr1-fp4-b200-sglang"
+H200 = f"{NV}:dsr1-fp8-h200-trt"
+GPTOSS = f"{NV}:gptoss-fp4-b200-vllm"
+
+
+def klaud_pr(number: int, family: str) -> dict:
+    return {
+        "number": number, "title": "[Klaud Cold] Update image / 更新镜像", "user": "Klaud-Cold",
+        "head_ref": f"klaud/auto-{sc.candidate(family)}", "draft": True,
+        "files": [{"filename": "perf-changelog.yaml", "status": "modified", "content": "- bump\n"}],
+    }
+
+
+def replies(run, number: int) -> list[str]:
+    return [c["body"] for c in run.github()["comments"] if c["issue_number"] == number and c["user"] == "klaud-cold[bot]"]
+
+
+def checks(run, head_sha: str | None = None) -> list[dict]:
+    return [c for c in run.github()["check_runs"] if c["name"] == "Klaud Cold" and (head_sha is None or c["head_sha"] == head_sha)]
+
+
+async def comment(run, number: int, user: str, body: str) -> dict:
+    return await run.act({"action": "comment", "repo": "acme/bench", "number": number, "user": user, "body": body})
+
+
+@pytest.mark.parametrize(
+    "user, verb, allowed",
+    [("bob", "hold", True), ("alice", "hold", True), ("carol", "hold", False), ("mallory", "hold", False),
+     ("carol", "retry", False), ("carol", "unhold", False), ("carol", "status", True), ("mallory", "help", True)],
+)
+async def test_permissions_per_verb(tmp_path, user, verb, allowed):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await comment(run, 12, user, f"/klaud {verb} {H200}")
+        [reply] = replies(run, 12)
+        refused = "needs write, maintain or admin permission" in reply
+        assert refused is not allowed, reply
+        assert reply.startswith("<!-- klaud-command:")
+        held = H200 in run.klaud.live.repo("acme/bench").holds
+        assert held is (allowed and verb == "hold")
+
+
+async def test_hold_then_a_wave_skips_the_family_until_unhold(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        answer = await comment(run, 12, "bob", f"/klaud hold {GPTOSS} waiting for new weights")
+        [reply] = replies(run, 12)
+        assert "bob" in reply and "waiting for new weights" in reply
+        reactions = run.github()["reactions"]
+        assert {(r["comment_id"], r["content"]) for r in reactions} == {(answer["comment_id"], "eyes")}
+        wave = await run.klaud.waves.run("acme/bench", trigger="test")
+        held = next(d for d in wave.decisions if d.family == GPTOSS)
+        assert held.decision == "held" and "waiting for new weights" in held.reason
+        await comment(run, 12, "alice", f"/klaud unhold {GPTOSS}")
+        assert "Released" in replies(run, 12)[-1]
+        assert GPTOSS not in run.klaud.live.repo("acme/bench").holds
+
+
+async def test_target_defaults_to_the_family_of_a_klaud_pr(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200), sc.image_bump(12)])) as run:
+        await comment(run, 50, "alice", "/klaud hold waiting for weights")
+        assert run.klaud.live.repo("acme/bench").holds[H200].reason == "waiting for weights"
+        await comment(run, 12, "alice", "/klaud hold")
+        assert "this is not a Klaud pull request" in replies(run, 12)[-1]
+
+
+async def test_two_commands_one_reply_each_and_code_blocks_ignored(tmp_path):
+    body = f"Thanks!\n/klaud status {B200}\n```\n/klaud hold {B200}\n```\n> /klaud hold {B200}\n/KLAUD help\n"
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await comment(run, 12, "carol", body)
+        got = replies(run, 12)
+        assert len(got) == 2
+        assert "dsr1-fp4-b200-sglang" in got[0] and "overlap" in got[0]
+        assert "/klaud retry" in got[1]
+        assert run.klaud.live.repo("acme/bench").holds == {}
+        await comment(run, 12, "carol", "no commands here, just `/klaud hold` in code")
+        assert len(replies(run, 12)) == 2
+
+
+async def test_redelivered_comment_is_answered_once(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        answer = await comment(run, 12, "bob", f"/klaud hold {H200} maintenance\n/klaud status {H200}")
+        assert len(replies(run, 12)) == 2
+        # GitHub redelivers the same event under a new delivery id.
+        original = next(d for d in run.sandbox.deliveries if d.id == answer["deliveries"][0])
+        body = json.dumps(original.payload).encode()
+        await run.klaud.handle(Delivery.from_payload("redelivery-1", "issue_comment", body, original.payload, {}))
+        assert len(replies(run, 12)) == 2
+
+
+async def test_bot_comments_and_edits_are_ignored(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await comment(run, 12, "Klaud-Cold", f"/klaud hold {H200}")
+        assert replies(run, 12) == []
+        assert run.klaud.live.repo("acme/bench").holds == {}
+        payload = {"action": "edited", "comment": {"id": 5, "body": f"/klaud hold {H200}", "user": {"login": "bob"}},
+                   "issue": {"number": 12}, "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}}
+        await run.klaud.handle(Delivery.from_payload("edit-1", "issue_comment", json.dumps(payload).encode(), payload, {}))
+        assert run.klaud.live.repo("acme/bench").holds == {}
+
+
+async def test_unknown_target_and_unknown_verb(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await comment(run, 12, "bob", "/klaud retry configs/nvidia-master.yaml:nope\n/klaud frobnicate")
+        refusal, help_reply = replies(run, 12)
+        assert "unknown family" in refusal
+        assert "/klaud hold" in help_reply
+
+
+async def test_retry_clears_the_cooldown_for_one_wave(tmp_path):
+    cand = sc.candidate(H200)
+    scenario = sc.scenario(runs=[sc.run(101, cand, "readiness-blocked")], pulls=[sc.image_bump(12)], policy="max_candidates_per_wave: 5\n")
+    async with sandbox_stack(tmp_path, scenario) as run:
+        before = await run.klaud.waves.preview("acme/bench")
+        assert next(d for d in before.decisions if d.family == H200).decision == "cooldown"
+        await comment(run, 12, "bob", f"/klaud retry {cand}")
+        assert "Cleared the cooldown" in replies(run, 12)[-1]
+        # A dry plan shows the effect without consuming the approval.
+        preview = await run.klaud.waves.preview("acme/bench")
+        assert next(d for d in preview.decisions if d.family == H200).decision == "selected"
+        assert cand in run.klaud.live.repo("acme/bench").retries
+        wave = await run.klaud.waves.run("acme/bench", trigger="test")
+        assert cand in wave.selected
+        assert cand not in run.klaud.live.repo("acme/bench").retries
+        # Its next outcome arrives; the cooldown applies again (the approval was one-shot).
+        dispatch = next(d for d in run.github()["dispatches"] if d["inputs"]["candidate"] == cand)
+        await run.act({"action": "complete_run", "repo": "acme/bench", "run": {
+            "id": dispatch["run_id"], "workflow": "klaud-candidate.yml", "conclusion": "success",
+            "artifacts": [{"name": f"klaud-candidate-{cand}", "files": {"candidate-diagnostics.json": sc.diagnostics("failed")}}]}})
+        after = await run.klaud.waves.run("acme/bench", trigger="test")
+        assert next(d for d in after.decisions if d.family == H200).decision == "cooldown"
+
+
+async def test_check_run_created_on_open_and_updated_when_an_outcome_arrives(tmp_path):
+    cand = sc.candidate(H200)
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        answer = await run.act({"action": "open_pull", "repo": "acme/bench", "pull": klaud_pr(50, H200)})
+        head = answer["head_sha"]
+        [check] = checks(run, head)
+        assert (check["status"], check["conclusion"]) == ("completed", "neutral")
+        assert cand in check["output"]["summary"] and "/klaud retry" in check["output"]["summary"]
+        await run.act({"action": "complete_run", "repo": "acme/bench", "run": sc.run(301, cand, "readiness-blocked")})
+        [check] = checks(run, head)
+        assert check["conclusion"] == "failure"
+        assert "readiness-blocked" in check["output"]["summary"] and "301" in check["output"]["summary"]
+        # A new head gets its own check run.
+        pushed = await run.act({"action": "push_pull", "repo": "acme/bench", "number": 50,
+                                "files": [{"filename": "perf-changelog.yaml", "status": "modified", "content": "- bump 2\n"}]})
+        assert len(checks(run, pushed["head_sha"])) == 1
+
+
+@pytest.mark.parametrize(
+    "outcome, phase, extra, conclusion",
+    [("validated", "final-sweep", {"pull_request": 50, "run_ids": [9]}, "success"),
+     ("capacity-deferred", "targeted", {}, "neutral"),
+     ("handoff", "cleanup", {"pull_request": 50}, "neutral"),
+     ("incompatible", "targeted", {}, "failure"),
+     ("unexpected-error", "unknown", {}, "failure")],
+)
+async def test_check_conclusion_follows_the_outcome(tmp_path, outcome, phase, extra, conclusion):
+    cand = sc.candidate(H200)
+    files = {"candidate-diagnostics.json": sc.diagnostics(outcome, phase, **extra)}
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)], runs=[sc.run(301, cand, None, files=files)])) as run:
+        await run.klaud.checks.publish(("acme/bench", 50))
+        [check] = checks(run)
+        assert check["conclusion"] == conclusion
+
+
+async def test_burst_of_changes_makes_one_patch(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)]), klaud_options={"check_delay_seconds": 0.3}) as run:
+        await run.klaud.checks.publish(("acme/bench", 50))
+        run.reset_requests()
+        state = run.klaud.live.repo("acme/bench")
+        for _ in range(10):
+            await run.klaud.live.notify(state, {H200})
+        await run.sandbox.act({"action": "comment", "repo": "acme/bench", "number": 50, "user": "bob", "body": f"/klaud hold {H200} burst"})
+        await run.settle()
+        patches = run.requests["by_route"].get("PATCH /repos/{owner}/{repo}/check-runs/{check_run_id}", 0)
+        assert patches == 1
+        [check] = checks(run)
+        assert "burst" in check["output"]["summary"]
+
+
+async def test_rerequested_rerenders_and_own_check_events_are_ignored(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await run.klaud.checks.publish(("acme/bench", 50))
+        [check] = checks(run)
+        run.reset_requests()
+        for action in ("created", "completed"):
+            payload = {"action": action, "check_run": {"id": check["id"], "name": "Klaud Cold", "head_sha": check["head_sha"]},
+                       "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}}
+            await run.klaud.handle(Delivery.from_payload(action, "check_run", json.dumps(payload).encode(), payload, {}))
+        assert run.requests["total"] == 0
+        payload = {"action": "rerequested", "check_run": {"id": check["id"], "name": "Klaud Cold", "head_sha": check["head_sha"]},
+                   "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}}
+        await run.klaud.handle(Delivery.from_payload("rr", "check_run", json.dumps(payload).encode(), payload, {}))
+        assert run.requests["by_route"].get("PATCH /repos/{owner}/{repo}/check-runs/{check_run_id}") == 1
+
+
+async def test_invalid_policy_is_reported_on_the_check_run(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await run.act({"action": "push_default", "repo": "acme/bench", "files": {".github/klaud.yml": "cooldown_hours: 0\n"}})
+        await run.klaud.checks.publish(("acme/bench", 50), force=True)
+        [check] = checks(run)
+        assert "cooldown_hours" in check["output"]["summary"] and ".github/klaud.yml" in check["output"]["summary"]
+
+
+async def test_a_wave_refreshes_a_check_run_whose_cooldown_ended(tmp_path):
+    cand = sc.candidate(H200)
+    scenario = sc.scenario(pulls=[klaud_pr(50, H200)], runs=[sc.run(301, cand, "readiness-blocked")])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await run.klaud.checks.publish(("acme/bench", 50))
+        assert "cooling down until" in checks(run)[0]["output"]["summary"]
+        await run.act({"action": "advance_clock", "seconds": 25 * 3600})
+        await run.klaud.waves.run("acme/bench", trigger="test")
+        await run.settle()
+        [check] = checks(run)
+        assert "cooling down until" not in check["output"]["summary"]
+        assert check["conclusion"] == "failure"  # the latest outcome still decides the conclusion

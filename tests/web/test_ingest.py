@@ -1,0 +1,481 @@
+"""Webhook intake and the durable inbox, against the real server over loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import aiohttp
+import pytest
+from gidgethub import routing
+from structlog.testing import capture_logs
+
+from bot.app import Klaud
+from bot.core.errors import PermanentError
+from bot.web.inbox import Delivery
+from tests.harness import PREVIOUS_SECRET, SECRET, headers_for, make_settings, running_klaud
+
+ROOT = Path(__file__).resolve().parents[2]
+PR_PAYLOAD = {
+    "action": "opened",
+    "number": 1,
+    "repository": {"full_name": "acme/bench"},
+    "installation": {"id": 7},
+}
+
+
+class Recorder:
+    """A router whose pull_request handler records calls and can fail on demand."""
+
+    def __init__(self, failures: int = 0, exc: type[Exception] = ConnectionError, delay: float = 0.0) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.failures = failures
+        self.exc = exc
+        self.delay = delay
+        self.router = routing.Router()
+        self.router.add(self._handle, "pull_request")
+
+    async def _handle(self, event, ctx) -> None:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        self.calls.append((event.data["repository"]["full_name"], event.data["number"]))
+        if self.failures:
+            self.failures -= 1
+            raise self.exc("simulated failure")
+
+
+def make_klaud(tmp_path: Path, recorder: Recorder | None = None, **inbox_options) -> Klaud:
+    options = {"base_delay": 0.005, "max_delay": 0.02}
+    options.update(inbox_options)
+    return Klaud(
+        make_settings(tmp_path / "klaud.db"),
+        router=recorder.router if recorder else None,
+        inbox_options=options,
+    )
+
+
+async def wait_status(run, delivery: str, *statuses: str) -> dict:
+    for _ in range(500):
+        status, body = await run.get_json(f"/api/v1/deliveries/{delivery}")
+        if status == 200 and body["status"] in statuses:
+            return body
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"delivery {delivery} never reached {statuses}: {body}")
+
+
+async def raw_post(run, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
+    async with run.session.post(f"{run.url}/webhook", data=body, headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def test_valid_signature_is_queued_then_processed(tmp_path):
+    recorder = Recorder()
+    async with running_klaud(make_klaud(tmp_path, recorder)) as run:
+        status, body = await run.post("pull_request", PR_PAYLOAD, delivery="d-1")
+        assert (status, body) == (202, {"delivery": "d-1", "queued": True})
+        done = await wait_status(run, "d-1", "done")
+    assert done == {
+        "id": "d-1",
+        "event": "pull_request",
+        "action": "opened",
+        "status": "done",
+        "attempts": 1,
+        "error": None,
+    }
+    assert recorder.calls == [("acme/bench", 1)]
+
+
+async def test_previous_secret_is_accepted_while_rotating(tmp_path):
+    async with running_klaud(make_klaud(tmp_path, Recorder())) as run:
+        status, _ = await run.post("pull_request", PR_PAYLOAD, delivery="old", secret=PREVIOUS_SECRET)
+        assert status == 202
+
+
+@pytest.mark.parametrize(
+    "mutate, status, code",
+    [
+        (lambda h, b: h.update({"X-Hub-Signature-256": "sha256=" + "0" * 64}), 401, "invalid-signature"),
+        (lambda h, b: h.pop("X-Hub-Signature-256"), 401, "invalid-signature"),
+        (lambda h, b: h.update({"X-Hub-Signature-256": headers_for("x", b, secret="wrong")["X-Hub-Signature-256"]}), 401, "invalid-signature"),
+        (lambda h, b: h.pop("X-GitHub-Event"), 400, "missing-header"),
+        (lambda h, b: h.pop("X-GitHub-Delivery"), 400, "missing-header"),
+        (lambda h, b: h.update({"Content-Type": "application/x-www-form-urlencoded"}), 415, "unsupported-media-type"),
+    ],
+    ids=["bad-signature", "no-signature", "wrong-secret", "no-event", "no-delivery", "form-encoded"],
+)
+async def test_rejections_answer_json_and_store_nothing(tmp_path, mutate, status, code):
+    async with running_klaud(make_klaud(tmp_path, Recorder())) as run:
+        body = json.dumps(PR_PAYLOAD).encode()
+        headers = headers_for("pull_request", body, delivery="rejected-1")
+        mutate(headers, body)
+        got_status, got = await raw_post(run, body, headers)
+        assert got_status == status
+        assert got["error"] == code and got["detail"]
+        lookup, _ = await run.get_json("/api/v1/deliveries/rejected-1")
+        assert lookup == 404
+        assert run.klaud.inbox.backlog == 0
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1, 2]", b"\xff\xfe"], ids=["text", "array", "binary"])
+async def test_body_that_is_not_a_json_object_is_400(tmp_path, body):
+    async with running_klaud(make_klaud(tmp_path, Recorder())) as run:
+        status, got = await raw_post(run, body, headers_for("pull_request", body, delivery="bad-body"))
+        assert status == 400 and got["error"] == "invalid-json"
+        assert (await run.get_json("/api/v1/deliveries/bad-body"))[0] == 404
+
+
+async def test_oversized_body_is_413(tmp_path):
+    async with running_klaud(make_klaud(tmp_path, Recorder())) as run:
+        body = b'{"pad": "' + b"x" * (25 * 1024 * 1024) + b'"}'
+        status, got = await raw_post(run, body, headers_for("pull_request", body, delivery="big"))
+        assert status == 413 and got["error"] == "payload-too-large"
+        assert (await run.get_json("/api/v1/deliveries/big"))[0] == 404
+
+
+async def test_duplicate_delivery_id_is_not_processed_twice(tmp_path):
+    recorder = Recorder()
+    async with running_klaud(make_klaud(tmp_path, recorder)) as run:
+        first = await run.post("pull_request", PR_PAYLOAD, delivery="dup")
+        second = await run.post("pull_request", PR_PAYLOAD, delivery="dup")
+        await run.klaud.inbox.drained()
+    assert first[0] == 202
+    assert second == (200, {"delivery": "dup", "duplicate": True})
+    assert recorder.calls == [("acme/bench", 1)]
+
+
+async def test_ping_answers_200(tmp_path):
+    async with running_klaud(make_klaud(tmp_path)) as run:
+        status, body = await run.post("ping", {"zen": "Keep it logically awesome.", "hook_id": 1})
+        assert status == 200 and body["ping"] is True
+
+
+async def test_unknown_event_is_accepted_ignored_and_logged(tmp_path):
+    with capture_logs() as logs:
+        async with running_klaud(make_klaud(tmp_path)) as run:
+            status, _ = await run.post("star", {"action": "created"}, delivery="star-1")
+            assert status == 202
+            done = await wait_status(run, "star-1", "done")
+    assert done["attempts"] == 1
+    assert any(entry["event"] == "delivery.ignored" for entry in logs)
+
+
+async def test_same_repository_in_order_other_repositories_concurrently(tmp_path):
+    recorder = Recorder(delay=0.01)
+    async with running_klaud(make_klaud(tmp_path, recorder)) as run:
+        posts = []
+        for number in range(1, 21):
+            for repo in ("acme/one", "acme/two"):
+                payload = dict(PR_PAYLOAD, number=number, repository={"full_name": repo})
+                posts.append(run.post("pull_request", payload))
+        # Send each repository's deliveries in order, interleaving the repositories.
+        for coro in posts:
+            assert (await coro)[0] == 202
+        await run.klaud.inbox.drained()
+    by_repo = defaultdict(list)
+    for repo, number in recorder.calls:
+        by_repo[repo].append(number)
+    assert by_repo["acme/one"] == list(range(1, 21))
+    assert by_repo["acme/two"] == list(range(1, 21))
+    # Concurrency across repositories: the two sequences interleave instead of running one after the other.
+    first_two = recorder.calls.index(("acme/two", 1))
+    assert first_two < 20
+
+
+async def test_transient_error_retries_then_succeeds(tmp_path):
+    recorder = Recorder(failures=2)
+    async with running_klaud(make_klaud(tmp_path, recorder)) as run:
+        await run.post("pull_request", PR_PAYLOAD, delivery="flaky")
+        done = await wait_status(run, "flaky", "done")
+    assert done["attempts"] == 3 and done["error"] is None
+    assert len(recorder.calls) == 3
+
+
+async def test_retry_keeps_order_of_the_repository(tmp_path):
+    recorder = Recorder(failures=2)
+    async with running_klaud(make_klaud(tmp_path, recorder)) as run:
+        await run.post("pull_request", dict(PR_PAYLOAD, number=1), delivery="first")
+        await run.post("pull_request", dict(PR_PAYLOAD, number=2), delivery="second")
+        await run.klaud.inbox.drained()
+    assert recorder.calls == [("acme/bench", 1)] * 3 + [("acme/bench", 2)]
+
+
+async def test_persistent_error_ends_failed_after_eight_attempts(tmp_path):
+    recorder = Recorder(failures=100)
+    async with running_klaud(make_klaud(tmp_path, recorder)) as run:
+        await run.post("pull_request", PR_PAYLOAD, delivery="doomed")
+        failed = await wait_status(run, "doomed", "failed")
+    assert failed["attempts"] == 8
+    assert "simulated failure" in failed["error"]
+    assert len(recorder.calls) == 8
+
+
+async def test_permanent_error_fails_at_once(tmp_path):
+    recorder = Recorder(failures=1, exc=PermanentError)
+    with capture_logs() as logs:
+        async with running_klaud(make_klaud(tmp_path, recorder)) as run:
+            await run.post("pull_request", PR_PAYLOAD, delivery="gone")
+            failed = await wait_status(run, "gone", "failed")
+    assert failed["attempts"] == 1 and "PermanentError" in failed["error"]
+    assert any(e["event"] == "delivery.failed" and e["log_level"] == "warning" for e in logs)
+
+
+async def test_graceful_stop_lets_running_handler_finish(tmp_path):
+    recorder = Recorder(delay=0.3)
+    klaud = make_klaud(tmp_path, recorder)
+    async with running_klaud(klaud) as run:
+        await run.post("pull_request", PR_PAYLOAD, delivery="slow")
+        await asyncio.sleep(0.05)  # the handler is now running
+    # running_klaud stopped the Klaud gracefully; reopen the store to read the outcome.
+    reopened = make_klaud(tmp_path)
+    await reopened.start(drain=False)
+    delivery = await reopened.inbox.get("slow")
+    await reopened.stop()
+    assert delivery is not None and delivery.status == "done"
+    assert recorder.calls == [("acme/bench", 1)]
+
+
+async def test_killed_process_resumes_every_acknowledged_delivery(tmp_path):
+    db = tmp_path / "klaud.db"
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "slow_server.py"), str(db), str(port_file), "0.2"],
+        cwd=ROOT,
+    )
+    try:
+        for _ in range(200):
+            if port_file.exists() and port_file.read_text():
+                break
+            await asyncio.sleep(0.05)
+        url = f"http://127.0.0.1:{port_file.read_text()}/webhook"
+        ids = [f"kill-{n}" for n in range(10)]
+        async with aiohttp.ClientSession() as session:
+            for number, delivery in enumerate(ids):
+                body = json.dumps(dict(PR_PAYLOAD, number=number)).encode()
+                async with session.post(url, data=body, headers=headers_for("pull_request", body, delivery=delivery)) as r:
+                    assert r.status == 202
+        await asyncio.sleep(0.3)  # let one or two finish, then crash mid-work
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    recorder = Recorder()
+    klaud = Klaud(make_settings(db), router=recorder.router, inbox_options={"base_delay": 0.005})
+    await klaud.start(drain=False)
+    before = {d: (await klaud.inbox.get(d)).status for d in ids}
+    await klaud.inbox.start()
+    await klaud.inbox.drained()
+    after = {d: (await klaud.inbox.get(d)).status for d in ids}
+    await klaud.stop()
+
+    unfinished = {d for d, status in before.items() if status != "done"}
+    assert unfinished, "the crash came too late to test recovery"
+    assert all(status == "done" for status in after.values())
+    # Exactly the unfinished deliveries ran again, each once, in arrival order.
+    rerun = [f"kill-{number}" for _, number in recorder.calls]
+    assert rerun == sorted(unfinished, key=lambda d: int(d.split("-")[1]))
+
+
+async def test_health_ready_and_metrics(tmp_path):
+    async with running_klaud(make_klaud(tmp_path, Recorder())) as run:
+        await run.post("pull_request", PR_PAYLOAD, delivery="m-1")
+        await run.klaud.inbox.drained()
+        assert (await run.get_json("/healthz"))[0] == 200
+        status, ready = await run.get_json("/readyz")
+        assert status == 200 and ready["store"] is True and ready["backlog"] == 0
+        async with run.session.get(f"{run.url}/metrics") as response:
+            text = await response.text()
+    assert 'klaud_deliveries_total{event="pull_request",result="accepted"}' in text
+    assert "klaud_inbox_backlog" in text
+    assert "klaud_delivery_processing_seconds_bucket" in text
+
+
+async def test_readyz_is_503_when_backlog_reaches_its_limit(tmp_path):
+    klaud = make_klaud(tmp_path, Recorder(), backlog_limit=1)
+    async with running_klaud(klaud, drain=False) as run:
+        await run.post("pull_request", PR_PAYLOAD)
+        status, body = await run.get_json("/readyz")
+    assert status == 503 and body["backlog"] == 1
+
+
+def _fixture_payloads(root: Path):
+    for path in sorted((root / "octokit-webhooks").glob("*/*.json")):
+        yield path.parent.name, path, json.loads(path.read_text())
+
+
+def _fixture_world(root: Path) -> dict:
+    """A sandbox holding every repository, pull request and issue the example payloads name."""
+    repos: dict[str, dict] = {}
+
+    def repo(name: str) -> dict:
+        return repos.setdefault(name, {"full_name": name, "installation_id": 1, "default_branch": "master",
+                                       "files": {}, "pulls": []})
+
+    for _, _, payload in _fixture_payloads(root):
+        for key in ("repository",):
+            if payload.get(key):
+                repo(payload[key]["full_name"])
+        for listed in payload.get("repositories") or payload.get("repositories_added") or []:
+            repo(listed["full_name"])
+        pr = payload.get("pull_request")
+        if pr and not any(p["number"] == pr["number"] for p in repo(payload["repository"]["full_name"])["pulls"]):
+            repo(payload["repository"]["full_name"])["pulls"].append(
+                {"number": pr["number"], "title": pr["title"], "user": pr["user"]["login"], "head_ref": pr["head"]["ref"]}
+            )
+    return {"now": "2026-11-30T08:00:00Z", "repositories": list(repos.values()), "timeline": []}
+
+
+async def test_every_octokit_example_payload_is_accepted_and_processed(tmp_path, fixtures):
+    from tests.harness import sandbox_stack
+
+    async with sandbox_stack(tmp_path, _fixture_world(fixtures)) as run:
+        sent = []
+        for event, path, payload in _fixture_payloads(fixtures):
+            # An App always receives its installation; here every repository belongs to one.
+            payload["installation"] = {"id": 1, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uMQ=="}
+            status, body = await _post_signed(run.url, event, payload, f"fx-{event}-{path.stem}")
+            assert status == (200 if event == "ping" else 202), path
+            sent.append(body["delivery"])
+        await run.settle()
+        for delivery in sent:
+            found = await run.klaud.inbox.get(delivery)
+            assert found is not None and found.status == "done", (delivery, found and found.error)
+    assert len(sent) > 50
+
+
+async def _post_signed(url: str, event: str, payload: dict, delivery: str) -> tuple[int, dict]:
+    body = json.dumps(payload).encode()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/webhook", data=body, headers=headers_for(event, body, delivery=delivery)) as response:
+            return response.status, await response.json()
+
+
+def test_serve_without_secret_exits_2_naming_the_variable(tmp_path, monkeypatch, capsys):
+    from bot.cli import main
+
+    for name in list(os.environ):
+        if name.startswith("KLAUD_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'x.db'}")
+    assert main(["serve"]) == 2
+    assert "KLAUD_WEBHOOK_SECRET" in capsys.readouterr().err
+
+
+def test_invalid_setting_exits_2_naming_the_variable(tmp_path, monkeypatch, capsys):
+    from bot.cli import main
+
+    monkeypatch.setenv("KLAUD_PORT", "eighty")
+    monkeypatch.setenv("KLAUD_WEBHOOK_SECRET", "s")
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("klaud: KLAUD_PORT:") and "\n" not in err
+
+
+def test_receive_runs_one_payload_through_the_handlers(tmp_path, monkeypatch, capsys):
+    from bot.cli import main
+
+    payload = tmp_path / "ping.json"
+    payload.write_text(json.dumps({"zen": "Design for failure.", "hook_id": 9}))
+    monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'r.db'}")
+    assert main(["receive", "--event", "ping", "--payload", str(payload), "--delivery", "r-1"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"delivery": "r-1", "event": "ping", "status": "done"}
+
+
+def test_receive_rejects_a_payload_that_is_not_json(tmp_path, monkeypatch, capsys):
+    from bot.cli import main
+
+    payload = tmp_path / "bad.json"
+    payload.write_text("{nope")
+    monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'r.db'}")
+    assert main(["receive", "--event", "push", "--payload", str(payload)]) == 2
+    assert "--payload" in capsys.readouterr().err
+
+
+def test_delivery_records_repository_and_installation():
+    delivery = Delivery.from_payload("x", "pull_request", b"{}", PR_PAYLOAD, {})
+    assert (delivery.repo, delivery.installation, delivery.action) == ("acme/bench", 7, "opened")
+    assert delivery.ordering_key == "repo:acme/bench"
+
+
+@pytest.mark.parametrize(
+    "event, payload",
+    [
+        ("pull_request", {"action": "opened", "repository": {"full_name": "acme/bench"}, "installation": {"id": 7}}),
+        ("push", {"ref": "refs/heads/main", "repository": {"full_name": "acme/bench"}, "installation": {"id": 7}}),
+        ("workflow_run", {"action": "completed", "workflow_run": {"id": "x"}, "repository": {"full_name": "acme/bench"}, "installation": {"id": 7}}),
+        ("issue_comment", {"action": "created", "comment": {"body": "/klaud help"}, "repository": {"full_name": "acme/bench"}, "installation": {"id": 7}}),
+    ],
+    ids=["pr-without-pull_request", "push-without-after", "run-with-bad-id", "comment-without-id"],
+)
+async def test_malformed_payload_fails_at_once_with_the_reason(tmp_path, event, payload):
+    async with running_klaud(make_klaud(tmp_path)) as run:
+        status, _ = await run.post(event, payload, delivery="bad-shape")
+        assert status == 202
+        failed = await wait_status(run, "bad-shape", "failed")
+    assert failed["attempts"] == 1
+    assert "ValidationError" in failed["error"]
+
+
+async def test_serve_sandbox_stops_cleanly_on_sigterm(tmp_path):
+    from bot.runtime import free_port
+
+    port = free_port("127.0.0.1")
+    env = {**os.environ, "KLAUD_DB": f"sqlite:///{tmp_path / 'serve.db'}", "KLAUD_PORT": str(port),
+           "KLAUD_WEBHOOK_SECRET": SECRET, "KLAUD_LOG_FORMAT": "json"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "serve", "--sandbox", cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(400):  # up to 20 s: start-up generates a key and reconciles
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.05)
+            # The bundled scenario was reconciled at start-up through the mounted sandbox.
+            async with session.get(f"http://127.0.0.1:{port}/api/v1/repos/acme/bench/state") as response:
+                assert response.status == 200 and len((await response.json())["families"]) == 30
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(proc.communicate(), timeout=20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.returncode == 0
+    events = [json.loads(line)["event"] for line in stderr.decode().splitlines() if line.startswith("{")]
+    assert events.index("serve.stopping") < events.index("serve.stopped")
+
+
+def test_invalid_private_key_exits_2_without_printing_it(monkeypatch, capsys):
+    from bot.cli import main
+
+    monkeypatch.setenv("KLAUD_WEBHOOK_SECRET", "s")
+    monkeypatch.setenv("KLAUD_APP_ID", "1")
+    monkeypatch.setenv("KLAUD_PRIVATE_KEY", "not-a-key-SECRET-MATERIAL")
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("klaud: KLAUD_PRIVATE_KEY:") and "SECRET-MATERIAL" not in err
+
+
+async def test_prune_removes_finished_deliveries_after_their_retention(tmp_path):
+    import time as time_module
+
+    recorder = Recorder(failures=1, exc=PermanentError)
+    async with running_klaud(make_klaud(tmp_path, recorder)) as run:
+        await run.post("pull_request", PR_PAYLOAD, delivery="will-fail")
+        await run.post("pull_request", dict(PR_PAYLOAD, number=2), delivery="will-pass")
+        await run.klaud.inbox.drained()
+        now = time_module.time() + 1
+        # Failed deliveries are kept longer than done ones.
+        assert await run.klaud.inbox.prune(done_before=now, failed_before=now - 3600) == 1
+        assert (await run.get_json("/api/v1/deliveries/will-pass"))[0] == 404
+        assert (await run.get_json("/api/v1/deliveries/will-fail"))[1]["status"] == "failed"
+        assert await run.klaud.inbox.prune(done_before=now, failed_before=now) == 1

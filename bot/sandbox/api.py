@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -62,7 +63,7 @@ class Api:
                 raise fault_error(rule, self.limits, budget)
             if matched is None:
                 raise ApiError(404, "Not Found")
-            template, handler, params = matched
+            _, handler, params = matched
             installation = self.auth.installation_for(path, request.headers.get("Authorization"))
             budget = self.budget_key(installation, params)
             if self.limits.exhausted(budget):

@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from bot.sandbox.shapes import Shapes
-from bot.sandbox.state import CheckRun, Commit, IssueComment, PullRequest, RepoState, WorkflowRun
+from bot.sandbox.state import (
+    CheckRun,
+    Commit,
+    IssueComment,
+    PullRequest,
+    RepoState,
+    WorkflowRun,
+)
 from bot.sandbox.world import Event, World
 
 

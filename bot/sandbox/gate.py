@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any
 
 import jwt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -96,8 +97,9 @@ class Faults:
                 continue
             if rule.rate < 1 and self.rng.random() >= rule.rate:
                 continue
-            if self.left[index] is not None:
-                self.left[index] -= 1
+            left = self.left[index]
+            if left is not None:
+                self.left[index] = left - 1
             return rule
         return None
 

@@ -89,7 +89,7 @@ def split_lines(text: str) -> list[str]:
 class _Side:
     """One file of the diff: line classes and the changed-line marks being computed."""
 
-    __slots__ = ("lines", "classes", "changed", "count")
+    __slots__ = ("changed", "classes", "count", "lines")
 
     def __init__(self, lines: list[str], classes: list[int]) -> None:
         self.lines = lines
@@ -552,7 +552,7 @@ def _best_indent_split(side: _Side, group: _Group, earliest_end: int, size: int)
 
 
 class _IndentCache:
-    __slots__ = ("side", "known")
+    __slots__ = ("known", "side")
 
     def __init__(self, side: _Side) -> None:
         self.side = side

@@ -9,9 +9,10 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from multidict import MultiMapping
 
@@ -274,9 +275,14 @@ def get_tree(call: Call) -> Reply:
                               for i in range(1, p.count("/") + 1)})
         entries += [{"path": d, "mode": "040000", "type": "tree", "sha": blob_sha(d)}
                     for d in directories]
-        entries.sort(key=lambda e: e["path"])
+        entries.sort(key=entry_path)
     return Reply(body={"sha": sha, "url": f"{call.shapes.api}/repos/{repo.full_name}/git/trees/{sha}",
                        "tree": entries, "truncated": False})
+
+
+def entry_path(entry: dict[str, Any]) -> str:
+    path: str = entry["path"]
+    return path
 
 
 def full_ref(ref: str) -> str:
@@ -407,13 +413,13 @@ def parse_when(value: str) -> tuple[datetime, datetime]:
     """[start, end) of a date (a whole day) or of an instant."""
     try:
         if re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
-            day = datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
+            day = datetime.fromisoformat(value).replace(tzinfo=UTC)
             return day, day + timedelta(days=1)
-        instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        instant = datetime.fromisoformat(value)
     except ValueError:
         raise validation_failed(f"Invalid created filter: {value}") from None
     if instant.tzinfo is None:
-        instant = instant.replace(tzinfo=timezone.utc)
+        instant = instant.replace(tzinfo=UTC)
     return instant, instant + timedelta(seconds=1)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
@@ -201,18 +201,16 @@ class AdvanceClock(Model):
 
 
 Action = Annotated[
-    Union[
-        OpenPull,
-        PushPull,
-        EditPull,
-        ClosePull,
-        AddComment,
-        CompleteRun,
-        PushDefault,
-        RepositoryDispatch,
-        SetCapacity,
-        AdvanceClock,
-    ],
+    OpenPull
+    | PushPull
+    | EditPull
+    | ClosePull
+    | AddComment
+    | CompleteRun
+    | PushDefault
+    | RepositoryDispatch
+    | SetCapacity
+    | AdvanceClock,
     Field(discriminator="action"),
 ]
 

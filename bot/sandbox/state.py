@@ -15,15 +15,22 @@ import json
 import re
 import zipfile
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, ClassVar
 
 import yaml
 
 from bot.sandbox import scenario as sc
-from bot.sandbox.patches import PatchError, apply_patch, blob_sha, compute_patch, count_changes
+from bot.sandbox.patches import (
+    PatchError,
+    apply_patch,
+    blob_sha,
+    compute_patch,
+    count_changes,
+)
 
 # libyaml's loader when the wheel has it; the pure-Python one otherwise.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -44,7 +51,7 @@ class SandboxError(ValueError):
 class Ids:
     """Deterministic id counters, one range per kind so ids never collide across kinds."""
 
-    STARTS = {
+    STARTS: ClassVar[dict[str, int]] = {
         "pull": 600_000_001,
         "comment": 1_000_000_001,
         "check_run": 2_000_000_001,
@@ -220,8 +227,11 @@ def build_zip(files: dict[str, Any]) -> bytes:
 
 
 @lru_cache(maxsize=256)
-def _workflow(text: str) -> dict[str, Any] | None:
-    """A workflow file parsed once (every dispatch reads it several times)."""
+def _workflow(text: str) -> dict[Any, Any] | None:
+    """A workflow file parsed once (every dispatch reads it several times).
+
+    Keys are not all strings: YAML 1.1 reads the bare key `on` as the boolean True.
+    """
     try:
         data = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError:
@@ -237,7 +247,6 @@ def workflow_trigger(text: str | None) -> dict[str, Any] | None:
     data = _workflow(text) if text is not None else None
     if data is None:
         return None
-    # YAML 1.1 reads the bare key `on` as the boolean True.
     triggers = data.get("on", data.get(True))
     if triggers == "workflow_dispatch" or (
         isinstance(triggers, list) and "workflow_dispatch" in triggers

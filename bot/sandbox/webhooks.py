@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
@@ -77,6 +76,6 @@ async def deliver(
                                 timeout=DELIVERY_TIMEOUT) as response:
             await response.read()
             delivery.status = response.status
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         delivery.error = f"{type(exc).__name__}: {exc}"
     return delivery

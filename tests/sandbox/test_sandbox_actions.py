@@ -18,13 +18,10 @@ from tests.sandbox.test_sandbox_support import (
     MASTER,
     Hub,
     Receiver,
-    hub,
-    receiver,
     serve,
     small_scenario,
 )
 
-__all__ = ["hub", "receiver"]
 REPO = "/repos/acme/bench"
 
 
@@ -145,7 +142,8 @@ async def test_close_without_merge(wired: Hub, receiver: Receiver) -> None:
     answer = await wired.act(action="close_pull", repo="acme/bench", number=12, merged=False)
     assert answer["merged"] is False
     [(name, payload)] = events(receiver)
-    assert payload["action"] == "closed" and payload["pull_request"]["merged"] is False
+    assert name == "pull_request" and payload["action"] == "closed"
+    assert payload["pull_request"]["merged"] is False
     assert payload["pull_request"]["state"] == "closed"
     assert wired.state()["head_sha"] == head
     assert await wired.json("GET", f"{REPO}/pulls") == []
@@ -180,7 +178,7 @@ async def test_comment_on_a_number_without_a_pull_makes_an_issue(
     answer = await wired.act(action="comment", repo="acme/bench", number=40, user="bob",
                              body="/klaud help")
     [(name, payload)] = events(receiver)
-    assert payload["comment"]["id"] == answer["comment_id"]
+    assert name == "issue_comment" and payload["comment"]["id"] == answer["comment_id"]
     assert payload["comment"]["user"]["login"] == "bob"
     assert payload["issue"]["number"] == 40 and "pull_request" not in payload["issue"]
     assert payload["comment"]["author_association"] == "MEMBER"

@@ -13,9 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.sandbox import Sandbox
-from tests.sandbox.test_sandbox_support import Hub, hub, serve, small_scenario
+from tests.sandbox.test_sandbox_support import Hub, serve, small_scenario
 
-__all__ = ["hub"]
 REPO = "/repos/acme/bench"
 
 

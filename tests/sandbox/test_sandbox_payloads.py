@@ -9,9 +9,8 @@ from typing import Any
 from bot.sandbox import Sandbox
 from bot.sandbox.events import Payloads
 from bot.sandbox.world import Event
-from tests.sandbox.test_sandbox_support import Hub, hub, small_scenario
+from tests.sandbox.test_sandbox_support import Hub, small_scenario
 
-__all__ = ["hub"]
 # Keys an App's payload has beyond the examples (most examples are not from an App, and
 # `organization` depends on who owns the repository).
 ENVELOPE_EXTRAS = {"installation", "organization"}

@@ -15,13 +15,11 @@ from tests.sandbox.test_sandbox_support import (
     BUMPED,
     MASTER,
     Hub,
-    hub,
     repo_of,
     serve,
     small_scenario,
 )
 
-__all__ = ["hub"]
 REPO = "/repos/acme/bench"
 
 

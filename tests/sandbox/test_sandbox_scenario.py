@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,13 @@ import pytest
 import yaml
 
 from bot.core.domain import ARTIFACT_RE, OWN_BRANCH_RE, candidate_id, parse_time
-from bot.sandbox import BUNDLED_SCENARIO, Sandbox, ScenarioError, load_scenario
-from bot.sandbox import make_demo
+from bot.sandbox import (
+    BUNDLED_SCENARIO,
+    Sandbox,
+    ScenarioError,
+    load_scenario,
+    make_demo,
+)
 from bot.sandbox.patches import PatchError, apply_patch, count_changes
 from tests.sandbox.test_sandbox_support import DIAGNOSTICS, serve, small_scenario
 
@@ -121,13 +127,18 @@ def test_demo_artifacts_and_klaud_branch_name_real_candidates(demo: dict[str, An
     assert branch and f"{branch.group(1)}-{branch.group(2)}" in candidates
 
 
+def time_of(text: str) -> datetime:
+    parsed = parse_time(text)
+    assert parsed is not None, text
+    return parsed
+
+
 def test_demo_covers_every_kind_of_outcome_and_artifact_problem(demo: dict[str, Any]) -> None:
-    now = parse_time(demo["now"])
-    assert now is not None
+    now = time_of(demo["now"])
     seen = {}
     for run in demo["repositories"][0]["runs"]:
         assert run["workflow"] == "klaud-plan.yml" and run["event"] == "schedule"
-        age = (now - parse_time(run["completed_at"])).total_seconds() / 3600
+        age = (now - time_of(run["completed_at"])).total_seconds() / 3600
         for artifact in run["artifacts"]:
             document = artifact.get("files", {}).get("candidate-diagnostics.json")
             if artifact.get("expired"):
@@ -145,9 +156,9 @@ def test_demo_covers_every_kind_of_outcome_and_artifact_problem(demo: dict[str, 
 
 
 def test_demo_pull_requests_cover_every_kind(demo: dict[str, Any]) -> None:
-    now = parse_time(demo["now"])
+    now = time_of(demo["now"])
     pulls = demo["repositories"][0]["pulls"]
-    idle = [p for p in pulls if (now - parse_time(p["updated_at"])).days >= 10]
+    idle = [p for p in pulls if (now - time_of(p["updated_at"])).days >= 10]
     assert len(idle) == 1
     shared = [p for p in pulls if all(not f["filename"].startswith("configs/") for f in p["files"])]
     assert shared and {f["filename"] for f in shared[0]["files"]} >= {"perf-changelog.yaml"}

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -51,7 +50,7 @@ on:
       base: {required: true, type: string}
       wave: {required: false, type: string}
 """
-DIAGNOSTICS = {"candidate-outcome": {"outcome": "capacity-deferred", "phase": "targeted",
+DIAGNOSTICS: dict[str, Any] = {"candidate-outcome": {"outcome": "capacity-deferred", "phase": "targeted",
                                      "pull-request": None, "run-ids": [], "repairs-used": 0}}
 
 SMALL: dict[str, Any] = {
@@ -136,12 +135,6 @@ async def serve(sandbox: Sandbox) -> AsyncIterator[Hub]:
         yield Hub(sandbox, client)
 
 
-@pytest.fixture
-async def hub() -> AsyncIterator[Hub]:
-    async for served in serve(Sandbox(small_scenario())):
-        yield served
-
-
 @dataclass
 class Receiver:
     """A stand-in for the bot's /webhook: records every delivery, answers `status`."""
@@ -153,13 +146,3 @@ class Receiver:
     async def handle(self, request: web.Request) -> web.Response:
         self.received.append((dict(request.headers), await request.read()))
         return web.json_response({"queued": True}, status=self.status)
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    target = Receiver()
-    app = web.Application()
-    app.router.add_post("/webhook", target.handle)
-    async with TestServer(app, host="127.0.0.1") as server:
-        target.url = str(server.make_url("/webhook"))
-        yield target

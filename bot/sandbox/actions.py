@@ -116,6 +116,12 @@ def complete_run(world: World, action: sc.CompleteRun) -> Outcome:
     return {"run_id": run.id}, [Payloads(world).workflow_run(repo, run, "completed")]
 
 
+def start_run(world: World, action: sc.StartRun) -> Outcome:
+    repo = world.repo(action.repo)
+    run = repo.start_run(action.run.id, world.now())
+    return {"run_id": run.id}, [Payloads(world).workflow_run(repo, run, "in_progress")]
+
+
 def push_default(world: World, action: sc.PushDefault) -> Outcome:
     repo = world.repo(action.repo)
     tree = dict(repo.head.tree)
@@ -158,6 +164,7 @@ HANDLERS: dict[type, Any] = {
     sc.ClosePull: close_pull,
     sc.AddComment: comment,
     sc.CompleteRun: complete_run,
+    sc.StartRun: start_run,
     sc.PushDefault: push_default,
     sc.RepositoryDispatch: repository_dispatch,
     sc.SetCapacity: set_capacity,

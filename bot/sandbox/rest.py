@@ -464,6 +464,13 @@ def get_run(call: Call) -> Reply:
     return Reply(body=call.shapes.workflow_run(repo, run_or_404(call, repo)))
 
 
+def run_jobs(call: Call) -> Reply:
+    """The jobs of the run's latest attempt (the sandbox keeps no older ones)."""
+    repo = call.repo()
+    run = run_or_404(call, repo)
+    return Reply(items=[call.shapes.job(repo, run, job) for job in run.jobs], wrap="jobs")
+
+
 def artifact_list(call: Call, repo: RepoState, runs: list[WorkflowRun]) -> Reply:
     name = call.query.get("name")
     shaped = [call.shapes.artifact(repo, a, run, call.now)
@@ -515,14 +522,7 @@ def dispatch_workflow(call: Call) -> Reply:
     sha = repo.resolve(ref)
     if sha is None:
         raise validation_failed(f"No ref found for: {ref}")
-    key = call.params["workflow_id"]
-    tree = repo.commits[sha].tree
-    workflow = next((f for f in repo.workflow_files()
-                     if f".github/workflows/{f}" in tree and key in (f, str(repo.workflow_id(f)))),
-                    None)
-    if workflow is None:
-        raise ApiError(404, "Not Found")
-    text = tree[f".github/workflows/{workflow}"]
+    workflow, text = dispatched_workflow(repo, sha, call.params["workflow_id"])
     trigger = workflow_trigger(text)
     if trigger is None:
         raise validation_failed("Workflow does not have 'workflow_dispatch' trigger")
@@ -530,12 +530,42 @@ def dispatch_workflow(call: Call) -> Reply:
     if not isinstance(inputs, dict):
         raise validation_failed("Invalid request.\n\nFor 'properties/inputs', is not an object.")
     check_inputs(trigger, inputs)
+    details = wants_run_details(call)
+    run = queue_dispatched_run(call, repo, workflow, text, sha, ref, inputs)
+    if not details:
+        return Reply(204)
+    shaped = call.shapes.workflow_run(repo, run)
+    return Reply(200, {"workflow_run_id": run.id, "run_url": shaped["url"],
+                       "html_url": shaped["html_url"]})
+
+
+def dispatched_workflow(repo: RepoState, sha: str, key: str) -> tuple[str, str]:
+    """The workflow file (by name or id) as it is on the dispatched commit, and its text."""
+    tree = repo.commits[sha].tree
+    for workflow in repo.workflow_files():
+        path = f".github/workflows/{workflow}"
+        if path in tree and key in (workflow, str(repo.workflow_id(workflow))):
+            return workflow, tree[path]
+    raise ApiError(404, "Not Found")
+
+
+def wants_run_details(call: Call) -> bool:
+    details = call.field("return_run_details")
+    if details is not None and not isinstance(details, bool):
+        raise validation_failed(
+            f"Invalid request.\n\nFor 'properties/return_run_details', {json.dumps(details)} "
+            "is not a boolean.")
+    return bool(details)
+
+
+def queue_dispatched_run(call: Call, repo: RepoState, workflow: str, text: str, sha: str,
+                         ref: str, inputs: dict[str, Any]) -> WorkflowRun:
     now = call.now
-    branch = ref.removeprefix("refs/heads/")
     run = WorkflowRun(
         id=call.world.ids.next("run"), workflow=workflow,
-        name=workflow_display_name(workflow, text), head_sha=sha, head_branch=branch,
-        event="workflow_dispatch", status="queued", conclusion=None, run_attempt=1,
+        name=workflow_display_name(workflow, text), head_sha=sha,
+        head_branch=ref.removeprefix("refs/heads/"), event="workflow_dispatch",
+        status="queued", conclusion=None, run_attempt=1,
         run_number=repo.next_run_number(workflow), actor=BOT_LOGIN,
         display_title=workflow_run_title(workflow, text, inputs), pull_requests=[],
         created_at=now, updated_at=now, run_started_at=now,
@@ -543,7 +573,7 @@ def dispatch_workflow(call: Call) -> Reply:
     repo.runs[run.id] = run
     repo.dispatches.append(Dispatch(workflow, ref, dict(inputs), now, run.id))
     call.announce.append(Payloads(call.world).workflow_run(repo, run, "requested"))
-    return Reply(204)
+    return run
 
 
 def check_inputs(trigger: dict[str, Any], inputs: dict[str, Any]) -> None:
@@ -781,6 +811,7 @@ def build_router() -> Router:
         ("GET", f"{repo}/actions/runs", list_runs),
         ("GET", f"{repo}/actions/runs/{{run_id}}", get_run),
         ("GET", f"{repo}/actions/runs/{{run_id}}/artifacts", run_artifacts),
+        ("GET", f"{repo}/actions/runs/{{run_id}}/jobs", run_jobs),
         ("GET", f"{repo}/actions/workflows/{{workflow_id}}/runs", workflow_runs),
         ("POST", f"{repo}/actions/workflows/{{workflow_id}}/dispatches", dispatch_workflow),
         ("GET", f"{repo}/actions/artifacts", repo_artifacts),

@@ -85,14 +85,34 @@ class Artifact(Model):
     raw_zip_base64: str | None = None
 
 
-class Run(Model):
+RunStatus = Literal["queued", "in_progress", "completed"]
+# GitHub's conclusions of a workflow run and of its jobs.
+RunConclusion = Literal["action_required", "cancelled", "failure", "neutral", "skipped",
+                        "stale", "success", "timed_out", "startup_failure"]
+JobConclusion = Literal["action_required", "cancelled", "failure", "neutral", "skipped",
+                        "success", "timed_out"]
+
+
+class JobStep(Model):
+    name: str
+    conclusion: JobConclusion | None = None  # the job's when not given
+
+
+class Job(Model):
+    """One job of a run; without `status` it follows the run (completed when it is)."""
+
+    name: str
+    status: RunStatus | None = None
+    conclusion: JobConclusion | None = None  # the run's when not given
+    steps: list[JobStep] = Field(default_factory=list)
+
+
+class RunFields(Model):
     id: int | None = Field(default=None, gt=0)
-    workflow: str
     head_sha: str | None = Field(default=None, pattern=SHA_PATTERN)
     head_branch: str | None = None
     event: str = "workflow_dispatch"
-    status: Literal["queued", "in_progress", "completed"] = "completed"
-    conclusion: str | None = None
+    conclusion: RunConclusion | None = None
     run_attempt: int = Field(default=1, ge=1)
     actor: str | None = None
     display_title: str | None = None
@@ -100,6 +120,25 @@ class Run(Model):
     created_at: AwareDatetime | None = None
     completed_at: AwareDatetime | None = None
     artifacts: list[Artifact] = Field(default_factory=list)
+    jobs: list[Job] = Field(default_factory=list)
+
+
+class Run(RunFields):
+    """A run of the scenario, or a new run finished by `complete_run`."""
+
+    workflow: str
+    status: RunStatus = "completed"
+
+
+class FinishedRun(RunFields):
+    """`complete_run`'s run: an existing run needs only its `id` (its workflow, title and
+    head stay); a new one also needs `workflow`."""
+
+    workflow: str | None = None
+
+
+class RunRef(Model):
+    id: int = Field(gt=0)
 
 
 class Comment(Model):
@@ -171,7 +210,13 @@ class AddComment(Model):
 class CompleteRun(Model):
     action: Literal["complete_run"]
     repo: str
-    run: Run
+    run: FinishedRun
+
+
+class StartRun(Model):
+    action: Literal["start_run"]
+    repo: str
+    run: RunRef
 
 
 class PushDefault(Model):
@@ -207,6 +252,7 @@ Action = Annotated[
     | ClosePull
     | AddComment
     | CompleteRun
+    | StartRun
     | PushDefault
     | RepositoryDispatch
     | SetCapacity

@@ -21,6 +21,7 @@ from bot.sandbox.state import (
     CheckRun,
     Commit,
     IssueComment,
+    Job,
     PullRequest,
     Reaction,
     RepoState,
@@ -662,6 +663,41 @@ class Shapes:
             },
             "repository": self.minimal_repository(repo),
             "head_repository": self.minimal_repository(repo),
+        }
+
+    def job(self, repo: RepoState, run: WorkflowRun, job: Job) -> dict[str, Any]:
+        base = f"{self.api}/repos/{repo.full_name}"
+        # A hosted runner is assigned once the job starts.
+        runner = job.status != "queued"
+        return {
+            "id": job.id,
+            "run_id": run.id,
+            "workflow_name": run.name,
+            "head_branch": run.head_branch,
+            "run_url": f"{base}/actions/runs/{run.id}",
+            "run_attempt": run.run_attempt,
+            "node_id": node_id("CheckRun", job.id),
+            "head_sha": run.head_sha,
+            "url": f"{base}/actions/jobs/{job.id}",
+            "html_url": f"{self.web}/{repo.full_name}/actions/runs/{run.id}/job/{job.id}",
+            "status": job.status,
+            "conclusion": job.conclusion,
+            "created_at": ts(run.created_at),
+            "started_at": ts(job.started_at),
+            "completed_at": ts(job.completed_at),
+            "name": job.name,
+            "steps": [
+                {"name": step.name, "status": step.status, "conclusion": step.conclusion,
+                 "number": step.number, "started_at": ts(job.started_at),
+                 "completed_at": ts(job.completed_at)}
+                for step in job.steps
+            ],
+            "check_run_url": f"{base}/check-runs/{job.id}",
+            "labels": ["ubuntu-latest"],
+            "runner_id": 1 if runner else None,
+            "runner_name": "GitHub Actions 1" if runner else None,
+            "runner_group_id": 0 if runner else None,
+            "runner_group_name": "GitHub Actions" if runner else None,
         }
 
     def artifact(self, repo: RepoState, artifact: Artifact, run: WorkflowRun,

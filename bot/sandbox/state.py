@@ -61,6 +61,7 @@ class Ids:
         "commit": 1,
         "workflow": 70_000_001,
         "check_suite": 8_000_000_001,
+        "job": 6_000_000_001,
     }
 
     def __init__(self) -> None:
@@ -152,6 +153,25 @@ class Artifact:
 
 
 @dataclass
+class JobStep:
+    name: str
+    number: int
+    status: str
+    conclusion: str | None
+
+
+@dataclass
+class Job:
+    id: int
+    name: str
+    status: str
+    conclusion: str | None
+    started_at: datetime
+    completed_at: datetime | None
+    steps: list[JobStep]
+
+
+@dataclass
 class WorkflowRun:
     id: int
     workflow: str  # file name under .github/workflows
@@ -170,6 +190,7 @@ class WorkflowRun:
     updated_at: datetime
     run_started_at: datetime
     artifacts: list[Artifact] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
 
 
 @dataclass
@@ -214,6 +235,15 @@ class Dispatch:
     inputs: dict[str, Any]
     at: datetime
     run_id: int
+
+
+def finish_jobs(run: WorkflowRun, at: datetime) -> None:
+    """Jobs still open when their run completes end with the run's conclusion."""
+    for job in run.jobs:
+        if job.status != "completed":
+            job.status, job.conclusion, job.completed_at = "completed", run.conclusion, at
+            for step in job.steps:
+                step.status, step.conclusion = "completed", run.conclusion
 
 
 def build_zip(files: dict[str, Any]) -> bytes:
@@ -554,21 +584,26 @@ class RepoState:
         )
         self.runs[run_id] = run
         self.attach_artifacts(run, spec.artifacts, finished)
+        run.jobs = self.build_jobs(run, spec.jobs, finished)
         return run
 
-    def complete_run(self, spec: sc.Run, now: datetime) -> WorkflowRun:
-        """Finish a queued run (a dispatched one) or record a new finished run."""
+    def complete_run(self, spec: sc.FinishedRun, now: datetime) -> WorkflowRun:
+        """Finish a queued or running run (a dispatched one) or record a new finished run."""
         run = self.runs.get(spec.id) if spec.id else None
+        finished = spec.completed_at or now
         if run is None:
-            finished = spec.completed_at or now
-            return self.add_run(
-                spec.model_copy(update={"status": "completed", "completed_at": finished}), now
-            )
+            if spec.workflow is None:
+                raise SandboxError(f"{self.full_name}: no run {spec.id}; a new run needs "
+                                   "`workflow`", 404)
+            fields = spec.model_dump(exclude_unset=True)
+            new = sc.Run.model_validate({**fields, "status": "completed", "completed_at": finished})
+            return self.add_run(new, now)
+        if spec.workflow is not None and spec.workflow != run.workflow:
+            raise SandboxError(f"run {run.id} is a run of {run.workflow}, not {spec.workflow}", 409)
         if run.status == "completed" and spec.run_attempt <= run.run_attempt:
             raise SandboxError(
                 f"run {run.id} already completed; give a higher run_attempt to re-run it", 409
             )
-        finished = spec.completed_at or now
         run.status = "completed"
         run.conclusion = spec.conclusion or "success"
         run.run_attempt = max(run.run_attempt, spec.run_attempt)
@@ -578,7 +613,39 @@ class RepoState:
         if spec.pull_requests:
             run.pull_requests = list(spec.pull_requests)
         self.attach_artifacts(run, spec.artifacts, finished)
+        if spec.jobs:
+            run.jobs = self.build_jobs(run, spec.jobs, finished)
+        else:
+            finish_jobs(run, finished)
         return run
+
+    def start_run(self, run_id: int, now: datetime) -> WorkflowRun:
+        """A queued run is picked up by a runner: it and its jobs are in progress."""
+        run = self.runs.get(run_id)
+        if run is None:
+            raise SandboxError(f"{self.full_name} has no run {run_id}", 404)
+        if run.status != "queued":
+            raise SandboxError(f"run {run_id} is {run.status}, not queued", 409)
+        run.status = "in_progress"
+        run.run_started_at = run.updated_at = now
+        for job in run.jobs:
+            if job.status == "queued":
+                job.status, job.started_at = "in_progress", now
+        return run
+
+    def build_jobs(self, run: WorkflowRun, specs: list[sc.Job], finished: datetime) -> list[Job]:
+        return [self.build_job(run, spec, finished) for spec in specs]
+
+    def build_job(self, run: WorkflowRun, spec: sc.Job, finished: datetime) -> Job:
+        status = spec.status or ("completed" if spec.conclusion else run.status)
+        done = status == "completed"
+        conclusion = (spec.conclusion or run.conclusion or "success") if done else None
+        steps = [
+            JobStep(step.name, number, status, (step.conclusion or conclusion) if done else None)
+            for number, step in enumerate(spec.steps, start=1)
+        ]
+        return Job(self.ids.next("job"), spec.name, status, conclusion, run.run_started_at,
+                   finished if done else None, steps)
 
     def attach_artifacts(
         self, run: WorkflowRun, specs: list[sc.Artifact], at: datetime

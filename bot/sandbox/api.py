@@ -15,7 +15,15 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.sandbox.gate import ApiError, Auth, Faults, RateLimits, RequestLog, fault_error
+from bot.sandbox.gate import (
+    ApiError,
+    Auth,
+    FaultRule,
+    Faults,
+    RateLimits,
+    RequestLog,
+    fault_error,
+)
 from bot.sandbox.rest import Call, Reply, build_router
 from bot.sandbox.world import Event, World
 
@@ -54,13 +62,9 @@ class Api:
         budget = self.budget_key(None, matched[2] if matched else {})
         announce: list[Event] = []
         counted = False
+        rule = self.faults.pick(method, path)
         try:
-            rule = self.faults.pick(method, path)
-            if rule is not None and rule.latency_ms:
-                # Real time, not the sandbox clock: this is how client timeouts are provoked.
-                await asyncio.sleep(rule.latency_ms / 1000)
-            if rule is not None and (rule.status or rule.ratelimit_remaining_zero):
-                raise fault_error(rule, self.limits, budget)
+            await self.apply_fault(rule, budget)
             if matched is None:
                 raise ApiError(404, "Not Found")
             _, handler, params = matched
@@ -89,10 +93,22 @@ class Api:
             self.limits.spend(budget)
         for name, value in self.limits.headers(budget).items():
             response.headers.setdefault(name, value)
-        self.log.record(method, path, route, response.status, self.world.now())
+        lost = rule is not None and rule.lose_answer
+        self.log.record(method, path, route, response.status, self.world.now(), lost)
         if announce:
             self.announce(announce)
+        if lost:
+            cut_connection(request)
         return response
+
+    async def apply_fault(self, rule: FaultRule | None, budget: str) -> None:
+        if rule is None:
+            return
+        if rule.latency_ms:
+            # Real time, not the sandbox clock: this is how client timeouts are provoked.
+            await asyncio.sleep(rule.latency_ms / 1000)
+        if rule.status or rule.ratelimit_remaining_zero:
+            raise fault_error(rule, self.limits, budget)
 
     def budget_key(self, installation: int | None, params: dict[str, str]) -> str:
         """Whose hourly budget a request spends: its installation's, else the App's."""
@@ -130,6 +146,13 @@ class Api:
                 return web.Response(status=304, headers=headers)
         return web.Response(status=reply.status, body=payload, headers=headers,
                             content_type=content_type, charset="utf-8")
+
+
+def cut_connection(request: web.Request) -> None:
+    """Close the connection under the answer: the request took effect, but the client
+    sees only a disconnect and must read the state back to learn what happened."""
+    if request.transport is not None:
+        request.transport.close()
 
 
 async def read_json(request: web.Request) -> Any:

@@ -24,7 +24,7 @@ from bot.sandbox.api import PREFIX, Api
 from bot.sandbox.gate import Auth, Faults, FaultSettings, RateLimits, RequestLog
 from bot.sandbox.shapes import ts
 from bot.sandbox.state import RepoState, SandboxError
-from bot.sandbox.webhooks import Delivery, deliver
+from bot.sandbox.webhooks import Delivery, deliver, withheld
 from bot.sandbox.world import Event, World
 
 
@@ -69,7 +69,7 @@ class Sandbox:
     async def perform(self, action: sc.Action) -> dict[str, Any]:
         answer, events = actions.apply(self.world, action)
         delivered = [await self._deliver(event, background=False) for event in events]
-        sent = [d for d in delivered if d.status is not None or d.error is not None]
+        sent = [d for d in delivered if d.attempted]
         return {"deliveries": [d.id for d in sent], "statuses": [d.status for d in sent],
                 **answer}
 
@@ -164,12 +164,18 @@ class Sandbox:
     # --- webhooks ----------------------------------------------------------------------
 
     async def _deliver(self, event: Event, background: bool) -> Delivery:
-        if self.deliver_to and self._session is None:
-            self._session = aiohttp.ClientSession()
-        delivery = await deliver(self._session if self.deliver_to else None, self.deliver_to,
-                                 event, self.app_id, self.webhook_secret, background)
+        if self.faults.drops(event.name, event.action):
+            delivery = withheld(event, background, "dropped", "fault rule")
+        else:
+            delivery = await self._send(event, background)
         self.deliveries.append(delivery)
         return delivery
+
+    async def _send(self, event: Event, background: bool) -> Delivery:
+        if self.deliver_to and self._session is None:
+            self._session = aiohttp.ClientSession()
+        return await deliver(self._session if self.deliver_to else None, self.deliver_to,
+                             event, self.app_id, self.webhook_secret, background)
 
     def _announce(self, events: list[Event]) -> None:
         async def send() -> None:

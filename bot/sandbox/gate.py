@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import jwt
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bot.sandbox.shapes import ts
 from bot.sandbox.world import World
@@ -47,6 +47,9 @@ class ApiError(Exception):
 
 
 class FaultRule(BaseModel):
+    """One injected fault: an error answer, a delay or a lost answer for REST requests
+    matching `method` and `route`, or a dropped delivery for a `webhook` rule."""
+
     model_config = ConfigDict(extra="forbid")
 
     method: str | None = None
@@ -58,6 +61,9 @@ class FaultRule(BaseModel):
     latency_ms: int = Field(default=0, ge=0)
     ratelimit_remaining_zero: bool = False
     message: str | None = None
+    lose_answer: bool = False
+    webhook: str | None = None
+    action: str | None = None
 
     @field_validator("route")
     @classmethod
@@ -67,6 +73,31 @@ class FaultRule(BaseModel):
         except re.error as exc:
             raise ValueError(f"not a regular expression: {exc}") from None
         return value
+
+    @model_validator(mode="after")
+    def _one_kind_of_fault(self) -> FaultRule:
+        rest_only = {"method", "route", "status", "retry_after", "latency_ms",
+                     "ratelimit_remaining_zero", "message", "lose_answer"}
+        if self.webhook is not None and self.model_fields_set & rest_only:
+            raise ValueError("a webhook rule drops deliveries; it takes only webhook, "
+                             "action, rate and count")
+        if self.action is not None and self.webhook is None:
+            raise ValueError("action narrows a webhook rule; give webhook too")
+        if self.lose_answer and (self.status or self.ratelimit_remaining_zero):
+            raise ValueError("a lost answer is applied first; it cannot also be an error status")
+        return self
+
+    @property
+    def is_webhook_rule(self) -> bool:
+        return self.webhook is not None
+
+    def matches_request(self, method: str, path: str) -> bool:
+        return (not self.is_webhook_rule
+                and (not self.method or self.method.upper() == method)
+                and re.search(self.route, path) is not None)
+
+    def matches_event(self, name: str, action: str | None) -> bool:
+        return self.webhook == name and (self.action is None or self.action == action)
 
 
 class FaultSettings(BaseModel):
@@ -90,10 +121,15 @@ class Faults:
 
     def pick(self, method: str, path: str) -> FaultRule | None:
         """The first active rule for this request; spends one of its `count`."""
+        return self._first(lambda rule: rule.matches_request(method, path))
+
+    def drops(self, name: str, action: str | None) -> bool:
+        """Whether a webhook rule swallows this delivery; spends one of its `count`."""
+        return self._first(lambda rule: rule.matches_event(name, action)) is not None
+
+    def _first(self, matches: Callable[[FaultRule], bool]) -> FaultRule | None:
         for index, rule in enumerate(self.rules):
-            if rule.method and rule.method.upper() != method:
-                continue
-            if not re.search(rule.route, path) or self.left[index] == 0:
+            if not matches(rule) or self.left[index] == 0:
                 continue
             if rule.rate < 1 and self.rng.random() >= rule.rate:
                 continue
@@ -248,10 +284,11 @@ class RequestLog:
     def __init__(self) -> None:
         self.entries: list[dict[str, Any]] = []
 
-    def record(self, method: str, path: str, route: str, status: int, at: datetime) -> None:
-        self.entries.append(
-            {"method": method, "path": path, "route": route, "status": status, "at": ts(at)}
-        )
+    def record(self, method: str, path: str, route: str, status: int, at: datetime,
+               lost: bool = False) -> None:
+        """`lost`: the request was applied but its answer never reached the client."""
+        self.entries.append({"method": method, "path": path, "route": route, "status": status,
+                             "at": ts(at), "lost": lost})
 
     def reset(self) -> None:
         self.entries.clear()

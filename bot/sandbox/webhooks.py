@@ -26,10 +26,34 @@ class Delivery:
     status: int | None  # the receiver's HTTP status; None when not delivered
     background: bool
     error: str | None = None
+    # Why GitHub would never send it: "dropped" by a fault rule, "skipped" by the
+    # installation (an event it does not subscribe to or may not see).
+    withheld: str | None = None
+    reason: str | None = None
+
+    @property
+    def outcome(self) -> str:
+        """sent (the receiver answered), failed, unsent (no target), dropped or skipped."""
+        if self.withheld is not None:
+            return self.withheld
+        if self.status is not None:
+            return "sent"
+        return "failed" if self.error is not None else "unsent"
+
+    @property
+    def attempted(self) -> bool:
+        return self.status is not None or self.error is not None
 
     def summary(self) -> dict[str, Any]:
         return {"id": self.id, "event": self.event, "action": self.action,
-                "status": self.status, "background": self.background, "error": self.error}
+                "status": self.status, "background": self.background, "error": self.error,
+                "outcome": self.outcome, "reason": self.reason}
+
+
+def withheld(event: Event, background: bool, outcome: str, reason: str) -> Delivery:
+    """A delivery GitHub never makes, kept so tests can see it was due."""
+    return Delivery(str(uuid.uuid4()), event.name, event.action, event.payload, None,
+                    background, withheld=outcome, reason=reason)
 
 
 def signature_headers(secret: str | None, body: bytes) -> dict[str, str]:

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.sandbox import Sandbox
-from tests.sandbox.test_sandbox_support import Hub, serve, small_scenario
+from tests.sandbox.test_sandbox_support import Hub, Receiver, serve, small_scenario
 
 REPO = "/repos/acme/bench"
 
@@ -94,6 +94,91 @@ async def test_invalid_fault_rules_are_rejected(hub: Hub) -> None:
     assert "rules.0.route" in (await response.json())["detail"]
 
 
+@pytest.mark.parametrize(
+    ("rule", "complaint"),
+    [
+        ({"webhook": "push", "status": 500}, "only webhook, action, rate and count"),
+        ({"action": "completed"}, "give webhook too"),
+        ({"route": "/git/refs", "lose_answer": True, "status": 502}, "cannot also be an error"),
+    ],
+)
+async def test_fault_rules_of_mixed_kinds_are_rejected(
+    hub: Hub, rule: dict[str, object], complaint: str
+) -> None:
+    response = await hub.client.post("/_sandbox/faults", json={"rules": [rule]})
+    assert response.status == 400
+    assert complaint in (await response.json())["detail"]
+
+
+async def deliveries(hub: Hub) -> list[dict[str, object]]:
+    listed: list[dict[str, object]] = await (await hub.client.get("/_sandbox/deliveries")).json()
+    return listed
+
+
+async def test_a_dropped_webhook_changes_the_state_but_never_arrives(
+    hub: Hub, receiver: Receiver
+) -> None:
+    hub.sandbox.deliver_to = receiver.url
+    await set_faults(hub, rules=[{"webhook": "workflow_run", "action": "completed", "count": 1}])
+    first = await hub.act(action="complete_run", repo="acme/bench",
+                          run={"workflow": "klaud-plan.yml"})
+    assert (first["deliveries"], first["statuses"]) == ([], [])
+    assert receiver.received == []
+    run = await hub.json("GET", f"{REPO}/actions/runs/{first['run_id']}")
+    assert run["status"] == "completed"  # the state changed all the same
+    second = await hub.act(action="complete_run", repo="acme/bench",
+                           run={"workflow": "klaud-plan.yml"})
+    assert second["statuses"] == [202]  # the rule's count is spent
+    assert [(d["event"], d["action"], d["outcome"], d["reason"]) for d in await deliveries(hub)] == [
+        ("workflow_run", "completed", "dropped", "fault rule"),
+        ("workflow_run", "completed", "sent", None)]
+
+
+async def test_a_webhook_rule_drops_background_deliveries_of_any_action(
+    hub: Hub, receiver: Receiver
+) -> None:
+    hub.sandbox.deliver_to = receiver.url
+    await set_faults(hub, rules=[{"webhook": "issue_comment"}])
+    made = await hub.api("POST", f"{REPO}/issues/12/comments", json={"body": "Klaud here"})
+    assert made.status == 201
+    await hub.act(action="comment", repo="acme/bench", number=12, user="bob", body="hi")
+    await hub.sandbox.drain()
+    assert receiver.received == []
+    assert [d["outcome"] for d in await deliveries(hub)] == ["dropped", "dropped"]
+    assert [c["body"] for c in hub.state()["comments"]] == ["Klaud here", "hi"]
+
+
+async def test_a_lost_answer_is_applied_and_then_the_connection_is_cut(
+    hub: Hub, receiver: Receiver
+) -> None:
+    hub.sandbox.deliver_to = receiver.url
+    await set_faults(hub, rules=[{"method": "POST", "route": "/comments$", "lose_answer": True,
+                                  "count": 1}])
+    with pytest.raises(aiohttp.ServerDisconnectedError):
+        await hub.api("POST", f"{REPO}/issues/12/comments", json={"body": "Klaud here"})
+    await hub.sandbox.drain()
+    # Applied: the comment exists and its webhook went out; the client must read to know.
+    assert [c["body"] for c in hub.state()["comments"]] == ["Klaud here"]
+    assert [d["event"] for d in await deliveries(hub)] == ["issue_comment"]
+    listed = await hub.json("GET", f"{REPO}/issues/12/comments")
+    assert [c["body"] for c in listed] == ["Klaud here"]
+    entries = hub.sandbox.request_log["requests"]
+    assert [(e["method"], e["status"], e["lost"]) for e in entries] == [
+        ("POST", 201, True), ("GET", 200, False)]
+
+
+async def test_a_lost_claim_is_found_by_reading(hub: Hub) -> None:
+    await set_faults(hub, rules=[{"method": "POST", "route": "/git/refs$", "lose_answer": True,
+                                  "count": 1}])
+    claim = {"ref": "refs/heads/klaud/claim-0123456789abcdef", "sha": hub.state()["head_sha"]}
+    with pytest.raises(aiohttp.ServerDisconnectedError):
+        await hub.api("POST", f"{REPO}/git/refs", json=claim)
+    again = await hub.api("POST", f"{REPO}/git/refs", json=claim)
+    assert again.status == 422 and (await again.json())["message"] == "Reference already exists"
+    found = await hub.json("GET", f"{REPO}/git/ref/heads/klaud/claim-0123456789abcdef")
+    assert found["object"]["sha"] == claim["sha"]
+
+
 async def test_request_log_counts_by_route_and_resets(hub: Hub) -> None:
     await hub.api("GET", f"{REPO}/pulls/12/files")
     await hub.api("GET", f"{REPO}/pulls/12/files", params={"page": "2"})
@@ -105,7 +190,7 @@ async def test_request_log_counts_by_route_and_resets(hub: Hub) -> None:
     first = log["requests"][0]
     assert first == {"method": "GET", "path": "/repos/acme/bench/pulls/12/files",
                      "route": "GET /repos/{owner}/{repo}/pulls/{pull_number}/files",
-                     "status": 200, "at": "2026-11-30T08:00:00Z"}
+                     "status": 200, "at": "2026-11-30T08:00:00Z", "lost": False}
     assert (await hub.client.post("/_sandbox/requests/reset")).status == 200
     assert hub.sandbox.request_log == {"total": 0, "by_route": {}, "requests": []}
 

@@ -22,9 +22,10 @@ from bot.sandbox.gate import (
     Faults,
     RateLimits,
     RequestLog,
+    credential,
     fault_error,
 )
-from bot.sandbox.rest import Call, Reply, build_router
+from bot.sandbox.rest import Call, Reply, Route, build_router
 from bot.sandbox.world import Event, World
 
 PREFIX = "/_sandbox/github"
@@ -58,8 +59,8 @@ class Api:
         method = request.method
         path = request.path[len(PREFIX):] or "/"
         matched = self.router.match(method, path)
-        route = f"{method} {matched[0]}" if matched else f"{method} (unknown route)"
-        budget = self.budget_key(None, matched[2] if matched else {})
+        label = f"{method} {matched[0].template}" if matched else f"{method} (unknown route)"
+        budget = self.budget_key(None, matched[1] if matched else {})
         announce: list[Event] = []
         counted = False
         rule = self.faults.pick(method, path)
@@ -67,8 +68,9 @@ class Api:
             await self.apply_fault(rule, budget)
             if matched is None:
                 raise ApiError(404, "Not Found")
-            _, handler, params = matched
-            installation = self.auth.installation_for(path, request.headers.get("Authorization"))
+            route, params = matched
+            header = request.headers.get("Authorization")
+            installation = self.auth.installation_for(path, header)
             budget = self.budget_key(installation, params)
             if self.limits.exhausted(budget):
                 raise ApiError(403, f"API rate limit exceeded for installation ID {budget}.",
@@ -83,9 +85,11 @@ class Api:
                 accept=request.headers.get("Accept", ""),
                 installation_id=installation if self.auth.strict else None,
                 origin=origin,
+                token=credential(header),
                 announce=announce,
             )
-            reply = handler(call)
+            self.check_permissions(call, route)
+            reply = route.handler(call)
         except ApiError as error:
             reply = Reply(error.status, error.body(), dict(error.headers))
         response = self.render(request, reply)
@@ -94,12 +98,20 @@ class Api:
         for name, value in self.limits.headers(budget).items():
             response.headers.setdefault(name, value)
         lost = rule is not None and rule.lose_answer
-        self.log.record(method, path, route, response.status, self.world.now(), lost)
+        self.log.record(method, path, label, response.status, self.world.now(), lost)
         if announce:
             self.announce(announce)
         if lost:
             cut_connection(request)
         return response
+
+    def check_permissions(self, call: Call, route: Route) -> None:
+        """403 when the route needs a permission the request's installation lacks. A
+        repository the request may not see at all is left to the handler's 404."""
+        repo = self.world.repo_named(call.params)
+        if repo is None or (call.installation_id not in (None, repo.installation_id)):
+            return
+        call.require(repo, route.needs)
 
     async def apply_fault(self, rule: FaultRule | None, budget: str) -> None:
         if rule is None:

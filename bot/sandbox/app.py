@@ -164,7 +164,10 @@ class Sandbox:
     # --- webhooks ----------------------------------------------------------------------
 
     async def _deliver(self, event: Event, background: bool) -> Delivery:
-        if self.faults.drops(event.name, event.action):
+        skipped = self.world.withholds(event)
+        if skipped is not None:
+            delivery = withheld(event, background, "skipped", skipped)
+        elif self.faults.drops(event.name, event.action):
             delivery = withheld(event, background, "dropped", "fault rule")
         else:
             delivery = await self._send(event, background)

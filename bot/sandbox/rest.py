@@ -19,7 +19,23 @@ from multidict import MultiMapping
 from bot.sandbox.events import Payloads
 from bot.sandbox.gate import ApiError
 from bot.sandbox.patches import blob_sha
-from bot.sandbox.shapes import APP_PERMISSIONS, BOT_LOGIN, REACTIONS, Shapes, ts
+from bot.sandbox.permissions import (
+    ACTIONS_READ,
+    ACTIONS_WRITE,
+    CHECKS_READ,
+    CHECKS_WRITE,
+    CONTENTS_READ,
+    CONTENTS_WRITE,
+    CONVERSATION_READ,
+    CONVERSATION_WRITE,
+    METADATA_READ,
+    NOTHING,
+    PULLS_READ,
+    Needs,
+    covers,
+    grants,
+)
+from bot.sandbox.shapes import BOT_LOGIN, REACTIONS, Shapes, ts
 from bot.sandbox.state import (
     Artifact,
     CheckRun,
@@ -66,6 +82,7 @@ class Call:
     accept: str
     installation_id: int | None
     origin: str
+    token: str | None = None
     announce: list[Event] = field(default_factory=list)
 
     @property
@@ -73,12 +90,17 @@ class Call:
         return self.world.now()
 
     def repo(self) -> RepoState:
-        repo = self.world.repos.get(f"{self.params['owner']}/{self.params['repo']}".lower())
+        repo = self.world.repo_named(self.params)
         if repo is None or (
             self.installation_id is not None and repo.installation_id != self.installation_id
         ):
             raise ApiError(404, "Not Found")
         return repo
+
+    def require(self, repo: RepoState, needs: Needs) -> None:
+        """403 unless this request's permissions in `repo` grant `needs`."""
+        if not grants(self.world.permissions_for(self.token, repo), needs):
+            raise forbidden(needs)
 
     def number(self, name: str) -> int:
         try:
@@ -93,23 +115,40 @@ class Call:
 Handler = Callable[[Call], Reply]
 
 
+def forbidden(needs: Needs) -> ApiError:
+    """GitHub's answer to a request its installation may not make; the header names the
+    permissions that would have granted it (alternatives separated by `; `)."""
+    accepted = "; ".join(f"{name}={level}" for name, level in needs)
+    return ApiError(403, "Resource not accessible by integration",
+                    {"x-accepted-github-permissions": accepted})
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    template: str
+    pattern: re.Pattern[str]
+    handler: Handler
+    needs: Needs
+
+
 class Router:
     def __init__(self) -> None:
-        self.routes: list[tuple[str, str, re.Pattern[str], Handler]] = []
+        self.routes: list[Route] = []
 
-    def add(self, method: str, template: str, handler: Handler) -> None:
+    def add(self, method: str, template: str, handler: Handler, needs: Needs) -> None:
         def group(match: re.Match[str]) -> str:
             name = match.group(1)
             return f"(?P<{name}>.+)" if name in GREEDY else f"(?P<{name}>[^/]+)"
 
         pattern = re.compile("^" + re.sub(r"\{(\w+)\}", group, template) + "$")
-        self.routes.append((method, template, pattern, handler))
+        self.routes.append(Route(method, template, pattern, handler, needs))
 
-    def match(self, method: str, path: str) -> tuple[str, Handler, dict[str, str]] | None:
-        for wanted, template, pattern, handler in self.routes:
-            found = pattern.match(path)
-            if wanted == method and found:
-                return template, handler, found.groupdict()
+    def match(self, method: str, path: str) -> tuple[Route, dict[str, str]] | None:
+        for route in self.routes:
+            found = route.pattern.match(path)
+            if route.method == method and found:
+                return route, found.groupdict()
         return None
 
 
@@ -121,13 +160,19 @@ def validation_failed(message: str, **extra: Any) -> ApiError:
 
 
 def create_token(call: Call) -> Reply:
+    """An installation token, with the installation's permissions or the fewer asked for."""
     installation_id = call.number("installation_id")
-    repos = call.world.installations().get(installation_id)
-    if not repos:
+    if not call.world.installations().get(installation_id):
         raise ApiError(404, "Not Found")
-    token, expires = call.world.issue_token(installation_id)
-    return Reply(201, {"token": token, "expires_at": ts(expires),
-                       "permissions": dict(APP_PERMISSIONS),
+    granted = call.world.installation(installation_id).permissions
+    wanted = call.field("permissions")
+    if wanted is None:
+        wanted = granted
+    elif not isinstance(wanted, dict) or not covers(granted, wanted):
+        raise validation_failed("The permissions requested are not granted to this installation.")
+    token, made = call.world.issue_token(installation_id, dict(wanted))
+    return Reply(201, {"token": token, "expires_at": ts(made.expires_at),
+                       "permissions": dict(made.permissions),
                        "repository_selection": "selected"})
 
 
@@ -137,12 +182,14 @@ def get_app(call: Call) -> Reply:
 
 def list_installations(call: Call) -> Reply:
     grouped = call.world.installations()
-    return Reply(items=[call.shapes.installation(i, grouped[i][0]) for i in sorted(grouped)])
+    return Reply(items=[call.shapes.installation(call.world.installation(i), grouped[i][0])
+                        for i in sorted(grouped)])
 
 
 def repo_installation(call: Call) -> Reply:
     repo = call.repo()
-    return Reply(body=call.shapes.installation(repo.installation_id, repo))
+    return Reply(body=call.shapes.installation(call.world.installation(repo.installation_id),
+                                               repo))
 
 
 def installation_repositories(call: Call) -> Reply:
@@ -785,49 +832,57 @@ def collaborator_permission(call: Call) -> Reply:
 
 
 def build_router() -> Router:
+    """Every route with the permission GitHub's REST reference documents for it
+    (App-JWT and token-only routes need none)."""
     router = Router()
     repo = "/repos/{owner}/{repo}"
-    routes: list[tuple[str, str, Handler]] = [
-        ("POST", "/app/installations/{installation_id}/access_tokens", create_token),
-        ("GET", "/app/installations", list_installations),
-        ("GET", "/app", get_app),
-        ("GET", "/installation/repositories", installation_repositories),
-        ("GET", repo, get_repository),
-        ("GET", f"{repo}/installation", repo_installation),
-        ("GET", f"{repo}/contents", get_contents),
-        ("GET", f"{repo}/contents/{{path}}", get_contents),
-        ("GET", f"{repo}/commits/{{ref}}/check-runs", commit_check_runs),
-        ("GET", f"{repo}/commits/{{ref}}", get_commit),
-        ("GET", f"{repo}/compare/{{basehead}}", compare),
-        ("GET", f"{repo}/git/trees/{{tree_sha}}", get_tree),
-        ("GET", f"{repo}/git/ref/{{ref}}", get_ref),
-        ("GET", f"{repo}/git/matching-refs/{{ref}}", matching_refs),
-        ("POST", f"{repo}/git/refs", create_ref),
-        ("PATCH", f"{repo}/git/refs/{{ref}}", update_ref),
-        ("DELETE", f"{repo}/git/refs/{{ref}}", delete_ref),
-        ("GET", f"{repo}/pulls", list_pulls),
-        ("GET", f"{repo}/pulls/{{pull_number}}", get_pull),
-        ("GET", f"{repo}/pulls/{{pull_number}}/files", pull_files),
-        ("GET", f"{repo}/actions/runs", list_runs),
-        ("GET", f"{repo}/actions/runs/{{run_id}}", get_run),
-        ("GET", f"{repo}/actions/runs/{{run_id}}/artifacts", run_artifacts),
-        ("GET", f"{repo}/actions/runs/{{run_id}}/jobs", run_jobs),
-        ("GET", f"{repo}/actions/workflows/{{workflow_id}}/runs", workflow_runs),
-        ("POST", f"{repo}/actions/workflows/{{workflow_id}}/dispatches", dispatch_workflow),
-        ("GET", f"{repo}/actions/artifacts", repo_artifacts),
-        ("GET", f"{repo}/actions/artifacts/{{artifact_id}}", get_artifact),
-        ("GET", f"{repo}/actions/artifacts/{{artifact_id}}/{{archive_format}}", download_artifact),
-        ("POST", f"{repo}/check-runs", create_check_run),
-        ("GET", f"{repo}/check-runs/{{check_run_id}}", get_check_run),
-        ("PATCH", f"{repo}/check-runs/{{check_run_id}}", update_check_run),
-        ("GET", f"{repo}/issues/{{issue_number}}/comments", list_comments),
-        ("POST", f"{repo}/issues/{{issue_number}}/comments", create_comment),
-        ("GET", f"{repo}/issues/comments/{{comment_id}}", get_comment),
-        ("PATCH", f"{repo}/issues/comments/{{comment_id}}", update_comment),
-        ("GET", f"{repo}/issues/comments/{{comment_id}}/reactions", list_reactions),
-        ("POST", f"{repo}/issues/comments/{{comment_id}}/reactions", create_reaction),
-        ("GET", f"{repo}/collaborators/{{username}}/permission", collaborator_permission),
+    routes: list[tuple[str, str, Handler, Needs]] = [
+        ("POST", "/app/installations/{installation_id}/access_tokens", create_token, NOTHING),
+        ("GET", "/app/installations", list_installations, NOTHING),
+        ("GET", "/app", get_app, NOTHING),
+        ("GET", "/installation/repositories", installation_repositories, NOTHING),
+        ("GET", repo, get_repository, METADATA_READ),
+        ("GET", f"{repo}/installation", repo_installation, NOTHING),
+        ("GET", f"{repo}/contents", get_contents, CONTENTS_READ),
+        ("GET", f"{repo}/contents/{{path}}", get_contents, CONTENTS_READ),
+        ("GET", f"{repo}/commits/{{ref}}/check-runs", commit_check_runs, CHECKS_READ),
+        ("GET", f"{repo}/commits/{{ref}}", get_commit, CONTENTS_READ),
+        ("GET", f"{repo}/compare/{{basehead}}", compare, CONTENTS_READ),
+        ("GET", f"{repo}/git/trees/{{tree_sha}}", get_tree, CONTENTS_READ),
+        ("GET", f"{repo}/git/ref/{{ref}}", get_ref, CONTENTS_READ),
+        ("GET", f"{repo}/git/matching-refs/{{ref}}", matching_refs, CONTENTS_READ),
+        ("POST", f"{repo}/git/refs", create_ref, CONTENTS_WRITE),
+        ("PATCH", f"{repo}/git/refs/{{ref}}", update_ref, CONTENTS_WRITE),
+        ("DELETE", f"{repo}/git/refs/{{ref}}", delete_ref, CONTENTS_WRITE),
+        ("GET", f"{repo}/pulls", list_pulls, PULLS_READ),
+        ("GET", f"{repo}/pulls/{{pull_number}}", get_pull, PULLS_READ),
+        ("GET", f"{repo}/pulls/{{pull_number}}/files", pull_files, PULLS_READ),
+        ("GET", f"{repo}/actions/runs", list_runs, ACTIONS_READ),
+        ("GET", f"{repo}/actions/runs/{{run_id}}", get_run, ACTIONS_READ),
+        ("GET", f"{repo}/actions/runs/{{run_id}}/artifacts", run_artifacts, ACTIONS_READ),
+        ("GET", f"{repo}/actions/runs/{{run_id}}/jobs", run_jobs, ACTIONS_READ),
+        ("GET", f"{repo}/actions/workflows/{{workflow_id}}/runs", workflow_runs, ACTIONS_READ),
+        ("POST", f"{repo}/actions/workflows/{{workflow_id}}/dispatches", dispatch_workflow,
+         ACTIONS_WRITE),
+        ("GET", f"{repo}/actions/artifacts", repo_artifacts, ACTIONS_READ),
+        ("GET", f"{repo}/actions/artifacts/{{artifact_id}}", get_artifact, ACTIONS_READ),
+        ("GET", f"{repo}/actions/artifacts/{{artifact_id}}/{{archive_format}}",
+         download_artifact, ACTIONS_READ),
+        ("POST", f"{repo}/check-runs", create_check_run, CHECKS_WRITE),
+        ("GET", f"{repo}/check-runs/{{check_run_id}}", get_check_run, CHECKS_READ),
+        ("PATCH", f"{repo}/check-runs/{{check_run_id}}", update_check_run, CHECKS_WRITE),
+        ("GET", f"{repo}/issues/{{issue_number}}/comments", list_comments, CONVERSATION_READ),
+        ("POST", f"{repo}/issues/{{issue_number}}/comments", create_comment,
+         CONVERSATION_WRITE),
+        ("GET", f"{repo}/issues/comments/{{comment_id}}", get_comment, CONVERSATION_READ),
+        ("PATCH", f"{repo}/issues/comments/{{comment_id}}", update_comment, CONVERSATION_WRITE),
+        ("GET", f"{repo}/issues/comments/{{comment_id}}/reactions", list_reactions,
+         CONVERSATION_READ),
+        ("POST", f"{repo}/issues/comments/{{comment_id}}/reactions", create_reaction,
+         CONVERSATION_WRITE),
+        ("GET", f"{repo}/collaborators/{{username}}/permission", collaborator_permission,
+         METADATA_READ),
     ]
-    for method, template, handler in routes:
-        router.add(method, template, handler)
+    for method, template, handler, needs in routes:
+        router.add(method, template, handler, needs)
     return router

@@ -18,6 +18,7 @@ BUNDLED_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "demo.json"
 SHA_PATTERN = r"^[0-9a-f]{40}$"
 REPO_PATTERN = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$"
 Permission = Literal["admin", "maintain", "write", "triage", "read", "none"]
+AppPermission = Literal["read", "write", "admin"]
 
 
 class ScenarioError(ValueError):
@@ -158,6 +159,9 @@ class Repository(Model):
     private: bool = True
     files: dict[str, str] = Field(default_factory=dict)
     collaborators: dict[str, Permission] = Field(default_factory=dict)
+    # The installation's; without them, app.yaml's default_permissions / default_events.
+    permissions: dict[str, AppPermission] | None = None
+    events: list[str] | None = None
     pulls: list[Pull] = Field(default_factory=list)
     runs: list[Run] = Field(default_factory=list)
     comments: list[Comment] = Field(default_factory=list)

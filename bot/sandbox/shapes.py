@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.core.domain import stamp
+from bot.sandbox.permissions import AppManifest, Installation
 from bot.sandbox.state import (
     Artifact,
     ChangedFile,
@@ -32,22 +33,6 @@ from bot.sandbox.state import (
 APP_SLUG = "klaud-cold"
 APP_NAME = "Klaud Cold"
 BOT_LOGIN = f"{APP_SLUG}[bot]"
-APP_PERMISSIONS = {
-    "actions": "write",
-    "checks": "write",
-    "contents": "write",
-    "issues": "write",
-    "metadata": "read",
-    "pull_requests": "write",
-}
-APP_EVENTS = [
-    "check_run",
-    "issue_comment",
-    "pull_request",
-    "push",
-    "repository_dispatch",
-    "workflow_run",
-]
 REACTIONS = ("+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes")
 WRITE_LEVELS = frozenset({"admin", "maintain", "write"})
 
@@ -74,6 +59,7 @@ def is_bot(login: str) -> bool:
 class Shapes:
     api: str  # the REST API root, e.g. http://127.0.0.1:8080/_sandbox/github
     app_id: int
+    manifest: AppManifest
     web: str = "https://github.com"
 
     # --- people and installations ------------------------------------------------------
@@ -136,11 +122,12 @@ class Shapes:
             "html_url": f"{self.web}/apps/{APP_SLUG}",
             "created_at": "2026-01-01T00:00:00Z",
             "updated_at": "2026-01-01T00:00:00Z",
-            "permissions": dict(APP_PERMISSIONS),
-            "events": list(APP_EVENTS),
+            "permissions": dict(self.manifest.permissions),
+            "events": list(self.manifest.events),
         }
 
-    def installation(self, installation_id: int, repo: RepoState) -> dict[str, Any]:
+    def installation(self, installed: Installation, repo: RepoState) -> dict[str, Any]:
+        installation_id = installed.id
         return {
             "id": installation_id,
             "client_id": f"Iv1.{self.app_id:016x}",
@@ -153,8 +140,8 @@ class Shapes:
             "app_slug": APP_SLUG,
             "target_id": number_for(repo.owner),
             "target_type": repo.owner_type,
-            "permissions": dict(APP_PERMISSIONS),
-            "events": list(APP_EVENTS),
+            "permissions": dict(installed.permissions),
+            "events": list(installed.events),
             "created_at": "2026-01-01T00:00:00Z",
             "updated_at": "2026-01-01T00:00:00Z",
             "single_file_name": None,

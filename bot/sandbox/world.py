@@ -14,6 +14,12 @@ from typing import Any
 
 from bot.core.clock import ManualClock
 from bot.sandbox import scenario as sc
+from bot.sandbox.permissions import (
+    AppManifest,
+    Installation,
+    load_manifest,
+    with_metadata,
+)
 from bot.sandbox.shapes import Shapes, ts
 from bot.sandbox.state import Ids, Issue, IssueComment, RepoState, SandboxError
 
@@ -39,6 +45,7 @@ class Event:
 class Token:
     installation_id: int
     expires_at: datetime
+    permissions: dict[str, str]
 
 
 class World:
@@ -52,14 +59,28 @@ class World:
         self.tokens: dict[str, Token] = {}
         self.blobs: dict[str, bytes] = {}
         self.repos: dict[str, RepoState] = {}
+        self.manifest: AppManifest = load_manifest()
+        self._installations: dict[int, Installation] = {}
         now = clock.now()
         for index, spec in enumerate(scenario.repositories):
             key = spec.full_name.lower()
             if key in self.repos:
                 raise SandboxError(f"repository {spec.full_name} appears twice in the scenario")
+            self._install(spec)
             repo = RepoState(spec, 500_000_001 + index, self.ids, now)
             self.repos[key] = repo
             self._load_contents(repo, spec, now)
+
+    def _install(self, spec: sc.Repository) -> None:
+        """The installation's permissions and events, which all its repositories share."""
+        permissions: dict[str, str] = dict(
+            self.manifest.permissions if spec.permissions is None else spec.permissions)
+        events = self.manifest.installation_events if spec.events is None else tuple(spec.events)
+        made = Installation(spec.installation_id, with_metadata(permissions), events)
+        known = self._installations.setdefault(spec.installation_id, made)
+        if known != made:
+            raise SandboxError(f"installation {spec.installation_id}: its repositories give "
+                               "different permissions or events")
 
     def _load_contents(self, repo: RepoState, spec: sc.Repository, now: datetime) -> None:
         for pull in spec.pulls:
@@ -76,13 +97,23 @@ class World:
         return self.clock.now()
 
     def shapes(self, origin: str | None = None) -> Shapes:
-        return Shapes(api=f"{origin or self.origin}/_sandbox/github", app_id=self.app_id)
+        return Shapes(api=f"{origin or self.origin}/_sandbox/github", app_id=self.app_id,
+                      manifest=self.manifest)
+
+    def repo_named(self, params: dict[str, str]) -> RepoState | None:
+        """The repository a route's `owner`/`repo` parameters name, if it exists."""
+        if "owner" not in params or "repo" not in params:
+            return None
+        return self.repos.get(f"{params['owner']}/{params['repo']}".lower())
 
     def repo(self, full_name: str) -> RepoState:
         repo = self.repos.get(full_name.lower())
         if repo is None:
             raise SandboxError(f"no repository {full_name} in the scenario", 404)
         return repo
+
+    def installation(self, installation_id: int) -> Installation:
+        return self._installations[installation_id]
 
     def installations(self) -> dict[int, list[RepoState]]:
         grouped: dict[int, list[RepoState]] = {}
@@ -92,18 +123,38 @@ class World:
 
     # --- installation tokens -----------------------------------------------------------
 
-    def issue_token(self, installation_id: int) -> tuple[str, datetime]:
+    def issue_token(self, installation_id: int, permissions: dict[str, str]) -> tuple[str, Token]:
         token = "ghs_" + secrets.token_hex(18)
         expires = self.now().replace(microsecond=0) + TOKEN_LIFETIME
-        self.tokens[token] = Token(installation_id, expires)
-        return token, expires
+        made = Token(installation_id, expires, permissions)
+        self.tokens[token] = made
+        return token, made
 
-    def token_installation(self, token: str) -> int | None:
-        """The installation of a token the sandbox issued and that has not expired."""
-        known = self.tokens.get(token)
+    def live_token(self, token: str | None) -> Token | None:
+        """A token the sandbox issued and that has not expired."""
+        known = self.tokens.get(token) if token else None
         if known is None or self.now() >= known.expires_at:
             return None
-        return known.installation_id
+        return known
+
+    def token_installation(self, token: str) -> int | None:
+        known = self.live_token(token)
+        return known.installation_id if known is not None else None
+
+    def permissions_for(self, token: str | None, repo: RepoState) -> dict[str, str]:
+        """What a request may do in `repo`: its token's permissions when the sandbox minted
+        it for this installation (perhaps fewer than the installation's), else the
+        installation's (any token is accepted unless authentication is strict)."""
+        known = self.live_token(token)
+        if known is not None and known.installation_id == repo.installation_id:
+            return known.permissions
+        return self.installation(repo.installation_id).permissions
+
+    def withholds(self, event: Event) -> str | None:
+        """Why GitHub would not deliver `event` (see Installation.withholds)."""
+        installation = event.payload.get("installation") or {}
+        known = self._installations.get(installation.get("id", 0))
+        return known.withholds(event.name) if known is not None else None
 
     # --- shared writes -----------------------------------------------------------------
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from bot.sandbox import issues
 from bot.sandbox import scenario as sc
 from bot.sandbox.events import Payloads
+from bot.sandbox.issues import IssueEdit
 from bot.sandbox.shapes import ts
 from bot.sandbox.state import PullRequest, RepoState, SandboxError
 from bot.sandbox.world import Event, World
@@ -110,6 +112,36 @@ def comment(world: World, action: sc.AddComment) -> Outcome:
     return {"comment_id": made.id}, [Payloads(world).issue_comment(repo, made)]
 
 
+def edit_issue(world: World, action: sc.EditIssue) -> Outcome:
+    repo = world.repo(action.repo)
+    issue = repo.issues.get(action.number)
+    if issue is None:
+        kind = "a pull request (use edit_pull)" if action.number in repo.pulls else "no issue"
+        raise SandboxError(f"{repo.full_name}#{action.number} is {kind}", 404)
+    edit = IssueEdit(title=action.title, body=action.body)
+    return {"number": issue.number}, issues.edit_issue(world, repo, issue, edit, action.user)
+
+
+def rerequest_check(world: World, action: sc.RerequestCheck) -> Outcome:
+    """Someone clicks "Re-run" on one check run; GitHub asks its App to run it again."""
+    repo = world.repo(action.repo)
+    check = repo.check_runs.get(action.check_run_id)
+    if check is None:
+        raise SandboxError(f"{repo.full_name} has no check run {action.check_run_id}", 404)
+    event = Payloads(world).check_run(repo, check, "rerequested", action.user)
+    return {"check_run_id": check.id}, [event]
+
+
+def rerequest_suite(world: World, action: sc.RerequestSuite) -> Outcome:
+    """Someone clicks "Re-run all checks" on a commit with the App's check runs."""
+    repo = world.repo(action.repo)
+    checks = [c for c in repo.check_runs.values() if c.head_sha == action.head_sha]
+    if not checks:
+        raise SandboxError(f"{repo.full_name} has no check suite on {action.head_sha}", 404)
+    event = Payloads(world).check_suite(repo, checks, "rerequested", action.user)
+    return {"check_suite_id": checks[0].check_suite_id}, [event]
+
+
 def complete_run(world: World, action: sc.CompleteRun) -> Outcome:
     repo = world.repo(action.repo)
     run = repo.complete_run(action.run, world.now())
@@ -163,6 +195,9 @@ HANDLERS: dict[type, Any] = {
     sc.EditPull: edit_pull,
     sc.ClosePull: close_pull,
     sc.AddComment: comment,
+    sc.EditIssue: edit_issue,
+    sc.RerequestCheck: rerequest_check,
+    sc.RerequestSuite: rerequest_suite,
     sc.CompleteRun: complete_run,
     sc.StartRun: start_run,
     sc.PushDefault: push_default,

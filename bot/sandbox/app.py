@@ -246,4 +246,9 @@ def repo_document(repo: RepoState, now: datetime) -> dict[str, Any]:
                       for r in repo.reactions],
         "dispatches": [{"workflow": d.workflow, "ref": d.ref, "inputs": d.inputs,
                         "at": ts(d.at), "run_id": d.run_id} for d in repo.dispatches],
+        "issues": [
+            {"number": i.number, "title": i.title, "body": i.body, "state": i.state,
+             "user": i.user, "labels": list(i.labels)}
+            for i in sorted(repo.issues.values(), key=lambda i: i.number)
+        ],
     }

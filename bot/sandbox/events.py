@@ -79,6 +79,11 @@ class Payloads:
         }
         return Event("issue_comment", self.envelope(repo, comment.user, fields))
 
+    def issues(self, repo: RepoState, number: int, action: str, sender: str,
+               **extra: Any) -> Event:
+        fields = {"action": action, "issue": self.shapes.issue(repo, number), **extra}
+        return Event("issues", self.envelope(repo, sender, fields))
+
     def workflow_run(self, repo: RepoState, run: WorkflowRun, action: str) -> Event:
         fields = {
             "action": action,
@@ -90,6 +95,11 @@ class Payloads:
     def check_run(self, repo: RepoState, check: CheckRun, action: str, sender: str) -> Event:
         fields = {"action": action, "check_run": self.shapes.check_run(repo, check)}
         return Event("check_run", self.envelope(repo, sender, fields))
+
+    def check_suite(self, repo: RepoState, checks: list[CheckRun], action: str,
+                    sender: str) -> Event:
+        fields = {"action": action, "check_suite": self.shapes.check_suite(repo, checks)}
+        return Event("check_suite", self.envelope(repo, sender, fields))
 
     def repository_dispatch(
         self, repo: RepoState, event_type: str, client_payload: dict[str, Any], sender: str

@@ -16,8 +16,11 @@ from typing import Any
 
 from multidict import MultiMapping
 
+from bot.sandbox import actions
+from bot.sandbox import scenario as sc
 from bot.sandbox.events import Payloads
 from bot.sandbox.gate import ApiError
+from bot.sandbox.issues import IssueEdit, edit_issue
 from bot.sandbox.patches import blob_sha
 from bot.sandbox.permissions import (
     ACTIONS_READ,
@@ -28,6 +31,8 @@ from bot.sandbox.permissions import (
     CONTENTS_WRITE,
     CONVERSATION_READ,
     CONVERSATION_WRITE,
+    ISSUES_READ,
+    ISSUES_WRITE,
     METADATA_READ,
     NOTHING,
     PULLS_READ,
@@ -668,11 +673,13 @@ def create_check_run(call: Call) -> Reply:
         raise validation_failed('Invalid request.\n\n"name" and "head_sha" are required.')
     if head_sha not in repo.commits:
         raise validation_failed(f"No commit found for SHA: {head_sha}")
+    # One suite per commit holds all of the App's check runs on it, as on GitHub.
+    suite = next((c.check_suite_id for c in repo.check_runs.values() if c.head_sha == head_sha),
+                 None) or call.world.ids.next("check_suite")
     check = CheckRun(
         id=call.world.ids.next("check_run"), name=name, head_sha=head_sha, status="queued",
         conclusion=None, started_at=call.now, completed_at=None,
-        output={}, details_url=None, external_id="",
-        check_suite_id=call.world.ids.next("check_suite"),
+        output={}, details_url=None, external_id="", check_suite_id=suite,
     )
     apply_check_fields(call, check)
     repo.check_runs[check.id] = check
@@ -718,6 +725,122 @@ def commit_check_runs(call: Call) -> Reply:
         checks = list(latest.values())
     checks.sort(key=lambda c: -c.id)
     return Reply(items=[call.shapes.check_run(repo, c) for c in checks], wrap="check_runs")
+
+
+# --- issues ----------------------------------------------------------------------------
+
+ISSUE_SORTS = {"created": "created_at", "updated": "updated_at", "comments": "comments"}
+
+
+def list_issues(call: Call) -> Reply:
+    """Issues and pull requests alike, as GitHub lists them (pull requests carry a
+    `pull_request` key), filtered by `state`, `creator`, `labels` and `since`."""
+    repo = call.repo()
+    state = call.query.get("state", "open")
+    sort = call.query.get("sort", "created")
+    if state not in ("open", "closed", "all") or sort not in ISSUE_SORTS:
+        raise validation_failed("Validation Failed")
+    shaped = [call.shapes.issue(repo, n) for n in sorted(set(repo.pulls) | set(repo.issues))]
+    shaped = [i for i in shaped if state == "all" or i["state"] == state]
+    if "creator" in call.query:
+        shaped = [i for i in shaped if i["user"]["login"].lower() == call.query["creator"].lower()]
+    if call.query.get("labels"):
+        wanted = {name.strip() for name in call.query["labels"].split(",")}
+        shaped = [i for i in shaped if wanted <= {label["name"] for label in i["labels"]}]
+    if "since" in call.query:
+        since = parse_when(call.query["since"])[0]
+        shaped = [i for i in shaped if parse_when(i["updated_at"])[0] >= since]
+    key = ISSUE_SORTS[sort]
+    shaped.sort(key=lambda i: (i[key], i["number"]),
+                reverse=call.query.get("direction", "desc") == "desc")
+    return Reply(items=shaped)
+
+
+def create_issue(call: Call) -> Reply:
+    repo = call.repo()
+    title, body, labels = call.field("title"), call.field("body"), call.field("labels")
+    if isinstance(title, int):
+        title = str(title)
+    if not isinstance(title, str) or not title:
+        raise validation_failed("Validation Failed", errors=[
+            {"resource": "Issue", "code": "missing_field", "field": "title"}])
+    if body is not None and not isinstance(body, str):
+        raise validation_failed("Invalid request.\n\nFor 'properties/body', is not a string.")
+    issue = call.world.open_issue(repo, title, BOT_LOGIN)
+    issue.body = body
+    issue.labels = label_names(labels)
+    call.announce.append(Payloads(call.world).issues(repo, issue.number, "opened", BOT_LOGIN))
+    shaped = call.shapes.issue(repo, issue.number)
+    return Reply(201, shaped, headers={"location": shaped["url"]})
+
+
+def label_names(labels: Any) -> list[str]:
+    """`labels` of an issue write: names, or objects with a `name`."""
+    if labels is None:
+        return []
+    names: list[str] = []
+    for label in labels if isinstance(labels, list) else [None]:
+        name = label.get("name") if isinstance(label, dict) else label
+        if not isinstance(name, str) or not name:
+            raise validation_failed("Invalid request.\n\nFor 'properties/labels', is not an "
+                                    "array of label names.")
+        names.append(name)
+    return list(dict.fromkeys(names))
+
+
+def issue_number_or_404(call: Call, repo: RepoState, needs: Needs) -> int:
+    """A pull request's number, or a plain issue's: for those the App needs `issues`
+    (`pull_requests` covers only the issue side of a pull request)."""
+    number = call.number("issue_number")
+    if number in repo.issues:
+        call.require(repo, needs)
+    elif number not in repo.pulls:
+        raise ApiError(404, "Not Found")
+    return number
+
+
+def get_issue(call: Call) -> Reply:
+    repo = call.repo()
+    return Reply(body=call.shapes.issue(repo, issue_number_or_404(call, repo, ISSUES_READ)))
+
+
+def update_issue(call: Call) -> Reply:
+    repo = call.repo()
+    number = issue_number_or_404(call, repo, ISSUES_WRITE)
+    edit = issue_edit(call)
+    if number in repo.issues:
+        call.announce += edit_issue(call.world, repo, repo.issues[number], edit, BOT_LOGIN)
+    else:
+        call.announce += edit_pull_as_issue(call.world, repo, number, edit)
+    return Reply(body=call.shapes.issue(repo, number))
+
+
+def issue_edit(call: Call) -> IssueEdit:
+    title, body, state = call.field("title"), call.field("body"), call.field("state")
+    if title is not None and (not isinstance(title, str) or not title):
+        raise validation_failed("Invalid request.\n\nFor 'properties/title', is not a string.")
+    if body is not None and not isinstance(body, str):
+        raise validation_failed("Invalid request.\n\nFor 'properties/body', is not a string.")
+    if state not in (None, "open", "closed"):
+        raise validation_failed("Validation Failed", errors=[
+            {"resource": "Issue", "code": "invalid", "field": "state"}])
+    labels = call.field("labels")
+    return IssueEdit(title, body, state, None if labels is None else label_names(labels))
+
+
+def edit_pull_as_issue(world: World, repo: RepoState, number: int,
+                       edit: IssueEdit) -> list[Event]:
+    """The issue side of a pull request: GitHub sends `pull_request` events for it."""
+    pull = repo.pulls[number]
+    if edit.state == "open" and pull.state == "closed":
+        raise validation_failed("The sandbox cannot reopen pull requests.")
+    _, events = actions.edit_pull(world, sc.EditPull(
+        action="edit_pull", repo=repo.full_name, number=number, title=edit.title,
+        body=edit.body, labels=edit.labels, user=BOT_LOGIN))
+    if edit.state == "closed" and pull.state == "open":
+        events += actions.close_pull(world, sc.ClosePull(
+            action="close_pull", repo=repo.full_name, number=number, user=BOT_LOGIN))[1]
+    return events
 
 
 # --- issues: comments and reactions ----------------------------------------------------
@@ -871,6 +994,10 @@ def build_router() -> Router:
         ("POST", f"{repo}/check-runs", create_check_run, CHECKS_WRITE),
         ("GET", f"{repo}/check-runs/{{check_run_id}}", get_check_run, CHECKS_READ),
         ("PATCH", f"{repo}/check-runs/{{check_run_id}}", update_check_run, CHECKS_WRITE),
+        ("GET", f"{repo}/issues", list_issues, ISSUES_READ),
+        ("POST", f"{repo}/issues", create_issue, ISSUES_WRITE),
+        ("GET", f"{repo}/issues/{{issue_number}}", get_issue, CONVERSATION_READ),
+        ("PATCH", f"{repo}/issues/{{issue_number}}", update_issue, CONVERSATION_WRITE),
         ("GET", f"{repo}/issues/{{issue_number}}/comments", list_comments, CONVERSATION_READ),
         ("POST", f"{repo}/issues/{{issue_number}}/comments", create_comment,
          CONVERSATION_WRITE),

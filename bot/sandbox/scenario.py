@@ -151,6 +151,18 @@ class Comment(Model):
     created_at: AwareDatetime | None = None
 
 
+class IssueSpec(Model):
+    """A plain issue present before the scenario starts; it shares numbers with pulls."""
+
+    number: int | None = Field(default=None, gt=0)
+    title: str
+    user: str
+    body: str | None = None
+    state: Literal["open", "closed"] = "open"
+    labels: list[str] = Field(default_factory=list)
+    created_at: AwareDatetime | None = None
+
+
 class Repository(Model):
     full_name: str = Field(pattern=REPO_PATTERN)
     installation_id: int = Field(gt=0)
@@ -164,6 +176,7 @@ class Repository(Model):
     events: list[str] | None = None
     pulls: list[Pull] = Field(default_factory=list)
     runs: list[Run] = Field(default_factory=list)
+    issues: list[IssueSpec] = Field(default_factory=list)
     comments: list[Comment] = Field(default_factory=list)
 
 
@@ -223,6 +236,35 @@ class StartRun(Model):
     run: RunRef
 
 
+class EditIssue(Model):
+    """A person edits a plain issue (`issues` edited)."""
+
+    action: Literal["edit_issue"]
+    repo: str
+    number: int = Field(gt=0)
+    user: str
+    body: str | None = None
+    title: str | None = None
+
+
+class RerequestCheck(Model):
+    """A person asks to re-run one check run (`check_run` rerequested)."""
+
+    action: Literal["rerequest_check"]
+    repo: str
+    check_run_id: int = Field(gt=0)
+    user: str
+
+
+class RerequestSuite(Model):
+    """A person asks to re-run every check of a commit (`check_suite` rerequested)."""
+
+    action: Literal["rerequest_suite"]
+    repo: str
+    head_sha: str = Field(pattern=SHA_PATTERN)
+    user: str
+
+
 class PushDefault(Model):
     action: Literal["push_default"]
     repo: str
@@ -255,6 +297,9 @@ Action = Annotated[
     | EditPull
     | ClosePull
     | AddComment
+    | EditIssue
+    | RerequestCheck
+    | RerequestSuite
     | CompleteRun
     | StartRun
     | PushDefault

@@ -415,9 +415,9 @@ class Shapes:
             created, updated, closed = pull.created_at, pull.updated_at, pull.closed_at
             state, labels, draft = pull.state, pull.labels, pull.draft
         elif plain is not None:
-            iid, title, login, body = plain.id, plain.title, plain.user, None
-            created = updated = plain.created_at
-            closed, state, labels, draft = None, "open", [], False
+            iid, title, login, body = plain.id, plain.title, plain.user, plain.body
+            created, updated, closed = plain.created_at, plain.last_change, plain.closed_at
+            state, labels, draft = plain.state, plain.labels, False
         else:
             raise KeyError(number)
         shaped: dict[str, Any] = {
@@ -601,8 +601,6 @@ class Shapes:
     def workflow_run(self, repo: RepoState, run: WorkflowRun) -> dict[str, Any]:
         base = f"{self.api}/repos/{repo.full_name}"
         run_url = f"{base}/actions/runs/{run.id}"
-        commit = repo.commits.get(run.head_sha)
-        person = {"name": run.actor, "email": f"{run.actor}@users.noreply.github.com"}
         pulls = [repo.pulls[n] for n in run.pull_requests if n in repo.pulls]
         wid = repo.workflow_id(run.workflow)
         suite = number_for(f"suite:{run.id}", 8_000_000_000)
@@ -640,16 +638,25 @@ class Shapes:
                 f"{run_url}/attempts/{run.run_attempt - 1}" if run.run_attempt > 1 else None
             ),
             "workflow_url": f"{base}/actions/workflows/{wid}",
-            "head_commit": {
-                "id": run.head_sha,
-                "tree_id": tree_sha(commit) if commit else run.head_sha,
-                "message": commit.message if commit else "",
-                "timestamp": ts(commit.at if commit else run.created_at),
-                "author": person,
-                "committer": person,
-            },
+            "head_commit": self.head_commit(repo, run.head_sha, run.actor, run.created_at),
             "repository": self.minimal_repository(repo),
             "head_repository": self.minimal_repository(repo),
+        }
+
+    def head_commit(self, repo: RepoState, sha: str, actor: str,
+                    fallback: datetime) -> dict[str, Any]:
+        """The short commit inside workflow runs and check suites (an unknown sha, which
+        a scenario may name, gets the actor and the fallback time)."""
+        commit = repo.commits.get(sha)
+        author = commit.author if commit else actor
+        person = {"name": author, "email": f"{author}@users.noreply.github.com"}
+        return {
+            "id": sha,
+            "tree_id": tree_sha(commit) if commit else sha,
+            "message": commit.message if commit else "",
+            "timestamp": ts(commit.at if commit else fallback),
+            "author": person,
+            "committer": person,
         }
 
     def job(self, repo: RepoState, run: WorkflowRun, job: Job) -> dict[str, Any]:
@@ -756,6 +763,46 @@ class Shapes:
             "app": self.app(),
             "pull_requests": pulls,
         }
+
+    def check_suite(self, repo: RepoState, checks: list[CheckRun]) -> dict[str, Any]:
+        """The App's check suite of one commit, as `check_suite` events carry it."""
+        first = min(checks, key=lambda c: c.id)
+        status, conclusion = suite_state(checks)
+        sha = first.head_sha
+        url = f"{self.api}/repos/{repo.full_name}/check-suites/{first.check_suite_id}"
+        pulls = repo.find_pull_by_sha(sha)
+        return {
+            "id": first.check_suite_id,
+            "node_id": node_id("CheckSuite", first.check_suite_id),
+            "head_branch": pulls[0].head_ref if pulls else repo.default_branch,
+            "head_sha": sha,
+            "status": status,
+            "conclusion": conclusion,
+            "url": url,
+            "before": None,
+            "after": sha,
+            "pull_requests": [self.pull_reference(repo, p) for p in pulls],
+            "app": self.app(),
+            "created_at": ts(first.started_at),
+            "updated_at": ts(max(c.completed_at or c.started_at for c in checks)),
+            "latest_check_runs_count": len({c.name for c in checks}),
+            "check_runs_url": f"{url}/check-runs",
+            "head_commit": self.head_commit(repo, sha, repo.first_admin(), first.started_at),
+        }
+
+
+# The suite's conclusion is the first of these its check runs have (GitHub's order).
+SUITE_CONCLUSIONS = ("action_required", "cancelled", "timed_out", "failure", "stale",
+                     "neutral", "success", "skipped")
+
+
+def suite_state(checks: list[CheckRun]) -> tuple[str, str | None]:
+    """A check suite's (status, conclusion) from its check runs."""
+    if any(c.status != "completed" for c in checks):
+        started = any(c.status == "in_progress" for c in checks)
+        return ("in_progress" if started else "queued"), None
+    found = {c.conclusion for c in checks}
+    return "completed", next((c for c in SUITE_CONCLUSIONS if c in found), None)
 
 
 def tree_sha(commit: Commit) -> str:

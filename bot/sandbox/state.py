@@ -126,13 +126,23 @@ class PullRequest:
 
 @dataclass
 class Issue:
-    """A plain issue, created when a comment names a number that is not a pull request."""
+    """A plain issue: from the scenario, made through the API, or made when a comment
+    names a number that is neither a pull request nor an issue yet."""
 
     number: int
     id: int
     title: str
     user: str
     created_at: datetime
+    body: str | None = None
+    state: str = "open"
+    labels: list[str] = field(default_factory=list)
+    updated_at: datetime | None = None
+    closed_at: datetime | None = None
+
+    @property
+    def last_change(self) -> datetime:
+        return self.updated_at or self.created_at
 
 
 @dataclass
@@ -660,6 +670,16 @@ class RepoState:
                 data = build_zip(spec.files)
             artifact = Artifact(self.ids.next("artifact"), spec.name, data, spec.expired, at, run.id)
             run.artifacts = [a for a in run.artifacts if a.name != spec.name] + [artifact]
+
+    def add_issue(self, number: int | None, issue_id: int, title: str, user: str,
+                  at: datetime) -> Issue:
+        """A new plain issue; issues and pull requests share one sequence of numbers."""
+        number = number or self.next_issue_number()
+        if number in self.pulls or number in self.issues:
+            raise SandboxError(f"{self.full_name}#{number} already exists", 409)
+        made = Issue(number, issue_id, title, user, at)
+        self.issues[number] = made
+        return made
 
     def next_issue_number(self) -> int:
         used = list(self.pulls) + list(self.issues)

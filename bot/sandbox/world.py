@@ -85,6 +85,12 @@ class World:
     def _load_contents(self, repo: RepoState, spec: sc.Repository, now: datetime) -> None:
         for pull in spec.pulls:
             repo.add_pull(pull, now)
+        for issue in spec.issues:
+            made = repo.add_issue(issue.number, self.ids.next("pull"), issue.title, issue.user,
+                                  issue.created_at or now)
+            made.body, made.state, made.labels = issue.body, issue.state, list(issue.labels)
+            if issue.state == "closed":
+                made.closed_at = made.created_at
         for run in spec.runs:
             repo.add_run(run, now)
         for comment in spec.comments:
@@ -162,13 +168,15 @@ class World:
         self, repo: RepoState, number: int, user: str, body: str, via_app: bool,
         at: datetime | None = None,
     ) -> IssueComment:
-        if number not in repo.pulls and number not in repo.issues:
-            repo.issues[number] = Issue(number, self.ids.next("pull"), f"Issue #{number}",
-                                        user, at or self.now())
         when = at or self.now()
+        if number not in repo.pulls and number not in repo.issues:
+            repo.add_issue(number, self.ids.next("pull"), f"Issue #{number}", user, when)
         comment = IssueComment(self.ids.next("comment"), number, user, body, when, when, via_app)
         repo.comments[comment.id] = comment
         return comment
+
+    def open_issue(self, repo: RepoState, title: str, user: str) -> Issue:
+        return repo.add_issue(None, self.ids.next("pull"), title, user, self.now())
 
     def register_blob(self, data: bytes) -> str:
         """An unauthenticated download name, like GitHub's signed artifact URLs."""

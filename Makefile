@@ -17,6 +17,8 @@ demo: $(STAMP)
 	$(BIN)/klaud demo --once
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -13,11 +13,20 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Iterator, Literal
+from typing import Literal
 
-from bot.core.domain import Attempt, FileChange, PullRequest, candidate_id, family_hash, identity, parse_time
+from bot.core.domain import (
+    Attempt,
+    FileChange,
+    PullRequest,
+    candidate_id,
+    family_hash,
+    identity,
+    parse_time,
+)
 from bot.core.overlap import is_klaud_own
 
 NOW = parse_time("2026-11-30T08:00:00Z")

@@ -28,8 +28,8 @@ from aiohttp import web
 # Runnable from a checkout that is not installed, like the other benchmarks.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.github.client import GitHubApp  # noqa: E402
-from bot.sandbox import Sandbox  # noqa: E402
+from bot.github.client import GitHubApp
+from bot.sandbox import Sandbox
 
 PULLS = 50
 

@@ -29,7 +29,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import SECRET, headers_for  # noqa: E402
+from tests.harness import SECRET, headers_for
 
 # The same server the kill-and-restart test uses, with a handler that returns at once.
 SERVER = ROOT / "tests" / "helpers" / "slow_server.py"

@@ -30,23 +30,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bigstate as big  # noqa: E402
-from bot.core.catalog import parse_master, parse_runners  # noqa: E402
-from bot.core.clock import ManualClock  # noqa: E402
-from bot.core.domain import Attempt, PullRequest  # noqa: E402
-from bot.services.live import ATTEMPT_MEMORY, LiveState  # noqa: E402
-from bot.log import configure_logging  # noqa: E402
-from bot.settings import load_settings  # noqa: E402
-from bot.services.repo_state import RepoMeta, RepoState  # noqa: E402
-from bot.store.db import Database  # noqa: E402
-from bot.store.records import STATE_SCHEMA, Change, StateStore  # noqa: E402
+from bench import bigstate as big
+from bot.core.catalog import parse_master, parse_runners
+from bot.core.clock import ManualClock
+from bot.core.domain import Attempt, PullRequest
+from bot.log import configure_logging
+from bot.services.live import ATTEMPT_MEMORY, LiveState
+from bot.services.repo_state import RepoMeta, RepoState
+from bot.store.db import Database
+from bot.store.records import STATE_SCHEMA, Change, StateStore
 
 SMALL_INDEX = 100
 BATCH = 10_000  # records per setup transaction, so setup never holds every encoded record
@@ -122,7 +122,7 @@ async def rebuild(path: Path) -> dict[str, float | dict[str, int]]:
     store = await open_store(path)
     try:
         # The generated attempts end at big.NOW: restart "then", as the live process would.
-        live = LiveState(store, None, load_settings({"KLAUD_DB": f"sqlite:///{path}"}), ManualClock(big.NOW))
+        live = LiveState(store, None, ManualClock(big.NOW), ("klaud-cold[bot]",))
         started = time.perf_counter()
         await live.load()
         elapsed = time.perf_counter() - started

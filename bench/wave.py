@@ -45,15 +45,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bigstate as big  # noqa: E402
-from bot.core.domain import Attempt, stamp  # noqa: E402
-from bot.log import configure_logging  # noqa: E402
-from bot.metrics import REGISTRY  # noqa: E402
-from bot.services.repo_state import RepoMeta, RepoState  # noqa: E402
-from bot.store.db import Database  # noqa: E402
-from bot.store.records import STATE_SCHEMA, Change, StateStore  # noqa: E402
-from tests.harness import SandboxRun, sandbox_stack  # noqa: E402
-from tests.scenarios import CANDIDATE_WORKFLOW  # noqa: E402
+from bench import bigstate as big
+from bot.core.domain import Attempt, stamp
+from bot.log import configure_logging
+from bot.metrics import REGISTRY
+from bot.services.repo_state import RepoMeta, RepoState
+from bot.store.db import Database
+from bot.store.records import STATE_SCHEMA, Change, StateStore
+from tests.harness import SandboxRun, sandbox_stack
+from tests.scenarios import CANDIDATE_WORKFLOW
 
 PER_PAGE = 100
 # An artifact the previous planner finds nothing to download for.
@@ -242,7 +242,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         async with sandbox_stack(Path(tmp), scenario(fams, pulls)) as run:
             print(f"started the server with the sandbox GitHub in {time.perf_counter() - started:.1f} s")
             started = time.perf_counter()
-            report = await run.klaud.live.reconcile(big.REPO, 1)
+            report = await run.klaud.reconciler.reconcile(big.REPO, 1)
             await run.settle()
             print(f"reconciled {report['after']} in {time.perf_counter() - started:.1f} s "
                   f"with {run.requests['total']} GitHub requests")

@@ -1,8 +1,9 @@
-"""The running Klaud: settings, store, inbox and the services handlers use."""
+"""The composition root: builds the store, the GitHub client, the services and the inbox."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -10,26 +11,49 @@ import aiohttp
 import structlog
 from gidgethub import routing, sansio
 
-from bot.services.capacity_feed import CapacityFeed
-from bot.services.checkruns import CheckPublisher
 from bot.core.clock import Clock
 from bot.core.domain import stamp
-from bot.github.client import GitHubApp, GitHubError
-from bot.web.inbox import Delivery, Inbox
+from bot.github.client import GitHubApp
+from bot.github.repo import GitHubRepos
+from bot.services.capacity_feed import CapacityFeed
+from bot.services.catalog_sync import CatalogSync
+from bot.services.checkruns import CheckPublisher
 from bot.services.live import LiveState
+from bot.services.outcomes import OutcomeRecorder
+from bot.services.pulls import PullSync
+from bot.services.reconcile import Reconciler
 from bot.services.responder import CommandResponder
 from bot.services.scheduler import Scheduler
+from bot.services.waves import WaveRunner
 from bot.settings import Settings
 from bot.store.db import Database
+from bot.store.deliveries import Delivery, DeliveryStore
 from bot.store.records import StateStore
-from bot.services.waves import WaveRunner
-from handlers.context import HandlerContext
+from bot.web.inbox import Inbox
+from handlers import router as default_router
 
 log = structlog.get_logger("klaud.app")
 
 DELIVERY_RETENTION = timedelta(days=7)
 FAILED_DELIVERY_RETENTION = timedelta(days=30)
 ATTEMPT_RETENTION = timedelta(days=90)
+
+
+@dataclass(frozen=True)
+class Services:
+    """What handlers are given (it satisfies `handlers.context.HandlerContext`)."""
+
+    live: LiveState
+    repos: Reconciler
+    catalog: CatalogSync
+    pulls: PullSync
+    outcomes: OutcomeRecorder
+    commands: CommandResponder
+    checks: CheckPublisher
+    waves: WaveRunner
+
+    def is_bot(self, login: str | None) -> bool:
+        return self.live.is_bot(login)
 
 
 class Klaud:
@@ -44,15 +68,11 @@ class Klaud:
         inbox_options: dict[str, Any] | None = None,
         check_delay_seconds: float = 3.0,
     ) -> None:
-        if router is None:
-            from handlers import router as default_router
-
-            router = default_router
         self.settings = settings
         self.clock = clock or Clock()
-        self.router = router
+        self.router = router or default_router
         self.db = Database(settings.db_path)
-        self.inbox = Inbox(self.db, self.handle, **(inbox_options or {}))
+        self.inbox = Inbox(DeliveryStore(self.db), self.handle, **(inbox_options or {}))
         self.store = StateStore(self.db)
         self.session = aiohttp.ClientSession()
         self.github = GitHubApp(
@@ -63,7 +83,7 @@ class Klaud:
             clock=self.clock,
             dry_run=settings.dry_run,
         )
-        self.live = LiveState(self.store, self.github, settings, self.clock)
+        self.live = LiveState(self.store, GitHubRepos(self.github), self.clock, settings.bot_logins)
         self.capacity = CapacityFeed(
             self.session,
             settings.capacity_url,
@@ -71,11 +91,16 @@ class Klaud:
             self.clock,
         )
         self.waves = WaveRunner(self.live, self.capacity, self.clock, dry_run=settings.dry_run)
-        self.scheduler = Scheduler(
-            self.live, self.waves, self.clock, discover=self.reconcile_new_installations, prune=self.prune
-        )
+        pulls = PullSync(self.live)
+        self.outcomes = OutcomeRecorder(self.live)
+        catalog = CatalogSync(self.live)
+        self.reconciler = Reconciler(self.live, catalog, pulls, self.outcomes)
+        self.scheduler = Scheduler(self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune)
         self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
         self.commands = CommandResponder(self.live, self.waves, self.clock)
+        self.services = Services(
+            self.live, self.reconciler, catalog, pulls, self.outcomes, self.commands, self.checks, self.waves
+        )
         self.started = False  # set once start-up (store, state, first reconcile) is done
 
     async def start(self, *, drain: bool = True, schedule: bool = False, reconcile: bool = False) -> None:
@@ -85,7 +110,7 @@ class Klaud:
         # With local state a restart makes no GitHub call: installations added while the
         # process was down are found by the scheduler's periodic discovery instead.
         if reconcile and not self.live.repos:
-            await self.reconcile_new_installations()
+            await self.reconciler.reconcile_new_installations()
         if drain:
             await self.inbox.start()
         if schedule:
@@ -96,6 +121,9 @@ class Klaud:
     def ready(self) -> bool:
         return self.started and self.inbox.ready
 
+    def webhook_secrets(self) -> list[str]:
+        return self.settings.secrets()
+
     async def stop(self, grace: float = 10.0) -> None:
         self.started = False
         await self.scheduler.stop()
@@ -104,23 +132,6 @@ class Klaud:
         await self.session.close()
         await self.db.close()
 
-    async def reconcile_new_installations(self) -> list[str]:
-        """Reconcile every installed repository that has no local state yet."""
-        done = []
-        try:
-            installations = await self.github.installations()
-        except GitHubError as exc:
-            log.error("startup.installations_unavailable", error=str(exc))
-            return done
-        for installation in installations:
-            client = self.github.installation(int(installation["id"]))
-            for repo in await client.repositories():
-                name = repo["full_name"]
-                if self.live.repo(name) is None:
-                    await self.live.reconcile(name, int(installation["id"]))
-                    done.append(name)
-        return done
-
     async def prune(self) -> dict[str, int]:
         """Retention: finished deliveries and old attempts leave the store."""
         now = time.time()
@@ -128,7 +139,7 @@ class Klaud:
             done_before=now - DELIVERY_RETENTION.total_seconds(),
             failed_before=now - FAILED_DELIVERY_RETENTION.total_seconds(),
         )
-        attempts = await self.store.prune_attempts(stamp(self.clock.now() - ATTEMPT_RETENTION))
+        attempts = await self.store.prune_attempts(stamp(self.clock.now() - ATTEMPT_RETENTION) or "")
         log.info("store.pruned", deliveries=deliveries, attempts=attempts)
         return {"deliveries": deliveries, "attempts": attempts}
 
@@ -138,7 +149,7 @@ class Klaud:
         if not self.router.fetch(event):
             log.info("delivery.ignored", reason="no handler for this event")
             return
-        await self.router.dispatch(event, HandlerContext(self, delivery))
+        await self.router.dispatch(event, self.services)
 
     async def state_document(self, repo: str) -> dict[str, Any] | None:
         state = self.live.repo(repo)

@@ -5,25 +5,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import signal
 import sys
+import tempfile
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import structlog
 from aiohttp import web
+from pydantic import SecretStr
 
 from bot.app import Klaud
 from bot.core.domain import parse_time
-from bot.github.client import GitHubError
-from bot.web.inbox import Delivery
+from bot.core.report import render_requests, render_wave_table
+from bot.github.errors import GitHubError
+from bot.github.repo import GitHubRepos
 from bot.log import configure_logging
-from bot.core.report import render_wave_table
 from bot.runtime import scenario_from, start_stack
-from bot.demo import run_demo
 from bot.sandbox import Sandbox, ScenarioError, load_scenario
 from bot.settings import Settings, SettingsError, load_settings
+from bot.store.deliveries import Delivery
 
 log = structlog.get_logger("klaud.cli")
 
@@ -93,8 +96,52 @@ async def _sandbox(settings: Settings, args: argparse.Namespace) -> None:
     await runner.cleanup()
 
 
+DEMO_SECRET = "klaud-demo-secret"
+
+
 async def _demo(settings: Settings, args: argparse.Namespace) -> int:
-    return await run_demo(settings, scenario=scenario_from(args.scenario), once=args.once, wait=_wait_for_signal)
+    """The sandbox GitHub, the bot, the scenario's timeline, then one wave.
+
+    Runs against a throw-away store so a demo never touches real state. Prints every
+    family's decision with its reason and the GitHub requests the wave itself made (only
+    claim and dispatch writes: a wave reads nothing from GitHub).
+    """
+    once = args.once
+    # The table is the demo's output; only problems are logged.
+    configure_logging(settings.log_format, level=logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="klaud-demo-") as tmp:
+        settings = settings.model_copy(
+            update={
+                "db": f"sqlite:///{tmp}/demo.db",
+                "webhook_secret": settings.webhook_secret or SecretStr(DEMO_SECRET),
+                "port": 0 if once else settings.port,
+            }
+        )
+        stack = await start_stack(settings, scenario=scenario_from(args.scenario), sandbox_mode=True, schedule=False)
+        try:
+            sandbox, klaud = stack.sandbox, stack.klaud
+            print(f"Klaud and the sandbox GitHub at {stack.url} (sandbox time {sandbox.clock.now():%Y-%m-%d %H:%M} UTC)")
+            steps = await sandbox.run_timeline()
+            await klaud.inbox.drained()
+            await klaud.checks.settle()
+            deliveries = sum(len(step.get("deliveries", [])) for step in steps)
+            print(f"Played the scenario's timeline: {len(steps)} actions, {deliveries} webhooks delivered and processed.")
+            for name in sorted(klaud.live.repos):
+                sandbox.log.reset()
+                wave = await klaud.waves.run(name, trigger="demo")
+                if wave is None:
+                    print(f"{name}: Klaud is disabled by its .github/klaud.yml")
+                    continue
+                print()
+                print(render_wave_table(wave))
+                print()
+                print(render_requests(sandbox.request_log["by_route"]))
+            if not once:
+                print(f"\nServing at {stack.url} (state: {stack.url}/api/v1/repos/OWNER/NAME/state); Ctrl-C stops.")
+                await _wait_for_signal()
+        finally:
+            await stack.stop()
+    return 0
 
 
 async def _plan(settings: Settings, args: argparse.Namespace) -> int:
@@ -127,14 +174,15 @@ async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
     await klaud.start(drain=False)
     try:
         targets: list[tuple[str, int]] = []
-        for installation in await klaud.github.installations():
-            for repo in await klaud.github.installation(int(installation["id"])).repositories():
-                if args.repo is None or repo["full_name"].lower() == args.repo.lower():
-                    targets.append((repo["full_name"], int(installation["id"])))
+        github = GitHubRepos(klaud.github)
+        for installation in await github.installations():
+            for repo in await github.repositories(installation):
+                if args.repo is None or repo.full_name.lower() == args.repo.lower():
+                    targets.append((repo.full_name, installation))
         if args.repo and not targets:
             raise UsageError(f"--repo: {args.repo} is not installed for this App")
         for name, installation in targets:
-            print(json.dumps(await klaud.live.reconcile(name, installation)))
+            print(json.dumps(await klaud.reconciler.reconcile(name, installation)))
     finally:
         await klaud.stop()
     return 0

@@ -19,8 +19,8 @@ from pydantic import SecretStr
 
 from bot.app import Klaud
 from bot.sandbox import Sandbox, load_scenario
-from bot.web.server import create_app
 from bot.settings import Settings
+from bot.web.server import create_app
 
 log = structlog.get_logger("klaud.runtime")
 
@@ -62,6 +62,7 @@ async def start_stack(
     schedule: bool = True,
     reconcile: bool = True,
     klaud_options: dict[str, Any] | None = None,
+    shutdown_timeout: float = 10.0,
 ) -> Stack:
     """Start Klaud on settings.host:settings.port (0 picks a free port).
 
@@ -94,7 +95,8 @@ async def start_stack(
         )
     klaud = Klaud(settings, clock=clock, **(klaud_options or {}))
     app = create_app(klaud, extra_routes=sandbox.add_routes if sandbox else None)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    # How long a stop waits for open requests to finish before closing them.
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, port)
     await site.start()

@@ -7,8 +7,9 @@ holds it, never discovered later as an odd behaviour.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -20,6 +21,7 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+
 
 class SettingsError(ValueError):
     """A setting is missing or invalid; the message names the variable."""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from gidgethub import routing, sansio
 
+from bot.core.events import CheckRunEvent
 from handlers.context import HandlerContext
-from bot.core.events import CheckRunEvent, check
 
 router = routing.Router()
 
 
 @router.register("check_run", action="rerequested")
 async def on_rerequested(event: sansio.Event, ctx: HandlerContext) -> None:
-    check(CheckRunEvent, event.data)
-    await ctx.klaud.checks.rerequested(event.data)
+    payload = CheckRunEvent.model_validate(event.data)
+    state = await ctx.repos.state_for(payload)
+    if state is not None:
+        await ctx.checks.rerequested(state, payload)

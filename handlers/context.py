@@ -1,22 +1,42 @@
-"""What every handler is given besides the event."""
+"""What every handler is given besides the event: the services it may call.
+
+A Protocol, so handlers depend on what they use rather than on the composition root
+(`bot.app` builds the object that satisfies it; tests may pass their own).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
-import structlog
+from bot.services.catalog_sync import CatalogSync
+from bot.services.checkruns import CheckPublisher
+from bot.services.outcomes import OutcomeRecorder
+from bot.services.pulls import PullSync
+from bot.services.reconcile import Reconciler
+from bot.services.responder import CommandResponder
+from bot.services.waves import WaveRunner
 
-if TYPE_CHECKING:
-    from bot.app import Klaud
-    from bot.web.inbox import Delivery
 
-
-@dataclass(slots=True)
-class HandlerContext:
-    klaud: "Klaud"
-    delivery: "Delivery"
+class HandlerContext(Protocol):
+    @property
+    def repos(self) -> Reconciler: ...
 
     @property
-    def log(self) -> Any:
-        return structlog.get_logger(f"klaud.handlers.{self.delivery.event}")
+    def catalog(self) -> CatalogSync: ...
+
+    @property
+    def pulls(self) -> PullSync: ...
+
+    @property
+    def outcomes(self) -> OutcomeRecorder: ...
+
+    @property
+    def commands(self) -> CommandResponder: ...
+
+    @property
+    def checks(self) -> CheckPublisher: ...
+
+    @property
+    def waves(self) -> WaveRunner: ...
+
+    def is_bot(self, login: str | None) -> bool: ...

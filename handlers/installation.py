@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from gidgethub import routing, sansio
 
+from bot.core.events import InstallationEvent, Named
 from handlers.context import HandlerContext
-from bot.core.events import InstallationEvent, Named, check
 
 router = routing.Router()
 
@@ -13,20 +15,20 @@ ADDING = {"created", "new_permissions_accepted", "unsuspend"}
 REMOVING = {"deleted", "suspend"}
 
 
-async def reconcile_all(ctx: HandlerContext, installation: int, repositories: list[Named]) -> None:
+async def reconcile_all(ctx: HandlerContext, installation: int, repositories: Iterable[Named]) -> None:
     for repo in repositories:
-        await ctx.klaud.live.reconcile(repo.full_name, installation)
+        await ctx.repos.reconcile(repo.full_name, installation)
 
 
-async def forget_all(ctx: HandlerContext, repositories: list[Named]) -> None:
+async def forget_all(ctx: HandlerContext, repositories: Iterable[Named]) -> None:
     for repo in repositories:
-        await ctx.klaud.live.forget(repo.full_name)
+        await ctx.repos.live.forget(repo.full_name)
 
 
 @router.register("installation")
 async def on_installation(event: sansio.Event, ctx: HandlerContext) -> None:
-    payload = check(InstallationEvent, event.data)
-    repositories = payload.repositories or []
+    payload = InstallationEvent.model_validate(event.data)
+    repositories = payload.repositories or ()
     if payload.action in ADDING:
         await reconcile_all(ctx, payload.installation.id, repositories)
     elif payload.action in REMOVING:

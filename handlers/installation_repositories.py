@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from gidgethub import routing, sansio
 
+from bot.core.events import InstallationRepositoriesEvent
 from handlers.context import HandlerContext
 from handlers.installation import forget_all, reconcile_all
-from bot.core.events import InstallationRepositoriesEvent, check
 
 router = routing.Router()
 
 
 @router.register("installation_repositories")
 async def on_installation_repositories(event: sansio.Event, ctx: HandlerContext) -> None:
-    payload = check(InstallationRepositoriesEvent, event.data)
+    payload = InstallationRepositoriesEvent.model_validate(event.data)
     await reconcile_all(ctx, payload.installation.id, payload.repositories_added)
     await forget_all(ctx, payload.repositories_removed)

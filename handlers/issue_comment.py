@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from gidgethub import routing, sansio
 
+from bot.core.events import IssueCommentEvent
 from handlers.context import HandlerContext
-from bot.core.events import IssueCommentEvent, check
 
 router = routing.Router()
 
 
 @router.register("issue_comment", action="created")
 async def on_comment_created(event: sansio.Event, ctx: HandlerContext) -> None:
-    author = check(IssueCommentEvent, event.data).comment.user.login
-    if ctx.klaud.settings.is_bot(author):
-        # The bot's own comments: a receipt counts as an outcome, anything else is ignored.
-        await ctx.klaud.live.on_receipt(event.data)
+    payload = IssueCommentEvent.model_validate(event.data)
+    state = await ctx.repos.state_for(payload)
+    if state is None:
         return
-    await ctx.klaud.commands.handle(event.data)
+    if ctx.is_bot(payload.comment.user.login):
+        # The bot's own comments: a receipt counts as an outcome, anything else is ignored.
+        await ctx.outcomes.on_receipt(state, payload.comment)
+        return
+    await ctx.commands.handle(state, payload)

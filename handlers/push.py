@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from gidgethub import routing, sansio
 
+from bot.core.events import PushEvent
 from handlers.context import HandlerContext
-from bot.core.events import PushEvent, check
 
 router = routing.Router()
 
 
 @router.register("push")
 async def on_push(event: sansio.Event, ctx: HandlerContext) -> None:
-    check(PushEvent, event.data)
-    await ctx.klaud.live.on_push(event.data)
+    payload = PushEvent.model_validate(event.data)
+    state = await ctx.repos.state_for(payload)
+    if state is not None:
+        await ctx.catalog.on_push(state, payload)

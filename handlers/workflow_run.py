@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from gidgethub import routing, sansio
 
+from bot.core.events import WorkflowRunEvent
 from handlers.context import HandlerContext
-from bot.core.events import WorkflowRunEvent, check
 
 router = routing.Router()
 
 
 @router.register("workflow_run")
 async def on_workflow_run(event: sansio.Event, ctx: HandlerContext) -> None:
-    check(WorkflowRunEvent, event.data)
-    await ctx.klaud.live.on_workflow_run(event.data)
+    payload = WorkflowRunEvent.model_validate(event.data)
+    state = await ctx.repos.state_for(payload)
+    if state is not None:
+        await ctx.outcomes.on_workflow_run(state, payload)

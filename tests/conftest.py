@@ -10,7 +10,6 @@ import pytest
 
 from bot.log import configure_logging
 
-
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -6,16 +6,17 @@ import hashlib
 import hmac
 import json
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from bot.app import Klaud
-from bot.web.server import create_app
 from bot.settings import load_settings
+from bot.web.server import create_app
 
 SECRET = "test-secret"
 PREVIOUS_SECRET = "old-secret"
@@ -68,7 +69,8 @@ class Running:
 @asynccontextmanager
 async def running_klaud(klaud: Klaud, *, drain: bool = True) -> AsyncIterator[Running]:
     await klaud.start(drain=drain)
-    runner = web.AppRunner(create_app(klaud), access_log=None)
+    # A short shutdown: a test that leaves a connection open must not wait a minute for it.
+    runner = web.AppRunner(create_app(klaud), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -83,7 +85,7 @@ async def running_klaud(klaud: Klaud, *, drain: bool = True) -> AsyncIterator[Ru
 
 
 @asynccontextmanager
-async def sandbox_stack(tmp_path: Path, scenario: dict[str, Any], **options: Any) -> AsyncIterator["SandboxRun"]:
+async def sandbox_stack(tmp_path: Path, scenario: dict[str, Any], **options: Any) -> AsyncIterator[SandboxRun]:
     """Klaud with the sandbox GitHub mounted (like `klaud serve --sandbox`), on a free port."""
     from bot.runtime import start_stack
 
@@ -91,7 +93,13 @@ async def sandbox_stack(tmp_path: Path, scenario: dict[str, Any], **options: Any
     klaud_options = {"check_delay_seconds": 0.02, "inbox_options": {"base_delay": 0.005, "max_delay": 0.02}}
     klaud_options.update(options.pop("klaud_options", {}))
     stack = await start_stack(
-        settings, scenario=scenario, sandbox_mode=True, schedule=False, klaud_options=klaud_options, **options
+        settings,
+        scenario=scenario,
+        sandbox_mode=True,
+        schedule=False,
+        klaud_options=klaud_options,
+        shutdown_timeout=0.5,
+        **options,
     )
     try:
         yield SandboxRun(stack)
@@ -121,6 +129,10 @@ class SandboxRun:
             await self.klaud.checks.settle()
             if not self.sandbox._tasks and self.klaud.inbox.backlog == 0:
                 return
+        raise AssertionError(
+            f"state did not settle: {len(self.sandbox._tasks)} webhooks in flight, "
+            f"{self.klaud.inbox.backlog} deliveries queued"
+        )
 
     def state(self, repo: str = "acme/bench") -> dict[str, Any]:
         return self.klaud.live.repo(repo).state_document(self.klaud.clock.now())

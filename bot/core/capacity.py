@@ -7,9 +7,9 @@ logs or returns them; a reading only says which clusters are known and which may
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from bot.core.domain import CapacityReading, parse_time
 
@@ -101,20 +101,23 @@ def _has_capacity(cluster: dict[str, Any], generated_at: datetime) -> bool:
     summary = cluster.get("summary")
     if not isinstance(summary, dict):
         return False
-    total = summary.get("totalNodes")
-    counts = [summary.get(name) for name in NODE_COUNTS]
-    if not _node_count(total) or total <= 0 or not all(_node_count(c) for c in counts):
+    total = _node_count(summary.get("totalNodes"))
+    counts = [_node_count(summary.get(name)) for name in NODE_COUNTS]
+    if total is None or total <= 0 or any(c is None for c in counts):
         return False
-    if sum(counts) != total:
+    allocated, mixed, idle, down, other = (c or 0 for c in counts)
+    if allocated + mixed + idle + down + other != total:
         return False
-    allocated, mixed, idle = counts[0], counts[1], counts[2]
     # Strictly below 80 % busy, in integers so no rounding can let a full cluster through.
     return idle > 0 and (allocated + mixed) * 5 < total * 4
 
 
-def _node_count(value: Any) -> bool:
+def _node_count(value: Any) -> int | None:
+    """`value` as a node count, or None when it is not one."""
     # JSON true would pass an isinstance(int) check; a node count is never a boolean.
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 def target_eligibility(

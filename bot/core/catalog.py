@@ -19,9 +19,10 @@ from __future__ import annotations
 import functools
 import glob
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import yaml
 

@@ -14,9 +14,10 @@ Status mapping:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from bot.core import commands
 from bot.core.domain import Attempt, Family, Hold, Overlap

@@ -8,14 +8,14 @@ move time without sleeping.
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 
 class Clock:
     """Wall-clock time; `sleep` really waits."""
 
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     def timestamp(self) -> float:
         return self.now().timestamp()
@@ -33,14 +33,14 @@ class ManualClock(Clock):
     """
 
     def __init__(self, start: datetime | None = None) -> None:
-        self._now = (start or datetime.now(timezone.utc)).astimezone(timezone.utc)
+        self._now = (start or datetime.now(UTC)).astimezone(UTC)
         self.slept: list[float] = []
 
     def now(self) -> datetime:
         return self._now
 
     def set(self, when: datetime) -> None:
-        self._now = when.astimezone(timezone.utc)
+        self._now = when.astimezone(UTC)
 
     def advance(self, seconds: float) -> None:
         self._now += timedelta(seconds=seconds)

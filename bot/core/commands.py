@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence
 
 from bot.core.cooldown import human_time
 from bot.core.domain import (
@@ -408,8 +408,10 @@ def render_status(view: StatusView, *, comment_id: int) -> str:
         ("Overlapping PRs", _overlaps_inline(view.overlaps)),
         (
             "Next wave",
-            f"{human_time(view.next_wave_at) if view.next_wave_at else 'time unknown'}: "
-            f"**{decision.decision}**, {with_until(decision.reason, decision.until)}",
+            (
+                f"{human_time(view.next_wave_at) if view.next_wave_at else 'time unknown'}: "
+                f"**{decision.decision}**, {with_until(decision.reason, decision.until)}"
+            ),
         ),
     ]
     shown = list(view.attempts[:STATUS_ATTEMPTS_SHOWN])

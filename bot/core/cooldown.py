@@ -7,9 +7,9 @@ an artifact expired or a download timed out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 
 from bot.core.domain import RETRY_NEXT_WAVE_OUTCOMES, Attempt
 
@@ -96,4 +96,4 @@ def _join(*parts: str) -> str:
 
 def human_time(moment: datetime) -> str:
     """Minute-precision UTC time for reasons people read ("2026-11-30 14:05 UTC")."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -12,8 +12,8 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import lru_cache
-from datetime import datetime, timezone
 from typing import Any, Literal, get_args
 
 CANDIDATE_RE = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{16}$")
@@ -87,17 +87,17 @@ def parse_time(value: str | None) -> datetime | None:
     """Parse GitHub's ISO timestamps (`Z` suffix) into aware datetimes."""
     if value is None:
         return None
-    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
         raise ValueError(f"timestamp without a timezone: {value!r}")
-    return parsed.astimezone(timezone.utc)
+    return parsed.astimezone(UTC)
 
 
 def stamp(value: datetime | None) -> str | None:
     """ISO text with a `Z` suffix, the form every document and payload uses."""
     if value is None:
         return None
-    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,31 +1,47 @@
-"""Minimal models of the webhook payloads Klaud reads, holding only the fields it uses.
+"""Typed models of what GitHub sends and answers, holding only the fields Klaud reads.
 
-A payload that lacks one of them fails validation, which the inbox treats as permanent: the
-delivery is marked failed at once with the reason instead of being retried. Fields GitHub
-adds are ignored.
+A webhook payload is parsed once by its handler into one of the `*Event` models below and
+that model is passed on; the GitHub client parses its answers into the same models
+(`PullRequest` from `GET …/pulls` and from a `pull_request` event are one type), so a
+service never sees GitHub's raw JSON. A payload that lacks a field Klaud needs, or holds a
+value of the wrong type (`"notatime"` for a time, a list for a name), fails validation,
+which the inbox treats as permanent: the delivery is marked failed at once with the reason.
+Fields GitHub adds are ignored.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# GitHub's ids are 64-bit; anything larger is not an id GitHub made.
+MAX_ID = 2**63 - 1
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+GitHubId = Annotated[int, Field(ge=0, le=MAX_ID)]
 
 
 class Named(_Model):
-    full_name: str
+    full_name: str = Field(pattern=r"^[^/\s]+/[^/\s]+$", max_length=200)
 
 
 class Installation(_Model):
-    id: int
+    id: GitHubId
 
 
-class Login(_Model):
+class Account(_Model):
     login: str | None = None
+    type: str | None = None  # "User", "Bot", "Organization"
+
+
+class Label(_Model):
+    name: str = ""
 
 
 class RepoEvent(_Model):
@@ -35,6 +51,9 @@ class RepoEvent(_Model):
     installation: Installation
 
 
+# -- pull requests ---------------------------------------------------------------------
+
+
 class HeadOrBase(_Model):
     ref: str
     sha: str
@@ -42,12 +61,22 @@ class HeadOrBase(_Model):
 
 
 class PullRequest(_Model):
-    number: int
-    state: str
+    number: GitHubId
+    state: str = "open"
+    title: str = ""
+    draft: bool = False
+    labels: tuple[Label, ...] = ()
+    user: Account
     head: HeadOrBase
     base: HeadOrBase
-    user: Login
-    updated_at: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+    @field_validator("draft", mode="before")
+    @classmethod
+    def _null_draft(cls, value: Any) -> Any:
+        # Older GitHub Enterprise versions send `draft: null` for a normal PR.
+        return False if value is None else value
 
 
 class PullRequestEvent(RepoEvent):
@@ -55,19 +84,50 @@ class PullRequestEvent(RepoEvent):
     pull_request: PullRequest
 
 
+class PullFile(_Model):
+    """One entry of `GET …/pulls/{n}/files`; `patch` is absent for large or binary diffs."""
+
+    filename: str
+    status: str = "modified"
+    patch: str | None = None
+    previous_filename: str | None = None
+
+
+# -- pushes ----------------------------------------------------------------------------
+
+
+class PushedRepository(Named):
+    # Push payloads give `pushed_at` in epoch seconds (other events give ISO text).
+    pushed_at: float | None = None
+
+    @field_validator("pushed_at", mode="before")
+    @classmethod
+    def _epoch_only(cls, value: Any) -> Any:
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 class PushEvent(RepoEvent):
+    repository: PushedRepository
     ref: str
     after: str
     before: str | None = None
     deleted: bool = False
 
 
+# -- workflow runs ---------------------------------------------------------------------
+
+
 class WorkflowRun(_Model):
-    id: int
-    path: str
-    head_sha: str
+    id: GitHubId
+    path: str = ""
+    head_sha: str = ""
     run_attempt: int = 1
     display_title: str | None = None
+    status: str | None = None
+    conclusion: str | None = None
+    event: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
 
 
 class WorkflowRunEvent(RepoEvent):
@@ -75,14 +135,36 @@ class WorkflowRunEvent(RepoEvent):
     workflow_run: WorkflowRun
 
 
+class Artifact(_Model):
+    id: GitHubId
+    name: str = ""
+    expired: bool = True  # a missing flag counts as expired (domain §4.2)
+    archive_download_url: str | None = None
+
+
+class Step(_Model):
+    name: str = ""
+    conclusion: str | None = None
+
+
+class Job(_Model):
+    name: str = ""
+    conclusion: str | None = None
+    steps: tuple[Step, ...] = ()
+
+
+# -- comments, issues, check runs -------------------------------------------------------
+
+
 class Comment(_Model):
-    id: int
+    id: GitHubId
     body: str | None = None
-    user: Login
+    user: Account
+    created_at: datetime | None = None
 
 
 class Issue(_Model):
-    number: int
+    number: GitHubId
 
 
 class IssueCommentEvent(RepoEvent):
@@ -101,19 +183,28 @@ class CheckRunEvent(RepoEvent):
     check_run: CheckRun
 
 
+class RepositoryDispatchEvent(RepoEvent):
+    action: str
+
+
+# -- installations ---------------------------------------------------------------------
+
+
 class InstallationEvent(_Model):
     action: str
     installation: Installation
-    repositories: list[Named] | None = None
+    repositories: tuple[Named, ...] | None = None
 
 
 class InstallationRepositoriesEvent(_Model):
     action: str
     installation: Installation
-    repositories_added: list[Named] = []
-    repositories_removed: list[Named] = []
+    repositories_added: tuple[Named, ...] = ()
+    repositories_removed: tuple[Named, ...] = ()
 
 
-def check(model: type[_Model], data: dict[str, Any]) -> Any:
-    """Validate `data` against `model` (raises pydantic.ValidationError: a permanent error)."""
-    return model.model_validate(data)
+class Repository(_Model):
+    """`GET /repos/{owner}/{repo}` and the entries of `GET /installation/repositories`."""
+
+    full_name: str
+    default_branch: str = "main"

@@ -22,9 +22,10 @@ import struct
 import zipfile
 import zlib
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -37,7 +38,13 @@ from pydantic import (
     model_validator,
 )
 
-from bot.core.domain import CANDIDATE_RE, NEUTRAL_OUTCOMES, Attempt, Outcome, family_hash
+from bot.core.domain import (
+    CANDIDATE_RE,
+    NEUTRAL_OUTCOMES,
+    Attempt,
+    Outcome,
+    family_hash,
+)
 
 MiB = 1024 * 1024
 DIAGNOSTICS_MEMBER = "candidate-diagnostics.json"
@@ -441,7 +448,7 @@ class OutcomeLedger:
     `artifact-expired` after `download-failed`) is kept.
     """
 
-    __slots__ = ("_runs_by_candidate", "_ordered")
+    __slots__ = ("_ordered", "_runs_by_candidate")
 
     def __init__(self, attempts: Iterable[Attempt] = ()) -> None:
         self._runs_by_candidate: dict[str, dict[tuple[int, int], Attempt]] = {}
@@ -486,6 +493,16 @@ class OutcomeLedger:
                 return ordered[:index]
         return list(ordered)
 
+    def recent_for(self, candidates: Iterable[str], since: datetime) -> dict[str, list[Attempt]]:
+        """Candidate -> `recent(candidate, since)`, for those of `candidates` that have any."""
+        found: dict[str, list[Attempt]] = {}
+        for candidate in candidates:
+            if candidate in self._runs_by_candidate:
+                attempts = self.recent(candidate, since)
+                if attempts:
+                    found[candidate] = attempts
+        return found
+
     def all(self) -> list[Attempt]:
         return _newest_first(
             a for runs in self._runs_by_candidate.values() for a in runs.values()
@@ -520,7 +537,8 @@ def next_retry_at(
     if now >= deadline:
         return None
     nominal = min(RETRY_FIRST_DELAY * 2 ** min(failures_so_far - 1, 20), RETRY_MAX_DELAY)
-    return min(now + nominal * rng.uniform(0.5, 1.0), deadline)
+    due: datetime = now + nominal * rng.uniform(0.5, 1.0)
+    return min(due, deadline)
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,12 +15,26 @@ lines of another.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Iterable, Literal, Sequence
+from typing import Literal
 
-from bot.core.catalog import Catalog, family_file_patterns, glob_literal_prefix, glob_pattern
-from bot.core.domain import OWN_BRANCH_RE, FileChange, Family, Overlap, PullRequest, TouchKind
+from bot.core import events
+from bot.core.catalog import (
+    Catalog,
+    family_file_patterns,
+    glob_literal_prefix,
+    glob_pattern,
+)
+from bot.core.domain import (
+    OWN_BRANCH_RE,
+    Family,
+    FileChange,
+    Overlap,
+    PullRequest,
+    TouchKind,
+)
 
 _HUNK_HEADER_RE = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@ ?(.*)$")
 # A top-level mapping key: column 0, plain or quoted, followed by `:` and space or nothing.
@@ -137,16 +151,15 @@ def touched_keys(patch: str) -> dict[str, Literal["image", "flags"]]:
             side = old if tag == "-" else new
             side.see(text)
             kind = side.touch_kind(text)
-            if kind is not None and side.key is not None:
-                if touched.get(side.key) != "image":
-                    touched[side.key] = kind
+            if kind is not None and side.key is not None and touched.get(side.key) != "image":
+                touched[side.key] = kind
     return touched
 
 
 class _SideState:
     """The current top-level key on one side of a patch, and its children's indentation."""
 
-    __slots__ = ("key", "child_indent", "awaiting_child")
+    __slots__ = ("awaiting_child", "child_indent", "key")
 
     def __init__(self) -> None:
         self.key: str | None = None
@@ -208,6 +221,39 @@ def is_klaud_own(
     family_hash = match.group(1) if match else None
     by_bot = author is not None and author.lower() in {login.lower() for login in bot_logins}
     return (family_hash is not None or by_bot), family_hash
+
+
+def pull_record(
+    repo: str,
+    pull: events.PullRequest,
+    bot_logins: Iterable[str],
+    *,
+    changes: tuple[FileChange, ...],
+    files_complete: bool,
+    files_sha: str | None,
+) -> PullRequest:
+    """What the overlap index keeps of an open PR (from a webhook or the pulls API alike)."""
+    head_repo = pull.head.repo.full_name if pull.head.repo is not None else None
+    author = pull.user.login or ""
+    same_repo = head_repo is not None and head_repo.lower() == repo.lower()
+    own, fam16 = is_klaud_own(pull.head.ref, author, same_repo, bot_logins)
+    return PullRequest(
+        number=pull.number,
+        title=pull.title,
+        author=author,
+        head_ref=pull.head.ref,
+        head_sha=pull.head.sha,
+        base_ref=pull.base.ref,
+        draft=pull.draft,
+        labels=tuple(sorted(label.name for label in pull.labels)),
+        created_at=pull.created_at,
+        updated_at=pull.updated_at,
+        klaud_own=own,
+        own_family_hash=fam16,
+        changes=changes,
+        files_complete=files_complete,
+        files_sha=files_sha,
+    )
 
 
 def is_idle(pr: PullRequest, now: datetime, idle_days: int) -> bool:
@@ -274,9 +320,9 @@ def _touches(
                 for family in catalog.families_of(path):
                     add(family.id, "patch-unavailable")
             for key, kind in change.keys.items():
-                family = catalog.find(path, key)
-                if family is not None:
-                    add(family.id, kind)
+                found = catalog.find(path, key)
+                if found is not None:
+                    add(found.id, kind)
             for family_id in family_files.families_for(path):
                 add(family_id, "flags")
     if not pr.files_complete:
@@ -370,6 +416,16 @@ class OverlapIndex:
                 continue
             found[number] = Overlap(number, kind, _reason(pr, kind, family))
         return [found[number] for number in sorted(found)]
+
+    def blocking(self, now: datetime, idle_days: int) -> dict[str, list[Overlap]]:
+        """Family id -> `overlaps(family, …)`, for the live families some open PR blocks now."""
+        found: dict[str, list[Overlap]] = {}
+        for family in self._catalog:
+            if family.id in self._by_family or family.family_hash in self._own_by_hash:
+                overlaps = self.overlaps(family, now, idle_days)
+                if overlaps:
+                    found[family.id] = overlaps
+        return found
 
     def _link(self, entry: _Entry) -> None:
         self._link_touches(entry)

@@ -1,16 +1,17 @@
 """The planning wave: one decision per live family, from local state only (DESIGN §4 "A wave").
 
-`plan` is pure. Everything it needs arrives in a `Snapshot` (plain data plus two index
-lookups) and a capacity reading fetched by the caller; it makes no network call and reads
-no clock, so a dry plan (`klaud plan`, `/plan`) is the same function as a real wave. Whether
-a selected candidate's `/klaud retry` approval is consumed is the caller's choice.
+`plan` is pure. Everything it needs arrives in a `Snapshot` of plain data and a capacity
+reading fetched by the caller; it makes no network call and reads no clock, so a dry plan
+(`klaud plan`, `/plan`) is the same function as a real wave, and a wave's inputs can be
+stored and replayed. Whether a selected candidate's `/klaud retry` approval is consumed is
+the caller's choice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 
 from bot.core.capacity import target_eligibility
 from bot.core.cooldown import cooldown, human_time
@@ -29,20 +30,22 @@ from bot.core.domain import (
 )
 from bot.core.policy import Policy
 
-_UNKNOWN_AGE = datetime.min.replace(tzinfo=timezone.utc)
+_UNKNOWN_AGE = datetime.min.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The local state one wave decides from."""
+    """The local state one wave decides from, as plain data taken at the wave's time."""
 
     repo: str
     base: str
     wave: int
     families: Sequence[Family]
-    # Overlap index query; it already ignores idle PRs and applies Klaud-own rules.
-    overlaps: Callable[[Family, datetime], list[Overlap]]
-    attempts: Callable[[str], Sequence[Attempt]]  # by candidate id, an index lookup
+    # Family id -> the open PRs that block it now (idle PRs and Klaud-own rules applied);
+    # a family no PR blocks is absent.
+    overlaps: Mapping[str, Sequence[Overlap]]
+    # Candidate id -> its attempts inside the cooldown window; absent when it has none.
+    attempts: Mapping[str, Sequence[Attempt]]
     holds: Mapping[str, Hold]  # by family id
     retries: Mapping[str, RetryApproval]  # by candidate id
     claims: Mapping[str, Claim]  # by family id
@@ -131,7 +134,7 @@ class _Ladder:
 
         approval = snapshot.retries.get(candidate)
         state = cooldown(
-            snapshot.attempts(candidate),
+            snapshot.attempts.get(candidate, ()),
             candidate,
             self.now,
             policy.cooldown_hours,
@@ -140,11 +143,11 @@ class _Ladder:
         if not state.eligible:
             return decision("cooldown", state.reason, until=state.until)
 
-        overlaps = snapshot.overlaps(family, self.now)
+        overlaps = snapshot.overlaps.get(family.id, ())
         if overlaps:
             ordered = sorted(overlaps, key=lambda o: (o.pr, o.kind, o.reason))
-            prs = tuple(dict.fromkeys(o.pr for o in ordered))
-            return decision("overlap", "; ".join(o.reason for o in ordered), pull_requests=prs)
+            blocking = tuple(dict.fromkeys(o.pr for o in ordered))
+            return decision("overlap", "; ".join(o.reason for o in ordered), pull_requests=blocking)
 
         has_capacity, capacity_reason = target_eligibility(
             family.clusters, self.capacity, policy.capacity_rule

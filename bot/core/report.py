@@ -14,8 +14,10 @@ def render_wave_table(wave: Wave, *, reason_width: int = 90) -> str:
         rows.append((str(index), decision.family, decision.decision, reason))
     widths = [max(len(row[col]) for row in rows) for col in range(3)]
     lines = [
-        f"Wave {wave.wave} of {wave.repo} at {wave.document()['at']} on base {wave.base[:12]}: "
-        f"{len(wave.selected)} selected of {len(wave.decisions)} families"
+        (
+            f"Wave {wave.wave} of {wave.repo} at {wave.document()['at']} on base {wave.base[:12]}: "
+            f"{len(wave.selected)} selected of {len(wave.decisions)} families"
+        )
     ]
     for row in rows:
         lines.append("  ".join(cell.ljust(widths[col]) for col, cell in enumerate(row[:3])) + "  " + row[3])

@@ -16,7 +16,12 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
+from contextlib import (
+    AbstractAsyncContextManager,
+    asynccontextmanager,
+    contextmanager,
+    nullcontext,
+)
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from functools import partial
@@ -33,6 +38,16 @@ from gidgethub import sansio
 
 from bot.core.clock import Clock
 from bot.core.domain import parse_time
+from bot.github.errors import (
+    BadRequest,
+    Conflict,
+    GitHubError,
+    NotFound,
+    RateLimited,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
 from bot.metrics import GITHUB_RATE_LIMIT_REMAINING, GITHUB_REQUESTS
 
 log = structlog.get_logger(__name__)
@@ -53,64 +68,6 @@ TOKEN_CACHE_SIZE = 4096
 DOWNLOAD_CHUNK = 64 * 1024
 ERROR_BODY_LIMIT = 64 * 1024
 ITEMS_KEY = "items"
-
-
-# ---------------------------------------------------------------------------- errors
-
-
-class GitHubError(Exception):
-    """A GitHub call failed; `status` is None when no HTTP answer came back."""
-
-    transient = False
-
-    def __init__(self, status: int | None, message: str) -> None:
-        super().__init__(f"{status if status is not None else 'no answer'}: {message}")
-        self.status = status
-        self.message = message
-
-
-class NotFound(GitHubError):
-    """404 or 410: the thing is gone (or the App cannot see it)."""
-
-
-class Conflict(GitHubError):
-    """409 or 422, e.g. "Reference already exists"."""
-
-
-class BadRequest(GitHubError):
-    """Any other 4xx: retrying the same request will not help."""
-
-
-class Unauthorized(GitHubError):
-    """401 even after minting a fresh credential."""
-
-
-class TooLarge(GitHubError):
-    """A download exceeded its byte cap."""
-
-
-class RateLimited(GitHubError):
-    """Still rate limited after the allowed attempts."""
-
-    transient = True
-
-    def __init__(self, status: int | None, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(status, message)
-        self.retry_after = retry_after
-
-
-class Unavailable(GitHubError):
-    """Network error, timeout or 5xx after the allowed attempts.
-
-    `maybe_applied` marks a write that may have taken effect although no answer said so;
-    such a write is only repeated after reading whether it happened.
-    """
-
-    transient = True
-
-    def __init__(self, status: int | None, message: str, *, maybe_applied: bool = False) -> None:
-        super().__init__(status, message)
-        self.maybe_applied = maybe_applied
 
 
 def translate(exc: gidgethub.HTTPException, *, now: float) -> GitHubError:
@@ -638,9 +595,10 @@ class InstallationClient:
         accept: str | None = None,
     ) -> Any:
         """One GET; `accept` asks for another media type (e.g. a file's raw text)."""
-        extra = {} if accept is None else {"accept": accept}
         with _github_errors(self._clock):
-            return await self._api.getitem(_with_params(url, params), url_vars or {}, **extra)
+            if accept is None:
+                return await self._api.getitem(_with_params(url, params), url_vars or {})
+            return await self._api.getitem(_with_params(url, params), url_vars or {}, accept=accept)
 
     async def getiter(
         self, url: str, url_vars: dict[str, Any] | None = None, *, iterable_key: str | None = None
@@ -779,7 +737,7 @@ class GitHubApp:
             "iss": str(self._app_id) if self._app_id is not None else "0",
         }
         if self._private_key is None:
-            return jwt.encode(payload, None, algorithm="none")
+            return jwt.encode(payload, "", algorithm="none")
         return jwt.encode(payload, self._private_key, algorithm="RS256")
 
     async def installations(self) -> list[dict[str, Any]]:

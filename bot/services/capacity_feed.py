@@ -106,7 +106,7 @@ class CapacityFeed:
             ) as response:
                 encoding = _checked_encoding(response)
                 body = await _read_capped(response)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise FeedUnusable("network-error", retryable=True) from exc
         if encoding == "gzip":
             body = _gunzip_capped(body)

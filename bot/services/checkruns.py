@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 import structlog
 
 from bot.core.checks import CHECK_NAME, CheckView, render_check
-from bot.services.coalescer import Coalescer
 from bot.core.clock import Clock
 from bot.core.cooldown import cooldown
 from bot.core.domain import OWN_BRANCH_RE, PullRequest
-from bot.github.client import GitHubError
+from bot.core.events import CheckRunEvent
+from bot.github.errors import GitHubError
+from bot.services.coalescer import Coalescer
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
-from bot.services.sync import split_repo
 
 log = structlog.get_logger("klaud.checks")
 
@@ -37,16 +36,15 @@ class CheckPublisher:
         self.coalescer: Coalescer[Key] = Coalescer(self.publish, delay_seconds, errors=(GitHubError,))
         live.listeners.append(self.families_changed)
 
-    async def families_changed(self, state: RepoState, families: set[str]) -> None:
+    async def families_changed(self, state: RepoState, families: set[str], pulls: set[int]) -> None:
+        for number in pulls:
+            self.coalescer.mark((state.name, number))
         for pull in state.overlap.prs():
             if not pull.klaud_own or not pull.own_family_hash:
                 continue
             family = state.family_by_hash(pull.own_family_hash)
             if family is not None and family.id in families:
                 self.coalescer.mark((state.name, pull.number))
-
-    def mark(self, repo: str, number: int) -> None:
-        self.coalescer.mark((repo, number))
 
     async def settle(self) -> None:
         await self.coalescer.settle()
@@ -93,28 +91,22 @@ class CheckPublisher:
         known = state.meta.check_runs.get(str(number))
         if known and known.get("head_sha") == pull.head_sha and known.get("digest") == digest and not force:
             return
-        gh = self.live.client(state)
+        api = self.live.api(state)
         if known and known.get("head_sha") == pull.head_sha and known.get("id"):
-            await gh.patch(
-                "/repos/{owner}/{repo}/check-runs/{id}", {**split_repo(repo), "id": known["id"]}, data=payload
-            )
+            await api.update_check_run(int(known["id"]), payload)
             check_id = known["id"]
         else:
-            created = await gh.post(
-                "/repos/{owner}/{repo}/check-runs", split_repo(repo), data=output.payload(pull.head_sha)
-            )
-            check_id = (created or {}).get("id")
+            check_id = await api.create_check_run(output.payload(pull.head_sha))
         async with self.live.lock(repo):
             state.meta.check_runs[str(number)] = {"head_sha": pull.head_sha, "id": check_id, "digest": digest}
             await self.live.persist(state.save_meta())
         log.info("check.published", repo=repo, pr=number, status=output.status, conclusion=output.conclusion)
 
-    async def rerequested(self, payload: dict[str, Any]) -> None:
+    async def rerequested(self, state: RepoState, event: CheckRunEvent) -> None:
         """A person asked for the check again: re-render it on that head."""
-        run = payload["check_run"]
-        state = self.live.repo(payload["repository"]["full_name"])
-        if state is None or run.get("name") != CHECK_NAME:
+        run = event.check_run
+        if run.name != CHECK_NAME:
             return
         for pull in state.overlap.prs():
-            if pull.klaud_own and pull.head_sha == run.get("head_sha"):
+            if pull.klaud_own and pull.head_sha == run.head_sha:
                 await self.publish((state.name, pull.number), force=True)

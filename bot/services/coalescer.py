@@ -7,7 +7,8 @@ key is flushed once per burst, so a check run costs one PATCH however many chang
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Generic, Hashable, TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
 
 import structlog
 

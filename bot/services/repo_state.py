@@ -8,7 +8,7 @@ waves through `snapshot()`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,7 +27,7 @@ from bot.core.outcomes import OutcomeLedger
 from bot.core.overlap import OverlapIndex
 from bot.core.planner import Snapshot
 from bot.core.policy import Policy, PolicyError, parse_policy
-from bot.store.records import Change
+from bot.store.change import Change
 
 
 @dataclass
@@ -88,7 +88,7 @@ class RepoState:
             return Policy()
 
     @classmethod
-    def from_records(cls, name: str, records: dict[str, dict[str, Any]], meta: dict[str, Any]) -> "RepoState":
+    def from_records(cls, name: str, records: dict[str, dict[str, Any]], meta: dict[str, Any]) -> RepoState:
         state = cls(name, RepoMeta(**meta))
         state.catalog = Catalog(records.get("family", {}).values())
         state.overlap = OverlapIndex(state.catalog, state.policy.family_files)
@@ -239,6 +239,19 @@ class RepoState:
         self.dispatches.pop(family, None)
         return Change().delete(self.name, "dispatch", family)
 
+    def link_run(self, family: str, run_id: int) -> Change:
+        """The run GitHub started for the family's dispatch is known now."""
+        dispatch = self.dispatches[family]
+        return self.add_dispatch(replace(dispatch, run_id=run_id))
+
+    def put_artifact_retry(self, key: str, entry: dict[str, Any]) -> Change:
+        self.pending_artifacts[key] = entry
+        return Change().put(self.name, "artifact-retry", key, entry)
+
+    def drop_artifact_retry(self, key: str) -> Change:
+        self.pending_artifacts.pop(key, None)
+        return Change().delete(self.name, "artifact-retry", key)
+
     def expired_claims(self, now: datetime) -> list[Claim]:
         """Claims older than claim_ttl_hours whose run is finished or was never seen."""
         ttl = timedelta(hours=self.policy.claim_ttl_hours)
@@ -255,16 +268,17 @@ class RepoState:
     # -- reading -----------------------------------------------------------------------
 
     def snapshot(self, wave: int, now: datetime) -> Snapshot:
+        """The plain data a wave at `now` decides from (copies: a wave changes claims as it goes)."""
         # Only attempts inside the cooldown window can decide anything at `now`.
         since = now - timedelta(hours=self.policy.cooldown_hours)
+        families = tuple(self.catalog)
         return Snapshot(
             repo=self.name,
             base=self.meta.head_sha,
             wave=wave,
-            families=list(self.catalog),
-            overlaps=lambda family, now: self.overlap.overlaps(family, now, self.policy.idle_days),
-            attempts=lambda candidate: self.ledger.recent(candidate, since),
-            # Copies: a wave changes claims and dispatches while it still plans from this.
+            families=families,
+            overlaps=self.overlap.blocking(now, self.policy.idle_days),
+            attempts=self.ledger.recent_for((f.candidate for f in families), since),
             holds=dict(self.holds),
             retries=dict(self.retries),
             claims=dict(self.claims),

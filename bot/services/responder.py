@@ -7,7 +7,7 @@ posted for that comment, so a redelivered event answers only what is still unans
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
 
 import structlog
 from cachetools import TTLCache
@@ -29,11 +29,11 @@ from bot.core.commands import (
     resolve_command,
 )
 from bot.core.cooldown import cooldown
-from bot.core.domain import Hold, RetryApproval, parse_time
-from bot.github.client import InstallationClient, NotFound
+from bot.core.domain import Family, Hold, RetryApproval, parse_time
+from bot.core.events import IssueCommentEvent
+from bot.services.api import RepoAPI
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
-from bot.services.sync import split_repo
 from bot.services.waves import WaveRunner
 
 log = structlog.get_logger("klaud.commands")
@@ -50,68 +50,45 @@ class CommandResponder:
             maxsize=4096, ttl=PERMISSION_TTL_SECONDS, timer=clock.timestamp
         )
 
-    async def handle(self, payload: dict[str, Any]) -> int:
+    async def handle(self, state: RepoState, event: IssueCommentEvent) -> int:
         """Answer the commands of a new comment; returns how many replies were posted."""
-        comment = payload["comment"]
-        commands = parse_commands(comment.get("body") or "")
+        comment = event.comment
+        commands = parse_commands(comment.body or "")
         if not commands:
             return 0
-        state = await self.live.state_for(payload)
-        if state is None:
-            return 0
-        gh = self.live.client(state)
-        comment_id = int(comment["id"])
-        number = int(payload["issue"]["number"])
-        await gh.post(
-            "/repos/{owner}/{repo}/issues/comments/{id}/reactions",
-            {**split_repo(state.name), "id": comment_id},
-            data={"content": "eyes"},
-        )
-        answered = await self._answered(gh, state, number, comment_id)
-        author = (comment.get("user") or {}).get("login") or ""
+        api = self.live.api(state)
+        number = event.issue.number
+        await api.react(comment.id, "eyes")
+        answered = await self._answered(api, number, comment.id)
+        author = comment.user.login or ""
         posted = 0
         for index, command in enumerate(commands):
             if index < answered:
                 continue  # answered by an earlier delivery of this event
-            body = await self._answer(gh, state, command, author, number, comment_id)
-            await gh.post(
-                "/repos/{owner}/{repo}/issues/{number}/comments",
-                {**split_repo(state.name), "number": number},
-                data={"body": body},
-            )
+            body = await self._answer(api, state, command, author, number, comment.id)
+            await api.post_comment(number, body)
             posted += 1
-        log.info("commands.answered", comment_id=comment_id, commands=len(commands), posted=posted)
+        log.info("commands.answered", comment_id=comment.id, commands=len(commands), posted=posted)
         return posted
 
-    async def _answered(self, gh: InstallationClient, state: RepoState, number: int, comment_id: int) -> int:
-        bodies = [
-            c.get("body") or ""
-            async for c in gh.getiter(
-                "/repos/{owner}/{repo}/issues/{number}/comments?per_page=100", {**split_repo(state.name), "number": number}
-            )
-            if self.live.settings.is_bot((c.get("user") or {}).get("login"))
-        ]
+    async def _answered(self, api: RepoAPI, number: int, comment_id: int) -> int:
+        bodies = [c.body or "" async for c in api.comments(number) if self.live.is_bot(c.user.login)]
         return reply_counts(bodies)[comment_id]
 
-    async def _permission(self, gh: InstallationClient, state: RepoState, user: str) -> str | None:
+    async def _permission(self, api: RepoAPI, state: RepoState, user: str) -> str | None:
         key = (state.name, user.lower())
         if key not in self._permissions:
-            try:
-                answer = await gh.getitem(
-                    "/repos/{owner}/{repo}/collaborators/{user}/permission", {**split_repo(state.name), "user": user}
-                )
-                self._permissions[key] = effective_permission(answer.get("permission"), answer.get("role_name"))
-            except NotFound:
-                self._permissions[key] = "none"
+            permission, role_name = await api.permission(user)
+            self._permissions[key] = effective_permission(permission, role_name)
         return self._permissions[key]
 
     async def _answer(
-        self, gh: InstallationClient, state: RepoState, command: Command, author: str, number: int, comment_id: int
+        self, api: RepoAPI, state: RepoState, command: Command, author: str, number: int, comment_id: int
     ) -> str:
         spec = command.spec
         if spec is None or command.verb == "help":
             return render_help(comment_id=comment_id, unknown_verb=command.verb if spec is None else None)
-        if spec.needs_write and not permission_allows(command.verb, await self._permission(gh, state, author)):
+        if spec.needs_write and not permission_allows(command.verb, await self._permission(api, state, author)):
             return render_refusal(
                 command, f"`{command.verb}` needs write, maintain or admin permission on {state.name}", comment_id=comment_id
             )
@@ -121,6 +98,8 @@ class CommandResponder:
         if resolved.family is None:
             return render_refusal(command, resolved.error or "no target", comment_id=comment_id)
         family = state.catalog.get(resolved.family)
+        if family is None:
+            return render_refusal(command, f"{resolved.family} is not a live family", comment_id=comment_id)
         now = self.clock.now()
         if command.verb == "retry":
             return await self._retry(state, family, author, now, comment_id)
@@ -138,7 +117,7 @@ class CommandResponder:
             return render_unhold(family.id, previous, author, comment_id=comment_id)
         return await self._status(state, family, comment_id)
 
-    async def _retry(self, state: RepoState, family: Any, author: str, now: Any, comment_id: int) -> str:
+    async def _retry(self, state: RepoState, family: Family, author: str, now: datetime, comment_id: int) -> str:
         candidate = family.candidate
         cool = cooldown(state.ledger.for_candidate(candidate), candidate, now, state.policy.cooldown_hours, False)
         if not cool.eligible:
@@ -150,10 +129,9 @@ class CommandResponder:
             parse_time(state.meta.next_wave_at), comment_id=comment_id,
         )
 
-    async def _status(self, state: RepoState, family: Any, comment_id: int) -> str:
+    async def _status(self, state: RepoState, family: Family, comment_id: int) -> str:
         now = self.clock.now()
-        wave = await self.waves.preview(state.name, now)
-        assert wave is not None
+        wave = await self.waves.preview_state(state, now)
         decision = next(d for d in wave.decisions if d.family == family.id)
         approved = family.candidate in state.retries
         attempts = state.ledger.for_candidate(family.candidate)

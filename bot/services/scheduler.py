@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import structlog
 
 from bot.core.clock import Clock
 from bot.core.domain import parse_time, stamp
-from bot.github.client import GitHubError
+from bot.github.errors import GitHubError
 from bot.services.live import LiveState
+from bot.services.outcomes import OutcomeRecorder
+from bot.services.reconcile import Reconciler
 from bot.services.repo_state import RepoState
 from bot.services.waves import WaveRunner
 
@@ -27,7 +30,7 @@ log = structlog.get_logger("klaud.scheduler")
 
 LIGHT_RECONCILE_EVERY = timedelta(hours=6)
 MAX_JITTER_SECONDS = 60.0
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def next_boundary(now: datetime, every_minutes: int, jitter_seconds: float) -> datetime:
@@ -43,15 +46,17 @@ class Scheduler:
         self,
         live: LiveState,
         waves: WaveRunner,
+        reconciler: Reconciler,
+        outcomes: OutcomeRecorder,
         clock: Clock,
         *,
-        discover: Callable[[], Awaitable[Any]] | None = None,
         prune: Callable[[], Awaitable[Any]] | None = None,
         poll_seconds: float = 1.0,
         rng: random.Random | None = None,
     ) -> None:
         self.live = live
-        self.discover = discover
+        self.reconciler = reconciler
+        self.outcomes = outcomes
         self.prune = prune
         self._housekeeping_at = clock.now()
         self.waves = waves
@@ -76,11 +81,11 @@ class Scheduler:
                 await self.tick()
             # A timer that dies silently loses every later wave: whatever went wrong is
             # logged with its traceback and the next tick tries again.
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("scheduler.tick_failed")
             try:
                 await asyncio.wait_for(self._stopping.wait(), self.poll_seconds)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def tick(self) -> list[str]:
@@ -90,13 +95,13 @@ class Scheduler:
             if await self._guarded(name, self._wave_if_due(name, state)):
                 waved.append(name)
             await self._guarded(name, self._light_reconcile_if_due(name, state))
-        await self.live.retry_artifacts()
+        await self.outcomes.retry_artifacts()
         if self.clock.now() - self._housekeeping_at >= LIGHT_RECONCILE_EVERY:
             # Housekeeping on the light-reconcile cadence: new installations, retention.
             self._housekeeping_at = self.clock.now()
-            for chore in (self.discover, self.prune):
-                if chore is not None:
-                    await chore()
+            await self.reconciler.reconcile_new_installations()
+            if self.prune is not None:
+                await self.prune()
         return waved
 
     @staticmethod
@@ -123,7 +128,7 @@ class Scheduler:
         reconciled = parse_time(state.meta.reconciled_at)
         if reconciled is not None and self.clock.now() - reconciled < LIGHT_RECONCILE_EVERY:
             return False
-        await self.live.reconcile(name, state.meta.installation, light=True)
+        await self.reconciler.reconcile(name, state.meta.installation, light=True)
         return True
 
     def _upcoming(self, every_minutes: int, now: datetime) -> datetime:

@@ -15,16 +15,17 @@ from datetime import datetime
 
 import structlog
 
-from bot.services.capacity_feed import CapacityFeed
+from bot.core import dispatching
 from bot.core.clock import Clock
-from bot.services.dispatch import dispatch_candidate, release_claim
 from bot.core.domain import CapacityReading, Claim, Decision, Wave, stamp
-from bot.github.client import GitHubError
-from bot.services.live import LiveState
-from bot.metrics import CANDIDATES, WAVE_SECONDS
 from bot.core.planner import plan
+from bot.github.errors import GitHubError
+from bot.metrics import CANDIDATES, WAVE_SECONDS
+from bot.services.api import CapacitySource
+from bot.services.dispatch import dispatch_candidate, release_claim
+from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
-from bot.store.records import Change
+from bot.store.change import Change
 
 log = structlog.get_logger("klaud.waves")
 
@@ -32,7 +33,7 @@ KEEP_WAVES = 100  # about eight days of stored wave documents at the default cad
 
 
 class WaveRunner:
-    def __init__(self, live: LiveState, capacity: CapacityFeed, clock: Clock, *, dry_run: bool = False) -> None:
+    def __init__(self, live: LiveState, capacity: CapacitySource, clock: Clock, *, dry_run: bool = False) -> None:
         self.live = live
         self.capacity = capacity
         self.clock = clock
@@ -43,8 +44,10 @@ class WaveRunner:
         state = self.live.repo(repo)
         if state is None:
             return None
+        return await self.preview_state(state, at or self.clock.now())
+
+    async def preview_state(self, state: RepoState, now: datetime) -> Wave:
         reading = await self.capacity.read()
-        now = at or self.clock.now()
         return plan(state.snapshot(state.meta.wave + 1, now), state.policy, reading, now)
 
     async def run(self, repo: str, *, trigger: str, next_wave_at: datetime | None = None) -> Wave | None:
@@ -106,7 +109,7 @@ class WaveRunner:
     async def _release_expired_claims(self, state: RepoState, now: datetime, change: Change) -> None:
         for claim in state.expired_claims(now):
             try:
-                await release_claim(self.live.client(state), state.name, claim.family)
+                await release_claim(self.live.api(state), claim.family)
             except GitHubError as exc:
                 # Kept (and the family stays claimed) until a later wave can delete it.
                 log.warning("claim.release_failed", family=claim.family, error=str(exc))
@@ -136,32 +139,29 @@ class WaveRunner:
                     continue
                 done.add(decision.family)
                 if self.dry_run:
-                    overrides[decision.family] = replace(
-                        decision,
-                        reason=f"{decision.reason} (dry run: would claim the family and dispatch {state.policy.candidate_workflow})",
-                    )
+                    overrides[decision.family] = dispatching.dry_run(decision, state.policy.candidate_workflow)
                     continue
+                family = state.catalog.get(decision.family)
+                if family is None:
+                    continue  # the planner decides live families only
                 try:
                     result = await dispatch_candidate(
-                        self.live.client(state),
-                        state.name,
+                        self.live.api(state),
                         workflow=state.policy.candidate_workflow,
                         branch=state.meta.default_branch,
-                        family=state.catalog.get(decision.family),
+                        family=family,
                         base=state.meta.head_sha,
                         wave=number,
                         now=now,
                     )
                 except GitHubError as exc:
-                    stop_reason = f"dispatch of {decision.candidate} failed ({exc}); claim released, no more dispatches this wave"
                     log.warning("wave.dispatch_failed", family=decision.family, error=str(exc))
-                    overrides[decision.family] = replace(decision, decision="cap", reason=stop_reason)
+                    overrides[decision.family], stop_reason = dispatching.dispatch_failed(
+                        decision, decision.candidate, str(exc)
+                    )
                     break
                 if result is None:
-                    lost[decision.family] = Claim(decision.family, decision.candidate, None, "", now)
-                    overrides[decision.family] = replace(
-                        decision, decision="claimed", reason="another wave claimed this family first"
-                    )
+                    overrides[decision.family], lost[decision.family] = dispatching.claim_lost(decision, now)
                     replan = True
                     break
                 claim, dispatch = result
@@ -169,12 +169,4 @@ class WaveRunner:
                 change.extend(state.add_dispatch(dispatch))
                 if decision.candidate in state.retries:
                     change.extend(state.consume_retry(decision.candidate))
-        decisions = []
-        for decision in wave.decisions:
-            if decision.family in overrides:
-                decisions.append(overrides[decision.family])
-            elif stop_reason and decision.decision == "selected":
-                decisions.append(replace(decision, decision="cap", reason=stop_reason))
-            else:
-                decisions.append(decision)
-        return replace(wave, decisions=tuple(decisions))
+        return dispatching.settle(wave, overrides, stop_reason)

@@ -10,14 +10,12 @@ validated on the way back in.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections import defaultdict
 from typing import Any
 
-from pydantic import TypeAdapter
-
-from bot.core.domain import Attempt, Claim, Dispatch, Family, Hold, PullRequest, RetryApproval
+from bot.store.change import Change
+from bot.store.codec import decode_many
 from bot.store.db import Database
 
 STATE_SCHEMA = """
@@ -29,72 +27,6 @@ CREATE TABLE IF NOT EXISTS records (
     PRIMARY KEY (repo, kind, key)
 ) WITHOUT ROWID;
 """
-
-# kind -> adapter; kinds absent here hold plain JSON documents (repo metadata, waves, ...).
-ADAPTERS: dict[str, TypeAdapter[Any]] = {
-    "family": TypeAdapter(Family),
-    "pull": TypeAdapter(PullRequest),
-    "attempt": TypeAdapter(Attempt),
-    "hold": TypeAdapter(Hold),
-    "retry": TypeAdapter(RetryApproval),
-    "claim": TypeAdapter(Claim),
-    "dispatch": TypeAdapter(Dispatch),
-}
-LIST_ADAPTERS = {kind: TypeAdapter(list[adapter._type]) for kind, adapter in ADAPTERS.items()}  # type: ignore[attr-defined]
-
-
-def encode(kind: str, value: Any) -> str:
-    adapter = ADAPTERS.get(kind)
-    if adapter is None:
-        return json.dumps(value, separators=(",", ":"))
-    return adapter.dump_json(value).decode()
-
-
-def decode_many(kind: str, texts: list[str]) -> list[Any]:
-    adapter = LIST_ADAPTERS.get(kind)
-    if adapter is None:
-        return [json.loads(text) for text in texts]
-    # One validate_json call over a JSON array is far faster than one call per record.
-    return adapter.validate_json("[" + ",".join(texts) + "]")
-
-
-class Change:
-    """A batch of writes applied in one transaction."""
-
-    def __init__(self) -> None:
-        self.puts: list[tuple[str, str, str, str]] = []
-        self.deletes: list[tuple[str, str, str]] = []
-        self.clears: list[tuple[str, str]] = []
-
-    def put(self, repo: str, kind: str, key: str | int, value: Any) -> "Change":
-        self.puts.append((repo, kind, str(key), encode(kind, value)))
-        return self
-
-    def delete(self, repo: str, kind: str, key: str | int) -> "Change":
-        self.deletes.append((repo, kind, str(key)))
-        return self
-
-    def clear(self, repo: str, kind: str) -> "Change":
-        """Delete every record of `kind`; puts of the same change are applied after."""
-        self.clears.append((repo, kind))
-        return self
-
-    def extend(self, other: "Change") -> "Change":
-        self.puts.extend(other.puts)
-        self.deletes.extend(other.deletes)
-        self.clears.extend(other.clears)
-        return self
-
-    def __bool__(self) -> bool:
-        return bool(self.puts or self.deletes or self.clears)
-
-    def apply(self, conn: sqlite3.Connection) -> None:
-        conn.executemany("DELETE FROM records WHERE repo = ? AND kind = ?", self.clears)
-        conn.executemany("DELETE FROM records WHERE repo = ? AND kind = ? AND key = ?", self.deletes)
-        conn.executemany(
-            "INSERT OR REPLACE INTO records (repo, kind, key, data) VALUES (?, ?, ?, ?)", self.puts
-        )
-
 
 class StateStore:
     def __init__(self, db: Database) -> None:

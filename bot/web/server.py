@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
@@ -12,24 +12,40 @@ from gidgethub import ValidationFailure
 from gidgethub.sansio import validate_event
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from bot.web.inbox import KEPT_HEADERS, Delivery
 from bot.metrics import DELIVERIES, REGISTRY
-
-if TYPE_CHECKING:
-    from bot.app import Klaud
+from bot.store.deliveries import KEPT_HEADERS, Delivery
+from bot.web.inbox import Inbox
 
 log = structlog.get_logger("klaud.server")
 
 MAX_BODY = 25 * 1024 * 1024  # GitHub caps payloads at 25 MB
-KLAUD_KEY = web.AppKey("klaud", object)
+
+
+class Backend(Protocol):
+    """What the HTTP endpoints need of the running Klaud (`bot.app.Klaud` provides it)."""
+
+    inbox: Inbox
+    started: bool
+
+    @property
+    def ready(self) -> bool: ...
+
+    def webhook_secrets(self) -> list[str]: ...
+
+    async def state_document(self, repo: str) -> dict[str, Any] | None: ...
+
+    async def plan_document(self, repo: str) -> dict[str, Any] | None: ...
+
+
+KLAUD_KEY = web.AppKey("klaud", Backend)
 
 
 def error(status: int, code: str, detail: str) -> web.Response:
     return web.json_response({"error": code, "detail": detail}, status=status)
 
 
-def _klaud(request: web.Request) -> "Klaud":
-    return request.app[KLAUD_KEY]  # type: ignore[return-value]
+def _klaud(request: web.Request) -> Backend:
+    return request.app[KLAUD_KEY]
 
 
 async def _read_capped(request: web.Request) -> bytes | None:
@@ -79,7 +95,7 @@ async def webhook(request: web.Request) -> web.Response:
             f"expected application/json, got {request.content_type or 'none'}",
         )
     signature = request.headers.get("X-Hub-Signature-256")
-    if not _verify_signature(body, signature, klaud.settings.secrets()):
+    if not _verify_signature(body, signature, klaud.webhook_secrets()):
         detail = "missing X-Hub-Signature-256" if not signature else "signature does not match"
         return _reject(event, 401, "invalid-signature", detail)
     delivery_id = request.headers.get("X-GitHub-Delivery", "")
@@ -130,7 +146,7 @@ async def readyz(request: web.Request) -> web.Response:
     inbox = klaud.inbox
     body = {
         "started": klaud.started,
-        "store": inbox.db.is_open,
+        "store": inbox.store.is_open,
         "backlog": inbox.backlog,
         "limit": inbox.backlog_limit,
     }
@@ -168,7 +184,7 @@ async def repo_plan(request: web.Request) -> web.Response:
     return web.json_response(document)
 
 
-def create_app(klaud: "Klaud", extra_routes: Any = None) -> web.Application:
+def create_app(klaud: Backend, extra_routes: Any = None) -> web.Application:
     # Bodies are read (and capped) by the webhook handler itself so that an oversized
     # body is answered with the JSON error of the contract rather than aiohttp's text.
     app = web.Application(client_max_size=MAX_BODY + 1)

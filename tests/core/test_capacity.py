@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,7 +11,7 @@ import pytest
 from bot.core.capacity import evaluate_feed, target_eligibility
 from bot.core.domain import CapacityReading, stamp
 
-NOW = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 
 
 def cluster(cluster_id: str, at: datetime = NOW, **changes: Any) -> dict[str, Any]:
@@ -196,8 +196,10 @@ READING = CapacityReading(
             "any",
             (
                 False,
-                "no target cluster has capacity: cluster b200-dgxc is busy; "
-                "cluster mi355x-amd is not in the capacity feed",
+                (
+                    "no target cluster has capacity: cluster b200-dgxc is busy; "
+                    "cluster mi355x-amd is not in the capacity feed"
+                ),
             ),
         ),
         ([], "any", (False, "runner has no known target cluster")),

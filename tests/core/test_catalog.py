@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -76,8 +76,8 @@ last-block:
   runner: h100
 """
 
-T1 = datetime(2026, 8, 1, tzinfo=timezone.utc)
-T2 = datetime(2026, 8, 21, tzinfo=timezone.utc)
+T1 = datetime(2026, 8, 1, tzinfo=UTC)
+T2 = datetime(2026, 8, 21, tzinfo=UTC)
 
 
 def runners() -> dict[str, tuple[str, ...]]:

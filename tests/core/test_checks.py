@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -16,7 +16,7 @@ from bot.core.commands import VERBS, help_text
 from bot.core.domain import NEUTRAL_OUTCOMES, OUTCOMES, Attempt, Family, Hold, Overlap
 
 FAMILY_ID = "configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"
-AT = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+AT = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 FAMILY = Family(
     id=FAMILY_ID,
     path="configs/nvidia-master.yaml",
@@ -33,38 +33,38 @@ FAMILY = Family(
 
 
 def attempt(run_id: int, outcome: str | None, minutes_ago: int = 0, **changes: object) -> Attempt:
-    values: dict[str, object] = dict(
-        candidate=FAMILY.candidate,
-        family=FAMILY_ID,
-        run_id=run_id,
-        run_attempt=2,
-        base="b" * 40,
-        completed_at=AT - timedelta(minutes=minutes_ago),
-        verified=outcome is not None,
-        outcome=outcome,
-        phase="targeted",
-        pull_request=None,
-        reason_code=None,
-        error=None if outcome is not None else "artifact-expired",
-    )
+    values: dict[str, object] = {
+        "candidate": FAMILY.candidate,
+        "family": FAMILY_ID,
+        "run_id": run_id,
+        "run_attempt": 2,
+        "base": "b" * 40,
+        "completed_at": AT - timedelta(minutes=minutes_ago),
+        "verified": outcome is not None,
+        "outcome": outcome,
+        "phase": "targeted",
+        "pull_request": None,
+        "reason_code": None,
+        "error": None if outcome is not None else "artifact-expired",
+    }
     values.update(changes)
     return Attempt(**values)  # type: ignore[arg-type]
 
 
 def view(**changes: object) -> CheckView:
-    values: dict[str, object] = dict(
-        repo="acme/bench",
-        family=FAMILY,
-        candidate=FAMILY.candidate,
-        image=FAMILY.image,
-        attempts=[],
-        cooldown_reason="eligible: no verified attempt",
-        cooldown_until=None,
-        overlaps=[],
-        hold=None,
-        in_flight=False,
-        policy_error=None,
-    )
+    values: dict[str, object] = {
+        "repo": "acme/bench",
+        "family": FAMILY,
+        "candidate": FAMILY.candidate,
+        "image": FAMILY.image,
+        "attempts": [],
+        "cooldown_reason": "eligible: no verified attempt",
+        "cooldown_until": None,
+        "overlaps": [],
+        "hold": None,
+        "in_flight": False,
+        "policy_error": None,
+    }
     values.update(changes)
     return CheckView(**values)  # type: ignore[arg-type]
 

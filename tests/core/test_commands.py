@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -30,7 +30,7 @@ from bot.core.domain import Attempt, Decision, Family, Hold, Overlap, candidate_
 
 FAMILY_ID = "configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"
 OTHER_ID = "configs/amd-master.yaml:llama70b-fp8-mi300x-vllm"
-AT = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+AT = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 
 
 def family(family_id: str = FAMILY_ID, image: str = "lmsysorg/sglang:v0.5.5") -> Family:
@@ -47,25 +47,25 @@ def family(family_id: str = FAMILY_ID, image: str = "lmsysorg/sglang:v0.5.5") ->
         framework="sglang",
         line_start=10,
         line_end=30,
-        image_changed_at=datetime(2026, 10, 1, tzinfo=timezone.utc),
+        image_changed_at=datetime(2026, 10, 1, tzinfo=UTC),
     )
 
 
 def attempt(run_id: int, outcome: str | None = "failed", **changes: object) -> Attempt:
-    values: dict[str, object] = dict(
-        candidate=family().candidate,
-        family=FAMILY_ID,
-        run_id=run_id,
-        run_attempt=1,
-        base="a" * 40,
-        completed_at=AT,
-        verified=outcome is not None,
-        outcome=outcome,
-        phase="targeted",
-        pull_request=None,
-        reason_code=None,
-        error=None if outcome is not None else "artifact-expired",
-    )
+    values: dict[str, object] = {
+        "candidate": family().candidate,
+        "family": FAMILY_ID,
+        "run_id": run_id,
+        "run_attempt": 1,
+        "base": "a" * 40,
+        "completed_at": AT,
+        "verified": outcome is not None,
+        "outcome": outcome,
+        "phase": "targeted",
+        "pull_request": None,
+        "reason_code": None,
+        "error": None if outcome is not None else "artifact-expired",
+    }
     values.update(changes)
     return Attempt(**values)  # type: ignore[arg-type]
 
@@ -344,7 +344,7 @@ def test_retry_reply_says_what_was_cleared_and_when_the_next_wave_runs() -> None
         "abc",
         True,
         "last attempt failed",
-        datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc),
+        datetime(2026, 11, 30, 10, 0, tzinfo=UTC),
         comment_id=1,
     )
     assert "Cleared the cooldown of candidate `abc`" in reply
@@ -383,20 +383,20 @@ def test_user_text_cannot_break_out_of_code_span() -> None:
 
 def _status_view(**changes: object) -> StatusView:
     fam = family()
-    values: dict[str, object] = dict(
-        family=fam,
-        staleness=fam.image_changed_at,
-        attempts=[attempt(2, "readiness-blocked", pull_request=4012), attempt(1, None)],
-        cooldown_reason="cooling down: last attempt readiness-blocked",
-        cooldown_until=datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc),
-        overlaps=[Overlap(4013, "image", "PR #4013 changes this family's image line")],
-        hold=None,
-        next_decision=Decision(
+    values: dict[str, object] = {
+        "family": fam,
+        "staleness": fam.image_changed_at,
+        "attempts": [attempt(2, "readiness-blocked", pull_request=4012), attempt(1, None)],
+        "cooldown_reason": "cooling down: last attempt readiness-blocked",
+        "cooldown_until": datetime(2026, 12, 1, 8, 0, tzinfo=UTC),
+        "overlaps": [Overlap(4013, "image", "PR #4013 changes this family's image line")],
+        "hold": None,
+        "next_decision": Decision(
             FAMILY_ID, fam.candidate, "cooldown", "cooling down until 2026-12-01"
         ),
-        next_wave_at=datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc),
-        repo="acme/bench",
-    )
+        "next_wave_at": datetime(2026, 11, 30, 10, 0, tzinfo=UTC),
+        "repo": "acme/bench",
+    }
     values.update(changes)
     return StatusView(**values)  # type: ignore[arg-type]
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from bot.core.cooldown import cooldown
 from bot.core.domain import Attempt
 
-NOW = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 CANDIDATE = "d92e15065c55779d-555679de269db36f"
 OTHER = "0a1b2c3d4e5f6071-8899aabbccddeeff"
 
@@ -54,7 +54,7 @@ def test_readiness_blocked_cools_down_for_the_window_with_a_readable_reason() ->
     blocked = attempt("readiness-blocked", hours_ago=17 + 55 / 60)
     state = check([blocked])
     assert not state.eligible
-    assert state.until == datetime(2026, 11, 30, 14, 5, tzinfo=timezone.utc)
+    assert state.until == datetime(2026, 11, 30, 14, 5, tzinfo=UTC)
     assert state.reason == (
         "cooling down until 2026-11-30 14:05 UTC: last attempt readiness-blocked (run 101)"
     )

@@ -9,7 +9,7 @@ import random
 import struct
 import zipfile
 import zlib
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ OTHER_FAMILY = "configs/amd-master.yaml:dsr1-fp8-mi355x-sglang"
 CANDIDATE = candidate_id(FAMILY, "lmsysorg/sglang:v0.5.16-cu130")
 NEXT_CANDIDATE = candidate_id(FAMILY, "lmsysorg/sglang:v0.5.17-cu130")
 OTHER_CANDIDATE = candidate_id(OTHER_FAMILY, "lmsysorg/sglang:v0.5.16-rocm700")
-T0 = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 
 
 def outcome_doc(**changes: Any) -> dict[str, Any]:
@@ -374,9 +374,10 @@ def test_unsupported_compression_is_refused() -> None:
 
 def test_two_root_members_with_one_name_are_refused() -> None:
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive, pytest.warns(UserWarning, match="Duplicate"):
+    with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr(MEMBER, diagnostics(outcome_doc()))
-        archive.writestr(MEMBER, diagnostics(outcome_doc(outcome="uncertain")))
+        with pytest.warns(UserWarning, match="Duplicate"):
+            archive.writestr(MEMBER, diagnostics(outcome_doc(outcome="uncertain")))
 
     assert artifact_error(buffer.getvalue()).code == "not-a-zip"
 

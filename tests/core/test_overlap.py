@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ from bot.core.domain import (
     candidate_branch,
     candidate_id,
 )
-from bot.sandbox.gitdiff import unified_diff
 from bot.core.overlap import (
     OverlapIndex,
     file_change_from_contents,
@@ -30,9 +29,10 @@ from bot.core.overlap import (
     top_level_key,
     touched_keys,
 )
+from bot.sandbox.gitdiff import unified_diff
 from tests.builders import family
 
-NOW = datetime(2026, 8, 21, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 8, 21, 12, 0, tzinfo=UTC)
 NV = "configs/nvidia-master.yaml"
 AMD = "configs/amd-master.yaml"
 BOTS = ("klaud-cold[bot]", "Klaud-Cold")

@@ -14,7 +14,7 @@ import json
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -44,7 +44,7 @@ from bot.github.client import (
 )
 from bot.metrics import REGISTRY
 
-START = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+START = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 T0 = START.timestamp()
 PREFIX = "/api/v3"
 TOKEN_LIFETIME = 3600
@@ -165,7 +165,7 @@ class Stub:
 async def serve(handler: Handler) -> tuple[web.AppRunner, str]:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -803,7 +803,7 @@ async def sandboxed() -> AsyncIterator[Callable[..., Awaitable[Sandboxed]]]:
 
         app = sandbox.create_app()
         app.middlewares.append(watch_blobs)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -16,10 +16,10 @@ from gidgethub import routing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bot.app import Klaud  # noqa: E402
-from bot.log import configure_logging  # noqa: E402
-from bot.web.server import create_app  # noqa: E402
-from tests.harness import make_settings  # noqa: E402
+from bot.app import Klaud
+from bot.log import configure_logging
+from bot.web.server import create_app
+from tests.harness import make_settings
 
 
 async def main(db: str, port_file: str, seconds: float) -> None:
@@ -32,7 +32,7 @@ async def main(db: str, port_file: str, seconds: float) -> None:
     configure_logging("json")
     klaud = Klaud(make_settings(Path(db)), router=router)
     await klaud.start()
-    runner = web.AppRunner(create_app(klaud), access_log=None)
+    runner = web.AppRunner(create_app(klaud), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import gzip
-from datetime import timedelta
 import json
 import socket
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 
 import aiohttp
 import pytest

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import zipfile
+from datetime import UTC
 
 import pytest
 
@@ -225,7 +226,7 @@ async def test_transient_download_error_is_retried_in_the_background(tmp_path):
         assert run.klaud.inbox.backlog == 0
         run.sandbox.set_faults({"rules": []})
         await run.act({"action": "advance_clock", "seconds": 3600})
-        assert await run.klaud.live.retry_artifacts() == 1
+        assert await run.klaud.outcomes.retry_artifacts() == 1
         [attempt] = attempts_of(run.state(), cand)
         assert (attempt["verified"], attempt["outcome"]) == (True, "readiness-blocked")
         assert run.klaud.live.repo("acme/bench").pending_artifacts == {}
@@ -240,12 +241,12 @@ async def test_artifact_gone_before_its_retry_is_recorded_not_found(tmp_path):
             "artifacts": [{"name": f"klaud-candidate-{cand}", "files": {"candidate-diagnostics.json": sc.diagnostics("failed")}}]}})
         # Still failing at the first retry: rescheduled, not given up.
         await run.act({"action": "advance_clock", "seconds": 3600})
-        assert await run.klaud.live.retry_artifacts() == 1
+        assert await run.klaud.outcomes.retry_artifacts() == 1
         assert len(run.klaud.live.repo("acme/bench").pending_artifacts) == 1
         # Then the artifact is gone for good.
         run.sandbox.set_faults({"rules": [{"method": "GET", "route": r"/actions/artifacts/\d+$", "status": 404}]})
         await run.act({"action": "advance_clock", "seconds": 6 * 3600})
-        assert await run.klaud.live.retry_artifacts() == 1
+        assert await run.klaud.outcomes.retry_artifacts() == 1
         [attempt] = attempts_of(run.state(), cand)
         assert (attempt["verified"], attempt["error"]) == (False, "artifact-not-found")
         assert run.klaud.live.repo("acme/bench").pending_artifacts == {}
@@ -260,12 +261,14 @@ async def test_receipt_comment_records_the_same_attempt_once(tmp_path):
     )
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(9, "dsr1-fp8-h200-trt")])) as run:
         for _ in range(2):
-            await run.act({"action": "comment", "repo": "acme/bench", "number": 9, "user": "Klaud-Cold", "body": receipt})
+            await run.act({"action": "comment", "repo": "acme/bench", "number": 9, "user": "klaud-cold[bot]", "body": receipt})
         [attempt] = attempts_of(run.state(), cand)
         assert (attempt["verified"], attempt["outcome"], attempt["run_id"]) == (True, "incompatible", 777)
-        # The same body from a person is not an outcome.
-        await run.act({"action": "comment", "repo": "acme/bench", "number": 9, "user": "carol",
-                       "body": receipt.replace(":777:", ":778:")})
+        # The same body from a person is not an outcome, not even from a person whose
+        # account is named like the bot (a `User`, not a `Bot`).
+        for person in ("carol", "Klaud-Cold"):
+            await run.act({"action": "comment", "repo": "acme/bench", "number": 9, "user": person,
+                           "body": receipt.replace(":777:", ":778:")})
         assert len(attempts_of(run.state(), cand)) == 1
 
 
@@ -274,14 +277,12 @@ async def test_restart_rebuilds_from_the_store_without_github(tmp_path):
     scenario = sc.scenario(pulls=[sc.image_bump(12)], runs=[sc.run(101, cand, "readiness-blocked")])
     async with sandbox_stack(tmp_path, scenario) as run:
         before = run.state()
-        sandbox = run.sandbox
     # A second Klaud on the same store, pointed at a live sandbox: it must not call it.
     async with sandbox_stack(tmp_path, scenario) as second:
         assert second.requests["total"] == 0
         after = second.state()
     for key in ("families", "pulls", "attempts", "head_sha"):
         assert after[key] == before[key], key
-    assert sandbox is not None
 
 
 async def test_reconcile_catches_up_after_missed_events(tmp_path):
@@ -294,7 +295,7 @@ async def test_reconcile_catches_up_after_missed_events(tmp_path):
         await run.sandbox.act({"action": "complete_run", "repo": "acme/bench", "run": sc.run(202, cand, "failed", completed_at="2026-11-30T07:30:00Z")})
         run.sandbox.deliver_to = target
         assert pull(run.state(), 12) is not None
-        report = await run.klaud.live.reconcile("acme/bench", 1)
+        report = await run.klaud.reconciler.reconcile("acme/bench", 1)
         state = run.state()
         assert pull(state, 12) is None and pull(state, 13)["touches"] == {GPTOSS: "image"}
         assert [a["outcome"] for a in attempts_of(state, cand)] == ["failed"]
@@ -308,7 +309,7 @@ async def test_light_reconcile_catches_a_missed_default_branch_push(tmp_path):
         await run.sandbox.act({"action": "push_default", "repo": "acme/bench", "files": {NV: bumped}})
         run.sandbox.deliver_to = target
         assert family(run.state(), GPTOSS)["image"] == "vllm/vllm-openai:v0.11.2"
-        await run.klaud.live.reconcile("acme/bench", 1, light=True)
+        await run.klaud.reconciler.reconcile("acme/bench", 1, light=True)
         state = run.state()
         assert family(state, GPTOSS)["image"] == "vllm/vllm-openai:v0.12.0"
         assert family(state, GPTOSS)["image_changed_at"] is not None
@@ -328,7 +329,7 @@ async def test_push_whose_compare_is_gone_rereads_every_config(tmp_path):
 async def test_light_reconcile_reads_files_only_for_changed_heads(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12), sc.image_bump(13, "gptoss-fp4-b200-vllm")])) as run:
         run.reset_requests()
-        report = await run.klaud.live.reconcile("acme/bench", 1, light=True)
+        report = await run.klaud.reconciler.reconcile("acme/bench", 1, light=True)
         assert report["files_fetched"] == 0 and report["open_pulls"] == 2
         assert "GET /repos/{owner}/{repo}/pulls/{pull_number}/files" not in routes(run)
 
@@ -337,8 +338,9 @@ async def test_installation_removed_forgets_the_repository(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
         payload = {"action": "removed", "installation": {"id": 1}, "repositories_removed": [{"full_name": "acme/bench"}],
                    "repositories_added": [], "sender": {"login": "alice"}}
-        from bot.web.inbox import Delivery
         import json
+
+        from bot.web.inbox import Delivery
 
         await run.klaud.handle(Delivery.from_payload("x", "installation_repositories", json.dumps(payload).encode(), payload, {}))
         assert run.klaud.live.repo("acme/bench") is None
@@ -351,10 +353,9 @@ async def test_installation_removed_forgets_the_repository(tmp_path):
 async def test_klaud_reconcile_command_against_the_sandbox(tmp_path, monkeypatch, capsys):
     import asyncio
     import json as json_module
+    from datetime import datetime
 
     from aiohttp import web
-
-    from datetime import datetime, timezone
 
     from bot.cli import main
     from bot.core.clock import ManualClock
@@ -363,9 +364,9 @@ async def test_klaud_reconcile_command_against_the_sandbox(tmp_path, monkeypatch
 
     private_pem, public_key = generate_app_key()
     # The command runs on the wall clock; the strict sandbox checks JWTs against its own.
-    sandbox = Sandbox(sc.scenario(pulls=[sc.image_bump(12)]), clock=ManualClock(datetime.now(timezone.utc)),
+    sandbox = Sandbox(sc.scenario(pulls=[sc.image_bump(12)]), clock=ManualClock(datetime.now(UTC)),
                       strict_auth=True, app_id=7, app_public_key=public_key)
-    runner = web.AppRunner(sandbox.create_app())
+    runner = web.AppRunner(sandbox.create_app(), shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

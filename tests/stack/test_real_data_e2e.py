@@ -49,4 +49,4 @@ async def test_real_configs_and_a_real_image_bump_end_to_end(tmp_path, fixtures)
         # Families on clusters the scenario's capacity feed does not list are blocked, with the reason.
         blocked = [d for d in wave.decisions if d.decision == "capacity"]
         assert blocked and all(d.reason for d in blocked)
-        assert len(wave.selected) <= 5
+        assert len(wave.selected) == 5  # the default max_candidates_per_wave

@@ -64,13 +64,12 @@ async def test_lost_claim_race_gives_the_slot_to_the_next_candidate(tmp_path):
         winner = first.selected[0]
         family = next(d.family for d in first.decisions if d.candidate == winner)
         # Another planner claims that family behind Klaud's back (no webhook reaches Klaud).
-        async with aiohttp.ClientSession() as session:
-            async with session.post(
-                f"{run.url}/_sandbox/github/repos/acme/bench/git/refs",
-                json={"ref": f"refs/heads/{claim_ref(family)}", "sha": run.github()["head_sha"]},
-                headers={"Authorization": "token other-planner"},
-            ) as response:
-                assert response.status == 201
+        async with aiohttp.ClientSession() as session, session.post(
+            f"{run.url}/_sandbox/github/repos/acme/bench/git/refs",
+            json={"ref": f"refs/heads/{claim_ref(family)}", "sha": run.github()["head_sha"]},
+            headers={"Authorization": "token other-planner"},
+        ) as response:
+            assert response.status == 201
         wave = await run.klaud.waves.run("acme/bench", trigger="test")
         assert decision(wave, family).decision == "claimed"
         assert len(wave.selected) == 1 and wave.selected[0] != winner
@@ -164,18 +163,27 @@ async def test_capacity_rule_any_accepts_one_free_cluster(tmp_path):
         assert decision(wave, B200).decision == "capacity"
 
 
-async def test_expired_claim_whose_run_never_appeared_is_released(tmp_path):
-    async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 1\n")) as run:
+async def test_a_run_is_linked_by_the_dispatch_answer_even_without_run_name(tmp_path):
+    scenario = sc.scenario(policy="max_candidates_per_wave: 1\n")
+    files = scenario["repositories"][0]["files"]
+    files[".github/workflows/klaud-candidate.yml"] = sc.CANDIDATE_WORKFLOW.replace(
+        "run-name: Klaud Cold candidate ${{ inputs.candidate }}\n", ""
+    )
+    async with sandbox_stack(tmp_path, scenario) as run:
         target, run.sandbox.deliver_to = run.sandbox.deliver_to, None  # the run's events are lost
         first = await run.klaud.waves.run("acme/bench", trigger="test")
         run.sandbox.deliver_to = target
         [cand] = first.selected
         family = next(d.family for d in first.decisions if d.candidate == cand)
-        await run.act({"action": "advance_clock", "seconds": 11 * 3600})
-        assert decision(await run.klaud.waves.preview("acme/bench"), family).decision == "in-flight"
-        await run.act({"action": "advance_clock", "seconds": 2 * 3600})
+        [made] = run.github()["dispatches"]
+        assert run.klaud.live.repo("acme/bench").dispatches[family].run_id == made["run_id"]
+        # Past the claim TTL the run is still queued: the family stays claimed, nothing is
+        # dispatched again.
+        await run.act({"action": "advance_clock", "seconds": 13 * 3600})
         wave = await run.klaud.waves.run("acme/bench", trigger="test")
-        assert decision(wave, family).decision == "selected"  # released, then claimed again
+        assert decision(wave, family).decision == "claimed"
+        assert cand not in wave.selected
+        assert [d["inputs"]["candidate"] for d in run.github()["dispatches"]].count(cand) == 1
 
 
 async def test_expired_claim_whose_run_is_still_going_is_kept(tmp_path):
@@ -252,11 +260,12 @@ async def test_housekeeping_runs_every_six_hours(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
         calls = []
 
-        async def chore() -> None:
+        async def chore() -> list[str]:
             calls.append(run.sandbox.clock.now())
+            return []
 
         run.klaud.scheduler.prune = chore
-        run.klaud.scheduler.discover = chore
+        run.klaud.reconciler.reconcile_new_installations = chore  # type: ignore[method-assign]
         await run.klaud.scheduler.tick()
         assert calls == []
         await run.act({"action": "advance_clock", "seconds": 6 * 3600 + 1})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -11,7 +11,7 @@ from bot.core.domain import Attempt, Family, FileChange, PullRequest, stamp
 from bot.store.db import Database
 from bot.store.records import Change, StateStore
 
-NOW = datetime(2026, 11, 30, 8, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 8, tzinfo=UTC)
 CANDIDATE = "d92e15065c55779d-555679de269db36f"
 
 

@@ -19,7 +19,13 @@ from structlog.testing import capture_logs
 from bot.app import Klaud
 from bot.core.errors import PermanentError
 from bot.web.inbox import Delivery
-from tests.harness import PREVIOUS_SECRET, SECRET, headers_for, make_settings, running_klaud
+from tests.harness import (
+    PREVIOUS_SECRET,
+    SECRET,
+    headers_for,
+    make_settings,
+    running_klaud,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PR_PAYLOAD = {
@@ -243,7 +249,10 @@ async def test_graceful_stop_lets_running_handler_finish(tmp_path):
 async def test_killed_process_resumes_every_acknowledged_delivery(tmp_path):
     db = tmp_path / "klaud.db"
     port_file = tmp_path / "port"
-    proc = subprocess.Popen(
+    # Started and killed from the test's thread: asyncio's subprocess API would tie the
+    # process to the event loop, and the point is to kill it like an operator would.
+    proc = await asyncio.to_thread(
+        subprocess.Popen,
         [sys.executable, str(ROOT / "tests" / "helpers" / "slow_server.py"), str(db), str(port_file), "0.2"],
         cwd=ROOT,
     )
@@ -350,9 +359,9 @@ async def test_every_octokit_example_payload_is_accepted_and_processed(tmp_path,
 
 async def _post_signed(url: str, event: str, payload: dict, delivery: str) -> tuple[int, dict]:
     body = json.dumps(payload).encode()
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{url}/webhook", data=body, headers=headers_for(event, body, delivery=delivery)) as response:
-            return response.status, await response.json()
+    headers = headers_for(event, body, delivery=delivery)
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/webhook", data=body, headers=headers) as response:
+        return response.status, await response.json()
 
 
 def test_serve_without_secret_exits_2_naming_the_variable(tmp_path, monkeypatch, capsys):

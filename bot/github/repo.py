@@ -1,0 +1,263 @@
+"""Everything Klaud asks of a repository, as named operations over the GitHub client.
+
+`GitHubRepo` is the one place that knows GitHub's REST routes, media types and answer
+shapes; services see `bot.services.api.RepoAPI` (which this class implements) and typed
+models from `bot.core.events`. Errors are those of `bot.github.errors`.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from datetime import date
+from typing import Any
+
+from bot.core.events import (
+    Artifact,
+    Comment,
+    Job,
+    PullFile,
+    PullRequest,
+    Repository,
+    WorkflowRun,
+)
+from bot.github.client import GitHubApp, InstallationClient
+from bot.github.errors import Conflict, NotFound
+
+PER_PAGE = "per_page=100"
+
+
+class GitHubRepo:
+    """One repository as one installation of the App sees it."""
+
+    def __init__(self, client: InstallationClient, full_name: str) -> None:
+        self.client = client
+        self.name = full_name
+        owner, _, repo = full_name.partition("/")
+        self._vars = {"owner": owner, "repo": repo}
+
+    def _at(self, **extra: Any) -> dict[str, Any]:
+        return {**self._vars, **extra}
+
+    # -- repository and contents ---------------------------------------------------------
+
+    async def repository(self) -> Repository:
+        return Repository.model_validate(await self.client.getitem("/repos/{owner}/{repo}", self._at()))
+
+    async def head_sha(self, branch: str) -> str:
+        commit = await self.client.getitem("/repos/{owner}/{repo}/commits/{ref}", self._at(ref=branch))
+        return str(commit["sha"])
+
+    async def file_text(self, path: str, ref: str) -> str | None:
+        """A file's text at `ref`, or None when it does not exist there."""
+        try:
+            item = await self.client.getitem(
+                "/repos/{owner}/{repo}/contents/{+path}", self._at(path=path), params={"ref": ref}
+            )
+        except NotFound:
+            return None
+        if not isinstance(item, dict) or item.get("type") != "file":
+            return None
+        if item.get("encoding") == "none":
+            # GitHub leaves the content of files over 1 MB out of the JSON; the raw media
+            # type still returns it (up to 100 MB).
+            raw = await self.client.getitem(
+                "/repos/{owner}/{repo}/contents/{+path}",
+                self._at(path=path),
+                params={"ref": ref},
+                accept="application/vnd.github.raw",
+            )
+            return str(raw or "")
+        # Undecodable bytes become U+FFFD: the YAML parser then reports the file as invalid
+        # (keeping the last good state) instead of the delivery failing over and over.
+        return base64.b64decode(item.get("content") or "").decode("utf-8", errors="replace")
+
+    async def directory(self, path: str, ref: str) -> list[str]:
+        """Paths of the files directly in `path` at `ref` ([] when there is no such folder)."""
+        try:
+            items = await self.client.getitem(
+                "/repos/{owner}/{repo}/contents/{+path}", self._at(path=path), params={"ref": ref}
+            )
+        except NotFound:
+            return []
+        if not isinstance(items, list):
+            return []
+        return [str(item["path"]) for item in items if item.get("type") == "file"]
+
+    async def changed_paths(self, base: str, head: str) -> set[str] | None:
+        """Paths changed between two commits (renames give both); None when `base` is unknown."""
+        try:
+            compare = await self.client.getitem(
+                "/repos/{owner}/{repo}/compare/{base}...{head}", self._at(base=base, head=head)
+            )
+        except NotFound:
+            return None
+        changed: set[str] = set()
+        for item in compare.get("files") or []:
+            changed.add(item["filename"])
+            if item.get("previous_filename"):
+                changed.add(item["previous_filename"])
+        return changed
+
+    # -- pull requests -------------------------------------------------------------------
+
+    async def open_pulls(self) -> AsyncIterator[PullRequest]:
+        async for item in self.client.getiter(f"/repos/{{owner}}/{{repo}}/pulls?state=open&{PER_PAGE}", self._at()):
+            yield PullRequest.model_validate(item)
+
+    async def pull_files(self, number: int) -> AsyncIterator[PullFile]:
+        async for item in self.client.getiter(
+            f"/repos/{{owner}}/{{repo}}/pulls/{{number}}/files?{PER_PAGE}", self._at(number=number)
+        ):
+            yield PullFile.model_validate(item)
+
+    # -- refs ----------------------------------------------------------------------------
+
+    async def branches(self, prefix: str) -> AsyncIterator[tuple[str, str]]:
+        """(branch name, commit sha) of every branch whose name starts with `prefix`."""
+        async for ref in self.client.getiter(
+            "/repos/{owner}/{repo}/git/matching-refs/{+ref}", self._at(ref=f"heads/{prefix}")
+        ):
+            yield str(ref["ref"]).removeprefix("refs/heads/"), str(ref["object"]["sha"])
+
+    async def create_branch(self, branch: str, sha: str) -> bool:
+        """Create `branch` at `sha`; False when it already exists elsewhere (someone else's)."""
+        full = f"refs/heads/{branch}"
+
+        async def made_by_us() -> Any:
+            found = await self.client.getitem("/repos/{owner}/{repo}/git/ref/{+ref}", self._at(ref=full[5:]))
+            # Ours only if it points at our commit; otherwise another writer won the race.
+            return found if found.get("object", {}).get("sha") == sha else None
+
+        try:
+            await self.client.post(
+                "/repos/{owner}/{repo}/git/refs", self._at(), data={"ref": full, "sha": sha}, verify=made_by_us
+            )
+        except Conflict:
+            return False
+        return True
+
+    async def delete_branch(self, branch: str) -> bool:
+        """Delete `branch`; False when it was already gone."""
+        try:
+            await self.client.delete("/repos/{owner}/{repo}/git/refs/{+ref}", self._at(ref=f"heads/{branch}"))
+        except (NotFound, Conflict):
+            return False
+        return True
+
+    # -- actions -------------------------------------------------------------------------
+
+    async def dispatch(self, workflow: str, branch: str, inputs: dict[str, str]) -> int | None:
+        """Start `workflow` on `branch`; the new run's id when GitHub says it (200), else None."""
+        answer = await self.client.post(
+            "/repos/{owner}/{repo}/actions/workflows/{workflow}/dispatches",
+            self._at(workflow=workflow),
+            data={"ref": branch, "inputs": inputs, "return_run_details": True},
+        )
+        run_id = answer.get("workflow_run_id") if isinstance(answer, dict) else None
+        return int(run_id) if isinstance(run_id, int) else None
+
+    async def workflow_runs(self, workflow: str, *, created_since: date) -> AsyncIterator[WorkflowRun]:
+        """Completed runs of `workflow` created on or after `created_since`; none if it does not exist."""
+        url = (
+            f"/repos/{{owner}}/{{repo}}/actions/workflows/{{workflow}}/runs?status=completed&{PER_PAGE}"
+            f"&created=>={created_since.isoformat()}"
+        )
+        try:
+            async for run in self.client.getiter(url, self._at(workflow=workflow), iterable_key="workflow_runs"):
+                yield WorkflowRun.model_validate(run)
+        except NotFound:
+            return
+
+    async def run(self, run_id: int) -> WorkflowRun | None:
+        try:
+            answer = await self.client.getitem("/repos/{owner}/{repo}/actions/runs/{run_id}", self._at(run_id=run_id))
+        except NotFound:
+            return None
+        return WorkflowRun.model_validate(answer)
+
+    async def run_jobs(self, run_id: int) -> list[Job]:
+        return [
+            Job.model_validate(job)
+            async for job in self.client.getiter(
+                f"/repos/{{owner}}/{{repo}}/actions/runs/{{run_id}}/jobs?{PER_PAGE}",
+                self._at(run_id=run_id),
+                iterable_key="jobs",
+            )
+        ]
+
+    async def run_artifacts(self, run_id: int) -> AsyncIterator[Artifact]:
+        async for artifact in self.client.getiter(
+            f"/repos/{{owner}}/{{repo}}/actions/runs/{{run_id}}/artifacts?{PER_PAGE}",
+            self._at(run_id=run_id),
+            iterable_key="artifacts",
+        ):
+            yield Artifact.model_validate(artifact)
+
+    async def artifact(self, artifact_id: int) -> Artifact | None:
+        try:
+            answer = await self.client.getitem(
+                "/repos/{owner}/{repo}/actions/artifacts/{artifact_id}", self._at(artifact_id=artifact_id)
+            )
+        except NotFound:
+            return None
+        return Artifact.model_validate(answer)
+
+    async def download(self, artifact: Artifact, *, max_bytes: int) -> bytes:
+        if artifact.archive_download_url is None:
+            raise NotFound(None, f"artifact {artifact.id} has no download URL")
+        return await self.client.download(artifact.archive_download_url, max_bytes=max_bytes)
+
+    # -- check runs ----------------------------------------------------------------------
+
+    async def create_check_run(self, payload: dict[str, Any]) -> int | None:
+        created = await self.client.post("/repos/{owner}/{repo}/check-runs", self._at(), data=payload)
+        check_id = (created or {}).get("id")
+        return int(check_id) if isinstance(check_id, int) else None
+
+    async def update_check_run(self, check_run_id: int, payload: dict[str, Any]) -> None:
+        await self.client.patch("/repos/{owner}/{repo}/check-runs/{id}", self._at(id=check_run_id), data=payload)
+
+    # -- comments and people -------------------------------------------------------------
+
+    async def react(self, comment_id: int, content: str) -> None:
+        await self.client.post(
+            "/repos/{owner}/{repo}/issues/comments/{id}/reactions", self._at(id=comment_id), data={"content": content}
+        )
+
+    async def comments(self, number: int) -> AsyncIterator[Comment]:
+        async for comment in self.client.getiter(
+            f"/repos/{{owner}}/{{repo}}/issues/{{number}}/comments?{PER_PAGE}", self._at(number=number)
+        ):
+            yield Comment.model_validate(comment)
+
+    async def post_comment(self, number: int, body: str) -> None:
+        await self.client.post(
+            "/repos/{owner}/{repo}/issues/{number}/comments", self._at(number=number), data={"body": body}
+        )
+
+    async def permission(self, user: str) -> tuple[str | None, str | None]:
+        """(permission, role_name) of `user` on the repository; ("none", None) for a stranger."""
+        try:
+            answer = await self.client.getitem(
+                "/repos/{owner}/{repo}/collaborators/{user}/permission", self._at(user=user)
+            )
+        except NotFound:
+            return "none", None
+        return answer.get("permission"), answer.get("role_name")
+
+
+class GitHubRepos:
+    """The App's installations and a `GitHubRepo` for each of their repositories."""
+
+    def __init__(self, app: GitHubApp) -> None:
+        self.app = app
+
+    async def installations(self) -> list[int]:
+        return [int(installation["id"]) for installation in await self.app.installations()]
+
+    async def repositories(self, installation: int) -> list[Repository]:
+        return [Repository.model_validate(repo) for repo in await self.app.installation(installation).repositories()]
+
+    def repo(self, full_name: str, installation: int) -> GitHubRepo:
+        return GitHubRepo(self.app.installation(installation), full_name)

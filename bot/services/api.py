@@ -1,0 +1,92 @@
+"""What services need of GitHub, as Protocols (Kodiak's model: decisions over an interface).
+
+`bot.github.repo.GitHubRepo` implements `RepoAPI` against the real API (or the sandbox);
+`tests/services/fakes.py` implements it in memory, so every service is unit-tested without
+a server. Answers are the typed models of `bot.core.events`; failures raise the errors of
+`bot.github.errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import date
+from typing import Any, Protocol
+
+from bot.core.domain import CapacityReading
+from bot.core.events import (
+    Artifact,
+    Comment,
+    Job,
+    PullFile,
+    PullRequest,
+    Repository,
+    WorkflowRun,
+)
+
+
+class RepoAPI(Protocol):
+    """One repository, as the App's installation sees it."""
+
+    name: str
+
+    async def repository(self) -> Repository: ...
+
+    async def head_sha(self, branch: str) -> str: ...
+
+    async def file_text(self, path: str, ref: str) -> str | None: ...
+
+    async def directory(self, path: str, ref: str) -> list[str]: ...
+
+    async def changed_paths(self, base: str, head: str) -> set[str] | None: ...
+
+    def open_pulls(self) -> AsyncIterator[PullRequest]: ...
+
+    def pull_files(self, number: int) -> AsyncIterator[PullFile]: ...
+
+    def branches(self, prefix: str) -> AsyncIterator[tuple[str, str]]: ...
+
+    async def create_branch(self, branch: str, sha: str) -> bool: ...
+
+    async def delete_branch(self, branch: str) -> bool: ...
+
+    async def dispatch(self, workflow: str, branch: str, inputs: dict[str, str]) -> int | None: ...
+
+    def workflow_runs(self, workflow: str, *, created_since: date) -> AsyncIterator[WorkflowRun]: ...
+
+    async def run(self, run_id: int) -> WorkflowRun | None: ...
+
+    async def run_jobs(self, run_id: int) -> list[Job]: ...
+
+    def run_artifacts(self, run_id: int) -> AsyncIterator[Artifact]: ...
+
+    async def artifact(self, artifact_id: int) -> Artifact | None: ...
+
+    async def download(self, artifact: Artifact, *, max_bytes: int) -> bytes: ...
+
+    async def create_check_run(self, payload: dict[str, Any]) -> int | None: ...
+
+    async def update_check_run(self, check_run_id: int, payload: dict[str, Any]) -> None: ...
+
+    async def react(self, comment_id: int, content: str) -> None: ...
+
+    def comments(self, number: int) -> AsyncIterator[Comment]: ...
+
+    async def post_comment(self, number: int, body: str) -> None: ...
+
+    async def permission(self, user: str) -> tuple[str | None, str | None]: ...
+
+
+class ReposAPI(Protocol):
+    """The App's installations and their repositories."""
+
+    async def installations(self) -> list[int]: ...
+
+    async def repositories(self, installation: int) -> list[Repository]: ...
+
+    def repo(self, full_name: str, installation: int) -> RepoAPI: ...
+
+
+class CapacitySource(Protocol):
+    """Which clusters may take work now (`capacity_feed.CapacityFeed` reads the real feed)."""
+
+    async def read(self) -> CapacityReading: ...

@@ -1,0 +1,203 @@
+"""Keeps each repository's catalog current: families, runners and policy of the default branch.
+
+A push to the default branch costs one compare plus a read of each changed file; a push to
+a claim ref records a claim made or released elsewhere. At install and reconcile the whole
+catalog is read at the default branch's head.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from datetime import UTC, datetime
+
+import structlog
+
+from bot.core.catalog import CatalogError, is_master_config, parse_master, parse_runners
+from bot.core.domain import Claim
+from bot.core.events import PushEvent
+from bot.core.policy import POLICY_PATH
+from bot.services.api import RepoAPI
+from bot.services.live import LiveState
+from bot.services.repo_state import RepoState
+from bot.store.change import Change
+
+log = structlog.get_logger("klaud.catalog")
+
+CLAIM_PREFIX = "refs/heads/klaud/claim-"
+ZERO_SHA = "0" * 40
+
+
+def glob_directory(pattern: str) -> str:
+    """The fixed folder part of a glob (`configs/*-master.yaml` -> `configs`)."""
+    head = pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+    return posixpath.dirname(head)
+
+
+def push_time(event: PushEvent) -> datetime | None:
+    """When the push happened: `repository.pushed_at`, in epoch seconds.
+
+    The head commit's timestamp is its author date, which a rebase can leave days old.
+    """
+    pushed_at = event.repository.pushed_at
+    return None if pushed_at is None else datetime.fromtimestamp(pushed_at, UTC)
+
+
+class CatalogSync:
+    def __init__(self, live: LiveState) -> None:
+        self.live = live
+
+    # -- events --------------------------------------------------------------------------
+
+    async def on_push(self, state: RepoState, event: PushEvent) -> None:
+        if event.ref.startswith(CLAIM_PREFIX):
+            await self._on_claim_push(state, event)
+            return
+        if event.ref != f"refs/heads/{state.meta.default_branch}" or event.deleted:
+            return
+        before, after = event.before or ZERO_SHA, event.after
+        async with self.live.lock(state.name):
+            api = self.live.api(state)
+            # A new default branch (before is zero) re-reads everything.
+            changed = None if before == ZERO_SHA else await api.changed_paths(before, after)
+            if changed is None:
+                log.info("catalog.compare_unavailable", before=before[:12], after=after[:12])
+            state.meta.head_sha = after
+            change = Change()
+            pushed_at = push_time(event) or self.live.clock.now()
+            touched = await self.apply_change(state, api, changed, after, pushed_at, change)
+            state.save_meta(change)
+            await self.live.persist(change)
+        log.info(
+            "catalog.updated",
+            head=after[:12],
+            files=sorted(changed) if changed is not None else "all",
+            families=len(touched),
+        )
+        await self.live.notify(state, touched)
+
+    async def _on_claim_push(self, state: RepoState, event: PushEvent) -> None:
+        """Claim refs made or released elsewhere (another wave, a person) reach us as pushes."""
+        family = state.family_by_hash(event.ref[len(CLAIM_PREFIX):])
+        if family is None:
+            return
+        async with self.live.lock(state.name):
+            if event.deleted:
+                change = state.drop_claim(family.id)
+            elif family.id not in state.claims:
+                ref = event.ref.removeprefix("refs/heads/")
+                change = state.add_claim(Claim(family.id, family.candidate, None, ref, self.live.clock.now()))
+            else:
+                return
+            await self.live.persist(change)
+
+    # -- reading the default branch ------------------------------------------------------
+
+    async def load(self, state: RepoState, api: RepoAPI, change: Change) -> None:
+        """The whole catalog at the default branch's head (install and full reconcile)."""
+        repository = await api.repository()
+        state.meta.default_branch = repository.default_branch
+        state.meta.head_sha = await api.head_sha(state.meta.default_branch)
+        ref = state.meta.head_sha
+        _, policy_change = await self.refresh_policy(state, api, ref)
+        change.extend(policy_change)
+        await self.refresh_runners(state, api, ref)
+        paths = await self.config_paths(state, api, ref)
+        for path in paths:
+            change.extend(await self.refresh_config(state, api, path, ref, None))
+        for path in {family.path for family in state.catalog} - set(paths):
+            change.extend(state.remove_config(path))
+        state.retouch()
+
+    async def catch_up(self, state: RepoState, api: RepoAPI, change: Change) -> None:
+        """A missed push shows as a moved head: re-read configs and policy at the new one."""
+        head = await api.head_sha(state.meta.default_branch)
+        if head == state.meta.head_sha:
+            return
+        log.info("catalog.missed_push", old=state.meta.head_sha[:12], new=head[:12])
+        state.meta.head_sha = head
+        # When the push happened is unknown; changed images are dated when we noticed.
+        await self.apply_change(state, api, None, head, self.live.clock.now(), change)
+
+    async def apply_change(
+        self,
+        state: RepoState,
+        api: RepoAPI,
+        changed: set[str] | None,
+        ref: str,
+        pushed_at: datetime,
+        change: Change,
+    ) -> set[str]:
+        """Re-read what `changed` names (None: everything) at `ref`; the families whose image moved."""
+        before = {f.id: f.image for f in state.catalog}
+        reload_all = changed is None
+        if changed is None or POLICY_PATH in changed:
+            old_policy = state.policy
+            policy_changed, policy_change = await self.refresh_policy(state, api, ref)
+            change.extend(policy_change)
+            if policy_changed and (
+                old_policy.config_globs != state.policy.config_globs
+                or old_policy.runners_file != state.policy.runners_file
+            ):
+                reload_all = True
+        if (changed is None or state.policy.runners_file in changed) and await self.refresh_runners(state, api, ref):
+            reload_all = True
+        if reload_all:
+            paths = {f.path for f in state.catalog} | set(await self.config_paths(state, api, ref))
+        else:
+            paths = {p for p in changed or () if is_master_config(p, state.policy.config_globs)}
+        for path in sorted(paths):
+            change.extend(await self.refresh_config(state, api, path, ref, pushed_at))
+        state.retouch()
+        after = {f.id: f.image for f in state.catalog}
+        return {fid for fid in before.keys() | after.keys() if before.get(fid) != after.get(fid)}
+
+    async def config_paths(self, state: RepoState, api: RepoAPI, ref: str) -> list[str]:
+        paths: set[str] = set()
+        for directory in sorted({glob_directory(p) for p in state.policy.config_globs}):
+            for path in await api.directory(directory, ref):
+                if is_master_config(path, state.policy.config_globs):
+                    paths.add(path)
+        return sorted(paths)
+
+    async def refresh_runners(self, state: RepoState, api: RepoAPI, ref: str) -> bool:
+        """Re-read runners.yaml; False keeps the last good mapping (and records why)."""
+        path = state.policy.runners_file
+        text = await api.file_text(path, ref)
+        if text is None:
+            state.meta.config_errors[path] = f"{path} not found on {ref[:12]}"
+            log.warning("catalog.runners_missing", path=path)
+            return False
+        try:
+            runners = parse_runners(text)
+        except CatalogError as exc:
+            state.meta.config_errors[path] = str(exc)
+            log.warning("catalog.runners_invalid", path=path, error=str(exc))
+            return False
+        state.meta.runners = {label: list(clusters) for label, clusters in runners.items()}
+        state.meta.config_errors.pop(path, None)
+        return True
+
+    async def refresh_config(
+        self, state: RepoState, api: RepoAPI, path: str, ref: str, changed_at: datetime | None
+    ) -> Change:
+        """Re-parse one master config; unparseable text keeps the last good families of the file."""
+        text = await api.file_text(path, ref)
+        if text is None:
+            return state.remove_config(path)
+        runners = {label: tuple(clusters) for label, clusters in state.meta.runners.items()}
+        try:
+            parsed = parse_master(path, text, runners)
+        except CatalogError as exc:
+            state.meta.config_errors[path] = str(exc)
+            log.warning("catalog.config_invalid", path=path, error=str(exc))
+            return Change()
+        # An unchanged image keeps its date; a changed or new one is dated by the push that
+        # brought it (a backfill passes None: it does not know).
+        return state.replace_families(path, parsed, changed_at)
+
+    async def refresh_policy(self, state: RepoState, api: RepoAPI, ref: str) -> tuple[bool, Change]:
+        text = await api.file_text(POLICY_PATH, ref)
+        changed, change = state.set_policy_text(text)
+        if state.meta.policy_error:
+            log.warning("policy.invalid", error=state.meta.policy_error)
+        return changed, change

@@ -1,0 +1,280 @@
+"""Keeps each repository's outcome ledger current: runs, their artifacts, and receipts.
+
+A completed run of an `outcome_workflows` workflow has its `klaud-candidate-<id>` artifacts
+read through the safe reader of `bot.core.outcomes`; each becomes an attempt. An artifact
+that cannot be read is an unverified attempt with its error code, never a failure, and a
+transient read error is retried in the background while the artifact can still exist. A
+recorded attempt ends its candidate's dispatch and releases its claim.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+
+from bot.core.domain import ARTIFACT_RE, Attempt, claim_ref, parse_time, stamp
+from bot.core.events import Artifact, Comment, WorkflowRun, WorkflowRunEvent
+from bot.core.outcomes import (
+    MAX_ARCHIVE_BYTES,
+    ArtifactError,
+    ReceiptError,
+    RunInfo,
+    attempt_from_outcome,
+    next_retry_at,
+    parse_receipt,
+    read_outcome_artifact,
+    unverified_attempt,
+)
+from bot.github.errors import GitHubError, NotFound, TooLarge
+from bot.services.api import RepoAPI
+from bot.services.live import LiveState
+from bot.services.repo_state import RepoState
+from bot.store.change import Change
+
+log = structlog.get_logger("klaud.outcomes")
+
+# Completed runs this recent are read at reconcile (artifacts live 14 days, and a run
+# older than this has long been seen by a light reconcile or its webhook).
+RECENT_RUNS = timedelta(days=3)
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRead:
+    attempt: Attempt
+    transient: bool  # the read failed in a way a later retry may fix
+    artifact_id: int | None
+
+
+def run_info(run: WorkflowRun, now: datetime) -> RunInfo:
+    return RunInfo(
+        run_id=run.id,
+        run_attempt=run.run_attempt,
+        head_sha=run.head_sha or None,
+        completed_at=run.updated_at or run.created_at or now,
+    )
+
+
+def is_outcome_workflow(state: RepoState, run: WorkflowRun) -> bool:
+    return posixpath.basename(run.path) in state.policy.outcome_workflows
+
+
+class OutcomeRecorder:
+    def __init__(self, live: LiveState, *, rng: random.Random | None = None) -> None:
+        self.live = live
+        self._rng = rng or random.Random()
+
+    # -- events --------------------------------------------------------------------------
+
+    async def on_workflow_run(self, state: RepoState, event: WorkflowRunEvent) -> None:
+        run = event.workflow_run
+        if not is_outcome_workflow(state, run):
+            return
+        if event.action != "completed":
+            await self._note_run_started(state, run)
+            return
+        async with self.live.lock(state.name):
+            change = Change()
+            families = await self.record_run(state, self.live.api(state), run, change)
+            await self.live.persist(change)
+        await self.live.notify(state, families)
+
+    async def on_receipt(self, state: RepoState, comment: Comment) -> bool:
+        """A completion receipt posted by the bot counts like the run's artifact.
+
+        Only an account GitHub marks as a Bot counts: a person who named their account
+        like the bot must not be able to put a family into cooldown.
+        """
+        if comment.user.type != "Bot" or not self.live.is_bot(comment.user.login):
+            return False
+        try:
+            receipt = parse_receipt(comment.body or "")
+        except ReceiptError as exc:
+            log.warning("outcome.receipt_invalid", comment_id=comment.id, error=str(exc))
+            return False
+        if receipt is None:
+            return False
+        completed = comment.created_at or self.live.clock.now()
+        family = state.family_of_candidate(receipt.candidate)
+        attempt = attempt_from_outcome(
+            receipt.candidate, family, RunInfo(receipt.parent_run_id, 1, None, completed), receipt.outcome, "receipt"
+        )
+        async with self.live.lock(state.name):
+            change = Change()
+            families = await self.apply_attempt(state, self.live.api(state), attempt, change)
+            await self.live.persist(change)
+        await self.live.notify(state, families)
+        return True
+
+    async def _note_run_started(self, state: RepoState, run: WorkflowRun) -> None:
+        """Link a run of a dispatched candidate to its dispatch (so TTL release can see it)."""
+        title = run.display_title or ""
+        for dispatch in list(state.dispatches.values()):
+            if dispatch.candidate in title and dispatch.run_id is None:
+                async with self.live.lock(state.name):
+                    await self.live.persist(state.link_run(dispatch.family, run.id))
+                return
+
+    # -- reading runs --------------------------------------------------------------------
+
+    async def record_run(self, state: RepoState, api: RepoAPI, run: WorkflowRun, change: Change) -> set[str]:
+        """Record every attempt a completed run left; returns the families they concern."""
+        info = run_info(run, self.live.clock.now())
+        reads = []
+        async for artifact in api.run_artifacts(run.id):
+            match = ARTIFACT_RE.match(artifact.name)
+            if match:
+                reads.append(await self.read_artifact(state, api, match.group(1), artifact, info))
+        attempts = [read.attempt for read in reads]
+        for read in reads:
+            if read.transient:
+                self._schedule_retry(state, run, read, change)
+        if not reads:
+            missing = self._dispatched_without_artifact(state, run, info)
+            if missing is not None:
+                attempts.append(missing)
+        families: set[str] = set()
+        for attempt in attempts:
+            families |= await self.apply_attempt(state, api, attempt, change)
+        return families
+
+    async def recent_runs(self, state: RepoState, api: RepoAPI, change: Change) -> None:
+        """Every completed run of the last days not yet in the ledger (reconcile)."""
+        cutoff = self.live.clock.now() - RECENT_RUNS
+        known_runs = {a.run_id for a in state.ledger.all() if a.verified}
+        for workflow in state.policy.outcome_workflows:
+            async for run in api.workflow_runs(workflow, created_since=cutoff.date()):
+                if run.created_at is None or run.created_at < cutoff or run.id in known_runs:
+                    continue
+                await self.record_run(state, api, run, change)
+
+    @staticmethod
+    def _dispatched_without_artifact(state: RepoState, run: WorkflowRun, info: RunInfo) -> Attempt | None:
+        """A run Klaud dispatched for a known candidate that left no artifact."""
+        title = run.display_title or ""
+        for dispatch in state.dispatches.values():
+            if dispatch.run_id == run.id or dispatch.candidate in title:
+                return unverified_attempt(dispatch.candidate, dispatch.family, info, "artifact-missing")
+        return None
+
+    async def read_artifact(
+        self, state: RepoState, api: RepoAPI, candidate: str, artifact: Artifact, info: RunInfo
+    ) -> ArtifactRead:
+        family = state.family_of_candidate(candidate)
+
+        def unverified(code: str, transient: bool = False) -> ArtifactRead:
+            return ArtifactRead(unverified_attempt(candidate, family, info, code), transient, artifact.id)
+
+        if artifact.expired:
+            return unverified("artifact-expired")
+        try:
+            data = await api.download(artifact, max_bytes=MAX_ARCHIVE_BYTES)
+        except TooLarge:
+            return unverified("download-too-large")
+        except NotFound:
+            return unverified("artifact-not-found")
+        except GitHubError as exc:
+            if not exc.transient:
+                raise
+            log.warning("outcome.download_failed", candidate=candidate, run_id=info.run_id, error=str(exc))
+            return unverified("download-failed", transient=True)
+        try:
+            outcome = read_outcome_artifact(data)
+        except ArtifactError as exc:
+            log.warning(
+                "outcome.artifact_invalid", candidate=candidate, run_id=info.run_id, code=exc.code, detail=exc.detail
+            )
+            return unverified(exc.code)
+        return ArtifactRead(attempt_from_outcome(candidate, family, info, outcome, "artifact"), False, artifact.id)
+
+    async def apply_attempt(self, state: RepoState, api: RepoAPI, attempt: Attempt, change: Change) -> set[str]:
+        recorded, attempt_change = state.record_attempt(attempt)
+        change.extend(attempt_change)
+        if not recorded:
+            return set()
+        log.info(
+            "outcome.recorded",
+            candidate=attempt.candidate,
+            run_id=attempt.run_id,
+            verified=attempt.verified,
+            outcome=attempt.outcome,
+            error=attempt.error,
+        )
+        released, release_change = state.release_for(attempt)
+        change.extend(release_change)
+        if released is not None and not await api.delete_branch(claim_ref(released.family)):
+            log.info("claim.already_released", family=released.family)
+        family = attempt.family or state.family_of_candidate(attempt.candidate)
+        return {family} if family else set()
+
+    # -- retrying transient artifact reads -----------------------------------------------
+
+    def _schedule_retry(self, state: RepoState, run: WorkflowRun, read: ArtifactRead, change: Change) -> None:
+        key = f"{run.id}:{read.attempt.candidate}"
+        now = self.live.clock.now()
+        entry: dict[str, Any] = state.pending_artifacts.get(key) or {
+            "run": run.model_dump(mode="json", include={"id", "run_attempt", "head_sha", "updated_at", "created_at"}),
+            "candidate": read.attempt.candidate,
+            "artifact_id": read.artifact_id,
+            "first_failure_at": stamp(now),
+            "failures": 0,
+        }
+        entry["failures"] += 1
+        first = parse_time(entry["first_failure_at"]) or now
+        due = next_retry_at(first, entry["failures"], now, rng=self._rng)
+        if due is None:
+            log.warning("outcome.retry_given_up", candidate=read.attempt.candidate, run_id=run.id)
+            change.extend(state.drop_artifact_retry(key))
+            return
+        entry["next_at"] = stamp(due)
+        change.extend(state.put_artifact_retry(key, entry))
+
+    async def retry_artifacts(self) -> int:
+        """Re-read every transiently failed artifact that is due; returns how many were tried."""
+        tried = 0
+        now = self.live.clock.now()
+        for state in list(self.live.repos.values()):
+            due = [
+                (key, entry)
+                for key, entry in state.pending_artifacts.items()
+                if (parse_time(entry.get("next_at")) or now) <= now
+            ]
+            for key, entry in due:
+                tried += 1
+                await self._retry_artifact(state, key, entry)
+        return tried
+
+    async def _retry_artifact(self, state: RepoState, key: str, entry: dict[str, Any]) -> None:
+        api = self.live.api(state)
+        run = WorkflowRun.model_validate(entry["run"])
+        candidate, artifact_id = entry["candidate"], entry["artifact_id"]
+        info = run_info(run, self.live.clock.now())
+
+        def unread(code: str, transient: bool) -> ArtifactRead:
+            attempt = unverified_attempt(candidate, state.family_of_candidate(candidate), info, code)
+            return ArtifactRead(attempt, transient, artifact_id)
+
+        try:
+            artifact = await api.artifact(artifact_id)
+        except GitHubError as exc:
+            if not exc.transient:
+                raise
+            read = unread("download-failed", True)
+        else:
+            if artifact is None:
+                read = unread("artifact-not-found", False)
+            else:
+                read = await self.read_artifact(state, api, candidate, artifact, info)
+        async with self.live.lock(state.name):
+            change = Change()
+            if read.transient:
+                self._schedule_retry(state, run, read, change)
+            else:
+                change.extend(state.drop_artifact_retry(key))
+            families = await self.apply_attempt(state, api, read.attempt, change)
+            await self.live.persist(change)
+        await self.live.notify(state, families)

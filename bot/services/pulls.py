@@ -1,0 +1,109 @@
+"""Keeps each repository's overlap index current from `pull_request` events and reconciles.
+
+A PR's files are read once per head SHA: metadata-only actions (edited, labeled, …) update
+the record without a read. A master config whose patch GitHub omitted is compared from its
+base and head contents; when even those cannot be had, the PR overlaps every family of the
+file as `patch-unavailable` until a later refresh succeeds.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from bot.core import events
+from bot.core.catalog import is_master_config
+from bot.core.domain import FileChange
+from bot.core.overlap import (
+    file_change_from_contents,
+    file_change_from_patch,
+    pull_record,
+)
+from bot.github.errors import GitHubError
+from bot.services.api import RepoAPI
+from bot.services.live import LiveState
+from bot.services.repo_state import RepoState
+from bot.store.change import Change
+
+log = structlog.get_logger("klaud.pulls")
+
+MAX_PR_FILES = 3000  # GitHub lists at most 3,000 files of a pull request
+NEW_HEAD_ACTIONS = frozenset({"opened", "reopened", "synchronize"})
+
+
+class PullSync:
+    def __init__(self, live: LiveState) -> None:
+        self.live = live
+
+    async def on_pull_request(self, state: RepoState, event: events.PullRequestEvent) -> set[str]:
+        """Keep the overlap index current; returns the families whose overlaps changed."""
+        pull = event.pull_request
+        number = pull.number
+        async with self.live.lock(state.name):
+            before = set(state.overlap.touches(number))
+            if event.action == "closed" or pull.state == "closed":
+                change = state.remove_pull(number)
+            else:
+                change = Change()
+                # Files are read when the head is new to us (opened, reopened, synchronize,
+                # or any event for a PR we missed); other actions only update metadata.
+                await self.refresh(state, self.live.api(state), pull, change)
+            await self.live.persist(change)
+            after = set(state.overlap.touches(number))
+        record = state.overlap.get(number)
+        families = before | after
+        moved: set[int] = set()
+        if record is not None and record.klaud_own:
+            own = state.family_by_hash(record.own_family_hash) if record.own_family_hash else None
+            if own is not None:
+                families.add(own.id)
+            if event.action in NEW_HEAD_ACTIONS:
+                # A new head needs its own check run even when no family state changed.
+                moved.add(number)
+        await self.live.notify(state, families, moved)
+        return families
+
+    async def refresh(self, state: RepoState, api: RepoAPI, pull: events.PullRequest, change: Change) -> int:
+        """Upsert one open PR; read its files only when its head is new to us (returns reads)."""
+        known = state.overlap.get(pull.number)
+        if known is not None and known.files_sha == pull.head.sha:
+            changes, complete, files_sha, fetched = known.changes, known.files_complete, known.files_sha, 0
+        else:
+            changes, complete = await self._changes(state, api, pull)
+            files_sha, fetched = pull.head.sha, 1
+        record = pull_record(
+            state.name, pull, self.live.bot_logins, changes=changes, files_complete=complete, files_sha=files_sha
+        )
+        change.extend(state.upsert_pull(record))
+        return fetched
+
+    async def _changes(
+        self, state: RepoState, api: RepoAPI, pull: events.PullRequest
+    ) -> tuple[tuple[FileChange, ...], bool]:
+        """Every changed file of a PR with what it touches, and whether GitHub listed them all."""
+        changes: list[FileChange] = []
+        async for item in api.pull_files(pull.number):
+            changes.append(await self._file_change(state, api, item, pull.base.sha, pull.head.sha))
+        return tuple(changes), len(changes) < MAX_PR_FILES
+
+    async def _file_change(
+        self, state: RepoState, api: RepoAPI, item: events.PullFile, base_sha: str, head_sha: str
+    ) -> FileChange:
+        # A copy leaves its source untouched; only a rename changes two paths.
+        previous = item.previous_filename if item.status == "renamed" else None
+        globs = state.policy.config_globs
+        if not (is_master_config(item.filename, globs) or (previous and is_master_config(previous, globs))):
+            return FileChange(filename=item.filename, previous_filename=previous)
+        if item.patch is not None:
+            return file_change_from_patch(item.filename, item.patch, previous, item.status)
+        # GitHub omits the patch of a large diff: compare the base and head contents here.
+        try:
+            base = await api.file_text(previous or item.filename, base_sha)
+            head = await api.file_text(item.filename, head_sha)
+        except GitHubError as exc:
+            if exc.transient:
+                raise
+            base = head = None
+        if base is None and head is None:
+            log.warning("overlap.patch_unavailable", file=item.filename)
+            return FileChange(filename=item.filename, previous_filename=previous, unavailable=True)
+        return file_change_from_contents(item.filename, base, head, previous, item.status)

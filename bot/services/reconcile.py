@@ -1,0 +1,124 @@
+"""Rebuilding local state from GitHub: at install, for a repository first heard of, and as a
+light pass every few hours that catches missed events.
+
+Local state is a cache of GitHub that can always be rebuilt. A full reconcile reads the
+default branch's catalog and policy, the open PRs with their files, the claim refs and the
+completed runs of the last days; a light one reads the default branch's head (configs and
+policy only when it moved) and the open PRs' heads (files only for heads that moved).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from bot.core.domain import Claim, stamp
+from bot.core.events import RepoEvent
+from bot.github.errors import GitHubError
+from bot.services.api import RepoAPI
+from bot.services.catalog_sync import CatalogSync
+from bot.services.live import LiveState
+from bot.services.outcomes import OutcomeRecorder
+from bot.services.pulls import PullSync
+from bot.services.repo_state import RepoState
+from bot.store.change import Change
+
+log = structlog.get_logger("klaud.reconcile")
+
+CLAIM_BRANCH_PREFIX = "klaud/claim-"
+
+
+class Reconciler:
+    def __init__(self, live: LiveState, catalog: CatalogSync, pulls: PullSync, outcomes: OutcomeRecorder) -> None:
+        self.live = live
+        self.catalog = catalog
+        self.pulls = pulls
+        self.outcomes = outcomes
+
+    async def state_for(self, event: RepoEvent) -> RepoState | None:
+        """The event's repository, reconciled first if this is the first we hear of it."""
+        name = event.repository.full_name
+        state = self.live.repo(name)
+        if state is None:
+            await self.reconcile(name, event.installation.id)
+            state = self.live.repo(name)
+        return state
+
+    async def reconcile(self, name: str, installation: int, *, light: bool = False) -> dict[str, Any]:
+        """Rebuild a repository from GitHub; `light` re-reads only what may have moved."""
+        async with self.live.lock(name):
+            state = self.live.repo(name) or self.live.new_state(name, installation)
+            state.meta.installation = installation
+            api = self.live.api(state)
+            before = _counts(state)
+            change = Change()
+            if light:
+                await self.catalog.catch_up(state, api, change)
+            else:
+                await self.catalog.load(state, api, change)
+            pulls = await self._pulls(state, api, change)
+            if not light:
+                await self._claims(state, api, change)
+                await self.outcomes.recent_runs(state, api, change)
+            state.meta.reconciled_at = stamp(self.live.clock.now())
+            state.save_meta(change)
+            self.live.repos[name] = state
+            await self.live.persist(change)
+        report = {"repo": name, "light": light, "before": before, "after": _counts(state), **pulls}
+        log.info("live.reconciled", **report)
+        await self.live.notify(state, {f.id for f in state.catalog})
+        return report
+
+    async def reconcile_new_installations(self) -> list[str]:
+        """Reconcile every installed repository that has no local state yet."""
+        github = self.live.github
+        done: list[str] = []
+        if github is None:
+            return done
+        try:
+            installations = await github.installations()
+        except GitHubError as exc:
+            log.error("startup.installations_unavailable", error=str(exc))
+            return done
+        for installation in installations:
+            for repo in await github.repositories(installation):
+                if self.live.repo(repo.full_name) is None:
+                    await self.reconcile(repo.full_name, installation)
+                    done.append(repo.full_name)
+        return done
+
+    async def _pulls(self, state: RepoState, api: RepoAPI, change: Change) -> dict[str, int]:
+        seen: set[int] = set()
+        fetched = 0
+        async for pull in api.open_pulls():
+            seen.add(pull.number)
+            fetched += await self.pulls.refresh(state, api, pull, change)
+        closed = [p.number for p in state.overlap.prs() if p.number not in seen]
+        for number in closed:
+            change.extend(state.remove_pull(number))
+        return {"open_pulls": len(seen), "files_fetched": fetched, "pulls_removed": len(closed)}
+
+    async def _claims(self, state: RepoState, api: RepoAPI, change: Change) -> None:
+        found: dict[str, str] = {}
+        async for branch, _sha in api.branches(CLAIM_BRANCH_PREFIX):
+            family = state.family_by_hash(branch[len(CLAIM_BRANCH_PREFIX):])
+            if family is not None:
+                found[family.id] = branch
+        for family_id in list(state.claims):
+            if family_id not in found:
+                change.extend(state.drop_claim(family_id))
+        now = self.live.clock.now()
+        for family_id, branch in found.items():
+            family = state.catalog.get(family_id)
+            if family_id not in state.claims and family is not None:
+                change.extend(state.add_claim(Claim(family_id, family.candidate, None, branch, now)))
+
+
+def _counts(state: RepoState) -> dict[str, int]:
+    return {
+        "families": len(state.catalog),
+        "pulls": len(state.overlap.prs()),
+        "attempts": len(state.ledger),
+        "claims": len(state.claims),
+    }

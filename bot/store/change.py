@@ -1,0 +1,56 @@
+"""A batch of record writes, applied in one transaction by the store.
+
+Services build a `Change` while they update the in-memory state and hand it to the store
+once, so the state in memory and the state on disk move together. Values are encoded here,
+at the moment they are put, by the record adapters of `bot.store.codec`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from bot.store.codec import encode
+
+
+class Connection(Protocol):
+    """The part of a DB-API connection a change needs (sqlite3's, for one)."""
+
+    def executemany(self, sql: str, rows: Any, /) -> Any: ...
+
+
+class Change:
+    """A batch of writes applied in one transaction."""
+
+    def __init__(self) -> None:
+        self.puts: list[tuple[str, str, str, str]] = []
+        self.deletes: list[tuple[str, str, str]] = []
+        self.clears: list[tuple[str, str]] = []
+
+    def put(self, repo: str, kind: str, key: str | int, value: Any) -> Change:
+        self.puts.append((repo, kind, str(key), encode(kind, value)))
+        return self
+
+    def delete(self, repo: str, kind: str, key: str | int) -> Change:
+        self.deletes.append((repo, kind, str(key)))
+        return self
+
+    def clear(self, repo: str, kind: str) -> Change:
+        """Delete every record of `kind`; puts of the same change are applied after."""
+        self.clears.append((repo, kind))
+        return self
+
+    def extend(self, other: Change) -> Change:
+        self.puts.extend(other.puts)
+        self.deletes.extend(other.deletes)
+        self.clears.extend(other.clears)
+        return self
+
+    def __bool__(self) -> bool:
+        return bool(self.puts or self.deletes or self.clears)
+
+    def apply(self, conn: Connection) -> None:
+        conn.executemany("DELETE FROM records WHERE repo = ? AND kind = ?", self.clears)
+        conn.executemany("DELETE FROM records WHERE repo = ? AND kind = ? AND key = ?", self.deletes)
+        conn.executemany(
+            "INSERT OR REPLACE INTO records (repo, kind, key, data) VALUES (?, ?, ?, ?)", self.puts
+        )

@@ -1,0 +1,86 @@
+"""Services wired together over an in-memory store and a `FakeRepo` (no server, no sandbox)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pytest
+
+from bot.core.clock import ManualClock
+from bot.core.domain import CapacityReading
+from bot.services.catalog_sync import CatalogSync
+from bot.services.live import LiveState
+from bot.services.outcomes import OutcomeRecorder
+from bot.services.pulls import PullSync
+from bot.services.reconcile import Reconciler
+from bot.services.waves import WaveRunner
+from bot.store.db import Database
+from bot.store.records import STATE_SCHEMA, StateStore
+from tests import scenarios as sc
+from tests.services.fakes import FakeRepo, FakeRepos
+
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+REPO = "acme/bench"
+
+
+class FixedCapacity:
+    """Every cluster of the test scenarios is free unless listed in `busy`."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.busy: set[str] = set()
+
+    async def read(self) -> CapacityReading:
+        known = frozenset(sc.CLUSTERS)
+        return CapacityReading(eligible=known - self.busy, known=known, at=self.clock.now())
+
+
+@dataclass
+class Kit:
+    clock: ManualClock
+    repo: FakeRepo
+    live: LiveState
+    catalog: CatalogSync
+    pulls: PullSync
+    outcomes: OutcomeRecorder
+    reconciler: Reconciler
+    waves: WaveRunner
+    capacity: FixedCapacity
+
+    @property
+    def state(self):  # type: ignore[no-untyped-def]
+        state = self.live.repo(REPO)
+        assert state is not None, "reconcile the repository first"
+        return state
+
+
+def scenario_repo() -> FakeRepo:
+    repo = FakeRepo(REPO)
+    repo.put_files(
+        {
+            "configs/nvidia-master.yaml": sc.NVIDIA,
+            "configs/amd-master.yaml": sc.AMD,
+            "configs/runners.yaml": sc.RUNNERS,
+            ".github/workflows/klaud-candidate.yml": sc.CANDIDATE_WORKFLOW,
+        }
+    )
+    return repo
+
+
+@pytest.fixture
+async def kit() -> AsyncIterator[Kit]:
+    db = Database(":memory:")
+    await db.open(STATE_SCHEMA)
+    store = StateStore(db)
+    clock = ManualClock(NOW)
+    repo = scenario_repo()
+    live = LiveState(store, FakeRepos({REPO: repo}), clock, ("klaud-cold[bot]", "Klaud-Cold"))
+    catalog, pulls, outcomes = CatalogSync(live), PullSync(live), OutcomeRecorder(live)
+    capacity = FixedCapacity(clock)
+    yield Kit(
+        clock, repo, live, catalog, pulls, outcomes, Reconciler(live, catalog, pulls, outcomes),
+        WaveRunner(live, capacity, clock), capacity,
+    )
+    await db.close()

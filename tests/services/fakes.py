@@ -1,0 +1,261 @@
+"""An in-memory repository implementing `bot.services.api.RepoAPI` (bedevere's FakeGH, typed).
+
+Tests give it files, pull requests, runs and artifacts, run a service, and read back what
+was asked (`calls`, one `(operation, *arguments)` per call) and what was written
+(`branches`, `dispatched`, `comments`, `check_runs`, …). Failures are injected per
+operation with `fail(operation, error, times)`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Any
+
+from bot.core.events import (
+    Account,
+    Artifact,
+    Comment,
+    HeadOrBase,
+    Job,
+    Named,
+    PullFile,
+    PullRequest,
+    Repository,
+    WorkflowRun,
+)
+from bot.github.errors import GitHubError
+
+DEFAULT_BRANCH = "main"
+
+
+def sha(n: int) -> str:
+    return f"{n:040x}"
+
+
+def pull(
+    number: int,
+    *,
+    user: str = "bob",
+    head_ref: str | None = None,
+    head_sha: str | None = None,
+    updated_at: datetime,
+    repo: str = "acme/bench",
+    title: str = "",
+    draft: bool = False,
+) -> PullRequest:
+    return PullRequest(
+        number=number,
+        title=title or f"PR {number}",
+        draft=draft,
+        user=Account(login=user, type="Bot" if user.endswith("[bot]") else "User"),
+        head=HeadOrBase(ref=head_ref or f"topic-{number}", sha=head_sha or sha(1000 + number), repo=Named(full_name=repo)),
+        base=HeadOrBase(ref=DEFAULT_BRANCH, sha=sha(1)),
+        created_at=updated_at,
+        updated_at=updated_at,
+    )
+
+
+def artifact_zip(outcome: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("candidate-diagnostics.json", json.dumps({"candidate-outcome": outcome}))
+    return buffer.getvalue()
+
+
+@dataclass
+class FakeRepo:
+    name: str = "acme/bench"
+    default_branch: str = DEFAULT_BRANCH
+    head: str = sha(1)
+    files: dict[str, dict[str, str]] = field(default_factory=dict)  # ref -> path -> text
+    pulls: dict[int, PullRequest] = field(default_factory=dict)
+    pull_files_of: dict[int, list[PullFile]] = field(default_factory=dict)
+    branches_at: dict[str, str] = field(default_factory=dict)  # branch -> sha
+    runs: dict[int, WorkflowRun] = field(default_factory=dict)
+    jobs_of: dict[int, list[Job]] = field(default_factory=dict)
+    artifacts_of: dict[int, list[Artifact]] = field(default_factory=dict)
+    archives: dict[int, bytes] = field(default_factory=dict)  # artifact id -> zip
+    comments_on: dict[int, list[Comment]] = field(default_factory=dict)
+    permissions: dict[str, str] = field(default_factory=dict)
+    workflows: set[str] = field(default_factory=lambda: {"klaud-candidate.yml"})
+    answer_run_ids: bool = True  # False: dispatch answers like an older server (204)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    dispatched: list[dict[str, Any]] = field(default_factory=list)
+    check_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    reactions: list[tuple[int, str]] = field(default_factory=list)
+    _failures: dict[str, list[GitHubError]] = field(default_factory=dict)
+    _next_id: int = 9000
+
+    # -- test set-up ---------------------------------------------------------------------
+
+    def put_files(self, files: dict[str, str], ref: str | None = None) -> None:
+        self.files.setdefault(ref or self.head, {}).update(files)
+
+    def fail(self, operation: str, error: GitHubError, times: int = 1) -> None:
+        self._failures.setdefault(operation, []).extend([error] * times)
+
+    def reads(self) -> list[tuple[Any, ...]]:
+        return [c for c in self.calls if c[0] in READS]
+
+    def writes(self) -> list[tuple[Any, ...]]:
+        return [c for c in self.calls if c[0] not in READS]
+
+    def _call(self, operation: str, *args: Any) -> None:
+        self.calls.append((operation, *args))
+        pending = self._failures.get(operation)
+        if pending:
+            raise pending.pop(0)
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    # -- RepoAPI -------------------------------------------------------------------------
+
+    async def repository(self) -> Repository:
+        self._call("repository")
+        return Repository(full_name=self.name, default_branch=self.default_branch)
+
+    async def head_sha(self, branch: str) -> str:
+        self._call("head_sha", branch)
+        return self.head
+
+    async def file_text(self, path: str, ref: str) -> str | None:
+        self._call("file_text", path, ref)
+        return self.files.get(ref, {}).get(path)
+
+    async def directory(self, path: str, ref: str) -> list[str]:
+        self._call("directory", path, ref)
+        prefix = f"{path}/" if path else ""
+        return sorted(p for p in self.files.get(ref, {}) if p.startswith(prefix) and "/" not in p[len(prefix):])
+
+    async def changed_paths(self, base: str, head: str) -> set[str] | None:
+        self._call("changed_paths", base, head)
+        if base not in self.files:
+            return None
+        old, new = self.files[base], self.files.get(head, {})
+        return {p for p in old.keys() | new.keys() if old.get(p) != new.get(p)}
+
+    async def open_pulls(self) -> AsyncIterator[PullRequest]:
+        self._call("open_pulls")
+        for number in sorted(self.pulls):
+            yield self.pulls[number]
+
+    async def pull_files(self, number: int) -> AsyncIterator[PullFile]:
+        self._call("pull_files", number)
+        for item in self.pull_files_of.get(number, []):
+            yield item
+
+    async def branches(self, prefix: str) -> AsyncIterator[tuple[str, str]]:
+        self._call("branches", prefix)
+        for branch, at in sorted(self.branches_at.items()):
+            if branch.startswith(prefix):
+                yield branch, at
+
+    async def create_branch(self, branch: str, sha: str) -> bool:
+        self._call("create_branch", branch, sha)
+        if branch in self.branches_at:
+            return False
+        self.branches_at[branch] = sha
+        return True
+
+    async def delete_branch(self, branch: str) -> bool:
+        self._call("delete_branch", branch)
+        return self.branches_at.pop(branch, None) is not None
+
+    async def dispatch(self, workflow: str, branch: str, inputs: dict[str, str]) -> int | None:
+        self._call("dispatch", workflow, branch, inputs.get("candidate"))
+        if workflow not in self.workflows:
+            raise GitHubError(404, "Not Found")
+        run_id = self._new_id()
+        self.runs[run_id] = WorkflowRun(
+            id=run_id, path=f".github/workflows/{workflow}", head_sha=self.head, status="queued",
+            display_title=f"Klaud Cold candidate {inputs.get('candidate')}", event="workflow_dispatch",
+        )
+        self.dispatched.append({"workflow": workflow, "branch": branch, "inputs": inputs, "run_id": run_id})
+        return run_id if self.answer_run_ids else None
+
+    async def workflow_runs(self, workflow: str, *, created_since: date) -> AsyncIterator[WorkflowRun]:
+        self._call("workflow_runs", workflow)
+        for run in self.runs.values():
+            if run.path.endswith(f"/{workflow}") and run.status == "completed":
+                yield run
+
+    async def run(self, run_id: int) -> WorkflowRun | None:
+        self._call("run", run_id)
+        return self.runs.get(run_id)
+
+    async def run_jobs(self, run_id: int) -> list[Job]:
+        self._call("run_jobs", run_id)
+        return list(self.jobs_of.get(run_id, []))
+
+    async def run_artifacts(self, run_id: int) -> AsyncIterator[Artifact]:
+        self._call("run_artifacts", run_id)
+        for item in self.artifacts_of.get(run_id, []):
+            yield item
+
+    async def artifact(self, artifact_id: int) -> Artifact | None:
+        self._call("artifact", artifact_id)
+        return next((a for items in self.artifacts_of.values() for a in items if a.id == artifact_id), None)
+
+    async def download(self, artifact: Artifact, *, max_bytes: int) -> bytes:
+        self._call("download", artifact.id)
+        return self.archives[artifact.id]
+
+    async def create_check_run(self, payload: dict[str, Any]) -> int | None:
+        self._call("create_check_run", payload["head_sha"])
+        check_id = self._new_id()
+        self.check_runs[check_id] = dict(payload)
+        return check_id
+
+    async def update_check_run(self, check_run_id: int, payload: dict[str, Any]) -> None:
+        self._call("update_check_run", check_run_id)
+        self.check_runs[check_run_id].update(payload)
+
+    async def react(self, comment_id: int, content: str) -> None:
+        self._call("react", comment_id, content)
+        self.reactions.append((comment_id, content))
+
+    async def comments(self, number: int) -> AsyncIterator[Comment]:
+        self._call("comments", number)
+        for comment in self.comments_on.get(number, []):
+            yield comment
+
+    async def post_comment(self, number: int, body: str) -> None:
+        self._call("post_comment", number)
+        comment = Comment(id=self._new_id(), body=body, user=Account(login="klaud-cold[bot]", type="Bot"))
+        self.comments_on.setdefault(number, []).append(comment)
+
+    async def permission(self, user: str) -> tuple[str | None, str | None]:
+        self._call("permission", user)
+        return self.permissions.get(user, "none"), None
+
+
+READS = frozenset(
+    {
+        "repository", "head_sha", "file_text", "directory", "changed_paths", "open_pulls", "pull_files",
+        "branches", "workflow_runs", "run", "run_jobs", "run_artifacts", "artifact", "download",
+        "comments", "permission",
+    }
+)
+
+
+@dataclass
+class FakeRepos:
+    """The App with one installation (id 1) holding the given repositories."""
+
+    repos: dict[str, FakeRepo] = field(default_factory=dict)
+
+    async def installations(self) -> list[int]:
+        return [1]
+
+    async def repositories(self, installation: int) -> list[Repository]:
+        return [Repository(full_name=name) for name in sorted(self.repos)]
+
+    def repo(self, full_name: str, installation: int) -> FakeRepo:
+        return self.repos[full_name]

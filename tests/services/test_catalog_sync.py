@@ -1,0 +1,63 @@
+"""Pushes to the default branch and to claim refs, against an in-memory repository."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from bot.core.domain import claim_ref
+from bot.core.events import PushEvent
+from tests import scenarios as sc
+from tests.services.conftest import REPO, Kit
+
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+PUSHED_AT = datetime(2026, 11, 30, 7, 30, tzinfo=UTC)
+
+
+def push(ref: str, before: str, after: str, *, deleted: bool = False) -> PushEvent:
+    return PushEvent.model_validate(
+        {
+            "ref": ref, "before": before, "after": after, "deleted": deleted,
+            "repository": {"full_name": REPO, "pushed_at": int(PUSHED_AT.timestamp())},
+            "installation": {"id": 1},
+        }
+    )
+
+
+async def test_a_push_reads_one_compare_and_the_changed_config_only(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    before, after = kit.repo.head, "e" * 40
+    nvidia = sc.NVIDIA.replace("release:1.2.0rc4", "release:1.2.0rc5")
+    kit.repo.files[after] = {**kit.repo.files[before], "configs/nvidia-master.yaml": nvidia}
+    kit.repo.calls.clear()
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert kit.repo.calls == [("changed_paths", before, after), ("file_text", "configs/nvidia-master.yaml", after)]
+    family = kit.state.catalog.get(H200)
+    assert family is not None and family.image.endswith("rc5")
+    assert family.image_changed_at == PUSHED_AT  # dated by the push, not the commit
+    assert kit.state.meta.head_sha == after
+
+
+async def test_a_push_whose_base_is_unknown_rereads_everything(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    after = "e" * 40
+    kit.repo.files[after] = dict(kit.repo.files[kit.repo.head])
+    kit.repo.calls.clear()
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", "9" * 40, after))
+    read = {c[1] for c in kit.repo.calls if c[0] == "file_text"}
+    assert {"configs/nvidia-master.yaml", "configs/amd-master.yaml", "configs/runners.yaml"} <= read
+
+
+async def test_claim_refs_made_elsewhere_are_tracked(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    ref = f"refs/heads/{claim_ref(H200)}"
+    await kit.catalog.on_push(kit.state, push(ref, "0" * 40, kit.repo.head))
+    assert kit.state.claims[H200].wave is None
+    await kit.catalog.on_push(kit.state, push(ref, kit.repo.head, "0" * 40, deleted=True))
+    assert H200 not in kit.state.claims
+
+
+async def test_pushes_to_other_branches_read_nothing(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.calls.clear()
+    await kit.catalog.on_push(kit.state, push("refs/heads/topic", "1" * 40, "2" * 40))
+    assert kit.repo.calls == []

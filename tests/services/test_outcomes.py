@@ -1,0 +1,79 @@
+"""Outcomes from runs, artifacts and receipts, against an in-memory repository."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from bot.core.domain import claim_ref
+from bot.core.events import Account, Artifact, Comment, WorkflowRunEvent
+from bot.github.errors import Unavailable
+from tests import scenarios as sc
+from tests.services.conftest import NOW, REPO, Kit
+from tests.services.fakes import artifact_zip
+
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+CAND = sc.candidate(H200)
+OUTCOME = {"outcome": "readiness-blocked", "phase": "targeted", "pull-request": None, "run-ids": [], "repairs-used": 0}
+
+
+def completed(run_id: int) -> WorkflowRunEvent:
+    return WorkflowRunEvent.model_validate(
+        {
+            "action": "completed",
+            "workflow_run": {
+                "id": run_id, "path": ".github/workflows/klaud-plan.yml", "head_sha": "a" * 40,
+                "status": "completed", "conclusion": "success",
+                "created_at": "2026-11-30T07:00:00Z", "updated_at": "2026-11-30T07:30:00Z",
+            },
+            "repository": {"full_name": REPO},
+            "installation": {"id": 1},
+        }
+    )
+
+
+def with_artifact(kit: Kit, run_id: int, artifact_id: int = 77) -> None:
+    kit.repo.artifacts_of[run_id] = [
+        Artifact(id=artifact_id, name=f"klaud-candidate-{CAND}", expired=False, archive_download_url="x")
+    ]
+    kit.repo.archives[artifact_id] = artifact_zip(OUTCOME)
+
+
+async def test_a_run_with_an_artifact_records_a_verified_attempt_and_releases_the_claim(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and CAND in wave.selected
+    with_artifact(kit, 301)
+    await kit.outcomes.on_workflow_run(kit.state, completed(301))
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.verified, attempt.outcome, attempt.run_id) == (True, "readiness-blocked", 301)
+    assert H200 not in kit.state.claims and H200 not in kit.state.dispatches
+    assert claim_ref(H200) not in kit.repo.branches_at
+
+
+async def test_a_transient_download_error_is_retried_later(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    with_artifact(kit, 302)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, completed(302))
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.verified, attempt.error) == (False, "download-failed")
+    assert len(kit.state.pending_artifacts) == 1
+    kit.clock.advance(timedelta(hours=1).total_seconds())
+    assert await kit.outcomes.retry_artifacts() == 1
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert attempt.verified and kit.state.pending_artifacts == {}
+
+
+async def test_receipts_count_only_from_bot_accounts(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    body = (
+        f"<!-- klaud-outcome:777:{CAND}\n"
+        '{"head": "' + "b" * 40 + '", "outcome": {"outcome": "incompatible", "phase": "targeted", '
+        '"pull-request": 9, "run-ids": [], "repairs-used": 1}, "validation": null}\n-->\n'
+    )
+    person = Comment(id=1, body=body, user=Account(login="Klaud-Cold", type="User"), created_at=NOW)
+    assert not await kit.outcomes.on_receipt(kit.state, person)
+    bot = Comment(id=2, body=body, user=Account(login="klaud-cold[bot]", type="Bot"), created_at=NOW)
+    assert await kit.outcomes.on_receipt(kit.state, bot)
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.outcome, attempt.run_id) == ("incompatible", 777)

@@ -1,0 +1,72 @@
+"""The overlap index kept current from pull_request events, against an in-memory repository."""
+
+from __future__ import annotations
+
+from bot.core.events import PullFile, PullRequestEvent
+from bot.github.errors import BadRequest
+from tests import scenarios as sc
+from tests.services.conftest import NOW, REPO, Kit
+from tests.services.fakes import pull
+
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+NVIDIA = "configs/nvidia-master.yaml"
+
+
+def event(action: str, number: int = 12, **changes: object) -> PullRequestEvent:
+    data = pull(number, updated_at=NOW, **changes).model_dump(mode="json")  # type: ignore[arg-type]
+    return PullRequestEvent.model_validate(
+        {"action": action, "pull_request": data, "repository": {"full_name": REPO}, "installation": {"id": 1}}
+    )
+
+
+async def test_files_are_read_once_per_head(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[12] = [PullFile(filename=NVIDIA, patch="@@ -14,3 +14,3 @@ dsr1-fp8-h200-trt:\n-  tp: 8\n+  tp: 4\n")]
+    kit.repo.calls.clear()
+    families = await kit.pulls.on_pull_request(kit.state, event("opened"))
+    assert families == {H200} and kit.state.overlap.touches(12) == {H200: "flags"}
+    for action in ("edited", "labeled", "synchronize"):  # same head: nothing to read
+        await kit.pulls.on_pull_request(kit.state, event(action))
+    assert kit.repo.calls == [("pull_files", 12)]
+
+
+async def test_an_omitted_patch_is_compared_from_base_and_head_contents(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    head = "c" * 40
+    kit.repo.put_files({NVIDIA: sc.NVIDIA.replace("release:1.2.0rc4", "release:1.2.1")}, ref=head)
+    kit.repo.pull_files_of[12] = [PullFile(filename=NVIDIA, patch=None)]
+    await kit.pulls.on_pull_request(kit.state, event("opened", head_sha=head))
+    assert kit.state.overlap.touches(12) == {H200: "image"}
+
+
+async def test_an_omitted_patch_without_contents_blocks_the_whole_file(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[13] = [PullFile(filename=NVIDIA, patch=None)]
+    kit.repo.fail("file_text", BadRequest(403, "Forbidden"), times=2)
+    await kit.pulls.on_pull_request(kit.state, event("opened", 13, head_sha="d" * 40))
+    touches = kit.state.overlap.touches(13)
+    assert set(touches) == {f for f in sc.FAMILIES if f.startswith(NVIDIA)}
+    assert set(touches.values()) == {"patch-unavailable"}
+
+
+async def test_a_closed_pr_leaves_the_index_and_unblocks_its_families(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[12] = [PullFile(filename=NVIDIA, patch="@@ -14,3 +14,3 @@ dsr1-fp8-h200-trt:\n-  tp: 8\n+  tp: 4\n")]
+    await kit.pulls.on_pull_request(kit.state, event("opened"))
+    kit.repo.calls.clear()
+    assert await kit.pulls.on_pull_request(kit.state, event("closed")) == {H200}
+    assert kit.state.overlap.get(12) is None and kit.repo.calls == []
+
+
+async def test_a_new_head_of_a_klaud_pr_asks_for_its_check_run_once(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    told: list[tuple[set[str], set[int]]] = []
+
+    async def listener(state, families, pulls):  # type: ignore[no-untyped-def]
+        told.append((families, pulls))
+
+    kit.live.listeners.append(listener)
+    cand = sc.candidate(H200)
+    await kit.pulls.on_pull_request(kit.state, event("opened", 40, head_ref=f"klaud/auto-{cand}"))
+    await kit.pulls.on_pull_request(kit.state, event("edited", 40, head_ref=f"klaud/auto-{cand}"))
+    assert told == [({H200}, {40}), ({H200}, set())]

@@ -1,0 +1,64 @@
+"""Waves and dispatch against an in-memory repository: a wave only writes claims and dispatches."""
+
+from __future__ import annotations
+
+from bot.core.domain import claim_ref
+from bot.github.errors import Unavailable
+from tests import scenarios as sc
+from tests.services.conftest import REPO, Kit
+
+
+async def test_a_wave_reads_nothing_and_writes_a_claim_and_a_dispatch_per_selection(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.calls.clear()
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and len(wave.selected) == 5
+    assert kit.repo.reads() == []
+    expected = []
+    for decision in (d for d in wave.decisions if d.decision == "selected"):
+        expected += [("create_branch", claim_ref(decision.family), kit.repo.head),
+                     ("dispatch", "klaud-candidate.yml", "main", decision.candidate)]
+    assert kit.repo.writes() == expected
+    state = kit.state
+    assert {d.candidate for d in state.dispatches.values()} == set(wave.selected)
+    assert all(d.run_id is not None for d in state.dispatches.values())  # linked by the answer
+
+
+async def test_a_lost_claim_gives_the_slot_to_the_next_family(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    preview = await kit.waves.preview(REPO)
+    assert preview is not None
+    first = preview.decisions[0]
+    kit.repo.branches_at[claim_ref(first.family)] = "f" * 40  # another planner won the race
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None
+    by_family = {d.family: d for d in wave.decisions}
+    assert by_family[first.family].decision == "claimed"
+    assert first.candidate not in wave.selected
+
+
+async def test_a_failed_dispatch_releases_its_claim(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway"))
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None
+    failed = wave.decisions[0]
+    assert "failed" in failed.reason and failed.candidate not in wave.selected
+    assert claim_ref(failed.family) not in kit.repo.branches_at
+    assert set(wave.selected) == {d["inputs"]["candidate"] for d in kit.repo.dispatched}
+
+
+async def test_a_dry_run_writes_nothing(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.waves.dry_run = True
+    kit.repo.calls.clear()
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and kit.repo.calls == []
+    assert all("dry run" in d.reason for d in wave.decisions if d.decision == "selected")
+
+
+async def test_a_busy_cluster_is_never_dispatched(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.capacity.busy = set(sc.CLUSTERS)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and wave.selected == () and kit.repo.writes() == []

@@ -12,7 +12,7 @@ from bot.sandbox import scenario as sc
 from bot.sandbox.events import Payloads
 from bot.sandbox.issues import IssueEdit
 from bot.sandbox.shapes import ts
-from bot.sandbox.state import PullRequest, RepoState, SandboxError
+from bot.sandbox.state import PullRequest, RepoState, SandboxError, apply_files
 from bot.sandbox.world import Event, World
 
 Outcome = tuple[dict[str, Any], list[Event]]
@@ -156,12 +156,7 @@ def start_run(world: World, action: sc.StartRun) -> Outcome:
 
 def push_default(world: World, action: sc.PushDefault) -> Outcome:
     repo = world.repo(action.repo)
-    tree = dict(repo.head.tree)
-    for path, text in action.files.items():
-        if text is None:
-            tree.pop(path, None)
-        else:
-            tree[path] = text
+    tree = apply_files(repo.head.tree, action.files)
     author = action.user or repo.first_admin()
     message = action.message or "Update " + ", ".join(sorted(action.files))
     before, after = repo.advance_default(tree, message, author, world.now())

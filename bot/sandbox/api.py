@@ -25,6 +25,8 @@ from bot.sandbox.gate import (
     credential,
     fault_error,
 )
+from bot.sandbox.graphql_api import graphql_query
+from bot.sandbox.permissions import NOTHING
 from bot.sandbox.rest import Call, Reply, Route, build_router
 from bot.sandbox.world import Event, World
 
@@ -51,6 +53,8 @@ class Api:
         self.log = log
         self.announce = announce
         self.router = build_router()
+        # Each GraphQL field checks the permission it needs (a query may span several).
+        self.router.add("POST", "/graphql", graphql_query, NOTHING)
         self.request_count = 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

@@ -69,12 +69,30 @@ def unified_diff(old: str | None, new: str | None) -> str:
     """
     lines1 = split_lines(old or "")
     lines2 = split_lines(new or "")
+    return "".join(_emit_hunks(lines1, lines2, _changes(lines1, lines2)))
+
+
+def kept_lines(old: str, new: str) -> list[tuple[int, int]]:
+    """(line in `old`, line in `new`), 0-based, of every line git's diff leaves unchanged.
+
+    This is what `git blame` passes on from a parent: a kept line keeps its origin.
+    """
+    lines1, lines2 = split_lines(old), split_lines(new)
+    pairs: list[tuple[int, int]] = []
+    i1 = i2 = 0
+    for change in _changes(lines1, lines2):
+        pairs.extend(zip(range(i1, change.i1), range(i2, change.i2), strict=True))
+        i1, i2 = change.i1 + change.count1, change.i2 + change.count2
+    pairs.extend(zip(range(i1, len(lines1)), range(i2, len(lines2)), strict=True))
+    return pairs
+
+
+def _changes(lines1: list[str], lines2: list[str]) -> list[_Change]:
     side1, side2 = _Side.pair(lines1, lines2)
     _mark_changes(side1, side2)
     _compact(side1, side2)
     _compact(side2, side1)
-    changes = _edit_script(side1, side2)
-    return "".join(_emit_hunks(lines1, lines2, changes))
+    return _edit_script(side1, side2)
 
 
 def split_lines(text: str) -> list[str]:

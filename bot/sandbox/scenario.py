@@ -8,16 +8,27 @@ validated with pydantic and a mistake is reported with the path of the offending
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 BUNDLED_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "demo.json"
 
 SHA_PATTERN = r"^[0-9a-f]{40}$"
 REPO_PATTERN = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$"
 Permission = Literal["admin", "maintain", "write", "triage", "read", "none"]
+# The head commit's age: just after a history, else a long-settled repository.
+HEAD_AGE_AFTER_HISTORY = timedelta(minutes=1)
+HEAD_AGE_WITHOUT_HISTORY = timedelta(days=365)
 AppPermission = Literal["read", "write", "admin"]
 
 
@@ -163,6 +174,15 @@ class IssueSpec(Model):
     created_at: AwareDatetime | None = None
 
 
+class HistoryCommit(Model):
+    """One commit before the scenario's head: the files it adds, changes or (null) deletes."""
+
+    at: AwareDatetime
+    message: str
+    files: dict[str, str | None]
+    author: str | None = None  # the first admin collaborator when not given
+
+
 class Repository(Model):
     full_name: str = Field(pattern=REPO_PATTERN)
     installation_id: int = Field(gt=0)
@@ -170,6 +190,8 @@ class Repository(Model):
     default_branch: str = "main"
     private: bool = True
     files: dict[str, str] = Field(default_factory=dict)
+    # Commits applied in order before the head commit, which applies `files` on top.
+    history: list[HistoryCommit] = Field(default_factory=list)
     collaborators: dict[str, Permission] = Field(default_factory=dict)
     # The installation's; without them, app.yaml's default_permissions / default_events.
     permissions: dict[str, AppPermission] | None = None
@@ -178,6 +200,13 @@ class Repository(Model):
     runs: list[Run] = Field(default_factory=list)
     issues: list[IssueSpec] = Field(default_factory=list)
     comments: list[Comment] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _history_in_order(self) -> Repository:
+        times = [commit.at for commit in self.history]
+        if times != sorted(times):
+            raise ValueError("history commits must be in the order of their `at` times")
+        return self
 
 
 # --- control actions (also the scenario's timeline) -------------------------------------
@@ -321,6 +350,15 @@ class Scenario(Model):
     capacity: Capacity = Field(default_factory=Capacity)
     repositories: list[Repository] = Field(default_factory=list)
     timeline: list[Action] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _history_before_the_head(self) -> Scenario:
+        head = self.now - HEAD_AGE_AFTER_HISTORY
+        for repository in self.repositories:
+            if repository.history and repository.history[-1].at >= head:
+                raise ValueError(f"{repository.full_name}: history must end before its head "
+                                 f"commit, one minute before now")
+        return self
 
 
 def describe(exc: ValidationError) -> str:

@@ -247,6 +247,17 @@ class Dispatch:
     run_id: int
 
 
+def apply_files(tree: dict[str, str], files: dict[str, str | None]) -> dict[str, str]:
+    """`tree` with `files` written over it; a None deletes its path."""
+    changed = dict(tree)
+    for path, text in files.items():
+        if text is None:
+            changed.pop(path, None)
+        else:
+            changed[path] = text
+    return changed
+
+
 def finish_jobs(run: WorkflowRun, at: datetime) -> None:
     """Jobs still open when their run completes end with the run's conclusion."""
     for job in run.jobs:
@@ -339,8 +350,25 @@ class RepoState:
         self.reactions: list[Reaction] = []
         self.dispatches: list[Dispatch] = []
         self.workflow_ids: dict[str, int] = {}
-        root = self.commit(dict(spec.files), (), "Initial commit", self.first_admin(), now)
-        self.refs[self.default_ref] = root.sha
+        head = self.commit_history(spec.history)
+        tree = {**(head.tree if head else {}), **spec.files}
+        if head is None:
+            made = self.commit(tree, (), "Initial commit", self.first_admin(),
+                               now - sc.HEAD_AGE_WITHOUT_HISTORY)
+        else:
+            made = self.commit(tree, (head.sha,), "Scenario files", self.first_admin(),
+                               now - sc.HEAD_AGE_AFTER_HISTORY)
+        self.refs[self.default_ref] = made.sha
+
+    def commit_history(self, history: list[sc.HistoryCommit]) -> Commit | None:
+        """The scenario's history as a line of commits; answers the last one."""
+        last: Commit | None = None
+        for spec in history:
+            tree = apply_files(last.tree if last else {}, spec.files)
+            parents = (last.sha,) if last else ()
+            last = self.commit(tree, parents, spec.message, spec.author or self.first_admin(),
+                               spec.at)
+        return last
 
     # --- git ----------------------------------------------------------------------------
 

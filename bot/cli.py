@@ -158,8 +158,10 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
         if args.repo and klaud.live.repo(args.repo) is None:
             raise UsageError(f"--repo: {args.repo} has no local state (run `klaud reconcile --repo {args.repo}`)")
         for repo in repos:
-            wave = await klaud.waves.preview(repo, at)
-            assert wave is not None
+            state = klaud.live.repo(repo)
+            if state is None:
+                continue
+            wave = await klaud.waves.preview_state(state, at or klaud.clock.now())
             if args.json:
                 print(json.dumps(wave.document(), indent=2))
             else:

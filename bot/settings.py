@@ -60,9 +60,17 @@ class Settings(BaseModel):
 
     @field_validator("db")
     @classmethod
-    def _sqlite_url(cls, value: str) -> str:
+    def _store_url(cls, value: str) -> str:
+        if value.startswith(("postgresql://", "postgres://")):
+            return value
         if not value.startswith("sqlite:///"):
-            raise ValueError("only sqlite:///PATH is supported")
+            raise ValueError("expected sqlite:///PATH or postgresql://…")
+        path = value[len("sqlite:///") :]
+        if not path or path.endswith("/"):
+            raise ValueError("sqlite:/// needs a file path (sqlite:///klaud.db)")
+        if path != ":memory:" and not Path(path).resolve().parent.is_dir():
+            # Klaud does not create folders: a typo must not scatter state across the disk.
+            raise ValueError(f"the folder of {path} does not exist")
         return value
 
     @field_validator("github_url", "capacity_url")
@@ -74,7 +82,12 @@ class Settings(BaseModel):
 
     @property
     def db_path(self) -> str:
+        """The SQLite file (only for sqlite:/// URLs)."""
         return self.db[len("sqlite:///") :]
+
+    @property
+    def uses_postgres(self) -> bool:
+        return self.db.startswith(("postgresql://", "postgres://"))
 
     def is_bot(self, login: str | None) -> bool:
         if not login:

@@ -12,7 +12,6 @@ import asyncio
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -32,8 +31,6 @@ class Database:
         await self.run_sync(self._open, schema)
 
     def _open(self, schema: str) -> None:
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
@@ -77,6 +74,6 @@ class Database:
         self._executor.shutdown(wait=True)
 
     def _close(self) -> None:
-        assert self._conn is not None
-        self._conn.close()
-        self._conn = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

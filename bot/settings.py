@@ -160,7 +160,8 @@ def load_settings(
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else "?"
         name = _FIELD_ENV.get(field, field)
-        raise SettingsError(f"{name}: {error['msg']}") from None
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise SettingsError(f"{name}: {message}") from None
     if require_secret and not settings.secrets():
         raise SettingsError("KLAUD_WEBHOOK_SECRET: required to verify webhook deliveries")
     if require_app:

@@ -36,6 +36,7 @@ def headers_for(event: str, body: bytes, *, delivery: str | None = None, secret:
 
 
 def make_settings(db_path: Path, **env: str):
+    db_path.parent.mkdir(parents=True, exist_ok=True)
     values = {
         "KLAUD_WEBHOOK_SECRET": SECRET,
         "KLAUD_WEBHOOK_SECRET_PREVIOUS": PREVIOUS_SECRET,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import zipfile
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +21,7 @@ from bot.sandbox import (
     load_scenario,
     make_demo,
 )
+from bot.sandbox.gate import FaultSettings
 from bot.sandbox.patches import PatchError, apply_patch, count_changes
 from tests.sandbox.test_sandbox_support import DIAGNOSTICS, serve, small_scenario
 
@@ -232,3 +234,19 @@ def test_artifact_archives_hold_exactly_the_scenario_files() -> None:
     with zipfile.ZipFile(io.BytesIO(artifact.data)) as archive:
         assert archive.namelist() == ["candidate-diagnostics.json"]
         assert json.loads(archive.read("candidate-diagnostics.json")) == DIAGNOSTICS
+
+
+# --- the README's examples -------------------------------------------------------------
+
+
+def readme_examples() -> list[dict[str, Any]]:
+    readme = (Path(__file__).resolve().parents[2] / "bot" / "sandbox" / "README.md").read_text()
+    return [json.loads(block) for block in re.findall(r"```json\n(.*?)```", readme, re.DOTALL)]
+
+
+def test_the_readmes_scenario_and_faults_examples_are_accepted() -> None:
+    faults, scenario = sorted(readme_examples(), key=lambda example: "rules" not in example)
+    assert len(FaultSettings.model_validate(faults).rules) == 6
+    sandbox = Sandbox(scenario)
+    assert sandbox.world.installation(1).events == tuple(
+        scenario["repositories"][0]["events"])

@@ -1,8 +1,9 @@
 """The edge of the sandbox REST API: everything between an HTTP request and a handler.
 
 Order per request, as GitHub behaves: route lookup, injected faults, authentication, the
-rate-limit budget, the handler; then pagination, ETag/304 and the rate-limit headers on
-the answer, and one line in the request log.
+rate-limit budget, the route's permission, the handler; then pagination, ETag/304 and the
+rate-limit headers on the answer, and one line in the request log. A fault rule may then
+cut the connection under an answer that was applied (`lose_answer`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from bot.sandbox.gate import (
     credential,
     fault_error,
 )
-from bot.sandbox.graphql_api import graphql_query
-from bot.sandbox.permissions import NOTHING
-from bot.sandbox.rest import Call, Reply, Route, build_router
+from bot.sandbox.rest import Call, Reply, Route
+from bot.sandbox.routes import build_router
 from bot.sandbox.world import Event, World
 
 PREFIX = "/_sandbox/github"
@@ -53,8 +53,6 @@ class Api:
         self.log = log
         self.announce = announce
         self.router = build_router()
-        # Each GraphQL field checks the permission it needs (a query may span several).
-        self.router.add("POST", "/graphql", graphql_query, NOTHING)
         self.request_count = 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

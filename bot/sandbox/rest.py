@@ -1,7 +1,9 @@
-"""GitHub's REST routes the bot uses, answered from the sandbox state.
+"""GitHub's REST routes the bot uses, answered from the sandbox state (the issue routes
+are in `rest_issues.py`, the route table with each route's permission in `routes.py`).
 
 Each handler takes a `Call` and answers a `Reply` (or raises `ApiError`); the edge in
-`api.py` adds authentication, faults, rate limits, ETags, pagination and the log.
+`api.py` adds authentication, permissions, faults, rate limits, ETags, pagination and the
+log.
 """
 
 from __future__ import annotations
@@ -16,37 +18,15 @@ from typing import Any
 
 from multidict import MultiMapping
 
-from bot.sandbox import actions
-from bot.sandbox import scenario as sc
 from bot.sandbox.events import Payloads
 from bot.sandbox.gate import ApiError
-from bot.sandbox.issues import IssueEdit, edit_issue
 from bot.sandbox.patches import blob_sha
-from bot.sandbox.permissions import (
-    ACTIONS_READ,
-    ACTIONS_WRITE,
-    CHECKS_READ,
-    CHECKS_WRITE,
-    CONTENTS_READ,
-    CONTENTS_WRITE,
-    CONVERSATION_READ,
-    CONVERSATION_WRITE,
-    ISSUES_READ,
-    ISSUES_WRITE,
-    METADATA_READ,
-    NOTHING,
-    PULLS_READ,
-    Needs,
-    covers,
-    grants,
-)
-from bot.sandbox.shapes import BOT_LOGIN, REACTIONS, Shapes, ts
+from bot.sandbox.permissions import Needs, covers, grants
+from bot.sandbox.shapes import BOT_LOGIN, Shapes, ts
 from bot.sandbox.state import (
     Artifact,
     CheckRun,
     Dispatch,
-    IssueComment,
-    Reaction,
     RepoState,
     WorkflowRun,
     workflow_display_name,
@@ -727,202 +707,6 @@ def commit_check_runs(call: Call) -> Reply:
     return Reply(items=[call.shapes.check_run(repo, c) for c in checks], wrap="check_runs")
 
 
-# --- issues ----------------------------------------------------------------------------
-
-ISSUE_SORTS = {"created": "created_at", "updated": "updated_at", "comments": "comments"}
-
-
-def list_issues(call: Call) -> Reply:
-    """Issues and pull requests alike, as GitHub lists them (pull requests carry a
-    `pull_request` key), filtered by `state`, `creator`, `labels` and `since`."""
-    repo = call.repo()
-    state = call.query.get("state", "open")
-    sort = call.query.get("sort", "created")
-    if state not in ("open", "closed", "all") or sort not in ISSUE_SORTS:
-        raise validation_failed("Validation Failed")
-    shaped = [call.shapes.issue(repo, n) for n in sorted(set(repo.pulls) | set(repo.issues))]
-    shaped = [i for i in shaped if state == "all" or i["state"] == state]
-    if "creator" in call.query:
-        shaped = [i for i in shaped if i["user"]["login"].lower() == call.query["creator"].lower()]
-    if call.query.get("labels"):
-        wanted = {name.strip() for name in call.query["labels"].split(",")}
-        shaped = [i for i in shaped if wanted <= {label["name"] for label in i["labels"]}]
-    if "since" in call.query:
-        since = parse_when(call.query["since"])[0]
-        shaped = [i for i in shaped if parse_when(i["updated_at"])[0] >= since]
-    key = ISSUE_SORTS[sort]
-    shaped.sort(key=lambda i: (i[key], i["number"]),
-                reverse=call.query.get("direction", "desc") == "desc")
-    return Reply(items=shaped)
-
-
-def create_issue(call: Call) -> Reply:
-    repo = call.repo()
-    title, body, labels = call.field("title"), call.field("body"), call.field("labels")
-    if isinstance(title, int):
-        title = str(title)
-    if not isinstance(title, str) or not title:
-        raise validation_failed("Validation Failed", errors=[
-            {"resource": "Issue", "code": "missing_field", "field": "title"}])
-    if body is not None and not isinstance(body, str):
-        raise validation_failed("Invalid request.\n\nFor 'properties/body', is not a string.")
-    issue = call.world.open_issue(repo, title, BOT_LOGIN)
-    issue.body = body
-    issue.labels = label_names(labels)
-    call.announce.append(Payloads(call.world).issues(repo, issue.number, "opened", BOT_LOGIN))
-    shaped = call.shapes.issue(repo, issue.number)
-    return Reply(201, shaped, headers={"location": shaped["url"]})
-
-
-def label_names(labels: Any) -> list[str]:
-    """`labels` of an issue write: names, or objects with a `name`."""
-    if labels is None:
-        return []
-    names: list[str] = []
-    for label in labels if isinstance(labels, list) else [None]:
-        name = label.get("name") if isinstance(label, dict) else label
-        if not isinstance(name, str) or not name:
-            raise validation_failed("Invalid request.\n\nFor 'properties/labels', is not an "
-                                    "array of label names.")
-        names.append(name)
-    return list(dict.fromkeys(names))
-
-
-def issue_number_or_404(call: Call, repo: RepoState, needs: Needs) -> int:
-    """A pull request's number, or a plain issue's: for those the App needs `issues`
-    (`pull_requests` covers only the issue side of a pull request)."""
-    number = call.number("issue_number")
-    if number in repo.issues:
-        call.require(repo, needs)
-    elif number not in repo.pulls:
-        raise ApiError(404, "Not Found")
-    return number
-
-
-def get_issue(call: Call) -> Reply:
-    repo = call.repo()
-    return Reply(body=call.shapes.issue(repo, issue_number_or_404(call, repo, ISSUES_READ)))
-
-
-def update_issue(call: Call) -> Reply:
-    repo = call.repo()
-    number = issue_number_or_404(call, repo, ISSUES_WRITE)
-    edit = issue_edit(call)
-    if number in repo.issues:
-        call.announce += edit_issue(call.world, repo, repo.issues[number], edit, BOT_LOGIN)
-    else:
-        call.announce += edit_pull_as_issue(call.world, repo, number, edit)
-    return Reply(body=call.shapes.issue(repo, number))
-
-
-def issue_edit(call: Call) -> IssueEdit:
-    title, body, state = call.field("title"), call.field("body"), call.field("state")
-    if title is not None and (not isinstance(title, str) or not title):
-        raise validation_failed("Invalid request.\n\nFor 'properties/title', is not a string.")
-    if body is not None and not isinstance(body, str):
-        raise validation_failed("Invalid request.\n\nFor 'properties/body', is not a string.")
-    if state not in (None, "open", "closed"):
-        raise validation_failed("Validation Failed", errors=[
-            {"resource": "Issue", "code": "invalid", "field": "state"}])
-    labels = call.field("labels")
-    return IssueEdit(title, body, state, None if labels is None else label_names(labels))
-
-
-def edit_pull_as_issue(world: World, repo: RepoState, number: int,
-                       edit: IssueEdit) -> list[Event]:
-    """The issue side of a pull request: GitHub sends `pull_request` events for it."""
-    pull = repo.pulls[number]
-    if edit.state == "open" and pull.state == "closed":
-        raise validation_failed("The sandbox cannot reopen pull requests.")
-    _, events = actions.edit_pull(world, sc.EditPull(
-        action="edit_pull", repo=repo.full_name, number=number, title=edit.title,
-        body=edit.body, labels=edit.labels, user=BOT_LOGIN))
-    if edit.state == "closed" and pull.state == "open":
-        events += actions.close_pull(world, sc.ClosePull(
-            action="close_pull", repo=repo.full_name, number=number, user=BOT_LOGIN))[1]
-    return events
-
-
-# --- issues: comments and reactions ----------------------------------------------------
-
-
-def issue_exists(repo: RepoState, number: int) -> bool:
-    return number in repo.pulls or number in repo.issues
-
-
-def list_comments(call: Call) -> Reply:
-    repo = call.repo()
-    number = call.number("issue_number")
-    if not issue_exists(repo, number):
-        raise ApiError(404, "Not Found")
-    comments = sorted((c for c in repo.comments.values() if c.issue_number == number),
-                      key=lambda c: c.id)
-    if "since" in call.query:
-        since = parse_when(call.query["since"])[0]
-        comments = [c for c in comments if c.updated_at >= since]
-    return Reply(items=[call.shapes.comment(repo, c) for c in comments])
-
-
-def create_comment(call: Call) -> Reply:
-    repo = call.repo()
-    number = call.number("issue_number")
-    if not issue_exists(repo, number):
-        raise ApiError(404, "Not Found")
-    body = call.field("body")
-    if not isinstance(body, str) or not body:
-        raise validation_failed('Invalid request.\n\n"body" wasn\'t supplied.')
-    comment = call.world.add_comment(repo, number, BOT_LOGIN, body, via_app=True)
-    call.announce.append(Payloads(call.world).issue_comment(repo, comment))
-    shaped = call.shapes.comment(repo, comment)
-    return Reply(201, shaped, headers={"location": shaped["url"]})
-
-
-def comment_or_404(call: Call, repo: RepoState) -> IssueComment:
-    comment = repo.comments.get(call.number("comment_id"))
-    if comment is None:
-        raise ApiError(404, "Not Found")
-    return comment
-
-
-def get_comment(call: Call) -> Reply:
-    repo = call.repo()
-    return Reply(body=call.shapes.comment(repo, comment_or_404(call, repo)))
-
-
-def update_comment(call: Call) -> Reply:
-    repo = call.repo()
-    comment = comment_or_404(call, repo)
-    body = call.field("body")
-    if not isinstance(body, str) or not body:
-        raise validation_failed('Invalid request.\n\n"body" wasn\'t supplied.')
-    comment.body = body
-    comment.updated_at = call.now
-    return Reply(body=call.shapes.comment(repo, comment))
-
-
-def create_reaction(call: Call) -> Reply:
-    repo = call.repo()
-    comment = comment_or_404(call, repo)
-    content = call.field("content")
-    if content not in REACTIONS:
-        raise validation_failed("Validation Failed", errors=[
-            {"resource": "Reaction", "code": "custom", "field": "content",
-             "message": f"content is not one of {', '.join(REACTIONS)}"}])
-    existing = next((r for r in repo.comment_reactions(comment.id)
-                     if r.user == BOT_LOGIN and r.content == content), None)
-    if existing is not None:
-        return Reply(200, call.shapes.reaction(existing))
-    reaction = Reaction(call.world.ids.next("reaction"), comment.id, content, BOT_LOGIN, call.now)
-    repo.reactions.append(reaction)
-    return Reply(201, call.shapes.reaction(reaction))
-
-
-def list_reactions(call: Call) -> Reply:
-    repo = call.repo()
-    comment = comment_or_404(call, repo)
-    return Reply(items=[call.shapes.reaction(r) for r in repo.comment_reactions(comment.id)])
-
-
 # --- collaborators ---------------------------------------------------------------------
 
 # Legacy permission and role name per repository role.
@@ -952,64 +736,3 @@ def collaborator_permission(call: Call) -> Reply:
     }
     user["role_name"] = role
     return Reply(body={"permission": permission, "role_name": role, "user": user})
-
-
-def build_router() -> Router:
-    """Every route with the permission GitHub's REST reference documents for it
-    (App-JWT and token-only routes need none)."""
-    router = Router()
-    repo = "/repos/{owner}/{repo}"
-    routes: list[tuple[str, str, Handler, Needs]] = [
-        ("POST", "/app/installations/{installation_id}/access_tokens", create_token, NOTHING),
-        ("GET", "/app/installations", list_installations, NOTHING),
-        ("GET", "/app", get_app, NOTHING),
-        ("GET", "/installation/repositories", installation_repositories, NOTHING),
-        ("GET", repo, get_repository, METADATA_READ),
-        ("GET", f"{repo}/installation", repo_installation, NOTHING),
-        ("GET", f"{repo}/contents", get_contents, CONTENTS_READ),
-        ("GET", f"{repo}/contents/{{path}}", get_contents, CONTENTS_READ),
-        ("GET", f"{repo}/commits/{{ref}}/check-runs", commit_check_runs, CHECKS_READ),
-        ("GET", f"{repo}/commits/{{ref}}", get_commit, CONTENTS_READ),
-        ("GET", f"{repo}/compare/{{basehead}}", compare, CONTENTS_READ),
-        ("GET", f"{repo}/git/trees/{{tree_sha}}", get_tree, CONTENTS_READ),
-        ("GET", f"{repo}/git/ref/{{ref}}", get_ref, CONTENTS_READ),
-        ("GET", f"{repo}/git/matching-refs/{{ref}}", matching_refs, CONTENTS_READ),
-        ("POST", f"{repo}/git/refs", create_ref, CONTENTS_WRITE),
-        ("PATCH", f"{repo}/git/refs/{{ref}}", update_ref, CONTENTS_WRITE),
-        ("DELETE", f"{repo}/git/refs/{{ref}}", delete_ref, CONTENTS_WRITE),
-        ("GET", f"{repo}/pulls", list_pulls, PULLS_READ),
-        ("GET", f"{repo}/pulls/{{pull_number}}", get_pull, PULLS_READ),
-        ("GET", f"{repo}/pulls/{{pull_number}}/files", pull_files, PULLS_READ),
-        ("GET", f"{repo}/actions/runs", list_runs, ACTIONS_READ),
-        ("GET", f"{repo}/actions/runs/{{run_id}}", get_run, ACTIONS_READ),
-        ("GET", f"{repo}/actions/runs/{{run_id}}/artifacts", run_artifacts, ACTIONS_READ),
-        ("GET", f"{repo}/actions/runs/{{run_id}}/jobs", run_jobs, ACTIONS_READ),
-        ("GET", f"{repo}/actions/workflows/{{workflow_id}}/runs", workflow_runs, ACTIONS_READ),
-        ("POST", f"{repo}/actions/workflows/{{workflow_id}}/dispatches", dispatch_workflow,
-         ACTIONS_WRITE),
-        ("GET", f"{repo}/actions/artifacts", repo_artifacts, ACTIONS_READ),
-        ("GET", f"{repo}/actions/artifacts/{{artifact_id}}", get_artifact, ACTIONS_READ),
-        ("GET", f"{repo}/actions/artifacts/{{artifact_id}}/{{archive_format}}",
-         download_artifact, ACTIONS_READ),
-        ("POST", f"{repo}/check-runs", create_check_run, CHECKS_WRITE),
-        ("GET", f"{repo}/check-runs/{{check_run_id}}", get_check_run, CHECKS_READ),
-        ("PATCH", f"{repo}/check-runs/{{check_run_id}}", update_check_run, CHECKS_WRITE),
-        ("GET", f"{repo}/issues", list_issues, ISSUES_READ),
-        ("POST", f"{repo}/issues", create_issue, ISSUES_WRITE),
-        ("GET", f"{repo}/issues/{{issue_number}}", get_issue, CONVERSATION_READ),
-        ("PATCH", f"{repo}/issues/{{issue_number}}", update_issue, CONVERSATION_WRITE),
-        ("GET", f"{repo}/issues/{{issue_number}}/comments", list_comments, CONVERSATION_READ),
-        ("POST", f"{repo}/issues/{{issue_number}}/comments", create_comment,
-         CONVERSATION_WRITE),
-        ("GET", f"{repo}/issues/comments/{{comment_id}}", get_comment, CONVERSATION_READ),
-        ("PATCH", f"{repo}/issues/comments/{{comment_id}}", update_comment, CONVERSATION_WRITE),
-        ("GET", f"{repo}/issues/comments/{{comment_id}}/reactions", list_reactions,
-         CONVERSATION_READ),
-        ("POST", f"{repo}/issues/comments/{{comment_id}}/reactions", create_reaction,
-         CONVERSATION_WRITE),
-        ("GET", f"{repo}/collaborators/{{username}}/permission", collaborator_permission,
-         METADATA_READ),
-    ]
-    for method, template, handler, needs in routes:
-        router.add(method, template, handler, needs)
-    return router

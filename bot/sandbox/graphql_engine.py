@@ -107,7 +107,7 @@ class Variable:
 
 
 @dataclass(frozen=True)
-class Enum:
+class EnumValue:
     name: str
 
 
@@ -350,7 +350,7 @@ class Parser:
             return float(text) if any(c in text for c in ".eE") else int(text)
         if token.kind == "name":
             word = self.advance().value
-            return {"true": True, "false": False, "null": None}.get(word, Enum(word))
+            return {"true": True, "false": False, "null": None}.get(word, EnumValue(word))
         if self.peek("["):
             return self.list_value(constant)
         if self.peek("{"):
@@ -624,7 +624,7 @@ class Execution:
     def value(self, value: Any) -> Any:
         if isinstance(value, Variable):
             return self.variables.get(value.name)
-        if isinstance(value, Enum):
+        if isinstance(value, EnumValue):
             return value.name
         if isinstance(value, list):
             return [self.value(item) for item in value]

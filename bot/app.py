@@ -18,6 +18,7 @@ from bot.github.repo import GitHubRepos
 from bot.services.capacity_feed import CapacityFeed
 from bot.services.catalog_sync import CatalogSync
 from bot.services.checkruns import CheckPublisher
+from bot.services.claims import ClaimKeeper
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.pulls import PullSync
@@ -94,7 +95,7 @@ class Klaud:
         pulls = PullSync(self.live)
         self.outcomes = OutcomeRecorder(self.live)
         catalog = CatalogSync(self.live)
-        self.reconciler = Reconciler(self.live, catalog, pulls, self.outcomes)
+        self.reconciler = Reconciler(self.live, catalog, pulls, self.outcomes, ClaimKeeper(self.live, self.outcomes))
         self.scheduler = Scheduler(self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune)
         self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
         self.commands = CommandResponder(self.live, self.waves, self.clock)

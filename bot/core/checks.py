@@ -20,7 +20,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from bot.core import commands
-from bot.core.domain import Attempt, Family, Hold, Overlap
+from bot.core.cooldown import human_time
+from bot.core.domain import Attempt, Blocked, Family, Hold, Overlap
 from bot.core.outcomes import check_conclusion
 from bot.core.policy import POLICY_PATH
 
@@ -49,6 +50,7 @@ class CheckView:
     hold: Hold | None
     in_flight: bool
     policy_error: str | None  # why .github/klaud.yml was rejected, if it was
+    blocked: Blocked | None = None  # a dispatch pause or a setup error of the repository
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,8 @@ def render_check(view: CheckView, *, web_url: str = commands.GITHUB_WEB) -> Chec
         title += " · held"
     if view.policy_error is not None:
         title += f" · invalid {POLICY_PATH}"
+    if view.blocked is not None:
+        title += " · dispatch paused" if view.blocked.code == "dispatch-paused" else " · setup error"
     return CheckOutput(status, conclusion, title, _summary(view, web_url.rstrip("/")))
 
 
@@ -100,7 +104,7 @@ def _state(view: CheckView, latest: Attempt | None) -> tuple[Status, Conclusion 
 
 
 def _summary(view: CheckView, web_url: str) -> str:
-    before = _policy_warning(view.policy_error) + [
+    before = _blocked_warning(view.blocked) + _policy_warning(view.policy_error) + [
         *commands.facts_table(_facts(view)),
         "",
         "### Overlapping pull requests",
@@ -150,6 +154,18 @@ def _clip(summary: str) -> str:
 
 def _size(text: str) -> int:
     return len(text.encode("utf-8"))
+
+
+def _blocked_warning(blocked: Blocked | None) -> list[str]:
+    if blocked is None:
+        return []
+    heading = "Dispatch paused" if blocked.code == "dispatch-paused" else "Setup error"
+    return [
+        f"### ⚠️ {heading} since {human_time(blocked.since)}",
+        "",
+        f"Waves plan but dispatch nothing: {blocked.reason}",
+        "",
+    ]
 
 
 def _policy_warning(error: str | None) -> list[str]:

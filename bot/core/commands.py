@@ -23,6 +23,7 @@ from bot.core.domain import (
     CANDIDATE_RE,
     FAMILY_RE,
     Attempt,
+    Blocked,
     Decision,
     Family,
     Hold,
@@ -41,6 +42,7 @@ class Verb:
     help: str
     needs_write: bool
     takes_text: bool = False  # free text after the target (a hold's reason)
+    repository: bool = False  # acts on the repository, not on a family
 
 
 _TARGET_HELP = (
@@ -70,6 +72,14 @@ VERBS: Mapping[str, Verb] = MappingProxyType(
                 "/klaud unhold [target]",
                 "release a hold",
                 needs_write=True,
+            ),
+            Verb(
+                "resume",
+                "/klaud resume",
+                "after a dispatch pause: arm a canary, the next wave dispatches one candidate and "
+                "its outcome resumes dispatch",
+                needs_write=True,
+                repository=True,
             ),
             Verb(
                 "status",
@@ -133,6 +143,7 @@ class StatusView:
     next_wave_at: datetime | None
     repo: str | None = None  # owner/name; when set, attempts link to their runs
     web_url: str = GITHUB_WEB
+    blocked: Blocked | None = None  # a dispatch pause or a setup error of the repository
 
 
 # ---------------------------------------------------------------------------- parsing
@@ -375,6 +386,17 @@ def render_retry(
     return _reply(comment_id, what, "", _next_wave(next_wave_at))
 
 
+def render_resume(armed: bool, pause_reason: str | None, *, comment_id: int) -> str:
+    if not armed:
+        return _reply(comment_id, "Dispatch is not paused: nothing to resume.")
+    return _reply(
+        comment_id,
+        f"Canary armed. Dispatch was paused ({pause_reason}).",
+        "",
+        "The next wave dispatches one candidate; when its run produces an outcome, dispatch resumes.",
+    )
+
+
 def render_hold(hold: Hold, *, comment_id: int) -> str:
     return _reply(
         comment_id,
@@ -414,6 +436,8 @@ def render_status(view: StatusView, *, comment_id: int) -> str:
             ),
         ),
     ]
+    if view.blocked is not None:
+        facts.insert(0, ("Dispatch", f"**blocked** since {human_time(view.blocked.since)}: {view.blocked.reason}"))
     shown = list(view.attempts[:STATUS_ATTEMPTS_SHOWN])
     hidden = len(view.attempts) - len(shown)
     parts = [f"Status of {code_span(family.id)}:", "", *facts_table(facts), ""]

@@ -13,6 +13,9 @@ from datetime import UTC, datetime, timedelta
 
 from bot.core.domain import RETRY_NEXT_WAVE_OUTCOMES, Attempt
 
+# Runs in a row that must fail before an outcome for the candidate to cool down.
+RUN_FAILURES_TO_COOL = 2
+
 
 @dataclass(frozen=True, slots=True)
 class CooldownState:
@@ -31,6 +34,13 @@ def cooldown(
 ) -> CooldownState:
     """Classify `candidate` from its attempts on every base SHA; order of `attempts` is free."""
     window = timedelta(hours=cooldown_hours)
+    repeated = _repeated_run_failure(attempts, candidate, now - window)
+    if repeated is not None:
+        until = repeated.completed_at + window
+        what = f"the last {RUN_FAILURES_TO_COOL} runs failed before an outcome ({_where_failed(repeated)})"
+        if retry_approved:
+            return CooldownState(True, None, f"cooldown cleared by /klaud retry ({what})", repeated)
+        return CooldownState(False, until, f"cooling down until {human_time(until)}: {what}", repeated)
     verified, unverified = _latest_in_window(attempts, candidate, now - window)
     note = _unread_note(unverified, newer_than=verified)
     if verified is None:
@@ -46,6 +56,28 @@ def cooldown(
         return CooldownState(True, None, reason, verified)
     reason = f"cooling down until {human_time(until)}: last attempt {_describe(verified)}"
     return CooldownState(False, until, reason, verified)
+
+
+def _repeated_run_failure(attempts: Iterable[Attempt], candidate: str, cutoff: datetime) -> Attempt | None:
+    """The newest attempt when it and the one before it both failed before an outcome.
+
+    One such failure may be bad luck (a runner lost), so the candidate stays eligible; the
+    same failure twice in a row is what a broken workflow looks like, wave after wave.
+    """
+    recent = sorted(
+        (a for a in attempts if a.completed_at > cutoff and a.candidate == candidate),
+        key=lambda a: (a.completed_at, a.run_id, a.run_attempt),
+        reverse=True,
+    )[:RUN_FAILURES_TO_COOL]
+    if len(recent) == RUN_FAILURES_TO_COOL and all(a.error == "run-failed" for a in recent):
+        return recent[0]
+    return None
+
+
+def _where_failed(attempt: Attempt) -> str:
+    job = f"job {attempt.failed_job}" if attempt.failed_job else "an unknown job"
+    step = f", step {attempt.failed_step}" if attempt.failed_step else ""
+    return f"last in {job}{step}, run {attempt.run_id}"
 
 
 def _latest_in_window(
@@ -82,6 +114,8 @@ def _later(attempt: Attempt, than: Attempt) -> bool:
 def _unread_note(unverified: Attempt | None, *, newer_than: Attempt | None) -> str:
     if unverified is None or (newer_than is not None and not _later(unverified, newer_than)):
         return ""
+    if unverified.error == "run-failed":
+        return f"last run failed before an outcome ({_where_failed(unverified)}); once is not a cooldown"
     error = unverified.error or "unreadable"
     return f"last attempt's outcome could not be read ({error}); not treated as a failure"
 

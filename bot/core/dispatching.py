@@ -1,53 +1,94 @@
-"""What a wave's decisions become when claiming or dispatching a selected candidate fails.
+"""What a wave's decisions become when claiming or dispatching a selected candidate fails,
+and when a repository's dispatch pauses (DESIGN §4 "A wave", "Failures before an outcome").
 
 The planner decides from local state; the claim ref on GitHub is the lock that settles a
 race between waves, and the dispatch can fail. These rules turn what GitHub answered into
 the decisions the stored wave document shows, so the document says what really happened.
+When the runs of one wave keep failing in the same job before any outcome (a broken
+workflow or matrix schema), dispatching more of them only burns runners: the repository
+pauses until a push or `/klaud resume` arms a one-candidate canary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
-from datetime import datetime
+from dataclasses import dataclass, field, replace
 
-from bot.core.domain import Claim, Decision, Wave, claim_ref
+from bot.core.domain import Attempt, Decision, Wave
 
 CLAIM_LOST_REASON = "another wave claimed this family first"
+# A pause needs this many runs of one wave failing in the same job …
+PAUSE_MIN_FAILED_RUNS = 3
+# … and at least this share of that wave's finished dispatches.
+PAUSE_MIN_SHARE = 0.5
 
 
-def claim_lost(decision: Decision, now: datetime) -> tuple[Decision, Claim]:
-    """Another wave created the family's claim ref first.
-
-    The family is `claimed`; planning again with the returned claim lets the next candidate
-    in priority order take the freed slot.
-    """
-    claimed = replace(decision, decision="claimed", reason=CLAIM_LOST_REASON)
-    return claimed, Claim(decision.family, decision.candidate, None, claim_ref(decision.family), now)
+def claim_lost(decision: Decision) -> Decision:
+    """Another wave created the family's claim ref first: the family is `claimed`."""
+    return replace(decision, decision="claimed", reason=CLAIM_LOST_REASON)
 
 
-def dispatch_failed(decision: Decision, candidate: str, error: str) -> tuple[Decision, str]:
-    """The dispatch of a selected candidate failed (its claim was released).
-
-    The wave dispatches nothing more: the failed candidate and every later selection are
-    decided `cap` with the returned reason.
-    """
-    reason = f"dispatch of {candidate} failed ({error}); claim released, no more dispatches this wave"
-    return replace(decision, decision="cap", reason=reason), reason
+def dispatch_failed(decision: Decision, error: str) -> Decision:
+    """The dispatch failed; its claim was released and the next family takes the slot."""
+    reason = f"dispatch failed ({error}); claim released, the next wave tries again"
+    return replace(decision, decision="dispatch-failed", reason=reason)
 
 
 def dry_run(decision: Decision, workflow: str) -> Decision:
     return replace(decision, reason=f"{decision.reason} (dry run: would claim the family and dispatch {workflow})")
 
 
-def settle(wave: Wave, overrides: Mapping[str, Decision], stop_reason: str | None) -> Wave:
-    """The wave as it happened: overridden decisions, and selections after a stop as `cap`."""
-    decisions = []
-    for decision in wave.decisions:
-        if decision.family in overrides:
-            decisions.append(overrides[decision.family])
-        elif stop_reason and decision.decision == "selected":
-            decisions.append(replace(decision, decision="cap", reason=stop_reason))
-        else:
-            decisions.append(decision)
-    return replace(wave, decisions=tuple(decisions))
+def settle(wave: Wave, overrides: Mapping[str, Decision]) -> Wave:
+    """The wave as it happened, with the decisions GitHub's answers changed."""
+    return replace(wave, decisions=tuple(overrides.get(d.family, d) for d in wave.decisions))
+
+
+def retry_soon(wave: Wave) -> bool:
+    """Every dispatch the wave tried failed: GitHub was unwell, try the wave again soon."""
+    kinds = {d.decision for d in wave.decisions}
+    return "dispatch-failed" in kinds and "selected" not in kinds
+
+
+# ---------------------------------------------------------------------------------------
+# Pausing dispatch after failures before an outcome
+
+
+@dataclass
+class WaveRuns:
+    """How the runs a wave dispatched ended so far (kept per wave, for the pause rule)."""
+
+    dispatched: int
+    finished: int = 0
+    failed_jobs: dict[str, int] = field(default_factory=dict)  # job -> runs that failed in it
+    failed_steps: dict[str, str] = field(default_factory=dict)  # job -> a step that failed
+
+    def document(self) -> dict[str, object]:
+        return {
+            "dispatched": self.dispatched,
+            "finished": self.finished,
+            "failed_jobs": dict(self.failed_jobs),
+            "failed_steps": dict(self.failed_steps),
+        }
+
+
+def count_finished(runs: WaveRuns, attempt: Attempt) -> None:
+    """A dispatched run of the wave ended with `attempt`."""
+    runs.finished += 1
+    if attempt.error == "run-failed":
+        job = attempt.failed_job or "an unknown job"
+        runs.failed_jobs[job] = runs.failed_jobs.get(job, 0) + 1
+        if attempt.failed_step:
+            runs.failed_steps.setdefault(job, attempt.failed_step)
+
+
+def pause_reason(wave: int, runs: WaveRuns) -> str | None:
+    """Why dispatch must pause after wave `wave`'s runs, or None while it may go on."""
+    for job, count in sorted(runs.failed_jobs.items(), key=lambda item: (-item[1], item[0])):
+        if count >= PAUSE_MIN_FAILED_RUNS and count >= runs.finished * PAUSE_MIN_SHARE:
+            step = runs.failed_steps.get(job)
+            where = f"job {job}" + (f", step {step}" if step else "")
+            return (
+                f"dispatch paused: {count} of the {runs.finished} finished runs of wave {wave} failed "
+                f"before an outcome in {where}; fix the workflow and push, or comment /klaud resume"
+            )
+    return None

@@ -45,8 +45,22 @@ Outcome = Literal[
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 TouchKind = Literal["image", "flags", "patch-unavailable"]
 DecisionKind = Literal[
-    "selected", "cooldown", "overlap", "capacity", "claimed", "in-flight", "held", "cap"
+    "selected",
+    "cooldown",
+    "overlap",
+    "capacity",
+    "claimed",
+    "in-flight",
+    "held",
+    "cap",
+    "paused",
+    "dispatch-failed",
 ]
+BlockCode = Literal["dispatch-paused", "setup-error"]
+# A run that ends like this before its candidate's artifact exists failed before an outcome.
+RUN_FAILED_CONCLUSIONS = frozenset({"failure", "cancelled", "timed_out", "startup_failure"})
+# What GitHub says of a run that has not finished.
+ACTIVE_RUN_STATUSES = frozenset({"queued", "in_progress", "waiting", "requested", "pending"})
 
 
 def identity(value: Any) -> str:
@@ -182,6 +196,9 @@ class Attempt:
     reason_code: str | None
     error: str | None  # error code when unverified, e.g. "artifact-expired"
     source: Literal["artifact", "receipt", "run"] = "artifact"
+    # For `run-failed`: the first job and step of the run that failed.
+    failed_job: str | None = None
+    failed_step: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +250,13 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """A candidate Klaud dispatched and whose outcome is not recorded yet."""
+    """A candidate Klaud dispatched and whose outcome is not recorded yet.
+
+    `run_id` links it to its run (from the dispatch's answer, or a run's title); when the
+    claim TTL passes, the run is read and `run_status` / `checked_at` say what GitHub
+    answered: a run still queued or running keeps the dispatch in flight until the next
+    check, one TTL later.
+    """
 
     family: str
     candidate: str
@@ -241,7 +264,8 @@ class Dispatch:
     base: str
     at: datetime
     run_id: int | None = None
-    finished: bool = False
+    run_status: str | None = None
+    checked_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,12 +280,25 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True)
+class Blocked:
+    """Why a repository's waves select nothing: a dispatch pause or a setup error."""
+
+    code: BlockCode
+    reason: str
+    since: datetime
+
+    def document(self) -> dict[str, Any]:
+        return {"code": self.code, "reason": self.reason, "since": stamp(self.since)}
+
+
+@dataclass(frozen=True, slots=True)
 class Wave:
     repo: str
     at: datetime
     base: str
     wave: int
     decisions: tuple[Decision, ...]
+    blocked: Blocked | None = None
 
     @property
     def selected(self) -> tuple[str, ...]:
@@ -275,6 +312,7 @@ class Wave:
             "base": self.base,
             "wave": self.wave,
             "selected": list(self.selected),
+            "blocked": self.blocked.document() if self.blocked is not None else None,
             "decisions": [
                 {
                     "family": d.family,

@@ -22,7 +22,7 @@ import struct
 import zipfile
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -41,10 +41,12 @@ from pydantic import (
 from bot.core.domain import (
     CANDIDATE_RE,
     NEUTRAL_OUTCOMES,
+    RUN_FAILED_CONCLUSIONS,
     Attempt,
     Outcome,
     family_hash,
 )
+from bot.core.events import Job
 
 MiB = 1024 * 1024
 DIAGNOSTICS_MEMBER = "candidate-diagnostics.json"
@@ -67,6 +69,7 @@ ERROR_CODES: dict[str, bool] = {
     "download-failed": True,  # network error, timeout or 5xx
     "download-too-large": False,  # archive over MAX_ARCHIVE_BYTES
     "artifact-missing": False,  # a run Klaud dispatched finished without the artifact
+    "run-failed": False,  # a run Klaud dispatched failed before producing the artifact
 }
 
 
@@ -405,6 +408,27 @@ def unverified_attempt(
         verified=False, outcome=None, phase=None, pull_request=None, reason_code=None,
         error=error_code, source="run",
     )
+
+
+def run_failed_attempt(
+    candidate: str, family: str | None, run: RunInfo, jobs: Sequence[Job]
+) -> Attempt:
+    """A dispatched run that failed before its artifact existed, naming where it failed."""
+    job, step = first_failure(jobs)
+    return _attempt(
+        candidate, family, run,
+        verified=False, outcome=None, phase=None, pull_request=None, reason_code=None,
+        error="run-failed", source="run", failed_job=job, failed_step=step,
+    )
+
+
+def first_failure(jobs: Sequence[Job]) -> tuple[str | None, str | None]:
+    """The first job that did not succeed, and its first such step (None when unknown)."""
+    for job in jobs:
+        if job.conclusion in RUN_FAILED_CONCLUSIONS:
+            step = next((s.name for s in job.steps if s.conclusion in RUN_FAILED_CONCLUSIONS), None)
+            return job.name, step
+    return None, None
 
 
 def _attempt(candidate: str, family: str | None, run: RunInfo, **outcome_fields: Any) -> Attempt:

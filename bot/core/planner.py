@@ -10,13 +10,14 @@ the caller's choice.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from bot.core.capacity import target_eligibility
 from bot.core.cooldown import cooldown, human_time
 from bot.core.domain import (
     Attempt,
+    Blocked,
     CapacityReading,
     Claim,
     Decision,
@@ -51,6 +52,13 @@ class Snapshot:
     claims: Mapping[str, Claim]  # by family id
     dispatches: Mapping[str, Dispatch]  # in-flight, by family id
     klaud_prs: Mapping[str, int]  # family id -> open Klaud PR number
+    # Why the repository may dispatch nothing (a pause or a setup error), and whether the
+    # one-candidate canary of a pause is armed.
+    blocked: Blocked | None = None
+    canary: bool = False
+    # Decisions this wave already settled against GitHub (a claim lost to another wave, a
+    # failed dispatch): planning again keeps them and gives their slots to later families.
+    settled: Mapping[str, Decision] = field(default_factory=dict)
 
 
 def plan(snapshot: Snapshot, policy: Policy, capacity: CapacityReading, now: datetime) -> Wave:
@@ -61,7 +69,12 @@ def plan(snapshot: Snapshot, policy: Policy, capacity: CapacityReading, now: dat
         for candidate, family in _in_priority_order(snapshot.families)
     )
     return Wave(
-        repo=snapshot.repo, at=now, base=snapshot.base, wave=snapshot.wave, decisions=decisions
+        repo=snapshot.repo,
+        at=now,
+        base=snapshot.base,
+        wave=snapshot.wave,
+        decisions=decisions,
+        blocked=snapshot.blocked,
     )
 
 
@@ -90,11 +103,8 @@ class _Ladder:
         self.capacity = capacity
         self.now = now
         self.claim_ttl = timedelta(hours=policy.claim_ttl_hours)
-        self.in_flight = sum(1 for d in snapshot.dispatches.values() if self._in_flight(d))
-        self.selected = 0
-
-    def _in_flight(self, dispatch: Dispatch) -> bool:
-        return not dispatch.finished and self.now - dispatch.at < self.claim_ttl
+        self.in_flight = len(snapshot.dispatches)
+        self.selected = 0  # selections so far, the canary's and paused ones included
 
     def decide(self, family: Family, candidate: str) -> Decision:
         snapshot, policy = self.snapshot, self.policy
@@ -115,14 +125,19 @@ class _Ladder:
                 clusters=family.clusters,
             )
 
+        settled = snapshot.settled.get(family.id)
+        if settled is not None:
+            return settled
+
         hold = snapshot.holds.get(family.id)
         if hold is not None:
             return decision("held", _hold_reason(hold))
 
         dispatch = snapshot.dispatches.get(family.id)
-        if dispatch is not None and self._in_flight(dispatch):
-            until = dispatch.at + self.claim_ttl
-            return decision("in-flight", _dispatch_reason(dispatch), until=until)
+        if dispatch is not None:
+            # In flight until its outcome arrives, or its run is found finished or gone.
+            until = (dispatch.checked_at or dispatch.at) + self.claim_ttl
+            return decision("in-flight", _dispatch_reason(dispatch, self.now, until), until=until)
 
         claim = snapshot.claims.get(family.id)
         if claim is not None and claim.wave == snapshot.wave:
@@ -168,10 +183,16 @@ class _Ladder:
                 f"wave (max_in_flight {policy.max_in_flight})",
             )
 
+        self.selected += 1
+        blocked = snapshot.blocked
+        canary = blocked is not None and blocked.code == "dispatch-paused" and snapshot.canary
+        if blocked is not None and not (canary and self.selected == 1):
+            return decision("paused", blocked.reason)
         parts = [state.reason, "no open PR overlaps this family", capacity_reason]
         if approval is not None:
             parts.append(f"/klaud retry approved by {approval.by}")
-        self.selected += 1
+        if canary:
+            parts.append("the canary of a paused dispatch: its outcome resumes dispatch")
         return decision("selected", "; ".join(parts))
 
 
@@ -180,12 +201,14 @@ def _hold_reason(hold: Hold) -> str:
     return f"held by {hold.by} since {human_time(hold.at)}: {why}"
 
 
-def _dispatch_reason(dispatch: Dispatch) -> str:
+def _dispatch_reason(dispatch: Dispatch, now: datetime, next_check: datetime) -> str:
     run = f", run {dispatch.run_id}" if dispatch.run_id is not None else ""
-    return (
-        f"dispatched by wave {dispatch.wave} at {human_time(dispatch.at)}{run}; "
-        "waiting for its outcome"
-    )
+    done = f"dispatched by wave {dispatch.wave} at {human_time(dispatch.at)}{run}"
+    if dispatch.checked_at is not None and dispatch.run_status is not None:
+        done += f"; still {dispatch.run_status.replace('_', ' ')} at {human_time(dispatch.checked_at)}"
+    if now >= next_check:
+        return f"{done}; its claim TTL passed: Klaud reads the run before the next wave"
+    return f"{done}; waiting for its outcome"
 
 
 def _claimed_reason(claim: Claim | None, klaud_pr: int | None) -> str:

@@ -13,6 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 POLICY_PATH = ".github/klaud.yml"
 
+# What Klaud can send a candidate workflow.
+InputKey = Literal["candidate", "family", "base", "wave"]
+
+
+def _every_input() -> dict[InputKey, str]:
+    return {"candidate": "candidate", "family": "family", "base": "base", "wave": "wave"}
+
 
 class Policy(BaseModel):
     """Per-repository policy, `.github/klaud.yml` on the default branch (DESIGN §3.6)."""
@@ -32,6 +39,10 @@ class Policy(BaseModel):
     capacity_rule: Literal["all", "any"] = "all"
     claim_ttl_hours: int = Field(default=12, ge=1, le=168)
     enabled: bool = True
+    # Klaud's value -> the candidate workflow input that receives it; a value left out is
+    # not sent (a workflow with one input: `{candidate: candidate}`).
+    candidate_inputs: dict[InputKey, str] = Field(default_factory=_every_input, min_length=1)
+    dashboard: bool = True
 
     @field_validator("outcome_workflows", "config_globs")
     @classmethod

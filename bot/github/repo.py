@@ -157,15 +157,23 @@ class GitHubRepo:
         run_id = answer.get("workflow_run_id") if isinstance(answer, dict) else None
         return int(run_id) if isinstance(run_id, int) else None
 
-    async def workflow_runs(self, workflow: str, *, created_since: date) -> AsyncIterator[WorkflowRun]:
-        """Completed runs of `workflow` created on or after `created_since`; none if it does not exist."""
+    async def workflow_runs(
+        self, workflow: str, *, created_since: date, active: bool = False
+    ) -> AsyncIterator[WorkflowRun]:
+        """Runs of `workflow` created on or after `created_since`: the completed ones, or with
+        `active` those not completed yet; none when the workflow does not exist."""
+        # GitHub filters by one status at a time; "not completed" is several, so the active
+        # ones are picked from the unfiltered list (recent runs only: a few pages).
+        status = "" if active else "&status=completed"
         url = (
-            f"/repos/{{owner}}/{{repo}}/actions/workflows/{{workflow}}/runs?status=completed&{PER_PAGE}"
+            f"/repos/{{owner}}/{{repo}}/actions/workflows/{{workflow}}/runs?{PER_PAGE}{status}"
             f"&created=>={created_since.isoformat()}"
         )
         try:
-            async for run in self.client.getiter(url, self._at(workflow=workflow), iterable_key="workflow_runs"):
-                yield WorkflowRun.model_validate(run)
+            async for item in self.client.getiter(url, self._at(workflow=workflow), iterable_key="workflow_runs"):
+                run = WorkflowRun.model_validate(item)
+                if not active or run.status != "completed":
+                    yield run
         except NotFound:
             return
 

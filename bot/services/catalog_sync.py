@@ -16,6 +16,7 @@ from bot.core.catalog import CatalogError, is_master_config, parse_master, parse
 from bot.core.domain import Claim
 from bot.core.events import PushEvent
 from bot.core.policy import POLICY_PATH
+from bot.core.setup import workflow_path, workflow_setup_errors
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
@@ -31,6 +32,11 @@ def glob_directory(pattern: str) -> str:
     """The fixed folder part of a glob (`configs/*-master.yaml` -> `configs`)."""
     head = pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
     return posixpath.dirname(head)
+
+
+def _health(state: RepoState) -> tuple[object, ...]:
+    """What every Klaud check run shows of the repository's set-up."""
+    return (state.meta.policy_error, dict(state.meta.config_errors), list(state.meta.setup_errors))
 
 
 def push_time(event: PushEvent) -> datetime | None:
@@ -64,7 +70,14 @@ class CatalogSync:
             state.meta.head_sha = after
             change = Change()
             pushed_at = push_time(event) or self.live.clock.now()
+            health = _health(state)
             touched = await self.apply_change(state, api, changed, after, pushed_at, change)
+            if state.arm_canary():
+                # A push may fix what paused dispatch: the next wave tries one candidate.
+                log.info("dispatch.canary_armed", repo=state.name, by="push", head=after[:12])
+            if _health(state) != health or state.canary_armed:
+                # Every Klaud check run shows the policy, config and setup state, and a pause.
+                touched |= {f.id for f in state.catalog}
             state.save_meta(change)
             await self.live.persist(change)
         log.info(
@@ -100,6 +113,7 @@ class CatalogSync:
         ref = state.meta.head_sha
         _, policy_change = await self.refresh_policy(state, api, ref)
         change.extend(policy_change)
+        await self.refresh_setup(state, api, ref)
         await self.refresh_runners(state, api, ref)
         paths = await self.config_paths(state, api, ref)
         for path in paths:
@@ -130,6 +144,7 @@ class CatalogSync:
         """Re-read what `changed` names (None: everything) at `ref`; the families whose image moved."""
         before = {f.id: f.image for f in state.catalog}
         reload_all = changed is None
+        workflow_changed = changed is None or workflow_path(state.policy.candidate_workflow) in changed
         if changed is None or POLICY_PATH in changed:
             old_policy = state.policy
             policy_changed, policy_change = await self.refresh_policy(state, api, ref)
@@ -139,6 +154,9 @@ class CatalogSync:
                 or old_policy.runners_file != state.policy.runners_file
             ):
                 reload_all = True
+            workflow_changed = workflow_changed or policy_changed
+        if workflow_changed:
+            await self.refresh_setup(state, api, ref)
         if (changed is None or state.policy.runners_file in changed) and await self.refresh_runners(state, api, ref):
             reload_all = True
         if reload_all:
@@ -194,6 +212,18 @@ class CatalogSync:
         # An unchanged image keeps its date; a changed or new one is dated by the push that
         # brought it (a backfill passes None: it does not know).
         return state.replace_families(path, parsed, changed_at)
+
+    async def refresh_setup(self, state: RepoState, api: RepoAPI, ref: str) -> None:
+        """Check the candidate workflow at `ref` (DESIGN §4 "Setup errors")."""
+        workflow = state.policy.candidate_workflow
+        text = await api.file_text(workflow_path(workflow), ref)
+        errors = workflow_setup_errors(workflow, text, state.policy.candidate_inputs.values())
+        if not state.set_setup_errors(errors, self.live.clock.now()):
+            return
+        if errors:
+            log.warning("setup.error", repo=state.name, errors=[e.detail for e in errors])
+        else:
+            log.info("setup.fixed", repo=state.name)
 
     async def refresh_policy(self, state: RepoState, api: RepoAPI, ref: str) -> tuple[bool, Change]:
         text = await api.file_text(POLICY_PATH, ref)

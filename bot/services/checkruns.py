@@ -77,6 +77,7 @@ class CheckPublisher:
             hold=state.holds.get(family.id) if family else None,
             in_flight=dispatch is not None and dispatch.candidate == candidate,
             policy_error=state.meta.policy_error,
+            blocked=state.blocked(),
         )
 
     async def publish(self, key: Key, *, force: bool = False) -> None:

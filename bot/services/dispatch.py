@@ -7,11 +7,13 @@ answers 422 because someone else holds it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 import structlog
 
 from bot.core.domain import Claim, Dispatch, Family, claim_ref
+from bot.core.policy import InputKey
 from bot.github.errors import GitHubError
 from bot.services.api import RepoAPI
 
@@ -27,6 +29,7 @@ async def dispatch_candidate(
     api: RepoAPI,
     *,
     workflow: str,
+    inputs: Mapping[InputKey, str],
     branch: str,
     family: Family,
     base: str,
@@ -40,9 +43,9 @@ async def dispatch_candidate(
     """
     if not await api.create_branch(claim_ref(family.id), base):
         return None
-    inputs = {"candidate": family.candidate, "family": family.id, "base": base, "wave": str(wave)}
+    values: dict[InputKey, str] = {"candidate": family.candidate, "family": family.id, "base": base, "wave": str(wave)}
     try:
-        run_id = await api.dispatch(workflow, branch, inputs)
+        run_id = await api.dispatch(workflow, branch, {name: values[key] for key, name in inputs.items()})
     except GitHubError:
         await release_claim(api, family.id)
         raise

@@ -17,7 +17,14 @@ from typing import Any
 
 import structlog
 
-from bot.core.domain import ARTIFACT_RE, Attempt, claim_ref, parse_time, stamp
+from bot.core.domain import (
+    ARTIFACT_RE,
+    RUN_FAILED_CONCLUSIONS,
+    Attempt,
+    claim_ref,
+    parse_time,
+    stamp,
+)
 from bot.core.events import Artifact, Comment, WorkflowRun, WorkflowRunEvent
 from bot.core.outcomes import (
     MAX_ARCHIVE_BYTES,
@@ -28,6 +35,7 @@ from bot.core.outcomes import (
     next_retry_at,
     parse_receipt,
     read_outcome_artifact,
+    run_failed_attempt,
     unverified_attempt,
 )
 from bot.github.errors import GitHubError, NotFound, TooLarge
@@ -134,7 +142,7 @@ class OutcomeRecorder:
             if read.transient:
                 self._schedule_retry(state, run, read, change)
         if not reads:
-            missing = self._dispatched_without_artifact(state, run, info)
+            missing = await self._dispatched_without_artifact(state, api, run, info)
             if missing is not None:
                 attempts.append(missing)
         families: set[str] = set()
@@ -153,11 +161,20 @@ class OutcomeRecorder:
                 await self.record_run(state, api, run, change)
 
     @staticmethod
-    def _dispatched_without_artifact(state: RepoState, run: WorkflowRun, info: RunInfo) -> Attempt | None:
-        """A run Klaud dispatched for a known candidate that left no artifact."""
+    async def _dispatched_without_artifact(
+        state: RepoState, api: RepoAPI, run: WorkflowRun, info: RunInfo
+    ) -> Attempt | None:
+        """A run Klaud dispatched for a known candidate that left no artifact.
+
+        A run that failed (or was cancelled) got nowhere near an outcome: its jobs say where
+        it stopped, which is what people need to fix it and what the pause rule counts.
+        """
         title = run.display_title or ""
         for dispatch in state.dispatches.values():
-            if dispatch.run_id == run.id or dispatch.candidate in title:
+            if dispatch.run_id == run.id or (dispatch.run_id is None and dispatch.candidate in title):
+                if run.conclusion in RUN_FAILED_CONCLUSIONS:
+                    jobs = await api.run_jobs(run.id)
+                    return run_failed_attempt(dispatch.candidate, dispatch.family, info, jobs)
                 return unverified_attempt(dispatch.candidate, dispatch.family, info, "artifact-missing")
         return None
 
@@ -204,12 +221,20 @@ class OutcomeRecorder:
             outcome=attempt.outcome,
             error=attempt.error,
         )
-        released, release_change = state.release_for(attempt)
+        released, ended, release_change = state.release_for(attempt)
         change.extend(release_change)
         if released is not None and not await api.delete_branch(claim_ref(released.family)):
             log.info("claim.already_released", family=released.family)
         family = attempt.family or state.family_of_candidate(attempt.candidate)
-        return {family} if family else set()
+        families = {family} if family else set()
+        if ended is not None:
+            turn = state.note_finished(ended, attempt, self.live.clock.now())
+            if turn is not None:
+                log.warning("dispatch." + turn, repo=state.name, reason=(state.meta.pause or {}).get("reason"))
+                # Every Klaud check run shows a pause: all of them re-render.
+                families |= {f.id for f in state.catalog}
+            change.extend(state.save_meta())
+        return families
 
     # -- retrying transient artifact reads -----------------------------------------------
 

@@ -13,11 +13,12 @@ from typing import Any
 
 import structlog
 
-from bot.core.domain import Claim, stamp
+from bot.core.domain import stamp
 from bot.core.events import RepoEvent
 from bot.github.errors import GitHubError
 from bot.services.api import RepoAPI
 from bot.services.catalog_sync import CatalogSync
+from bot.services.claims import ClaimKeeper
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.pulls import PullSync
@@ -26,15 +27,16 @@ from bot.store.change import Change
 
 log = structlog.get_logger("klaud.reconcile")
 
-CLAIM_BRANCH_PREFIX = "klaud/claim-"
-
 
 class Reconciler:
-    def __init__(self, live: LiveState, catalog: CatalogSync, pulls: PullSync, outcomes: OutcomeRecorder) -> None:
+    def __init__(
+        self, live: LiveState, catalog: CatalogSync, pulls: PullSync, outcomes: OutcomeRecorder, claims: ClaimKeeper
+    ) -> None:
         self.live = live
         self.catalog = catalog
         self.pulls = pulls
         self.outcomes = outcomes
+        self.claims = claims
 
     async def state_for(self, event: RepoEvent) -> RepoState | None:
         """The event's repository, reconciled first if this is the first we hear of it."""
@@ -58,8 +60,10 @@ class Reconciler:
             else:
                 await self.catalog.load(state, api, change)
             pulls = await self._pulls(state, api, change)
-            if not light:
-                await self._claims(state, api, change)
+            if light:
+                await self.claims.light(state, api, change)
+            else:
+                await self.claims.sync_refs(state, api, change, self.live.clock.now())
                 await self.outcomes.recent_runs(state, api, change)
             state.meta.reconciled_at = stamp(self.live.clock.now())
             state.save_meta(change)
@@ -98,21 +102,6 @@ class Reconciler:
         for number in closed:
             change.extend(state.remove_pull(number))
         return {"open_pulls": len(seen), "files_fetched": fetched, "pulls_removed": len(closed)}
-
-    async def _claims(self, state: RepoState, api: RepoAPI, change: Change) -> None:
-        found: dict[str, str] = {}
-        async for branch, _sha in api.branches(CLAIM_BRANCH_PREFIX):
-            family = state.family_by_hash(branch[len(CLAIM_BRANCH_PREFIX):])
-            if family is not None:
-                found[family.id] = branch
-        for family_id in list(state.claims):
-            if family_id not in found:
-                change.extend(state.drop_claim(family_id))
-        now = self.live.clock.now()
-        for family_id, branch in found.items():
-            family = state.catalog.get(family_id)
-            if family_id not in state.claims and family is not None:
-                change.extend(state.add_claim(Claim(family_id, family.candidate, None, branch, now)))
 
 
 def _counts(state: RepoState) -> dict[str, int]:

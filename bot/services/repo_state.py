@@ -8,26 +8,35 @@ waves through `snapshot()`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bot.core.catalog import Catalog
+from bot.core.dispatching import WaveRuns, count_finished, pause_reason
 from bot.core.domain import (
     Attempt,
+    Blocked,
     Claim,
     Dispatch,
     Family,
     Hold,
     PullRequest,
     RetryApproval,
+    parse_time,
     stamp,
 )
 from bot.core.outcomes import OutcomeLedger
 from bot.core.overlap import OverlapIndex
 from bot.core.planner import Snapshot
 from bot.core.policy import Policy, PolicyError, parse_policy
+from bot.core.setup import SetupError
 from bot.store.change import Change
+
+# How many waves' run endings are kept for the pause rule.
+KEEP_WAVE_RUNS = 20
+# A time for records that lost theirs (stored by an older version).
+UNKNOWN_TIME = datetime.fromtimestamp(0, UTC)
 
 
 @dataclass
@@ -43,23 +52,21 @@ class RepoMeta:
     config_errors: dict[str, str] = field(default_factory=dict)
     wave: int = 0
     next_wave_at: str | None = None
+    # A wave whose every dispatch failed is tried again once, at this time.
+    retry_wave_at: str | None = None
     reconciled_at: str | None = None
     check_runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # PR number -> {head_sha, id}
+    # What keeps the candidate workflow from taking dispatches ({code, detail} each), since when.
+    setup_errors: list[dict[str, str]] = field(default_factory=list)
+    setup_since: str | None = None
+    # A dispatch pause ({reason, since}) and its canary ({armed, candidate, wave}).
+    pause: dict[str, str] | None = None
+    canary: dict[str, Any] | None = None
+    # Wave number -> how the runs it dispatched ended so far (dispatching.WaveRuns).
+    wave_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def document(self) -> dict[str, Any]:
-        return {
-            "installation": self.installation,
-            "default_branch": self.default_branch,
-            "head_sha": self.head_sha,
-            "policy_text": self.policy_text,
-            "policy_error": self.policy_error,
-            "runners": self.runners,
-            "config_errors": self.config_errors,
-            "wave": self.wave,
-            "next_wave_at": self.next_wave_at,
-            "reconciled_at": self.reconciled_at,
-            "check_runs": self.check_runs,
-        }
+        return asdict(self)
 
 
 class RepoState:
@@ -187,23 +194,92 @@ class RepoState:
         change.put(self.name, "attempt", key, attempt)
         return True, change
 
-    def release_for(self, attempt: Attempt) -> tuple[Claim | None, Change]:
-        """An outcome arrived: the candidate is no longer in flight and its claim is released."""
+    def release_for(self, attempt: Attempt) -> tuple[Claim | None, Dispatch | None, Change]:
+        """An outcome arrived: the candidate is no longer in flight and its claim is released.
+
+        Returns the claim to delete on GitHub and the dispatch that ended, when there were.
+        """
         change = Change()
         family = attempt.family or self.family_of_candidate(attempt.candidate)
         if family is None:
-            return None, change
-        dispatch = self.dispatches.get(family)
-        if dispatch is not None and dispatch.candidate == attempt.candidate:
-            del self.dispatches[family]
-            change.delete(self.name, "dispatch", family)
+            return None, None, change
+        ended = self.dispatches.get(family)
+        if ended is not None and ended.candidate == attempt.candidate:
+            change.extend(self.drop_dispatch(family))
+        else:
+            ended = None
         claim = self.claims.get(family)
         # Any recorded attempt means the run is over, even if its outcome could not be read.
         if claim is not None and claim.candidate == attempt.candidate:
-            del self.claims[family]
-            change.delete(self.name, "claim", family)
-            return claim, change
-        return None, change
+            change.extend(self.drop_claim(family))
+            return claim, ended, change
+        return None, ended, change
+
+    # -- pause, canary and setup -------------------------------------------------------
+
+    def blocked(self) -> Blocked | None:
+        """What keeps waves from dispatching: a setup error first, then a pause."""
+        if self.meta.setup_errors:
+            reason = "setup error: " + "; ".join(e["detail"] for e in self.meta.setup_errors)
+            return Blocked("setup-error", reason, parse_time(self.meta.setup_since) or UNKNOWN_TIME)
+        if self.meta.pause is not None:
+            reason = self.meta.pause["reason"]
+            if self.canary_armed:
+                reason += " (a canary is armed: the next wave dispatches one candidate)"
+            return Blocked("dispatch-paused", reason, parse_time(self.meta.pause["since"]) or UNKNOWN_TIME)
+        return None
+
+    @property
+    def canary_armed(self) -> bool:
+        return self.meta.pause is not None and bool((self.meta.canary or {}).get("armed"))
+
+    def arm_canary(self) -> bool:
+        """A push or /klaud resume: the next wave of a paused repository dispatches one."""
+        if self.meta.pause is None:
+            return False
+        self.meta.canary = {"armed": True, "candidate": None, "wave": None}
+        return True
+
+    def canary_dispatched(self, candidate: str, wave: int) -> None:
+        self.meta.canary = {"armed": False, "candidate": candidate, "wave": wave}
+
+    def set_setup_errors(self, errors: list[SetupError], now: datetime) -> bool:
+        """Adopt the candidate workflow's setup errors; True when they changed."""
+        documents = [e.document() for e in errors]
+        if documents == self.meta.setup_errors:
+            return False
+        self.meta.setup_since = stamp(now) if documents and not self.meta.setup_errors else self.meta.setup_since
+        self.meta.setup_errors = documents
+        if not documents:
+            self.meta.setup_since = None
+        return True
+
+    def note_dispatched(self, wave: int, count: int) -> None:
+        if count:
+            self.meta.wave_runs[str(wave)] = WaveRuns(dispatched=count).document()
+            for old in sorted(self.meta.wave_runs, key=int)[:-KEEP_WAVE_RUNS]:
+                del self.meta.wave_runs[old]
+
+    def note_finished(self, dispatch: Dispatch, attempt: Attempt, now: datetime) -> str | None:
+        """A dispatched run ended with `attempt`: "paused" or "resumed" when that changed."""
+        stats = self.meta.wave_runs.get(str(dispatch.wave))
+        runs = WaveRuns(**stats) if stats is not None else WaveRuns(dispatched=0)
+        count_finished(runs, attempt)
+        self.meta.wave_runs[str(dispatch.wave)] = runs.document()
+        canary = self.meta.canary or {}
+        if self.meta.pause is not None and canary.get("candidate") == attempt.candidate:
+            self.meta.canary = None
+            if attempt.verified:
+                self.meta.pause = None
+                return "resumed"
+            return None  # the canary failed too: still paused until the next push or resume
+        if self.meta.pause is None:
+            reason = pause_reason(dispatch.wave, runs)
+            if reason is not None:
+                self.meta.pause = {"reason": reason, "since": stamp(now) or ""}
+                self.meta.canary = None
+                return "paused"
+        return None
 
     # -- controls ----------------------------------------------------------------------
 
@@ -252,19 +328,6 @@ class RepoState:
         self.pending_artifacts.pop(key, None)
         return Change().delete(self.name, "artifact-retry", key)
 
-    def expired_claims(self, now: datetime) -> list[Claim]:
-        """Claims older than claim_ttl_hours whose run is finished or was never seen."""
-        ttl = timedelta(hours=self.policy.claim_ttl_hours)
-        expired = []
-        for claim in self.claims.values():
-            if now - claim.at < ttl:
-                continue
-            dispatch = self.dispatches.get(claim.family)
-            if dispatch is not None and dispatch.run_id is not None and not dispatch.finished:
-                continue  # its run is still going: keep the family claimed
-            expired.append(claim)
-        return expired
-
     # -- reading -----------------------------------------------------------------------
 
     def snapshot(self, wave: int, now: datetime) -> Snapshot:
@@ -284,6 +347,8 @@ class RepoState:
             claims=dict(self.claims),
             dispatches=dict(self.dispatches),
             klaud_prs=self.overlap.klaud_prs(),
+            blocked=self.blocked(),
+            canary=self.canary_armed,
         )
 
     def state_document(self, now: datetime) -> dict[str, Any]:
@@ -295,6 +360,8 @@ class RepoState:
             "policy": self.policy.model_dump(mode="json"),
             "policy_error": self.meta.policy_error,
             "config_errors": self.meta.config_errors,
+            "setup_errors": list(self.meta.setup_errors),
+            "blocked": blocked.document() if (blocked := self.blocked()) is not None else None,
             "families": [
                 {
                     "family": f.id,
@@ -334,6 +401,13 @@ class RepoState:
                 {"family": c.family, "candidate": c.candidate, "wave": c.wave, "ref": c.ref, "at": stamp(c.at)}
                 for c in sorted(self.claims.values(), key=lambda c: c.family)
             ],
+            "dispatches": [
+                {
+                    "family": d.family, "candidate": d.candidate, "wave": d.wave, "at": stamp(d.at),
+                    "run_id": d.run_id, "run_status": d.run_status, "checked_at": stamp(d.checked_at),
+                }
+                for d in sorted(self.dispatches.values(), key=lambda d: d.family)
+            ],
         }
 
 
@@ -351,4 +425,6 @@ def _attempt_document(attempt: Attempt) -> dict[str, Any]:
         "pull_request": attempt.pull_request,
         "reason_code": attempt.reason_code,
         "error": attempt.error,
+        "failed_job": attempt.failed_job,
+        "failed_step": attempt.failed_step,
     }

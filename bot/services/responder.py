@@ -22,6 +22,7 @@ from bot.core.commands import (
     render_help,
     render_hold,
     render_refusal,
+    render_resume,
     render_retry,
     render_status,
     render_unhold,
@@ -92,6 +93,8 @@ class CommandResponder:
             return render_refusal(
                 command, f"`{command.verb}` needs write, maintain or admin permission on {state.name}", comment_id=comment_id
             )
+        if command.verb == "resume":
+            return await self._resume(state, author, comment_id)
         resolved = resolve_command(
             command, families={f.id: f for f in state.catalog}, default_family=self._pr_family(state, number)
         )
@@ -116,6 +119,17 @@ class CommandResponder:
             await self.live.notify(state, {family.id})
             return render_unhold(family.id, previous, author, comment_id=comment_id)
         return await self._status(state, family, comment_id)
+
+    async def _resume(self, state: RepoState, author: str, comment_id: int) -> str:
+        pause = (state.meta.pause or {}).get("reason")
+        async with self.live.lock(state.name):
+            armed = state.arm_canary()
+            if armed:
+                await self.live.persist(state.save_meta())
+        if armed:
+            log.info("dispatch.canary_armed", repo=state.name, by=author)
+            await self.live.notify(state, {f.id for f in state.catalog})
+        return render_resume(armed, pause, comment_id=comment_id)
 
     async def _retry(self, state: RepoState, family: Family, author: str, now: datetime, comment_id: int) -> str:
         candidate = family.candidate
@@ -147,6 +161,7 @@ class CommandResponder:
             next_decision=decision,
             next_wave_at=parse_time(state.meta.next_wave_at),
             repo=state.name,
+            blocked=state.blocked(),
         )
         return render_status(view, comment_id=comment_id)
 

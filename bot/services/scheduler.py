@@ -24,7 +24,7 @@ from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.reconcile import Reconciler
 from bot.services.repo_state import RepoState
-from bot.services.waves import WaveRunner
+from bot.services.waves import RETRY_TRIGGER, WaveRunner
 
 log = structlog.get_logger("klaud.scheduler")
 
@@ -56,6 +56,7 @@ class Scheduler:
     ) -> None:
         self.live = live
         self.reconciler = reconciler
+        self.claims = reconciler.claims
         self.outcomes = outcomes
         self.prune = prune
         self._housekeeping_at = clock.now()
@@ -114,7 +115,12 @@ class Scheduler:
             return False
 
     async def _wave_if_due(self, name: str, state: RepoState) -> bool:
+        # Claims and runs whose time came are settled first, so the wave sees what is free.
+        await self.claims.check_due(state)
         now = self.clock.now()
+        retry_at = parse_time(state.meta.retry_wave_at)
+        if retry_at is not None and retry_at <= now:
+            return await self.waves.run(name, trigger=RETRY_TRIGGER) is not None
         due = parse_time(state.meta.next_wave_at)
         if due is None:
             await self._set_next(name, now)

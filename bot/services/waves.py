@@ -10,19 +10,20 @@ the deletion of claims whose TTL ran out). A dry plan (`klaud plan`, `/plan`,
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import structlog
 
 from bot.core import dispatching
 from bot.core.clock import Clock
-from bot.core.domain import CapacityReading, Claim, Decision, Wave, stamp
+from bot.core.domain import CapacityReading, Claim, Decision, Wave, claim_ref, stamp
 from bot.core.planner import plan
 from bot.github.errors import GitHubError
 from bot.metrics import CANDIDATES, WAVE_SECONDS
 from bot.services.api import CapacitySource
-from bot.services.dispatch import dispatch_candidate, release_claim
+from bot.services.dispatch import dispatch_candidate
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
@@ -30,6 +31,8 @@ from bot.store.change import Change
 log = structlog.get_logger("klaud.waves")
 
 KEEP_WAVES = 100  # about eight days of stored wave documents at the default cadence
+RETRY_TRIGGER = "retry"
+RETRY_WAVE_AFTER = timedelta(minutes=5)
 
 
 class WaveRunner:
@@ -71,12 +74,10 @@ class WaveRunner:
         async with self.live.lock(repo):
             now = self.clock.now()
             change = Change()
-            if not self.dry_run:
-                await self._release_expired_claims(state, now, change)
             number = state.meta.wave + 1
             wave = await self._plan_and_dispatch(state, number, reading, now, change)
             if not self.dry_run:
-                state.meta.wave = number
+                self._note(state, wave, trigger, now)
                 change.put(repo, "wave", f"{number:08d}", wave.document())
                 # Wave documents are large (one decision per family): keep the recent ones.
                 change.delete(repo, "wave", f"{number - KEEP_WAVES:08d}")
@@ -85,88 +86,96 @@ class WaveRunner:
             state.save_meta(change)
             await self.live.persist(change)
         elapsed = time.perf_counter() - started
-        WAVE_SECONDS.observe(elapsed)
-        counts: dict[str, int] = {}
-        for decision in wave.decisions:
-            counts[decision.decision] = counts.get(decision.decision, 0) + 1
-            CANDIDATES.labels(decision.decision).inc()
-        log.info(
-            "wave.done",
-            repo=repo,
-            wave=number,
-            trigger=trigger,
-            base=wave.base[:12],
-            selected=list(wave.selected),
-            decisions=counts,
-            ms=round(elapsed * 1000, 1),
-            dry_run=self.dry_run,
-        )
+        self._report(wave, trigger, elapsed)
         # Time moves cooldowns and in-flight states on without any event: each wave lets the
         # check runs of Klaud PRs catch up (only Klaud PRs render, unchanged renders are not sent).
         await self.live.notify(state, {d.family for d in wave.decisions})
         return wave
 
-    async def _release_expired_claims(self, state: RepoState, now: datetime, change: Change) -> None:
-        for claim in state.expired_claims(now):
-            try:
-                await release_claim(self.live.api(state), claim.family)
-            except GitHubError as exc:
-                # Kept (and the family stays claimed) until a later wave can delete it.
-                log.warning("claim.release_failed", family=claim.family, error=str(exc))
-                continue
-            log.info("claim.expired", family=claim.family, candidate=claim.candidate)
-            change.extend(state.drop_claim(claim.family))
-            if claim.family in state.dispatches:
-                change.extend(state.drop_dispatch(claim.family))
+    def _note(self, state: RepoState, wave: Wave, trigger: str, now: datetime) -> None:
+        """What a real wave leaves in the repository's record besides its document."""
+        state.meta.wave = wave.wave
+        state.note_dispatched(wave.wave, len(wave.selected))
+        if wave.selected and state.canary_armed:
+            state.canary_dispatched(wave.selected[0], wave.wave)
+        # A wave whose every dispatch failed (GitHub unwell) is tried again once, soon.
+        again = dispatching.retry_soon(wave) and trigger != RETRY_TRIGGER
+        state.meta.retry_wave_at = stamp(now + RETRY_WAVE_AFTER) if again else None
+
+    def _report(self, wave: Wave, trigger: str, elapsed: float) -> None:
+        WAVE_SECONDS.observe(elapsed)
+        counts = Counter(d.decision for d in wave.decisions)
+        for kind, count in counts.items():
+            CANDIDATES.labels(kind).inc(count)
+        log.info(
+            "wave.done",
+            repo=wave.repo,
+            wave=wave.wave,
+            trigger=trigger,
+            base=wave.base[:12],
+            selected=list(wave.selected),
+            decisions=dict(counts),
+            blocked=wave.blocked.code if wave.blocked is not None else None,
+            ms=round(elapsed * 1000, 1),
+            dry_run=self.dry_run,
+        )
 
     async def _plan_and_dispatch(
         self, state: RepoState, number: int, reading: CapacityReading, now: datetime, change: Change
     ) -> Wave:
+        """Plan, then claim and dispatch each selection; a lost claim or a failed dispatch
+        is settled and the wave planned again, so the next family takes the freed slot."""
         snapshot = state.snapshot(number, now)
-        lost: dict[str, Claim] = {}
-        done: set[str] = set()
-        overrides: dict[str, Decision] = {}
-        stop_reason: str | None = None
-        replan = True
-        while replan:
-            # Claims lost to another wave block their family; re-planning lets the next
-            # candidate in priority order take the freed slot. Nothing else changes the
-            # planner's input during a wave, so a wave usually plans once.
-            wave = plan(replace(snapshot, claims={**snapshot.claims, **lost}), state.policy, reading, now)
-            replan = False
-            for decision in wave.decisions:
-                if decision.decision != "selected" or decision.family in done:
-                    continue
-                done.add(decision.family)
-                if self.dry_run:
-                    overrides[decision.family] = dispatching.dry_run(decision, state.policy.candidate_workflow)
-                    continue
-                family = state.catalog.get(decision.family)
-                if family is None:
-                    continue  # the planner decides live families only
-                try:
-                    result = await dispatch_candidate(
-                        self.live.api(state),
-                        workflow=state.policy.candidate_workflow,
-                        branch=state.meta.default_branch,
-                        family=family,
-                        base=state.meta.head_sha,
-                        wave=number,
-                        now=now,
-                    )
-                except GitHubError as exc:
-                    log.warning("wave.dispatch_failed", family=decision.family, error=str(exc))
-                    overrides[decision.family], stop_reason = dispatching.dispatch_failed(
-                        decision, decision.candidate, str(exc)
-                    )
-                    break
-                if result is None:
-                    overrides[decision.family], lost[decision.family] = dispatching.claim_lost(decision, now)
-                    replan = True
-                    break
-                claim, dispatch = result
-                change.extend(state.add_claim(claim))
-                change.extend(state.add_dispatch(dispatch))
-                if decision.candidate in state.retries:
-                    change.extend(state.consume_retry(decision.candidate))
-        return dispatching.settle(wave, overrides, stop_reason)
+        settled: dict[str, Decision] = {}
+        tried: set[str] = set()
+        while True:
+            wave = plan(replace(snapshot, settled=settled), state.policy, reading, now)
+            pending = [d for d in wave.decisions if d.decision == "selected" and d.family not in tried]
+            if not pending:
+                break
+            if self.dry_run:
+                return dispatching.settle(
+                    wave, {d.family: dispatching.dry_run(d, state.policy.candidate_workflow) for d in pending}
+                )
+            for decision in pending:
+                tried.add(decision.family)
+                outcome = await self._claim_and_dispatch(state, decision, number, now, change)
+                if outcome is not None:
+                    settled[decision.family] = outcome
+                    break  # plan again: the slot goes to the next family
+            else:
+                return wave
+        return wave
+
+    async def _claim_and_dispatch(
+        self, state: RepoState, decision: Decision, number: int, now: datetime, change: Change
+    ) -> Decision | None:
+        """None when the candidate was dispatched; else the decision GitHub's answer made."""
+        family = state.catalog.get(decision.family)
+        if family is None:
+            raise RuntimeError(f"the planner selected {decision.family}, which is not a live family")
+        try:
+            result = await dispatch_candidate(
+                self.live.api(state),
+                workflow=state.policy.candidate_workflow,
+                inputs=state.policy.candidate_inputs,
+                branch=state.meta.default_branch,
+                family=family,
+                base=state.meta.head_sha,
+                wave=number,
+                now=now,
+            )
+        except GitHubError as exc:
+            log.warning("wave.dispatch_failed", family=decision.family, error=str(exc))
+            return dispatching.dispatch_failed(decision, str(exc))
+        if result is None:
+            # Another wave holds the family's claim ref: remembered, so it is resolved (or
+            # its orphan deleted) like any claim made elsewhere.
+            change.extend(state.add_claim(Claim(family.id, family.candidate, None, claim_ref(family.id), now)))
+            return dispatching.claim_lost(decision)
+        claim, dispatch = result
+        change.extend(state.add_claim(claim))
+        change.extend(state.add_dispatch(dispatch))
+        if decision.candidate in state.retries:
+            change.extend(state.consume_retry(decision.candidate))
+        return None

@@ -211,7 +211,7 @@ def test_maintainer_seen_only_through_role_name_may_retry() -> None:
 
 
 def test_every_verb_is_declared_once_with_help() -> None:
-    assert list(VERBS) == ["retry", "hold", "unhold", "status", "help"]
+    assert list(VERBS) == ["retry", "hold", "unhold", "resume", "status", "help"]
     for verb in VERBS.values():
         assert verb.help and verb.usage.startswith(f"/klaud {verb.name}")
 
@@ -321,7 +321,7 @@ def test_help_lists_every_verb_and_who_may_use_it() -> None:
     text = help_text()
     for verb in VERBS.values():
         assert f"`{verb.usage}`" in text
-    assert text.count("needs write access") == 3
+    assert text.count("needs write access") == 4
 
 
 def test_help_for_unknown_verb_names_it() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -144,3 +145,38 @@ def test_attempts_of_other_candidates_are_ignored() -> None:
 @pytest.mark.parametrize("outcome", ["validated", "incompatible", "uncertain", "handoff"])
 def test_every_other_verified_outcome_cools_down(outcome: str) -> None:
     assert not check([attempt(outcome, hours_ago=1)]).eligible
+
+
+# --- failures before an outcome -------------------------------------------------------
+
+
+def run_failed(hours_ago: float, run_id: int) -> Attempt:
+    return replace(
+        attempt(None, hours_ago, run_id=run_id, error="run-failed"),
+        failed_job="get-jobs",
+        failed_step="Validate matrix",
+    )
+
+
+def test_one_run_failing_before_an_outcome_leaves_the_candidate_eligible() -> None:
+    state = check([run_failed(1, 301)])
+    assert state.eligible
+    assert "failed before an outcome" in state.reason and "job get-jobs, step Validate matrix" in state.reason
+
+
+def test_two_runs_in_a_row_failing_before_an_outcome_cool_down_naming_job_and_step() -> None:
+    state = check([run_failed(3, 301), run_failed(1, 302)])
+    assert not state.eligible
+    assert state.until == NOW - timedelta(hours=1) + timedelta(hours=24)
+    assert "the last 2 runs failed before an outcome" in state.reason
+    assert "job get-jobs, step Validate matrix, run 302" in state.reason
+
+
+def test_an_outcome_between_two_run_failures_breaks_the_row() -> None:
+    state = check([run_failed(5, 301), attempt("capacity-deferred", 3, run_id=302), run_failed(1, 303)])
+    assert state.eligible
+
+
+def test_retry_clears_a_run_failure_cooldown() -> None:
+    state = check([run_failed(3, 301), run_failed(1, 302)], retry=True)
+    assert state.eligible and "cleared by /klaud retry" in state.reason

@@ -12,6 +12,7 @@ from pydantic import TypeAdapter
 
 from bot.core.domain import (
     Attempt,
+    Blocked,
     CapacityReading,
     Claim,
     Dispatch,
@@ -131,6 +132,9 @@ def snapshot(
         claims=state.get("claims", {}),
         dispatches=state.get("dispatches", {}),
         klaud_prs=state.get("klaud_prs", {}),
+        blocked=state.get("blocked"),
+        canary=state.get("canary", False),
+        settled=state.get("settled", {}),
     )
 
 
@@ -146,7 +150,7 @@ def decide(
     return {d.family.split(":", 1)[1]: d for d in wave.decisions}
 
 
-def dispatch(fam: Family, hours_ago: float, *, finished: bool = False, wave: int = 16) -> Dispatch:
+def dispatch(fam: Family, hours_ago: float, *, wave: int = 16, **changes: Any) -> Dispatch:
     return Dispatch(
         family=fam.id,
         candidate=fam.candidate,
@@ -154,7 +158,7 @@ def dispatch(fam: Family, hours_ago: float, *, finished: bool = False, wave: int
         base=BASE,
         at=NOW - timedelta(hours=hours_ago),
         run_id=555,
-        finished=finished,
+        **changes,
     )
 
 
@@ -223,18 +227,21 @@ def test_in_flight_until_the_claim_ttl_runs_out() -> None:
     assert "wave 16" in decision.reason
 
 
-def test_in_flight_expires_after_claim_ttl_hours() -> None:
-    stale = dispatch(A, hours_ago=12)
-    assert decide(snapshot([A], dispatches={A.id: stale}))[A.key].decision == "selected"
-    policy = Policy(claim_ttl_hours=13)
-    assert decide(snapshot([A], dispatches={A.id: stale}), policy=policy)[A.key].decision == (
-        "in-flight"
-    )
+def test_a_dispatch_past_its_claim_ttl_stays_in_flight_until_its_run_is_read() -> None:
+    # The TTL only says when Klaud reads the run; it never makes the candidate selectable
+    # again while its run may still be queued (which would dispatch it twice).
+    stale = dispatch(A, hours_ago=13)
+    decision = decide(snapshot([A], dispatches={A.id: stale}))[A.key]
+    assert decision.decision == "in-flight"
+    assert "reads the run before the next wave" in decision.reason
 
 
-def test_finished_dispatch_is_not_in_flight() -> None:
-    done = dispatch(A, hours_ago=1, finished=True)
-    assert decide(snapshot([A], dispatches={A.id: done}))[A.key].decision == "selected"
+def test_a_run_found_running_at_the_check_stays_in_flight_until_the_next_check() -> None:
+    checked = dispatch(A, hours_ago=20, run_status="in_progress", checked_at=NOW - timedelta(hours=7))
+    decision = decide(snapshot([A], dispatches={A.id: checked}))[A.key]
+    assert decision.decision == "in-flight"
+    assert decision.until == checked.checked_at + timedelta(hours=12)
+    assert "still in progress at" in decision.reason
 
 
 def test_claimed_by_a_claim_ref_of_another_wave() -> None:
@@ -355,14 +362,10 @@ def test_cap_after_max_candidates_per_wave_skipping_ineligible_families() -> Non
     assert "max_candidates_per_wave 2" in decisions["fam-3"].reason
 
 
-def test_max_in_flight_counts_live_dispatches_only() -> None:
+def test_max_in_flight_counts_the_dispatches_in_flight() -> None:
     running = [family(f"run-{i}") for i in range(3)]
     waiting = [family(f"new-{i}", changed_days_ago=20 - i) for i in range(3)]
     dispatches = {f.id: dispatch(f, hours_ago=1) for f in running}
-    finished = family("done")
-    expired = family("expired")
-    dispatches[finished.id] = dispatch(finished, hours_ago=1, finished=True)
-    dispatches[expired.id] = dispatch(expired, hours_ago=13)
     snap = snapshot(running + waiting, dispatches=dispatches)
     decisions = decide(snap, policy=Policy(max_in_flight=4, max_candidates_per_wave=5))
     assert [decisions[f"new-{i}"].decision for i in range(3)] == ["selected", "cap", "cap"]
@@ -479,7 +482,8 @@ def test_wave_document_has_the_keys_of_design_3_4() -> None:
     pulls = [OpenPull(4012, touches={overlapped.id: "image"})]
     snap = snapshot([A, busy, overlapped], pulls=pulls, wave=17)
     document = plan(snap, Policy(), OPEN, NOW).document()
-    assert set(document) == {"repo", "at", "base", "wave", "selected", "decisions"}
+    assert set(document) == {"repo", "at", "base", "wave", "selected", "blocked", "decisions"}
+    assert document["blocked"] is None
     assert document["repo"] == "acme/bench"
     assert document["at"] == "2026-11-30T08:00:00Z"
     assert document["base"] == BASE and document["wave"] == 17
@@ -532,3 +536,41 @@ def test_every_decision_carries_the_family_clusters(kind: str) -> None:
     assert decision.decision == kind
     assert decision.clusters == ("b200-nscale", "h200-nb")
     assert decision.reason
+
+
+# --- a blocked repository ---------------------------------------------------------------
+
+
+def blocked(code: str = "dispatch-paused") -> Blocked:
+    return Blocked(code, "dispatch paused: 3 of the 4 finished runs of wave 7 failed", NOW)  # type: ignore[arg-type]
+
+
+def test_a_paused_repository_decides_would_be_selections_paused() -> None:
+    families = [family(f"fam-{i}") for i in range(4)]
+    busy = family("busy", clusters=("b200-dgxc",))
+    wave = plan(snapshot([*families, busy], blocked=blocked()), Policy(max_candidates_per_wave=2), OPEN, NOW)
+    ordered = [d for d in wave.decisions if d.family != busy.id]
+    assert [d.decision for d in ordered] == ["paused", "paused", "cap", "cap"]
+    assert ordered[0].reason.startswith("dispatch paused: 3 of the 4")
+    assert decide(snapshot([busy], blocked=blocked()))["busy"].decision == "capacity"  # other rungs still say why
+    assert wave.selected == () and wave.document()["blocked"]["code"] == "dispatch-paused"
+
+
+def test_an_armed_canary_selects_one_candidate_of_a_paused_repository() -> None:
+    families = [family(f"fam-{i}") for i in range(3)]
+    wave = plan(snapshot(families, blocked=blocked(), canary=True), Policy(), OPEN, NOW)
+    assert [d.decision for d in wave.decisions] == ["selected", "paused", "paused"]
+    assert "canary" in wave.decisions[0].reason
+
+
+def test_a_setup_error_pauses_everything_even_with_a_canary() -> None:
+    wave = plan(snapshot([A], blocked=blocked("setup-error"), canary=True), Policy(), OPEN, NOW)
+    assert [d.decision for d in wave.decisions] == ["paused"]
+
+
+def test_settled_decisions_are_kept_and_free_their_slot() -> None:
+    families = [family(f"fam-{i}") for i in range(3)]
+    first = plan(snapshot(families), Policy(max_candidates_per_wave=1), OPEN, NOW)
+    failed = replace(first.decisions[0], decision="dispatch-failed", reason="dispatch failed (502)")
+    again = plan(snapshot(families, settled={failed.family: failed}), Policy(max_candidates_per_wave=1), OPEN, NOW)
+    assert [d.decision for d in again.decisions] == ["dispatch-failed", "selected", "cap"]

@@ -11,6 +11,7 @@ import pytest
 from bot.core.clock import ManualClock
 from bot.core.domain import CapacityReading
 from bot.services.catalog_sync import CatalogSync
+from bot.services.claims import ClaimKeeper
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.pulls import PullSync
@@ -48,6 +49,7 @@ class Kit:
     reconciler: Reconciler
     waves: WaveRunner
     capacity: FixedCapacity
+    claims: ClaimKeeper
 
     @property
     def state(self):  # type: ignore[no-untyped-def]
@@ -79,8 +81,9 @@ async def kit() -> AsyncIterator[Kit]:
     live = LiveState(store, FakeRepos({REPO: repo}), clock, ("klaud-cold[bot]", "Klaud-Cold"))
     catalog, pulls, outcomes = CatalogSync(live), PullSync(live), OutcomeRecorder(live)
     capacity = FixedCapacity(clock)
+    claims = ClaimKeeper(live, outcomes)
     yield Kit(
-        clock, repo, live, catalog, pulls, outcomes, Reconciler(live, catalog, pulls, outcomes),
-        WaveRunner(live, capacity, clock), capacity,
+        clock, repo, live, catalog, pulls, outcomes, Reconciler(live, catalog, pulls, outcomes, claims),
+        WaveRunner(live, capacity, clock), capacity, claims,
     )
     await db.close()

@@ -180,10 +180,10 @@ class FakeRepo:
         self.dispatched.append({"workflow": workflow, "branch": branch, "inputs": inputs, "run_id": run_id})
         return run_id if self.answer_run_ids else None
 
-    async def workflow_runs(self, workflow: str, *, created_since: date) -> AsyncIterator[WorkflowRun]:
-        self._call("workflow_runs", workflow)
+    async def workflow_runs(self, workflow: str, *, created_since: date, active: bool = False) -> AsyncIterator[WorkflowRun]:
+        self._call("workflow_runs", workflow, "active" if active else "completed")
         for run in self.runs.values():
-            if run.path.endswith(f"/{workflow}") and run.status == "completed":
+            if run.path.endswith(f"/{workflow}") and (run.status != "completed") == active:
                 yield run
 
     async def run(self, run_id: int) -> WorkflowRun | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from bot.core.domain import claim_ref
-from bot.core.events import Account, Artifact, Comment, WorkflowRunEvent
+from bot.core.events import Account, Artifact, Comment, Job, Step, WorkflowRunEvent
 from bot.github.errors import Unavailable
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
@@ -77,3 +77,60 @@ async def test_receipts_count_only_from_bot_accounts(kit: Kit) -> None:
     assert await kit.outcomes.on_receipt(kit.state, bot)
     [attempt] = kit.state.ledger.for_candidate(CAND)
     assert (attempt.outcome, attempt.run_id) == ("incompatible", 777)
+
+
+def failed_run(run_id: int, conclusion: str = "failure") -> WorkflowRunEvent:
+    event = completed(run_id)
+    run = event.workflow_run.model_copy(
+        update={"path": ".github/workflows/klaud-candidate.yml", "conclusion": conclusion}
+    )
+    return event.model_copy(update={"workflow_run": run})
+
+
+async def test_a_dispatched_run_failing_before_an_outcome_names_its_job_and_step(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and CAND in wave.selected
+    run_id = kit.state.dispatches[H200].run_id
+    assert run_id is not None
+    kit.repo.jobs_of[run_id] = [
+        Job(name="prepare", conclusion="success", steps=(Step(name="checkout", conclusion="success"),)),
+        Job(name="get-jobs", conclusion="failure", steps=(Step(name="Validate matrix", conclusion="failure"),)),
+    ]
+    await kit.outcomes.on_workflow_run(kit.state, failed_run(run_id))
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.error, attempt.failed_job, attempt.failed_step) == ("run-failed", "get-jobs", "Validate matrix")
+    assert H200 not in kit.state.dispatches and H200 not in kit.state.claims
+
+
+async def test_runs_failing_in_one_job_pause_dispatch_and_a_canary_resumes_it(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and len(wave.selected) == 5
+    for dispatch in list(kit.state.dispatches.values())[:3]:
+        assert dispatch.run_id is not None
+        kit.repo.jobs_of[dispatch.run_id] = [Job(name="get-jobs", conclusion="failure")]
+        await kit.outcomes.on_workflow_run(kit.state, failed_run(dispatch.run_id))
+    blocked = kit.state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused"
+    assert "3 of the 3 finished runs of wave 1 failed before an outcome in job get-jobs" in blocked.reason
+    kit.clock.advance(3 * 3600)
+    paused = await kit.waves.run(REPO, trigger="test")
+    assert paused is not None and paused.selected == ()
+    assert "paused" in {d.decision for d in paused.decisions}
+    # A push arms the canary: one candidate, whose verified outcome resumes dispatch.
+    from tests.services.test_catalog_sync import push
+
+    head = "e" * 40
+    kit.repo.files[head] = dict(kit.repo.files[kit.repo.head])
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", kit.repo.head, head))
+    canary = await kit.waves.run(REPO, trigger="test")
+    assert canary is not None and len(canary.selected) == 1
+    [cand] = canary.selected
+    family = next(d.family for d in canary.decisions if d.candidate == cand)
+    run_id = kit.state.dispatches[family].run_id
+    assert run_id is not None
+    kit.repo.artifacts_of[run_id] = [Artifact(id=99, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
+    kit.repo.archives[99] = artifact_zip(OUTCOME)
+    await kit.outcomes.on_workflow_run(kit.state, failed_run(run_id, "success"))
+    assert kit.state.blocked() is None

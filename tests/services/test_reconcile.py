@@ -26,12 +26,12 @@ async def test_full_reconcile_builds_the_catalog_the_index_and_the_claims(kit: K
     assert kit.repo.writes() == []
 
 
-async def test_light_reconcile_reads_only_heads_when_nothing_moved(kit: Kit) -> None:
+async def test_light_reconcile_reads_only_heads_and_claim_refs_when_nothing_moved(kit: Kit) -> None:
     kit.repo.pulls[12] = pull(12, updated_at=NOW)
     await kit.reconciler.reconcile(REPO, 1)
     kit.repo.calls.clear()
     report = await kit.reconciler.reconcile(REPO, 1, light=True)
-    assert kit.repo.calls == [("head_sha", "main"), ("open_pulls",)]
+    assert kit.repo.calls == [("head_sha", "main"), ("open_pulls",), ("branches", "klaud/claim-")]
     assert report["files_fetched"] == 0
 
 

@@ -62,3 +62,56 @@ async def test_a_busy_cluster_is_never_dispatched(kit: Kit) -> None:
     kit.capacity.busy = set(sc.CLUSTERS)
     wave = await kit.waves.run(REPO, trigger="test")
     assert wave is not None and wave.selected == () and kit.repo.writes() == []
+
+
+async def test_a_failed_dispatch_gives_its_slot_to_the_next_family(kit: Kit) -> None:
+    kit.repo.put_files({".github/klaud.yml": "max_candidates_per_wave: 2\n"})
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway"))
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None
+    kinds = [d.decision for d in wave.decisions]
+    assert kinds[:3] == ["dispatch-failed", "selected", "selected"]
+    assert set(wave.selected) == {d["inputs"]["candidate"] for d in kit.repo.dispatched}
+    assert kit.state.meta.retry_wave_at is None  # some got through: no retry wave
+
+
+async def test_the_document_matches_what_was_dispatched_under_failures(kit: Kit) -> None:
+    kit.repo.put_files({".github/klaud.yml": "max_candidates_per_wave: 5\n"})
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.fail("dispatch", Unavailable(503, "Unavailable"), times=2)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None
+    assert set(wave.selected) == {d["inputs"]["candidate"] for d in kit.repo.dispatched}
+    assert [d.decision for d in wave.decisions].count("dispatch-failed") == 2
+    failed = [d.family for d in wave.decisions if d.decision == "dispatch-failed"]
+    assert all(claim_ref(f) not in kit.repo.branches_at for f in failed)
+    assert set(kit.state.dispatches) == {d.family for d in wave.decisions if d.decision == "selected"}
+
+
+async def test_a_wave_whose_every_dispatch_failed_is_retried_once_soon(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway"), times=100)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and wave.selected == ()
+    assert kit.state.meta.retry_wave_at == "2026-11-30T08:05:00Z"
+    await kit.waves.run(REPO, trigger="retry")
+    assert kit.state.meta.retry_wave_at is None  # retried once, not in a loop
+
+
+async def test_a_misnamed_candidate_workflow_is_a_setup_error_with_zero_claims(kit: Kit) -> None:
+    kit.repo.put_files({".github/klaud.yml": "candidate_workflow: klaud-candidat.yml\n"})
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.calls.clear()
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and wave.selected == () and kit.repo.calls == []
+    assert wave.blocked is not None and wave.blocked.code == "setup-error"
+    paused = [d for d in wave.decisions if d.decision == "paused"]
+    assert paused and "klaud-candidat.yml does not exist" in paused[0].reason
+    # The push that fixes the policy lifts it.
+    head = "e" * 40
+    kit.repo.files[head] = {**kit.repo.files[kit.repo.head], ".github/klaud.yml": ""}
+    from tests.services.test_catalog_sync import push
+
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", kit.repo.head, head))
+    assert kit.state.blocked() is None

@@ -121,19 +121,25 @@ async def test_run_without_artifact_is_recorded_unverified_and_does_not_block(tm
         [cand] = wave.selected
         dispatch = run.github()["dispatches"][0]
         await run.act({"action": "complete_run", "repo": "acme/bench", "run": {
-            "id": dispatch["run_id"], "workflow": "klaud-candidate.yml", "conclusion": "failure", "artifacts": []}})
+            "id": dispatch["run_id"], "conclusion": "success", "artifacts": []}})
         [attempt] = [a for a in run.state()["attempts"] if a["candidate"] == cand]
         assert (attempt["verified"], attempt["error"]) == (False, "artifact-missing")
+        again = await run.klaud.waves.run("acme/bench", trigger="test")
+        assert cand in again.selected
 
 
 async def test_failed_dispatch_releases_its_claim_and_says_why(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
         run.sandbox.set_faults({"rules": [{"method": "POST", "route": "/dispatches$", "status": 422, "count": 1}]})
         wave = await run.klaud.waves.run("acme/bench", trigger="test")
-        assert wave.selected == ()
-        assert all("claim released" in d.reason for d in wave.decisions if d.decision == "cap")
-        assert not [ref for ref in run.github()["refs"] if "claim" in ref]
-        assert run.klaud.live.repo("acme/bench").claims == {}
+        [failed] = [d for d in wave.decisions if d.decision == "dispatch-failed"]
+        assert "claim released" in failed.reason and "422" in failed.reason
+        # The wave went on: every other family was dispatched, and only they hold claims.
+        assert len(wave.selected) == 4
+        assert sorted(d["inputs"]["candidate"] for d in run.github()["dispatches"]) == sorted(wave.selected)
+        claimed = {ref for ref in run.github()["refs"] if "claim" in ref}
+        assert f"refs/heads/{claim_ref(failed.family)}" not in claimed and len(claimed) == 4
+        assert set(run.klaud.live.repo("acme/bench").claims) == {d.family for d in wave.decisions if d.decision == "selected"}
 
 
 async def test_dry_run_dispatches_nothing(tmp_path):
@@ -177,11 +183,14 @@ async def test_a_run_is_linked_by_the_dispatch_answer_even_without_run_name(tmp_
         family = next(d.family for d in first.decisions if d.candidate == cand)
         [made] = run.github()["dispatches"]
         assert run.klaud.live.repo("acme/bench").dispatches[family].run_id == made["run_id"]
-        # Past the claim TTL the run is still queued: the family stays claimed, nothing is
-        # dispatched again.
+        # Past the claim TTL the run is read: still queued, so the family stays in flight and
+        # nothing is dispatched again.
         await run.act({"action": "advance_clock", "seconds": 13 * 3600})
+        state = run.klaud.live.repo("acme/bench")
+        await run.klaud.reconciler.claims.check_due(state)
+        assert state.dispatches[family].run_status == "queued"
         wave = await run.klaud.waves.run("acme/bench", trigger="test")
-        assert decision(wave, family).decision == "claimed"
+        assert decision(wave, family).decision == "in-flight"
         assert cand not in wave.selected
         assert [d["inputs"]["candidate"] for d in run.github()["dispatches"]].count(cand) == 1
 
@@ -189,13 +198,16 @@ async def test_a_run_is_linked_by_the_dispatch_answer_even_without_run_name(tmp_
 async def test_expired_claim_whose_run_is_still_going_is_kept(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 1\n")) as run:
         first = await run.klaud.waves.run("acme/bench", trigger="test")
-        await run.settle()  # the run's `requested` event arrives
         [cand] = first.selected
         family = next(d.family for d in first.decisions if d.candidate == cand)
-        assert run.klaud.live.repo("acme/bench").dispatches[family].run_id is not None  # linked by run-name
+        run_id = run.klaud.live.repo("acme/bench").dispatches[family].run_id
+        await run.act({"action": "start_run", "repo": "acme/bench", "run": {"id": run_id}})
         await run.act({"action": "advance_clock", "seconds": 13 * 3600})
+        state = run.klaud.live.repo("acme/bench")
+        await run.klaud.reconciler.claims.check_due(state)
+        assert state.dispatches[family].run_status == "in_progress"
         wave = await run.klaud.waves.run("acme/bench", trigger="test")
-        assert decision(wave, family).decision == "claimed"
+        assert decision(wave, family).decision == "in-flight" and "still in progress" in decision(wave, family).reason
         assert f"refs/heads/{claim_ref(family)}" in run.github()["refs"]
 
 
@@ -220,7 +232,7 @@ async def test_plan_endpoint_and_cli_show_the_next_wave(tmp_path, capsys, monkey
         async with run.klaud.session.get(f"{run.url}/api/v1/repos/acme/bench/plan") as response:
             document = await response.json()
         assert response.status == 200
-        assert set(document) == {"repo", "at", "base", "wave", "selected", "decisions"}
+        assert set(document) == {"repo", "at", "base", "wave", "selected", "blocked", "decisions"}
         assert len(document["decisions"]) == 5 and len(document["selected"]) == 5
         assert run.github()["dispatches"] == []
     monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'klaud.db'}")

@@ -1,0 +1,156 @@
+"""Nothing stays claimed or in flight forever (DESIGN §4 "Claims and runs never get stuck").
+
+Every claim and dispatch has an end that does not depend on a webhook arriving:
+- a dispatch whose claim TTL passed has its run read once: a run still queued or running
+  keeps the family in flight until the next check (it is never dispatched again meanwhile);
+  a completed run is recorded as if its `workflow_run` event had arrived; a run GitHub no
+  longer knows releases the claim;
+- a claim ref without a dispatch (a crash between claim and dispatch, a failed delete,
+  another planner's leftover) is deleted once it is older than one wave and no run of its
+  candidate is in flight; a run in flight is adopted as the family's dispatch instead;
+- the light reconcile reads the runs of every in-flight dispatch, so a lost `workflow_run`
+  delivery is recovered within one light reconcile, and lists the claim refs on GitHub.
+
+`check_due` makes no GitHub call when nothing is due, so the scheduler calls it every tick.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+
+import structlog
+
+from bot.core.domain import ACTIVE_RUN_STATUSES, Claim, Dispatch, claim_ref
+from bot.core.events import WorkflowRun
+from bot.services.api import RepoAPI
+from bot.services.live import LiveState
+from bot.services.outcomes import OutcomeRecorder
+from bot.services.repo_state import RepoState
+from bot.store.change import Change
+
+log = structlog.get_logger("klaud.claims")
+
+CLAIM_BRANCH_PREFIX = "klaud/claim-"
+CANDIDATE_IN_TEXT = re.compile(r"\b[0-9a-f]{16}-[0-9a-f]{16}\b")
+
+
+class ClaimKeeper:
+    def __init__(self, live: LiveState, outcomes: OutcomeRecorder) -> None:
+        self.live = live
+        self.outcomes = outcomes
+
+    async def check_due(self, state: RepoState) -> None:
+        """Resolve the dispatches past their claim TTL and the orphan claims older than a wave."""
+        now = self.live.clock.now()
+        if not (self._due_dispatches(state, now) or self._orphans(state, now)):
+            return
+        async with self.live.lock(state.name):
+            change = Change()
+            families = await self._resolve(state, self.live.api(state), now, change, every_run=False)
+            await self.live.persist(change)
+        await self.live.notify(state, families)
+
+    async def light(self, state: RepoState, api: RepoAPI, change: Change) -> set[str]:
+        """The light reconcile's part: every in-flight run read, claim refs listed, due ones resolved."""
+        now = self.live.clock.now()
+        await self.sync_refs(state, api, change, now)
+        return await self._resolve(state, api, now, change, every_run=True)
+
+    async def sync_refs(self, state: RepoState, api: RepoAPI, change: Change, now: datetime) -> None:
+        """Local claims follow the claim refs on GitHub (a new ref is a claim made elsewhere)."""
+        found: dict[str, str] = {}
+        async for branch, _sha in api.branches(CLAIM_BRANCH_PREFIX):
+            family = state.family_by_hash(branch[len(CLAIM_BRANCH_PREFIX):])
+            if family is not None:
+                found[family.id] = branch
+        for family_id in list(state.claims):
+            # A dispatch keeps its family in flight even if someone deleted the ref.
+            if family_id not in found and family_id not in state.dispatches:
+                change.extend(state.drop_claim(family_id))
+        for family_id, branch in found.items():
+            family = state.catalog.get(family_id)
+            if family_id not in state.claims and family is not None:
+                change.extend(state.add_claim(Claim(family_id, family.candidate, None, branch, now)))
+
+    # -- resolving ------------------------------------------------------------------------
+
+    def _due_dispatches(self, state: RepoState, now: datetime) -> list[Dispatch]:
+        ttl = timedelta(hours=state.policy.claim_ttl_hours)
+        return [d for d in state.dispatches.values() if now - (d.checked_at or d.at) >= ttl]
+
+    def _orphans(self, state: RepoState, now: datetime) -> list[Claim]:
+        one_wave = timedelta(minutes=state.policy.wave_every_minutes)
+        return [c for c in state.claims.values() if c.family not in state.dispatches and now - c.at >= one_wave]
+
+    async def _resolve(self, state: RepoState, api: RepoAPI, now: datetime, change: Change, *, every_run: bool) -> set[str]:
+        dispatches = list(state.dispatches.values()) if every_run else self._due_dispatches(state, now)
+        orphans = self._orphans(state, now)
+        families: set[str] = set()
+        unlinked = [d for d in dispatches if d.run_id is None]
+        in_flight = await self._runs_in_flight(state, api, since=min((d.at for d in unlinked), default=now)) if (
+            unlinked or orphans
+        ) else {}
+        for dispatch in dispatches:
+            run = await self._run_of(api, dispatch, in_flight)
+            families |= await self._settle_dispatch(state, api, dispatch, run, now, change)
+        for claim in orphans:
+            families |= await self._settle_orphan(state, api, claim, in_flight.get(claim.candidate), change)
+        return families
+
+    async def _run_of(self, api: RepoAPI, dispatch: Dispatch, in_flight: dict[str, WorkflowRun]) -> WorkflowRun | None:
+        if dispatch.run_id is not None:
+            return await api.run(dispatch.run_id)
+        # An older server answered the dispatch without the run's id and no `workflow_run`
+        # event named it since: only a run titled with the candidate can be found.
+        return in_flight.get(dispatch.candidate)
+
+    async def _settle_dispatch(
+        self, state: RepoState, api: RepoAPI, dispatch: Dispatch, run: WorkflowRun | None, now: datetime, change: Change
+    ) -> set[str]:
+        if run is None:
+            log.info("claim.released", family=dispatch.family, reason="its run does not exist", run_id=dispatch.run_id)
+            return await self._release(state, api, dispatch.family, change)
+        if run.status in ACTIVE_RUN_STATUSES:
+            checked = Dispatch(
+                dispatch.family, dispatch.candidate, dispatch.wave, dispatch.base, dispatch.at,
+                run_id=run.id, run_status=run.status, checked_at=now,
+            )
+            change.extend(state.add_dispatch(checked))
+            return set()
+        log.info("claim.run_finished_unseen", family=dispatch.family, run_id=run.id)
+        families = await self.outcomes.record_run(state, api, run, change)
+        if dispatch.family in state.dispatches:
+            # The run left nothing this candidate's outcome could be read from.
+            families |= await self._release(state, api, dispatch.family, change)
+        return families
+
+    async def _settle_orphan(
+        self, state: RepoState, api: RepoAPI, claim: Claim, run: WorkflowRun | None, change: Change
+    ) -> set[str]:
+        if run is not None:
+            # Dispatched before a crash lost the record of it: follow that run.
+            adopted = Dispatch(
+                claim.family, claim.candidate, claim.wave or 0, run.head_sha, run.created_at or claim.at,
+                run_id=run.id, run_status=run.status,
+            )
+            change.extend(state.add_dispatch(adopted))
+            log.info("claim.adopted", family=claim.family, run_id=run.id)
+            return {claim.family}
+        log.info("claim.orphan_deleted", family=claim.family, since=claim.at.isoformat())
+        return await self._release(state, api, claim.family, change)
+
+    async def _release(self, state: RepoState, api: RepoAPI, family: str, change: Change) -> set[str]:
+        await api.delete_branch(claim_ref(family))
+        change.extend(state.drop_claim(family))
+        change.extend(state.drop_dispatch(family))
+        return {family}
+
+    async def _runs_in_flight(self, state: RepoState, api: RepoAPI, *, since: datetime) -> dict[str, WorkflowRun]:
+        """Candidate id -> its run of the candidate workflow that is queued or running."""
+        found: dict[str, WorkflowRun] = {}
+        cutoff = since - timedelta(days=1)
+        async for run in api.workflow_runs(state.policy.candidate_workflow, created_since=cutoff.date(), active=True):
+            for candidate in CANDIDATE_IN_TEXT.findall(run.display_title or ""):
+                found.setdefault(candidate, run)
+        return found

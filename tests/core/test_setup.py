@@ -1,0 +1,61 @@
+"""Is the candidate workflow dispatchable with the inputs the policy sends? (bot/core/setup.py)"""
+
+from __future__ import annotations
+
+from bot.core.setup import workflow_setup_errors
+
+EVERY = {"candidate": "candidate", "family": "family", "base": "base", "wave": "wave"}
+GOOD = """\
+name: Klaud Cold candidate
+run-name: Klaud Cold candidate ${{ inputs.candidate }}
+on:
+  workflow_dispatch:
+    inputs:
+      candidate: {required: true, type: string}
+      family: {type: string}
+      base: {type: string}
+      wave: {type: string}
+jobs: {}
+"""
+
+
+def codes(text: str | None, inputs: dict[str, str] = EVERY) -> list[str]:
+    return [e.code for e in workflow_setup_errors("klaud-candidate.yml", text, inputs.values())]
+
+
+def test_a_dispatchable_workflow_declaring_every_input_is_fine() -> None:
+    assert codes(GOOD) == []
+
+
+def test_a_missing_workflow() -> None:
+    [error] = workflow_setup_errors("klaud-candidat.yml", None, EVERY.values())
+    assert error.code == "candidate-workflow-missing"
+    assert ".github/workflows/klaud-candidat.yml does not exist" in error.detail
+
+
+def test_a_workflow_without_workflow_dispatch() -> None:
+    assert codes("on:\n  workflow_call:\n    inputs: {}\njobs: {}\n") == ["candidate-workflow-not-dispatchable"]
+    assert codes("on: [push]\njobs: {}\n") == ["candidate-workflow-not-dispatchable"]
+
+
+def test_short_forms_of_the_trigger_are_understood() -> None:
+    assert codes("on: workflow_dispatch\njobs: {}\n", {"candidate": "candidate"}) == ["candidate-workflow-inputs"]
+    assert codes("'on': [workflow_dispatch, push]\n", {}) == []
+
+
+def test_undeclared_inputs_and_required_inputs_left_unsent() -> None:
+    [undeclared] = workflow_setup_errors("w.yml", GOOD.replace("      wave: {type: string}\n", ""), EVERY.values())
+    assert undeclared.code == "candidate-workflow-inputs" and "wave" in undeclared.detail
+    required = GOOD.replace("family: {type: string}", "family: {required: true, type: string}")
+    [unsent] = workflow_setup_errors("w.yml", required, ["candidate"])
+    assert "requires the input(s) family" in unsent.detail
+
+
+def test_an_adapted_mapping_fits_a_workflow_with_one_input() -> None:
+    one = "on:\n  workflow_dispatch:\n    inputs:\n      id: {required: true}\njobs: {}\n"
+    assert codes(one, {"candidate": "id"}) == []
+
+
+def test_unreadable_text_is_reported_not_raised() -> None:
+    assert codes("on: [unclosed\n") == ["candidate-workflow-invalid"]
+    assert codes("- a list\n") == ["candidate-workflow-invalid"]

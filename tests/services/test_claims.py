@@ -1,0 +1,134 @@
+"""Claims and runs never get stuck, against an in-memory repository (DESIGN §4)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from bot.core.domain import claim_ref
+from bot.core.events import Artifact, WorkflowRun
+from tests import scenarios as sc
+from tests.services.conftest import REPO, Kit
+from tests.services.fakes import artifact_zip
+
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+TTL = timedelta(hours=12)
+OUTCOME = {"outcome": "incompatible", "phase": "targeted", "pull-request": None, "run-ids": [], "repairs-used": 0}
+
+
+async def dispatched(kit: Kit, policy: str = "max_candidates_per_wave: 1\n") -> tuple[str, str, int]:
+    """Reconcile with `policy`, run one wave; (family, candidate, run id) of its dispatch."""
+    kit.repo.put_files({".github/klaud.yml": policy})
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None
+    [cand] = wave.selected
+    family = next(d.family for d in wave.decisions if d.candidate == cand)
+    return family, cand, kit.state.dispatches[family].run_id or 0
+
+
+def set_run(kit: Kit, run_id: int, **changes: object) -> None:
+    kit.repo.runs[run_id] = kit.repo.runs[run_id].model_copy(update=changes)
+
+
+async def test_nothing_due_costs_no_github_call(kit: Kit) -> None:
+    await dispatched(kit)
+    kit.repo.calls.clear()
+    kit.clock.advance((TTL - timedelta(minutes=1)).total_seconds())
+    await kit.claims.check_due(kit.state)
+    assert kit.repo.calls == []
+
+
+async def test_a_run_still_queued_at_the_ttl_keeps_its_claim_and_is_not_dispatched_again(kit: Kit) -> None:
+    family, cand, run_id = await dispatched(kit)
+    kit.clock.advance(TTL.total_seconds())
+    kit.repo.calls.clear()
+    await kit.claims.check_due(kit.state)
+    assert kit.repo.calls == [("run", run_id)]
+    assert kit.state.dispatches[family].run_status == "queued"
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and cand not in wave.selected
+    assert next(d for d in wave.decisions if d.family == family).decision == "in-flight"
+    assert [d["inputs"]["candidate"] for d in kit.repo.dispatched].count(cand) == 1
+    kit.repo.calls.clear()
+    await kit.claims.check_due(kit.state)  # read once per TTL, not every tick
+    assert kit.repo.calls == []
+
+
+async def test_a_run_that_completed_unseen_is_recorded_at_the_ttl(kit: Kit) -> None:
+    family, cand, run_id = await dispatched(kit)
+    set_run(kit, run_id, status="completed", conclusion="success", updated_at=kit.clock.now())
+    kit.repo.artifacts_of[run_id] = [Artifact(id=5, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
+    kit.repo.archives[5] = artifact_zip(OUTCOME)
+    kit.clock.advance(TTL.total_seconds())
+    await kit.claims.check_due(kit.state)
+    [attempt] = kit.state.ledger.for_candidate(cand)
+    assert (attempt.outcome, attempt.run_id) == ("incompatible", run_id)
+    assert family not in kit.state.dispatches and family not in kit.state.claims
+    assert claim_ref(family) not in kit.repo.branches_at
+
+
+async def test_a_run_github_no_longer_knows_releases_its_claim(kit: Kit) -> None:
+    family, cand, run_id = await dispatched(kit)
+    del kit.repo.runs[run_id]
+    kit.clock.advance(TTL.total_seconds())
+    await kit.claims.check_due(kit.state)
+    assert family not in kit.state.claims and claim_ref(family) not in kit.repo.branches_at
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and cand in wave.selected
+
+
+async def test_the_light_reconcile_recovers_a_lost_completed_delivery_before_the_ttl(kit: Kit) -> None:
+    family, _, run_id = await dispatched(kit)
+    set_run(kit, run_id, status="completed", conclusion="success", updated_at=kit.clock.now())
+    kit.clock.advance(timedelta(hours=1).total_seconds())
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    [attempt] = [a for a in kit.state.ledger.all() if a.run_id == run_id]
+    assert attempt.error == "artifact-missing"
+    assert family not in kit.state.dispatches and family not in kit.state.claims
+
+
+async def test_an_orphan_claim_ref_is_deleted_after_a_wave_without_runs(kit: Kit) -> None:
+    # A crash between claim and dispatch: the ref exists on GitHub, nothing local knows it.
+    kit.repo.put_files({".github/klaud.yml": "max_candidates_per_wave: 1\n"})
+    await kit.reconciler.reconcile(REPO, 1)
+    preview = await kit.waves.preview(REPO)
+    assert preview is not None
+    first = preview.decisions[0]
+    kit.repo.branches_at[claim_ref(first.family)] = kit.repo.head
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and next(d for d in wave.decisions if d.family == first.family).decision == "claimed"
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert claim_ref(first.family) in kit.repo.branches_at  # younger than one wave: kept
+    kit.clock.advance(timedelta(minutes=121).total_seconds())
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert claim_ref(first.family) not in kit.repo.branches_at
+    again = await kit.waves.run(REPO, trigger="test")
+    assert again is not None and first.candidate in again.selected
+    dispatched_candidates = [d["inputs"]["candidate"] for d in kit.repo.dispatched]
+    assert len(dispatched_candidates) == len(set(dispatched_candidates))  # nothing twice
+
+
+async def test_an_orphan_claim_whose_run_is_in_flight_is_adopted(kit: Kit) -> None:
+    # A crash after the dispatch, before it was stored: the run exists and names its candidate.
+    await kit.reconciler.reconcile(REPO, 1)
+    cand = sc.candidate(H200)
+    kit.repo.branches_at[claim_ref(H200)] = kit.repo.head
+    kit.repo.runs[77] = WorkflowRun(
+        id=77, path=".github/workflows/klaud-candidate.yml", head_sha=kit.repo.head, status="in_progress",
+        display_title=f"Klaud Cold candidate {cand}", created_at=kit.clock.now(),
+    )
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    kit.clock.advance(timedelta(minutes=121).total_seconds())
+    await kit.claims.check_due(kit.state)
+    assert kit.state.dispatches[H200].run_id == 77
+    assert claim_ref(H200) in kit.repo.branches_at
+
+
+async def test_without_a_run_id_in_the_answer_the_run_is_found_by_its_title(kit: Kit) -> None:
+    kit.repo.answer_run_ids = False  # an older GitHub answers 204
+    family, _, _ = await dispatched(kit)
+    assert kit.state.dispatches[family].run_id is None
+    kit.clock.advance(TTL.total_seconds())
+    await kit.claims.check_due(kit.state)
+    dispatch = kit.state.dispatches[family]
+    assert dispatch.run_id is not None and dispatch.run_status == "queued"

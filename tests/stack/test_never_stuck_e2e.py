@@ -1,0 +1,210 @@
+"""Never stuck, never twice (DESIGN §4): crashes, lost events and failures before an outcome,
+end to end against the sandbox GitHub."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from bot.app import Klaud
+from bot.core.domain import claim_ref
+from bot.sandbox import Sandbox
+from bot.web.server import create_app
+from tests import scenarios as sc
+from tests.harness import SECRET, make_settings, sandbox_stack
+
+REPO = "acme/bench"
+ONE_WAVE = 2 * 3600 + 120
+
+
+def decision(wave: Any, family: str) -> Any:
+    return next(d for d in wave.decisions if d.family == family)
+
+
+def dispatched_candidates(github: dict[str, Any]) -> list[str]:
+    return [d["inputs"]["candidate"] for d in github["dispatches"]]
+
+
+@asynccontextmanager
+async def served(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app, shutdown_timeout=0.5, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def klaud_on(sandbox: Sandbox, sandbox_url: str, db: Path) -> AsyncIterator[Klaud]:
+    """A Klaud process on `db`, talking to a sandbox that outlives it (and on its clock)."""
+    settings = make_settings(db, KLAUD_GITHUB_URL=f"{sandbox_url}/_sandbox/github",
+                             KLAUD_CAPACITY_URL=f"{sandbox_url}/_sandbox/capacity")
+    klaud = Klaud(settings, clock=sandbox.clock, check_delay_seconds=0.01,
+                  inbox_options={"base_delay": 0.005, "max_delay": 0.02})
+    async with served(create_app(klaud)) as url:
+        sandbox.deliver_to = f"{url}/webhook"
+        await klaud.start(drain=True, reconcile=True)
+        try:
+            yield klaud
+        finally:
+            sandbox.deliver_to = None
+            await klaud.stop(grace=0.5)
+
+
+async def settle(sandbox: Sandbox, klaud: Klaud) -> None:
+    for _ in range(20):
+        await sandbox.drain()
+        await klaud.inbox.drained()
+        if klaud.inbox.backlog == 0:
+            return
+    raise AssertionError("the bot did not settle")
+
+
+async def test_a_crash_between_claim_and_dispatch_frees_the_family_within_one_light_reconcile(tmp_path):
+    sandbox = Sandbox(sc.scenario(policy="max_candidates_per_wave: 1\n"), webhook_secret=SECRET)
+    async with served(sandbox.create_app()) as sandbox_url:
+        sandbox.world.origin = sandbox_url
+        async with klaud_on(sandbox, sandbox_url, tmp_path / "k.db") as klaud:
+            # The dispatch hangs; the process dies right after its claim ref was created.
+            sandbox.set_faults({"rules": [{"method": "POST", "route": "/dispatches$", "latency_ms": 60_000}]})
+            wave = asyncio.create_task(klaud.waves.run(REPO, trigger="test"))
+            for _ in range(200):
+                if any("claim" in ref for ref in sandbox.state_document()["repositories"][REPO]["refs"]):
+                    break
+                await asyncio.sleep(0.01)
+            wave.cancel()  # nothing after this line runs: the process is gone
+            await asyncio.gather(wave, return_exceptions=True)
+            sandbox.set_faults({"rules": []})
+        [ref] = [r for r in sandbox.state_document()["repositories"][REPO]["refs"] if "claim" in r]
+        async with klaud_on(sandbox, sandbox_url, tmp_path / "k.db") as klaud:
+            state = klaud.live.repo(REPO)
+            assert state is not None and state.claims == {} and state.dispatches == {}
+            first = await klaud.waves.run(REPO, trigger="test")
+            family = next(f for f in state.claims if ref.endswith(claim_ref(f)))
+            assert decision(first, family).decision == "claimed"
+            sandbox.clock.advance(ONE_WAVE)
+            await klaud.reconciler.reconcile(REPO, 1, light=True)
+            assert ref not in sandbox.state_document()["repositories"][REPO]["refs"]
+            again = await klaud.waves.run(REPO, trigger="test")
+            assert decision(again, family).decision == "selected"
+        made = dispatched_candidates(sandbox.state_document()["repositories"][REPO])
+        assert len(made) == len(set(made))  # nothing dispatched twice
+
+
+async def test_a_dropped_completed_delivery_is_recovered_by_the_light_reconcile(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 1\n")) as run:
+        wave = await run.klaud.waves.run(REPO, trigger="test")
+        [cand] = wave.selected
+        family = decision_family(wave, cand)
+        [made] = run.github()["dispatches"]
+        run.sandbox.set_faults({"rules": [{"webhook": "workflow_run", "action": "completed", "count": 1}]})
+        await run.act({"action": "complete_run", "repo": REPO, "run": {
+            "id": made["run_id"], "conclusion": "success",
+            "artifacts": [{"name": f"klaud-candidate-{cand}", "expired": False,
+                           "files": {"candidate-diagnostics.json": sc.diagnostics("incompatible")}}]}})
+        assert family in run.klaud.live.repo(REPO).dispatches  # the event never came
+        await run.act({"action": "advance_clock", "seconds": 3600})
+        await run.klaud.reconciler.reconcile(REPO, 1, light=True)
+        [attempt] = [a for a in run.state()["attempts"] if a["candidate"] == cand]
+        assert (attempt["verified"], attempt["outcome"]) == (True, "incompatible")
+        assert family not in run.klaud.live.repo(REPO).claims
+
+
+def decision_family(wave: Any, cand: str) -> str:
+    return str(next(d.family for d in wave.decisions if d.candidate == cand))
+
+
+async def test_under_thirty_percent_5xx_the_document_matches_the_dispatches(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        run.sandbox.set_faults({"seed": 7, "rules": [
+            {"method": "POST", "route": "/dispatches$", "status": 502, "rate": 0.3}]})
+        wave = await run.klaud.waves.run(REPO, trigger="test")
+        run.sandbox.set_faults({"rules": []})
+        made = dispatched_candidates(run.github())
+        assert sorted(wave.selected) == sorted(made)
+        [stored] = [w for w in await stored_waves(run) if w["wave"] == wave.wave]
+        assert sorted(stored["selected"]) == sorted(made)
+        failed = [d for d in wave.decisions if d.decision == "dispatch-failed"]
+        claims = {ref for ref in run.github()["refs"] if "claim" in ref}
+        assert claims == {f"refs/heads/{claim_ref(decision_family(wave, c))}" for c in made}
+        assert all(f"refs/heads/{claim_ref(d.family)}" not in claims for d in failed)
+
+
+async def stored_waves(run: Any) -> list[dict[str, Any]]:
+    records = await run.klaud.store.load(REPO)
+    return list(records.get("wave", {}).values())
+
+
+def failing_jobs() -> list[dict[str, Any]]:
+    return [{"name": "get-jobs", "conclusion": "failure",
+             "steps": [{"name": "Generate matrix", "conclusion": "failure"}]}]
+
+
+async def test_runs_failing_in_get_jobs_pause_dispatch_until_a_canary_succeeds(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        wave = await run.klaud.waves.run(REPO, trigger="test")
+        assert len(wave.selected) == 5
+        for made in run.github()["dispatches"]:
+            await run.act({"action": "complete_run", "repo": REPO, "run": {
+                "id": made["run_id"], "conclusion": "failure", "jobs": failing_jobs()}})
+        state = run.state()
+        assert state["blocked"]["code"] == "dispatch-paused"
+        assert "job get-jobs, step Generate matrix" in state["blocked"]["reason"]
+        await run.act({"action": "advance_clock", "seconds": ONE_WAVE})
+        paused = await run.klaud.waves.run(REPO, trigger="test")
+        assert paused.selected == () and paused.document()["blocked"]["code"] == "dispatch-paused"
+        assert {d.decision for d in paused.decisions} >= {"paused"}
+        assert "dispatch paused" in (await run.klaud.plan_document(REPO))["blocked"]["reason"]
+        # A push arms the canary: one candidate goes out.
+        await run.act({"action": "push_default", "repo": REPO, "files": {"README.md": "fixed the matrix\n"}})
+        canary = await run.klaud.waves.run(REPO, trigger="test")
+        [cand] = canary.selected
+        [made] = [d for d in run.github()["dispatches"] if d["inputs"]["candidate"] == cand][-1:]
+        await run.act({"action": "complete_run", "repo": REPO, "run": {
+            "id": made["run_id"], "conclusion": "success",
+            "artifacts": [{"name": f"klaud-candidate-{cand}", "expired": False,
+                           "files": {"candidate-diagnostics.json": sc.diagnostics("capacity-deferred")}}]}})
+        assert run.state()["blocked"] is None
+        resumed = await run.klaud.waves.run(REPO, trigger="test")
+        assert resumed.document()["blocked"] is None and resumed.selected
+
+
+async def test_a_candidate_failing_twice_before_an_outcome_cools_down_once_does_not(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 1\n")) as run:
+        for attempt in (1, 2):
+            wave = await run.klaud.waves.run(REPO, trigger="test")
+            [cand] = wave.selected
+            family = decision_family(wave, cand)
+            made = run.github()["dispatches"][-1]
+            await run.act({"action": "complete_run", "repo": REPO, "run": {
+                "id": made["run_id"], "conclusion": "failure", "jobs": failing_jobs()}})
+            preview = await run.klaud.waves.preview(REPO)
+            verdict = decision(preview, family)
+            if attempt == 1:
+                assert verdict.decision == "selected"  # once: eligible next wave
+            else:
+                assert verdict.decision == "cooldown"
+                assert "job get-jobs, step Generate matrix" in verdict.reason
+            await run.act({"action": "advance_clock", "seconds": 600})
+
+
+async def test_a_misnamed_candidate_workflow_is_a_setup_error_with_zero_claim_writes(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(policy="candidate_workflow: klaud-candidat.yml\n")) as run:
+        run.reset_requests()
+        wave = await run.klaud.waves.run(REPO, trigger="test")
+        assert run.requests["total"] == 0 and wave.selected == ()
+        assert wave.document()["blocked"]["code"] == "setup-error"
+        assert run.state()["setup_errors"][0]["code"] == "candidate-workflow-missing"
+        # The push that fixes the name lifts it.
+        await run.act({"action": "push_default", "repo": REPO, "files": {".github/klaud.yml": None}})
+        assert run.state()["blocked"] is None
+        assert (await run.klaud.waves.run(REPO, trigger="test")).selected

@@ -126,7 +126,8 @@ async def rebuild(path: Path) -> dict[str, float | dict[str, int]]:
         started = time.perf_counter()
         await live.load()
         elapsed = time.perf_counter() - started
-        state = live.repos[big.REPO]
+        state = live.repo(big.REPO)
+        assert state is not None
         return {
             "seconds": elapsed,
             "counts": {"families": len(state.catalog), "pulls": len(state.overlap), "attempts": len(state.ledger)},

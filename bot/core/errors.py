@@ -1,23 +1,29 @@
 """How a handler error is treated by the inbox (DESIGN §1).
 
-Transient errors (network, timeouts, 5xx, rate limits) retry the delivery with backoff.
-Permanent ones (a 4xx other than a rate limit, such as a 404 for a repository or pull
-request that no longer exists, or a payload that fails validation) fail it at once: a
-retry would only repeat the same answer.
+Transient errors (the network, timeouts, GitHub's 5xx and rate limits, a busy store) retry
+the delivery with backoff. Everything else fails it at once: a 4xx other than a rate limit
+(a repository or pull request that no longer exists), a payload that fails validation, and
+any bug a retry would only repeat while the repository's queue waits behind it.
 """
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+import sqlite3
 
 
 class PermanentError(Exception):
     """Raised by handlers for input that can never be processed (bad payload, gone object)."""
 
+    transient = False
+
+
+def is_transient(exc: BaseException) -> bool:
+    # Klaud's own errors (the GitHub client's, the store's) say whether a retry can help.
+    marked = getattr(exc, "transient", None)
+    if isinstance(marked, bool):
+        return marked
+    return isinstance(exc, (TimeoutError, ConnectionError, sqlite3.OperationalError))
+
 
 def is_permanent(exc: BaseException) -> bool:
-    if isinstance(exc, (PermanentError, ValidationError)):
-        return True
-    # The GitHub client's errors say themselves whether a retry can help.
-    transient = getattr(exc, "transient", None)
-    return transient is False
+    return not is_transient(exc)

@@ -51,6 +51,8 @@ from bot.core.events import Job
 MiB = 1024 * 1024
 DIAGNOSTICS_MEMBER = "candidate-diagnostics.json"
 MAX_MEMBER_BYTES = 8 * MiB
+# upload-artifact writes one entry here; a few hundred leave room for what people add.
+MAX_ENTRIES = 1000
 MAX_ARCHIVE_BYTES = 64 * MiB
 MAX_RUN_IDS = 256
 
@@ -70,6 +72,7 @@ ERROR_CODES: dict[str, bool] = {
     "download-too-large": False,  # archive over MAX_ARCHIVE_BYTES
     "artifact-missing": False,  # a run Klaud dispatched finished without the artifact
     "run-failed": False,  # a run Klaud dispatched failed before producing the artifact
+    "too-many-entries": False,  # an archive listing more entries than an artifact needs
 }
 
 
@@ -230,10 +233,36 @@ def _read_member(data: bytes, *, member: str, max_bytes: int) -> bytes:
 
 
 def _open_archive(data: bytes) -> zipfile.ZipFile:
+    # zipfile builds an object per entry of the central directory before anything can be
+    # checked: an archive of a million tiny entries costs hundreds of MiB. Its own count,
+    # at the archive's end, is read first.
+    entries = _declared_entries(data)
+    if entries is not None and entries > MAX_ENTRIES:
+        raise ArtifactError("too-many-entries", f"archive lists {entries} entries, over {MAX_ENTRIES}")
     try:
         return zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, NotImplementedError, ValueError, OSError, EOFError) as error:
         raise ArtifactError("not-a-zip", str(error) or type(error).__name__) from error
+
+
+_EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
+_ZIP64_LOCATOR = struct.Struct("<4sLQL")
+_ZIP64_EOCD = struct.Struct("<4sQ2H2L4Q")
+
+
+def _declared_entries(data: bytes) -> int | None:
+    """The entry count the archive's end of central directory declares (None: no such record)."""
+    at = data.rfind(b"PK\x05\x06", max(0, len(data) - _EOCD.size - 0xFFFF))
+    if at < 0 or at + _EOCD.size > len(data):
+        return None
+    entries = _EOCD.unpack_from(data, at)[4]
+    locator_at = at - _ZIP64_LOCATOR.size
+    if entries != 0xFFFF or locator_at < 0:
+        return int(entries)
+    signature, _, record_at, _ = _ZIP64_LOCATOR.unpack_from(data, locator_at)
+    if signature != b"PK\x06\x07" or record_at + _ZIP64_EOCD.size > len(data):
+        return None
+    return int(_ZIP64_EOCD.unpack_from(data, record_at)[7])
 
 
 def _find_member(infos: list[zipfile.ZipInfo], member: str) -> zipfile.ZipInfo:

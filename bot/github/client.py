@@ -454,10 +454,12 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
                 attempt += 1
                 continue
             self._note_rate_limit(response.headers)
-            if response.status == 401 and rejected is None and "authorization" in headers:
-                # One fresh credential per call, not counted as an attempt: an expired or
-                # revoked token is renewed, one GitHub keeps refusing ends as Unauthorized.
+            if response.status == 401 and "authorization" in headers and attempt < self._transport.max_attempts:
+                # GitHub refused the credential before doing anything, so sending again is
+                # safe: a fresh one is minted for each try, and a credential GitHub keeps
+                # refusing ends as Unauthorized (transient: the delivery retries later).
                 rejected = headers["authorization"]
+                attempt += 1
                 continue
             if not await self._ready_to_retry(method, url, response, attempt):
                 return response

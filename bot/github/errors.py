@@ -31,7 +31,13 @@ class BadRequest(GitHubError):
 
 
 class Unauthorized(GitHubError):
-    """401 even after minting a fresh credential."""
+    """401 even after minting fresh credentials.
+
+    Transient: tokens are minted per installation and GitHub's token service has bad
+    minutes; a delivery (a /klaud hold, say) must not be lost to them.
+    """
+
+    transient = True
 
 
 class TooLarge(GitHubError):

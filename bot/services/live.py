@@ -40,6 +40,8 @@ class LiveState:
         self.github = github
         self.clock = clock
         self.bot_logins = bot_logins
+        # Keyed by the lower-cased name: GitHub's names are case-insensitive, and `ACME/Bench`
+        # must never become a second copy of `acme/bench` (with dispatches of its own).
         self.repos: dict[str, RepoState] = {}
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.listeners: list[Listener] = []
@@ -48,7 +50,10 @@ class LiveState:
         return self._locks[repo.lower()]
 
     def repo(self, name: str) -> RepoState | None:
-        return self.repos.get(name)
+        return self.repos.get(name.lower())
+
+    def put(self, state: RepoState) -> None:
+        self.repos[state.name.lower()] = state
 
     def api(self, state: RepoState) -> RepoAPI:
         """The repository's GitHub operations, as its installation."""
@@ -73,7 +78,7 @@ class LiveState:
             meta = await self.store.get("", "repo", name)
             if meta is None:
                 continue
-            self.repos[name] = RepoState.from_records(name, records, meta)
+            self.put(RepoState.from_records(name, records, meta))
         log.info("live.loaded", repositories=len(self.repos))
 
     async def persist(self, change: Change) -> None:
@@ -88,7 +93,8 @@ class LiveState:
     async def forget(self, name: str) -> None:
         """An uninstalled repository: its state leaves memory and the store."""
         async with self.lock(name):
-            self.repos.pop(name, None)
+            state = self.repos.pop(name.lower(), None)
+            name = state.name if state is not None else name
             change = Change()
             for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry", "wave"):
                 change.clear(name, kind)

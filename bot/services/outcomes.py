@@ -9,6 +9,7 @@ recorded attempt ends its candidate's dispatch and releases its claim.
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 import random
 from dataclasses import dataclass
@@ -200,7 +201,8 @@ class OutcomeRecorder:
             log.warning("outcome.download_failed", candidate=candidate, run_id=info.run_id, error=str(exc))
             return unverified("download-failed", transient=True)
         try:
-            outcome = read_outcome_artifact(data)
+            # Off the event loop: a hostile archive must not stall every other delivery.
+            outcome = await asyncio.to_thread(read_outcome_artifact, data)
         except ArtifactError as exc:
             log.warning(
                 "outcome.artifact_invalid", candidate=candidate, run_id=info.run_id, code=exc.code, detail=exc.detail

@@ -9,6 +9,8 @@ policy only when it moved) and the open PRs' heads (files only for heads that mo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -28,6 +30,23 @@ from bot.store.change import Change
 log = structlog.get_logger("klaud.reconcile")
 
 
+# Backoff of a failed reconcile: a minute, doubling up to an hour.
+FIRST_RETRY = timedelta(minutes=1)
+MAX_RETRY = timedelta(hours=1)
+DISCOVERY = "installations"
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileFailure:
+    installation: int
+    error: str
+    attempts: int
+    next_at: datetime
+
+    def document(self) -> dict[str, object]:
+        return {"error": self.error, "attempts": self.attempts, "retry_at": stamp(self.next_at)}
+
+
 class Reconciler:
     def __init__(
         self, live: LiveState, catalog: CatalogSync, pulls: PullSync, outcomes: OutcomeRecorder, claims: ClaimKeeper
@@ -37,6 +56,8 @@ class Reconciler:
         self.pulls = pulls
         self.outcomes = outcomes
         self.claims = claims
+        # Repository (or "installations") -> its last failed reconcile, until one succeeds.
+        self.failures: dict[str, ReconcileFailure] = {}
 
     async def state_for(self, event: RepoEvent) -> RepoState | None:
         """The event's repository, reconciled first if this is the first we hear of it."""
@@ -67,7 +88,7 @@ class Reconciler:
                 await self.outcomes.recent_runs(state, api, change)
             state.meta.reconciled_at = stamp(self.live.clock.now())
             state.save_meta(change)
-            self.live.repos[name] = state
+            self.live.put(state)
             await self.live.persist(change)
         report = {"repo": name, "light": light, "before": before, "after": _counts(state), **pulls}
         log.info("live.reconciled", **report)
@@ -75,7 +96,12 @@ class Reconciler:
         return report
 
     async def reconcile_new_installations(self) -> list[str]:
-        """Reconcile every installed repository that has no local state yet."""
+        """Reconcile every installed repository that has no local state yet.
+
+        GitHub trouble never stops Klaud from serving: a repository whose reconcile fails is
+        remembered with its error and tried again with backoff (`retry_failed`), and the
+        failures show on /readyz and the admin API (`failures`).
+        """
         github = self.live.github
         done: list[str] = []
         if github is None:
@@ -83,14 +109,47 @@ class Reconciler:
         try:
             installations = await github.installations()
         except GitHubError as exc:
-            log.error("startup.installations_unavailable", error=str(exc))
+            self._note_failure(DISCOVERY, 0, exc)
             return done
+        self.failures.pop(DISCOVERY, None)
         for installation in installations:
-            for repo in await github.repositories(installation):
-                if self.live.repo(repo.full_name) is None:
-                    await self.reconcile(repo.full_name, installation)
+            try:
+                repositories = await github.repositories(installation)
+            except GitHubError as exc:
+                self._note_failure(f"installation {installation}", installation, exc)
+                continue
+            self.failures.pop(f"installation {installation}", None)
+            for repo in repositories:
+                if self.live.repo(repo.full_name) is None and await self._try_reconcile(repo.full_name, installation):
                     done.append(repo.full_name)
         return done
+
+    async def retry_failed(self) -> None:
+        """Try again every failed reconcile whose backoff has passed."""
+        now = self.live.clock.now()
+        due = [(name, f) for name, f in self.failures.items() if f.next_at <= now]
+        for name, failure in due:
+            if name == DISCOVERY or name.startswith("installation "):
+                await self.reconcile_new_installations()
+            else:
+                await self._try_reconcile(name, failure.installation)
+
+    async def _try_reconcile(self, name: str, installation: int) -> bool:
+        try:
+            await self.reconcile(name, installation)
+        except GitHubError as exc:
+            self._note_failure(name, installation, exc)
+            return False
+        self.failures.pop(name, None)
+        return True
+
+    def _note_failure(self, name: str, installation: int, exc: GitHubError) -> None:
+        previous = self.failures.get(name)
+        attempts = previous.attempts + 1 if previous is not None else 1
+        wait = min(FIRST_RETRY * 2 ** (attempts - 1), MAX_RETRY)
+        failure = ReconcileFailure(installation, str(exc), attempts, self.live.clock.now() + wait)
+        self.failures[name] = failure
+        log.warning("reconcile.failed", repo=name, error=failure.error, attempts=attempts, retry_at=stamp(failure.next_at))
 
     async def _pulls(self, state: RepoState, api: RepoAPI, change: Change) -> dict[str, int]:
         seen: set[int] = set()

@@ -97,6 +97,7 @@ class Scheduler:
                 waved.append(name)
             await self._guarded(name, self._light_reconcile_if_due(name, state))
         await self.outcomes.retry_artifacts()
+        await self.reconciler.retry_failed()
         if self.clock.now() - self._housekeeping_at >= LIGHT_RECONCILE_EVERY:
             # Housekeeping on the light-reconcile cadence: new installations, retention.
             self._housekeeping_at = self.clock.now()

@@ -549,6 +549,7 @@ def test_error_codes_and_transience() -> None:
         "not-a-zip", "member-missing", "member-too-large", "unsafe-path", "invalid-json",
         "outcome-missing", "outcome-invalid", "artifact-expired", "artifact-not-found",
         "download-failed", "download-too-large", "artifact-missing", "run-failed",
+        "too-many-entries",
     }
     assert [code for code, transient in ERROR_CODES.items() if transient] == ["download-failed"]
     assert ArtifactError("download-failed", "502").transient
@@ -891,3 +892,28 @@ def test_check_conclusion(outcome: str) -> None:
 
     assert check_conclusion(outcome) == expected  # type: ignore[arg-type]
     assert (expected == "neutral") == (outcome in NEUTRAL_OUTCOMES)
+
+
+def test_an_archive_of_too_many_entries_is_refused_before_it_is_parsed() -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(MEMBER, diagnostics(outcome_doc()))
+        for n in range(1500):
+            archive.writestr(f"padding/{n}", b"")
+    error = artifact_error(buffer.getvalue())
+    assert error.code == "too-many-entries" and "1501 entries" in error.detail
+
+
+def test_a_zip64_archive_declares_its_count_in_the_zip64_record() -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", allowZip64=True) as archive:
+        archive.writestr(MEMBER, diagnostics(outcome_doc()))
+    data = bytearray(buffer.getvalue())
+    # Rewrite the archive's end as zip64 with an absurd count, like a hostile tool would.
+    at = data.rfind(b"PK\x05\x06")
+    record = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 10**6, 10**6, 0, 0)
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, at, 1)
+    eocd = bytearray(data[at:])
+    eocd[8:12] = b"\xff\xff\xff\xff"
+    hostile = bytes(data[:at]) + record + locator + bytes(eocd)
+    assert artifact_error(hostile).code == "too-many-entries"

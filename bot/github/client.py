@@ -238,9 +238,18 @@ def route_template(path: str) -> str:
     return f"/{segments[0]}" + ("/{rest}" if len(segments) > 1 else "")
 
 
-def _origin(url: str) -> tuple[str, str]:
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port made explicit.
+
+    `https://ghe.example.com:443/api/v3` and the `https://ghe.example.com/…` URLs its API
+    returns are one origin: the token must go to both, and only to them.
+    """
     parts = urlsplit(url)
-    return parts.scheme.lower(), parts.netloc.lower()
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or DEFAULT_PORTS.get(scheme)
 
 
 def _message_of(body: bytes) -> str:
@@ -378,7 +387,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         self._creates_are_safe = creates_are_safe
         self._gate = _RateGate(transport.clock)
         self._writes = _WriteSpacer(transport.clock, transport.write_spacing)
-        self._origin = _origin(transport.base_url)
+        self._origin = origin_of(transport.base_url)
         self._base_path = urlsplit(transport.base_url).path.rstrip("/")
 
     async def sleep(self, seconds: float) -> None:
@@ -492,7 +501,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
     async def _authorize(self, headers: dict[str, str], url: str, rejected: str | None) -> None:
         # The credential goes only to the API's own origin, never to a host a URL from a
         # response points at.
-        if _origin(url) == self._origin:
+        if origin_of(url) == self._origin:
             headers["authorization"] = await self._credential(rejected)
         else:
             headers.pop("authorization", None)
@@ -568,7 +577,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             self._gate.block_until(float(reset))
 
     def _route(self, url: str) -> str:
-        if _origin(url) != self._origin:
+        if origin_of(url) != self._origin:
             return "(external)"
         path = urlsplit(url).path
         if self._base_path and path.startswith(self._base_path + "/"):

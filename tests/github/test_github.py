@@ -39,6 +39,7 @@ from bot.github.client import (
     Unauthorized,
     Unavailable,
     backoff_delay,
+    origin_of,
     rate_limit_wait,
     route_template,
 )
@@ -1002,3 +1003,18 @@ async def test_sandbox_strict_auth_refuses_another_key(sandboxed: Callable[..., 
     with pytest.raises(Unauthorized):
         await inst.getitem("/repos/acme/bench/pulls/1")
     assert sb.statuses("POST", MINT) == [401] * 5
+
+
+@pytest.mark.parametrize(
+    ("api", "url", "same"),
+    [
+        ("https://ghe.example.com:443/api/v3", "https://ghe.example.com/api/v3/repos/a/b", True),
+        ("https://ghe.example.com/api/v3", "https://GHE.example.com:443/api/v3/x", True),
+        ("http://127.0.0.1:80/_sandbox/github", "http://127.0.0.1/_sandbox/github/x", True),
+        ("https://ghe.example.com", "https://ghe.example.com:8443/x", False),
+        ("https://ghe.example.com", "http://ghe.example.com/x", False),
+        ("https://api.github.com", "https://objects.githubusercontent.com/x", False),
+    ],
+)
+def test_origins_compare_with_default_ports_made_explicit(api: str, url: str, same: bool) -> None:
+    assert (origin_of(api) == origin_of(url)) is same

@@ -11,6 +11,7 @@ from gidgethub import routing
 
 from handlers import (
     check_run,
+    check_suite,
     installation,
     installation_repositories,
     issue_comment,
@@ -30,5 +31,6 @@ router = routing.Router(
     workflow_run.router,
     issue_comment.router,
     check_run.router,
+    check_suite.router,
     repository_dispatch.router,
 )

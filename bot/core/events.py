@@ -183,6 +183,15 @@ class CheckRunEvent(RepoEvent):
     check_run: CheckRun
 
 
+class CheckSuite(_Model):
+    head_sha: str
+
+
+class CheckSuiteEvent(RepoEvent):
+    action: str
+    check_suite: CheckSuite
+
+
 class RepositoryDispatchEvent(RepoEvent):
     action: str
 

@@ -105,9 +105,11 @@ class CheckPublisher:
 
     async def rerequested(self, state: RepoState, event: CheckRunEvent) -> None:
         """A person asked for the check again: re-render it on that head."""
-        run = event.check_run
-        if run.name != CHECK_NAME:
-            return
+        if event.check_run.name == CHECK_NAME:
+            await self.rerender_head(state, event.check_run.head_sha)
+
+    async def rerender_head(self, state: RepoState, head_sha: str) -> None:
+        """Re-render the check run of the Klaud PR at `head_sha` ("Re-run all checks" too)."""
         for pull in state.overlap.prs():
-            if pull.klaud_own and pull.head_sha == run.head_sha:
+            if pull.klaud_own and pull.head_sha == head_sha:
                 await self.publish((state.name, pull.number), force=True)

@@ -208,6 +208,23 @@ async def test_rerequested_rerenders_and_own_check_events_are_ignored(tmp_path):
         assert run.requests["by_route"].get("PATCH /repos/{owner}/{repo}/check-runs/{check_run_id}") == 1
 
 
+async def test_re_run_all_checks_rerenders_the_klaud_check_run(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await run.klaud.checks.publish(("acme/bench", 50))
+        [check] = checks(run)
+        run.reset_requests()
+        await run.act({"action": "rerequest_suite", "repo": "acme/bench", "head_sha": check["head_sha"], "user": "bob"})
+        assert run.requests["by_route"].get("PATCH /repos/{owner}/{repo}/check-runs/{check_run_id}") == 1
+
+
+async def test_a_push_that_breaks_the_policy_rerenders_the_check_runs_at_once(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await run.klaud.checks.publish(("acme/bench", 50))
+        await run.act({"action": "push_default", "repo": "acme/bench", "files": {".github/klaud.yml": "cooldown_hours: 0\n"}})
+        [check] = checks(run)  # no other event, no forced publish
+        assert "Invalid `.github/klaud.yml`" in check["output"]["summary"]
+
+
 async def test_invalid_policy_is_reported_on_the_check_run(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
         await run.act({"action": "push_default", "repo": "acme/bench", "files": {".github/klaud.yml": "cooldown_hours: 0\n"}})

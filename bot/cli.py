@@ -22,6 +22,7 @@ from bot.core.domain import parse_time
 from bot.core.report import render_requests, render_wave_table
 from bot.github.errors import GitHubError
 from bot.github.repo import GitHubRepos
+from bot.services.doctor import diagnose
 from bot.log import configure_logging
 from bot.runtime import scenario_from, start_stack
 from bot.sandbox import Sandbox, ScenarioError, load_scenario
@@ -64,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     reconcile = sub.add_parser("reconcile", help="rebuild local state from the GitHub API")
     reconcile.add_argument("--repo", help="OWNER/NAME (default: every installed repository)")
+
+    doctor = sub.add_parser("doctor", help="check an installation end to end, one line per check with a fix")
+    doctor.add_argument("--repo", help="OWNER/NAME (default: every installed repository)")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     return parser
 
 
@@ -171,19 +176,42 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _installed(klaud: Klaud, repo: str | None) -> list[tuple[str, int]]:
+    """(repository, installation) of every installed repository, or of `repo` alone."""
+    targets: list[tuple[str, int]] = []
+    github = GitHubRepos(klaud.github)
+    for installation in await github.installations():
+        for found in await github.repositories(installation):
+            if repo is None or found.full_name.lower() == repo.lower():
+                targets.append((found.full_name, installation))
+    if repo and not targets:
+        raise UsageError(f"--repo: {repo} is not installed for this App")
+    return targets
+
+
+async def _doctor(settings: Settings, args: argparse.Namespace) -> int:
+    klaud = Klaud(settings)
+    await klaud.start(drain=False)
+    failed = False
+    try:
+        for name, installation in await _installed(klaud, args.repo):
+            checks = await diagnose(klaud.live, klaud.reconciler.catalog, klaud.capacity, name, installation)
+            failed = failed or not all(check.ok for check in checks)
+            if args.json:
+                print(json.dumps({"repo": name, "checks": [check.document() for check in checks]}))
+            else:
+                print(name)
+                print("\n".join("  " + check.line() for check in checks))
+    finally:
+        await klaud.stop()
+    return 1 if failed else 0
+
+
 async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
     klaud = Klaud(settings)
     await klaud.start(drain=False)
     try:
-        targets: list[tuple[str, int]] = []
-        github = GitHubRepos(klaud.github)
-        for installation in await github.installations():
-            for repo in await github.repositories(installation):
-                if args.repo is None or repo.full_name.lower() == args.repo.lower():
-                    targets.append((repo.full_name, installation))
-        if args.repo and not targets:
-            raise UsageError(f"--repo: {args.repo} is not installed for this App")
-        for name, installation in targets:
+        for name, installation in await _installed(klaud, args.repo):
             print(json.dumps(await klaud.reconciler.reconcile(name, installation)))
     finally:
         await klaud.stop()
@@ -222,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(
             require_secret=args.command == "serve",
-            require_app=(args.command == "serve" and not args.sandbox) or args.command == "reconcile",
+            require_app=(args.command == "serve" and not args.sandbox) or args.command in ("reconcile", "doctor"),
         )
     except SettingsError as exc:
         print(f"klaud: {exc}", file=sys.stderr)
@@ -248,6 +276,7 @@ COMMANDS = {
     "plan": _plan,
     "receive": _receive,
     "reconcile": _reconcile,
+    "doctor": _doctor,
 }
 
 

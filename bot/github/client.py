@@ -751,6 +751,13 @@ class GitHubApp:
             return jwt.encode(payload, "", algorithm="none")
         return jwt.encode(payload, self._private_key, algorithm="RS256")
 
+    async def repo_installation(self, full_name: str) -> dict[str, Any]:
+        """`GET /repos/{owner}/{repo}/installation` as the App (its JWT, not a token)."""
+        owner, _, repo = full_name.partition("/")
+        with _github_errors(self._clock):
+            answer = await self._api.getitem("/repos/{owner}/{repo}/installation", {"owner": owner, "repo": repo})
+        return dict(answer)
+
     async def installations(self) -> list[dict[str, Any]]:
         with _github_errors(self._clock):
             return [item async for item in self._api.getiter("/app/installations")]

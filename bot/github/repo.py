@@ -269,3 +269,7 @@ class GitHubRepos:
 
     def repo(self, full_name: str, installation: int) -> GitHubRepo:
         return GitHubRepo(self.app.installation(installation), full_name)
+
+    async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
+        answer = await self.app.repo_installation(full_name)
+        return dict(answer.get("permissions") or {}), list(answer.get("events") or [])

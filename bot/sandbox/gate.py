@@ -216,6 +216,9 @@ class RateLimits:
 # --- authentication --------------------------------------------------------------------
 
 
+# Routes GitHub answers only for the App's JWT, outside /app: "find the installation".
+APP_ROUTE_RE = re.compile(r"^/(repos/[^/]+/[^/]+|orgs/[^/]+|users/[^/]+)/installation$")
+
 def credential(header: str | None) -> str | None:
     """The token of an `Authorization: token X` / `Bearer X` header."""
     if not header:
@@ -245,7 +248,7 @@ class Auth:
             return self.world.token_installation(token) if token else None
         if token is None:
             raise ApiError(401, "Bad credentials")
-        if path.startswith("/app/") or path == "/app":
+        if path.startswith("/app/") or path == "/app" or APP_ROUTE_RE.match(path):
             self.verify_jwt(token)
             return None
         installation = self.world.token_installation(token)

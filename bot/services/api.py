@@ -89,6 +89,10 @@ class ReposAPI(Protocol):
 
     def repo(self, full_name: str, installation: int) -> RepoAPI: ...
 
+    async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
+        """The permissions and events the repository's installation granted the App."""
+        ...
+
 
 class CapacitySource(Protocol):
     """Which clusters may take work now (`capacity_feed.CapacityFeed` reads the real feed)."""

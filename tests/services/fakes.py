@@ -28,6 +28,7 @@ from bot.core.events import (
     Repository,
     WorkflowRun,
 )
+from bot.core.doctor import REQUIRED_EVENTS, REQUIRED_PERMISSIONS
 from bot.github.errors import GitHubError
 
 DEFAULT_BRANCH = "main"
@@ -259,3 +260,6 @@ class FakeRepos:
 
     def repo(self, full_name: str, installation: int) -> FakeRepo:
         return self.repos[full_name]
+
+    async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
+        return dict(REQUIRED_PERMISSIONS), sorted(REQUIRED_EVENTS)

@@ -1,0 +1,137 @@
+"""`klaud doctor`: is a repository ready for Klaud? (DESIGN §3.1)
+
+Each check turns what was read of the installation and the repository into one line a
+person can act on: what is wrong and how to fix it. The reading is done elsewhere
+(`bot.services.doctor`); these rules are pure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from bot.core.domain import CapacityReading, Family
+from bot.core.setup import SetupError, workflow_path
+
+# What Klaud asks for in app.yaml (tests/core/test_doctor.py keeps the two equal).
+REQUIRED_PERMISSIONS: Mapping[str, str] = {
+    "metadata": "read",
+    "contents": "write",
+    "pull_requests": "read",
+    "issues": "write",
+    "actions": "write",
+    "checks": "write",
+}
+REQUIRED_EVENTS = frozenset(
+    {"pull_request", "push", "workflow_run", "issue_comment", "issues", "check_run", "check_suite", "repository_dispatch"}
+)
+_LEVELS = {"none": 0, "read": 1, "write": 2, "admin": 3}
+_RUN_NAME_RE = re.compile(r"^run-name:.*\$\{\{\s*inputs\.(?P<input>[\w-]+)\s*\}\}", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    hint: str = ""  # how to fix it, when it failed
+
+    def document(self) -> dict[str, object]:
+        return {"check": self.name, "ok": self.ok, "detail": self.detail, "hint": self.hint}
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else "FAIL"
+        fix = f" (fix: {self.hint})" if self.hint and not self.ok else ""
+        return f"{mark}  {self.name}: {self.detail}{fix}"
+
+
+def permission_check(granted: Mapping[str, str]) -> Check:
+    missing = [
+        f"{name}: {level}" for name, level in REQUIRED_PERMISSIONS.items()
+        if _LEVELS.get(granted.get(name, "none"), 0) < _LEVELS[level]
+    ]
+    if missing:
+        return Check(
+            "permissions", False, "the installation lacks " + ", ".join(missing),
+            "grant them in the App's settings (Permissions), then accept them on the installation",
+        )
+    return Check("permissions", True, "every permission Klaud needs is granted")
+
+
+def events_check(subscribed: Iterable[str]) -> Check:
+    missing = sorted(REQUIRED_EVENTS - set(subscribed))
+    if missing:
+        return Check(
+            "events", False, "the App is not subscribed to " + ", ".join(missing),
+            "tick them under 'Subscribe to events' in the App's settings",
+        )
+    return Check("events", True, "subscribed to every event Klaud reads")
+
+
+def workflow_checks(workflow: str, text: str | None, errors: Sequence[SetupError], candidate_input: str | None) -> list[Check]:
+    """The candidate workflow: present, dispatchable, the inputs Klaud sends, a run-name."""
+    path = workflow_path(workflow)
+    if errors:
+        return [
+            Check("candidate workflow", False, error.detail, _workflow_hint(error.code)) for error in errors
+        ]
+    checks = [Check("candidate workflow", True, f"{path} takes Klaud's dispatches")]
+    run_name = _RUN_NAME_RE.search(text or "")
+    if candidate_input is not None and (run_name is None or run_name["input"] != candidate_input):
+        checks.append(
+            Check(
+                "run-name", False, f"{path} does not name its runs with the candidate id",
+                f"add `run-name: Klaud Cold candidate ${{{{ inputs.{candidate_input} }}}}` (see deploy/klaud-candidate.yml)",
+            )
+        )
+    else:
+        checks.append(Check("run-name", True, "runs are titled with the candidate id"))
+    return checks
+
+
+def _workflow_hint(code: str) -> str:
+    return {
+        "candidate-workflow-missing": "add the workflow (deploy/klaud-candidate.yml is a start) or set candidate_workflow",
+        "candidate-workflow-invalid": "fix the workflow's YAML",
+        "candidate-workflow-not-dispatchable": "add `workflow_dispatch:` to its `on:` triggers",
+        "candidate-workflow-inputs": "declare the inputs, or map Klaud's values with candidate_inputs in .github/klaud.yml",
+    }.get(code, "see the workflow")
+
+
+def policy_check(policy_error: str | None) -> Check:
+    if policy_error is not None:
+        return Check("policy", False, policy_error, "fix .github/klaud.yml on the default branch")
+    return Check("policy", True, ".github/klaud.yml is valid (or absent: all defaults)")
+
+
+def config_checks(config_errors: Mapping[str, str], runners_file: str, families: int) -> list[Check]:
+    """Master configs and runners.yaml parse; every runner resolves to a declared cluster."""
+    parse = {path: detail for path, detail in config_errors.items() if path != runners_file}
+    runners = config_errors.get(runners_file)
+    checks = [
+        Check("master configs", False, detail, "fix the YAML on the default branch") for detail in parse.values()
+    ] or [Check("master configs", True, f"{families} families parsed")]
+    if runners is not None:
+        checks.append(
+            Check("runners", False, runners, f"declare the cluster in {runners_file} or fix the runner's name")
+        )
+    else:
+        checks.append(Check("runners", True, "every runner resolves to a declared cluster"))
+    return checks
+
+
+def capacity_check(reading: CapacityReading, families: Iterable[Family]) -> Check:
+    if reading.error is not None:
+        return Check(
+            "capacity feed", False, f"the feed cannot be used ({reading.error})",
+            "set KLAUD_CAPACITY_URL and KLAUD_CAPACITY_TOKEN to the cluster status feed",
+        )
+    wanted = sorted({cluster for family in families for cluster in family.clusters})
+    unknown = [cluster for cluster in wanted if cluster not in reading.known]
+    if unknown:
+        return Check(
+            "capacity feed", False, "the feed does not report " + ", ".join(unknown),
+            "make the feed report these cluster ids, or fix their names in runners.yaml",
+        )
+    return Check("capacity feed", True, f"reports all {len(wanted)} clusters the families target")

@@ -1,0 +1,66 @@
+"""`klaud doctor`'s checks (bot/core/doctor.py) and the manifest they check against."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from bot.core.doctor import (
+    REQUIRED_EVENTS,
+    REQUIRED_PERMISSIONS,
+    capacity_check,
+    config_checks,
+    events_check,
+    permission_check,
+    workflow_checks,
+)
+from bot.core.domain import CapacityReading
+from bot.core.setup import SetupError
+from tests.builders import family
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+
+
+def test_app_yaml_asks_for_exactly_what_the_doctor_requires() -> None:
+    manifest = yaml.safe_load((ROOT / "app.yaml").read_text())
+    assert manifest["default_permissions"] == dict(REQUIRED_PERMISSIONS)
+    assert set(manifest["default_events"]) == REQUIRED_EVENTS
+
+
+def test_missing_permissions_and_events_are_named_with_a_fix() -> None:
+    check = permission_check({**REQUIRED_PERMISSIONS, "issues": "read", "checks": "none"})
+    assert not check.ok and "issues: write" in check.detail and "checks: write" in check.detail
+    assert "Permissions" in check.hint
+    assert permission_check({**REQUIRED_PERMISSIONS, "contents": "admin"}).ok  # more is enough
+    check = events_check(REQUIRED_EVENTS - {"issues"})
+    assert not check.ok and check.detail.endswith("issues")
+
+
+def test_the_workflow_needs_a_run_name_with_the_candidate() -> None:
+    text = "on:\n  workflow_dispatch:\n    inputs: {candidate: {}}\n"
+    checks = workflow_checks("w.yml", text, [], "candidate")
+    assert [c.ok for c in checks] == [True, False] and "inputs.candidate" in checks[1].hint
+    named = "run-name: Klaud ${{ inputs.candidate }}\n" + text
+    assert all(c.ok for c in workflow_checks("w.yml", named, [], "candidate"))
+
+
+def test_setup_errors_become_failed_checks_with_hints() -> None:
+    [check] = workflow_checks("w.yml", None, [SetupError("candidate-workflow-missing", "w.yml does not exist")], "candidate")
+    assert not check.ok and "deploy/klaud-candidate.yml" in check.hint
+
+
+def test_config_errors_split_into_parsing_and_runners() -> None:
+    checks = config_checks({"configs/runners.yaml": "runner x_0 resolves to no declared cluster"}, "configs/runners.yaml", 5)
+    assert [(c.name, c.ok) for c in checks] == [("master configs", True), ("runners", False)]
+
+
+def test_the_capacity_feed_must_report_every_target_cluster() -> None:
+    families = [family("a", clusters=("b200-nscale",)), family("b", clusters=("h200-nb",))]
+    reading = CapacityReading(eligible=frozenset(), known=frozenset({"b200-nscale"}), at=NOW)
+    check = capacity_check(reading, families)
+    assert not check.ok and "h200-nb" in check.detail
+    closed = CapacityReading(eligible=frozenset(), known=frozenset(), at=NOW, error="capacity-feed-not-configured")
+    assert "KLAUD_CAPACITY_URL" in capacity_check(closed, families).hint

@@ -22,10 +22,10 @@ from bot.core.domain import parse_time
 from bot.core.report import render_requests, render_wave_table
 from bot.github.errors import GitHubError
 from bot.github.repo import GitHubRepos
-from bot.services.doctor import diagnose
 from bot.log import configure_logging
 from bot.runtime import scenario_from, start_stack
 from bot.sandbox import Sandbox, ScenarioError, load_scenario
+from bot.services.doctor import diagnose
 from bot.settings import Settings, SettingsError, load_settings
 from bot.store.deliveries import Delivery
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
+from bot.core.doctor import REQUIRED_EVENTS, REQUIRED_PERMISSIONS
 from bot.core.events import (
     Account,
     Artifact,
@@ -28,7 +29,6 @@ from bot.core.events import (
     Repository,
     WorkflowRun,
 )
-from bot.core.doctor import REQUIRED_EVENTS, REQUIRED_PERMISSIONS
 from bot.github.errors import GitHubError
 
 DEFAULT_BRANCH = "main"

@@ -11,10 +11,10 @@ so a hold reason cannot ping people or inject Markdown.
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from types import MappingProxyType
 
@@ -33,6 +33,8 @@ from bot.core.domain import (
 GITHUB_WEB = "https://github.com"
 # A status reply shows this many attempts; older ones are summarised in one line.
 STATUS_ATTEMPTS_SHOWN = 20
+# Family keys offered for a target that names none.
+SUGGESTIONS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +48,9 @@ class Verb:
 
 
 _TARGET_HELP = (
-    "The target is a family id or candidate id; on a Klaud pull request it defaults to "
-    "its family."
+    "The target is a family id, a family key alone when it is unique across master configs, "
+    "or a candidate id; on a Klaud pull request it defaults to its family, and on another pull "
+    "request `status` answers for the families it overlaps."
 )
 
 VERBS: Mapping[str, Verb] = MappingProxyType(
@@ -126,6 +129,7 @@ class Resolved:
 
     family: str | None = None
     error: str | None = None
+    text: str | None = None  # the free text left once a family key was taken from it
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +264,8 @@ def resolve_target(
     families: Mapping[str, Family],
     default_family: str | None,
 ) -> Resolved:
-    """The family a command names (family id, or current candidate id), else why not.
+    """The family a command names (family id, a key unique across master configs, or a
+    current candidate id), else why not, with the closest keys for a typo.
 
     `default_family` is the family of the Klaud pull request the comment is on, if any.
     """
@@ -272,7 +277,25 @@ def resolve_target(
         return _known_family(target, families)
     if CANDIDATE_RE.match(target):
         return _family_of_candidate(target, families)
-    return Resolved(error=f"{code_span(target)} is not a family or candidate id")
+    return _family_of_key(target, families)
+
+
+def _family_of_key(key: str, families: Mapping[str, Family]) -> Resolved:
+    matching = sorted(f.id for f in families.values() if f.key == key)
+    if len(matching) == 1:
+        return Resolved(family=matching[0])
+    if matching:
+        ids = ", ".join(code_span(f) for f in matching)
+        return Resolved(error=f"{code_span(key)} is a key in several master configs ({ids}): name the family id")
+    return Resolved(error=f"{code_span(key)} is not a family, family key or candidate id" + _did_you_mean(key, families))
+
+
+def _did_you_mean(name: str, families: Mapping[str, Family]) -> str:
+    key = name.rpartition(":")[2]
+    closest = difflib.get_close_matches(key, sorted({f.key for f in families.values()}), n=SUGGESTIONS, cutoff=0.5)
+    if not closest:
+        return ""
+    return "; did you mean " + ", ".join(code_span(k) for k in closest) + "?"
 
 
 def resolve_command(
@@ -287,17 +310,20 @@ def resolve_command(
     mistyped id is refused instead of silently falling back to the pull request's family.
     """
     spec = command.spec
-    if command.target is None and command.text and spec is not None and not spec.takes_text:
-        return resolve_target(
-            command.text.split()[0], families=families, default_family=default_family
-        )
+    if command.target is None and command.text and spec is not None:
+        first, _, rest = command.text.partition(" ")
+        if not spec.takes_text:
+            return resolve_target(first, families=families, default_family=default_family)
+        if any(f.key == first for f in families.values()):
+            # `/klaud hold dsr1-fp8-h200-trt new weights`: a family key, then the reason.
+            return replace(resolve_target(first, families=families, default_family=None), text=rest.strip())
     return resolve_target(command.target, families=families, default_family=default_family)
 
 
 def _known_family(family: str, families: Mapping[str, Family]) -> Resolved:
     if family in families:
         return Resolved(family=family)
-    return Resolved(error=f"unknown family {code_span(family)}")
+    return Resolved(error=f"unknown family {code_span(family)}" + _did_you_mean(family, families))
 
 
 def _family_of_candidate(candidate: str, families: Mapping[str, Family]) -> Resolved:
@@ -325,18 +351,23 @@ def reply_marker(comment_id: int) -> str:
     return f"<!-- klaud-command:{comment_id} -->"
 
 
-def reply_counts(comment_bodies: Iterable[str]) -> Counter[int]:
-    """How many replies each command comment already has.
+def answered_comments(comment_bodies: Iterable[str]) -> set[int]:
+    """The command comments that already have their reply (a redelivery must not answer twice)."""
+    return {int(match[1]) for body in comment_bodies if (match := _MARKER_RE.search(body))}
 
-    Replies go out in command order, so a redelivery that finds k replies to a comment
-    skips its first k commands and answers only the rest.
+
+def compose_reply(comment_id: int, answers: Sequence[tuple[Command, str]]) -> str:
+    """One reply to a comment, answering each of its commands in order.
+
+    Commands are idempotent (a hold, a retry approval, …), so a comment is answered once,
+    after all its commands ran: a redelivery finds the marker and posts nothing more.
     """
-    counts: Counter[int] = Counter()
-    for body in comment_bodies:
-        match = _MARKER_RE.search(body)
-        if match:
-            counts[int(match[1])] += 1
-    return counts
+    if len(answers) == 1:
+        return _answer(reply_marker(comment_id), answers[0][1])
+    parts = [reply_marker(comment_id)]
+    for command, answer in answers:
+        parts += [f"**{code_span(command.as_typed())}**", "", answer, ""]
+    return _answer(*parts).rstrip()
 
 
 def help_text() -> str:
@@ -349,7 +380,7 @@ def help_text() -> str:
     return "\n".join([*lines, "", _TARGET_HELP])
 
 
-def render_help(*, comment_id: int, unknown_verb: str | None = None) -> str:
+def render_help(*, unknown_verb: str | None = None) -> str:
     """The help reply; `unknown_verb` says what was not understood ("" when none was given)."""
     if unknown_verb is None:
         opening = "Klaud commands:"
@@ -357,11 +388,11 @@ def render_help(*, comment_id: int, unknown_verb: str | None = None) -> str:
         opening = f"{code_span(unknown_verb)} is not a Klaud command. Klaud commands:"
     else:
         opening = "`/klaud` needs a verb. Klaud commands:"
-    return _reply(comment_id, opening, "", help_text())
+    return _answer(opening, "", help_text())
 
 
-def render_refusal(command: Command, why: str, *, comment_id: int) -> str:
-    return _reply(comment_id, f"Not done: {code_span(command.as_typed())}: {why}.")
+def render_refusal(command: Command, why: str) -> str:
+    return _answer(f"Not done: {code_span(command.as_typed())}: {why}.")
 
 
 def render_retry(
@@ -370,8 +401,6 @@ def render_retry(
     cleared: bool,
     cooldown_reason: str,
     next_wave_at: datetime | None,
-    *,
-    comment_id: int,
 ) -> str:
     if cleared:
         what = (
@@ -383,42 +412,36 @@ def render_retry(
             f"Candidate {code_span(candidate)} of {code_span(family)} is not cooling down "
             f"({cooldown_reason}): nothing to clear."
         )
-    return _reply(comment_id, what, "", _next_wave(next_wave_at))
+    return _answer(what, "", _next_wave(next_wave_at))
 
 
-def render_resume(armed: bool, pause_reason: str | None, *, comment_id: int) -> str:
+def render_resume(armed: bool, pause_reason: str | None) -> str:
     if not armed:
-        return _reply(comment_id, "Dispatch is not paused: nothing to resume.")
-    return _reply(
-        comment_id,
-        f"Canary armed. Dispatch was paused ({pause_reason}).",
+        return _answer("Dispatch is not paused: nothing to resume.")
+    return _answer(f"Canary armed. Dispatch was paused ({pause_reason}).",
         "",
         "The next wave dispatches one candidate; when its run produces an outcome, dispatch resumes.",
     )
 
 
-def render_hold(hold: Hold, *, comment_id: int) -> str:
-    return _reply(
-        comment_id,
-        f"Held {code_span(hold.family)} out of every wave: {describe_hold(hold)}.",
+def render_hold(hold: Hold) -> str:
+    return _answer(f"Held {code_span(hold.family)} out of every wave: {describe_hold(hold)}.",
         "",
         f"Release it with `/klaud unhold {hold.family}`.",
     )
 
 
-def render_unhold(family: str, previous_hold: Hold | None, by: str, *, comment_id: int) -> str:
+def render_unhold(family: str, previous_hold: Hold | None, by: str) -> str:
     if previous_hold is None:
-        return _reply(comment_id, f"{code_span(family)} was not held: nothing to release.")
-    return _reply(
-        comment_id,
-        f"Released {code_span(family)} (requested by {_person(by)}); "
+        return _answer(f"{code_span(family)} was not held: nothing to release.")
+    return _answer(f"Released {code_span(family)} (requested by {_person(by)}); "
         f"it was held {describe_hold(previous_hold)}.",
         "",
         "The next wave considers it again.",
     )
 
 
-def render_status(view: StatusView, *, comment_id: int) -> str:
+def render_status(view: StatusView) -> str:
     family = view.family
     decision = view.next_decision
     facts = [
@@ -447,7 +470,7 @@ def render_status(view: StatusView, *, comment_id: int) -> str:
             parts += ["", f"{hidden} older attempts not shown."]
     else:
         parts.append("No attempts yet.")
-    return _reply(comment_id, *parts)
+    return _answer(*parts)
 
 
 # ------------------------------------------------- Markdown pieces shared with checks
@@ -542,5 +565,5 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _reply(comment_id: int, *lines: str) -> str:
-    return "\n".join([reply_marker(comment_id), *lines])
+def _answer(*lines: str) -> str:
+    return "\n".join(lines)

@@ -16,6 +16,8 @@ from bot.core.clock import Clock
 from bot.core.commands import (
     Command,
     StatusView,
+    answered_comments,
+    compose_reply,
     effective_permission,
     parse_commands,
     permission_allows,
@@ -26,7 +28,6 @@ from bot.core.commands import (
     render_retry,
     render_status,
     render_unhold,
-    reply_counts,
     resolve_command,
 )
 from bot.core.cooldown import cooldown
@@ -52,7 +53,7 @@ class CommandResponder:
         )
 
     async def handle(self, state: RepoState, event: IssueCommentEvent) -> int:
-        """Answer the commands of a new comment; returns how many replies were posted."""
+        """Answer the commands of a new comment in one reply; returns how many were posted (0 or 1)."""
         comment = event.comment
         commands = parse_commands(comment.body or "")
         if not commands:
@@ -60,21 +61,18 @@ class CommandResponder:
         api = self.live.api(state)
         number = event.issue.number
         await api.react(comment.id, "eyes")
-        answered = await self._answered(api, number, comment.id)
+        if comment.id in await self._answered(api, number):
+            log.info("commands.already_answered", comment_id=comment.id)
+            return 0
         author = comment.user.login or ""
-        posted = 0
-        for index, command in enumerate(commands):
-            if index < answered:
-                continue  # answered by an earlier delivery of this event
-            body = await self._answer(api, state, command, author, number, comment.id)
-            await api.post_comment(number, body)
-            posted += 1
-        log.info("commands.answered", comment_id=comment.id, commands=len(commands), posted=posted)
-        return posted
+        answers = [(command, await self._answer(api, state, command, author, number)) for command in commands]
+        await api.post_comment(number, compose_reply(comment.id, answers))
+        log.info("commands.answered", comment_id=comment.id, commands=len(commands))
+        return 1
 
-    async def _answered(self, api: RepoAPI, number: int, comment_id: int) -> int:
+    async def _answered(self, api: RepoAPI, number: int) -> set[int]:
         bodies = [c.body or "" async for c in api.comments(number) if self.live.is_bot(c.user.login)]
-        return reply_counts(bodies)[comment_id]
+        return answered_comments(bodies)
 
     async def _permission(self, api: RepoAPI, state: RepoState, user: str) -> str | None:
         key = (state.name, user.lower())
@@ -84,43 +82,51 @@ class CommandResponder:
         return self._permissions[key]
 
     async def _answer(
-        self, api: RepoAPI, state: RepoState, command: Command, author: str, number: int, comment_id: int
+        self, api: RepoAPI, state: RepoState, command: Command, author: str, number: int
     ) -> str:
         spec = command.spec
         if spec is None or command.verb == "help":
-            return render_help(comment_id=comment_id, unknown_verb=command.verb if spec is None else None)
+            return render_help(unknown_verb=command.verb if spec is None else None)
         if spec.needs_write and not permission_allows(command.verb, await self._permission(api, state, author)):
-            return render_refusal(
-                command, f"`{command.verb}` needs write, maintain or admin permission on {state.name}", comment_id=comment_id
-            )
+            return render_refusal(command, f"`{command.verb}` needs write, maintain or admin permission on {state.name}")
         if command.verb == "resume":
-            return await self._resume(state, author, comment_id)
-        resolved = resolve_command(
-            command, families={f.id: f for f in state.catalog}, default_family=self._pr_family(state, number)
-        )
-        if resolved.family is None:
-            return render_refusal(command, resolved.error or "no target", comment_id=comment_id)
-        family = state.catalog.get(resolved.family)
+            return await self._resume(state, author)
+        families = {f.id: f for f in state.catalog}
+        if command.verb == "status" and command.target is None and not command.text:
+            overlapped = self._overlapped(state, number)
+            if overlapped:
+                # On another PR, status answers for the families that PR overlaps.
+                return "\n\n".join([await self._status(state, families[f]) for f in overlapped])
+        resolved = resolve_command(command, families=families, default_family=self._pr_family(state, number))
+        family = families.get(resolved.family or "")
         if family is None:
-            return render_refusal(command, f"{resolved.family} is not a live family", comment_id=comment_id)
+            return render_refusal(command, resolved.error or "no target")
         now = self.clock.now()
         if command.verb == "retry":
-            return await self._retry(state, family, author, now, comment_id)
+            return await self._retry(state, family, author, now)
         if command.verb == "hold":
-            hold = Hold(family.id, author, command.text or "no reason given", now)
+            reason = resolved.text if resolved.text is not None else command.text
+            hold = Hold(family.id, author, reason or "no reason given", now)
             async with self.live.lock(state.name):
                 await self.live.persist(state.hold(hold))
             await self.live.notify(state, {family.id})
-            return render_hold(hold, comment_id=comment_id)
+            return render_hold(hold)
         if command.verb == "unhold":
             async with self.live.lock(state.name):
                 previous, change = state.unhold(family.id)
                 await self.live.persist(change)
             await self.live.notify(state, {family.id})
-            return render_unhold(family.id, previous, author, comment_id=comment_id)
-        return await self._status(state, family, comment_id)
+            return render_unhold(family.id, previous, author)
+        return await self._status(state, family)
 
-    async def _resume(self, state: RepoState, author: str, comment_id: int) -> str:
+    @staticmethod
+    def _overlapped(state: RepoState, number: int) -> list[str]:
+        pull = state.overlap.get(number)
+        if pull is None or pull.klaud_own:
+            return []
+        return sorted(f for f in state.overlap.touches(number) if f in state.catalog)
+
+    async def _resume(self, state: RepoState, author: str) -> str:
         pause = (state.meta.pause or {}).get("reason")
         async with self.live.lock(state.name):
             armed = state.arm_canary()
@@ -129,9 +135,9 @@ class CommandResponder:
         if armed:
             log.info("dispatch.canary_armed", repo=state.name, by=author)
             await self.live.notify(state, {f.id for f in state.catalog})
-        return render_resume(armed, pause, comment_id=comment_id)
+        return render_resume(armed, pause)
 
-    async def _retry(self, state: RepoState, family: Family, author: str, now: datetime, comment_id: int) -> str:
+    async def _retry(self, state: RepoState, family: Family, author: str, now: datetime) -> str:
         candidate = family.candidate
         cool = cooldown(state.ledger.for_candidate(candidate), candidate, now, state.policy.cooldown_hours, False)
         if not cool.eligible:
@@ -140,10 +146,10 @@ class CommandResponder:
             await self.live.notify(state, {family.id})
         return render_retry(
             family.id, candidate, not cool.eligible, cool.reason,
-            parse_time(state.meta.next_wave_at), comment_id=comment_id,
+            parse_time(state.meta.next_wave_at),
         )
 
-    async def _status(self, state: RepoState, family: Family, comment_id: int) -> str:
+    async def _status(self, state: RepoState, family: Family) -> str:
         now = self.clock.now()
         wave = await self.waves.preview_state(state, now)
         decision = next(d for d in wave.decisions if d.family == family.id)
@@ -163,7 +169,7 @@ class CommandResponder:
             repo=state.name,
             blocked=state.blocked(),
         )
-        return render_status(view, comment_id=comment_id)
+        return render_status(view)
 
     @staticmethod
     def _pr_family(state: RepoState, number: int) -> str | None:

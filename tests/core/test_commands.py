@@ -21,7 +21,8 @@ from bot.core.commands import (
     render_retry,
     render_status,
     render_unhold,
-    reply_counts,
+    answered_comments,
+    compose_reply,
     reply_marker,
     resolve_command,
     resolve_target,
@@ -270,14 +271,39 @@ def test_candidate_of_no_family_is_refused() -> None:
 
 def test_garbage_target_is_not_an_id() -> None:
     resolved = resolve_target("please", families=FAMILIES, default_family=FAMILY_ID)
-    assert resolved.error == "`please` is not a family or candidate id"
+    assert resolved.error == "`please` is not a family, family key or candidate id"
 
 
 def test_mistyped_target_of_retry_is_refused_not_defaulted() -> None:
     [command] = parse_commands("/klaud retry configs/nvidia.yaml:typo")
     resolved = resolve_command(command, families=FAMILIES, default_family=FAMILY_ID)
     assert resolved.family is None
-    assert resolved.error == "`configs/nvidia.yaml:typo` is not a family or candidate id"
+    assert resolved.error is not None
+    assert resolved.error.startswith("`configs/nvidia.yaml:typo` is not a family, family key or candidate id")
+
+
+def test_a_family_key_alone_names_its_family_when_unique() -> None:
+    key = FAMILIES[OTHER_ID].key
+    assert resolve_target(key, families=FAMILIES, default_family=None).family == OTHER_ID
+
+
+def test_a_key_in_two_master_configs_must_be_named_in_full() -> None:
+    twin = family(OTHER_ID.replace("amd-master", "nvidia-master"))
+    resolved = resolve_target(twin.key, families={**FAMILIES, twin.id: twin}, default_family=None)
+    assert resolved.family is None and resolved.error is not None
+    assert "several master configs" in resolved.error and twin.id in resolved.error
+
+
+def test_an_unknown_target_is_answered_with_the_three_closest_keys() -> None:
+    keys = ["dsr1-fp8-h200-trt", "dsr1-fp8-h200-sglang", "dsr1-fp4-b200-trt", "gptoss-fp4-b200-vllm", "llama70b"]
+    families = {f.id: f for f in (family(f"configs/nvidia-master.yaml:{k}") for k in keys)}
+    resolved = resolve_target("dsr1-fp8-h200-trtllm", families=families, default_family=None)
+    assert resolved.error is not None
+    suggested = resolved.error.split("did you mean ", 1)[1]
+    assert suggested.count("`") == 6 and "`dsr1-fp8-h200-trt`" in suggested.split(",")[0]
+    assert "llama70b" not in suggested
+    unknown_id = resolve_target("configs/nvidia-master.yaml:dsr1-fp8-h200-trtt", families=families, default_family=None)
+    assert unknown_id.error is not None and "did you mean `dsr1-fp8-h200-trt`" in unknown_id.error
 
 
 def test_hold_reason_without_target_uses_the_pr_family() -> None:
@@ -293,28 +319,26 @@ def test_reply_marker_is_exact() -> None:
     assert reply_marker(1234) == "<!-- klaud-command:1234 -->"
 
 
-def test_reply_counts_counts_replies_per_comment_and_ignores_mentions() -> None:
+def test_answered_comments_are_found_by_marker_and_mentions_do_not_count() -> None:
     bodies = [
         f"{reply_marker(7)}\nStatus of …",
         "a human comment mentioning klaud-command:8",
         f"{reply_marker(9)}\nHeld …",
-        f"{reply_marker(9)}\nReleased …",
     ]
-    assert reply_counts(bodies) == {7: 1, 9: 2}
-    assert reply_counts([]) == {}
+    assert answered_comments(bodies) == {7, 9}
+    assert answered_comments([]) == set()
 
 
-def test_every_reply_starts_with_its_marker() -> None:
+def test_one_reply_answers_every_command_of_a_comment_after_its_marker() -> None:
     hold = Hold(FAMILY_ID, "alice", "new weights", AT)
-    replies = [
-        render_help(comment_id=5),
-        render_refusal(parse_commands("/klaud retry")[0], "why", comment_id=5),
-        render_retry(FAMILY_ID, "c", True, "r", AT, comment_id=5),
-        render_hold(hold, comment_id=5),
-        render_unhold(FAMILY_ID, hold, "bob", comment_id=5),
-        render_status(_status_view(), comment_id=5),
-    ]
-    assert all(reply.splitlines()[0] == "<!-- klaud-command:5 -->" for reply in replies)
+    commands = parse_commands(f"/klaud hold {FAMILY_ID} new weights\n/klaud help")
+    reply = compose_reply(5, [(commands[0], render_hold(hold)), (commands[1], render_help())])
+    lines = reply.splitlines()
+    assert lines[0] == "<!-- klaud-command:5 -->" and reply.count("klaud-command") == 1
+    assert f"**`/klaud hold {FAMILY_ID} new weights`**" in reply and "**`/klaud help`**" in reply
+    assert reply.index("Held") < reply.index("Klaud commands:")
+    single = compose_reply(5, [(commands[1], render_help())])
+    assert single.splitlines()[0] == "<!-- klaud-command:5 -->" and "**`/klaud help`**" not in single
 
 
 def test_help_lists_every_verb_and_who_may_use_it() -> None:
@@ -325,15 +349,15 @@ def test_help_lists_every_verb_and_who_may_use_it() -> None:
 
 
 def test_help_for_unknown_verb_names_it() -> None:
-    reply = render_help(comment_id=1, unknown_verb="frob")
+    reply = render_help(unknown_verb="frob")
     assert "`frob` is not a Klaud command" in reply
     assert "`/klaud retry [target]`" in reply
-    assert "needs a verb" in render_help(comment_id=1, unknown_verb="")
+    assert "needs a verb" in render_help(unknown_verb="")
 
 
 def test_refusal_echoes_the_command_and_reason() -> None:
     [command] = parse_commands("/klaud hold nope please")
-    reply = render_refusal(command, "you need write access", comment_id=3)
+    reply = render_refusal(command, "you need write access")
     assert "`/klaud hold nope please`" in reply
     assert "you need write access" in reply
 
@@ -345,7 +369,6 @@ def test_retry_reply_says_what_was_cleared_and_when_the_next_wave_runs() -> None
         True,
         "last attempt failed",
         datetime(2026, 11, 30, 10, 0, tzinfo=UTC),
-        comment_id=1,
     )
     assert "Cleared the cooldown of candidate `abc`" in reply
     assert "last attempt failed" in reply
@@ -353,26 +376,26 @@ def test_retry_reply_says_what_was_cleared_and_when_the_next_wave_runs() -> None
 
 
 def test_retry_reply_when_nothing_was_cooling_down() -> None:
-    reply = render_retry(FAMILY_ID, "abc", False, "no verified attempt", None, comment_id=1)
+    reply = render_retry(FAMILY_ID, "abc", False, "no verified attempt", None)
     assert "nothing to clear" in reply
     assert "not known" in reply
 
 
 def test_hold_reply_says_who_and_why_without_mentioning() -> None:
-    reply = render_hold(Hold(FAMILY_ID, "alice", "ask @bob first", AT), comment_id=1)
+    reply = render_hold(Hold(FAMILY_ID, "alice", "ask @bob first", AT))
     assert "**alice**" in reply and "@alice" not in reply
     assert "`ask @bob first`" in reply
     assert f"/klaud unhold {FAMILY_ID}" in reply
 
 
 def test_hold_without_reason() -> None:
-    assert "no reason given" in render_hold(Hold(FAMILY_ID, "alice", "", AT), comment_id=1)
+    assert "no reason given" in render_hold(Hold(FAMILY_ID, "alice", "", AT))
 
 
 def test_unhold_reply() -> None:
-    reply = render_unhold(FAMILY_ID, Hold(FAMILY_ID, "alice", "wait", AT), "bob", comment_id=1)
+    reply = render_unhold(FAMILY_ID, Hold(FAMILY_ID, "alice", "wait", AT), "bob")
     assert "Released" in reply and "**bob**" in reply and "**alice**" in reply
-    assert "was not held" in render_unhold(FAMILY_ID, None, "bob", comment_id=1)
+    assert "was not held" in render_unhold(FAMILY_ID, None, "bob")
 
 
 def test_user_text_cannot_break_out_of_code_span() -> None:
@@ -402,7 +425,7 @@ def _status_view(**changes: object) -> StatusView:
 
 
 def test_status_shows_everything_about_the_family() -> None:
-    reply = render_status(_status_view(), comment_id=1)
+    reply = render_status(_status_view())
     fam = family()
     assert f"`{fam.candidate}`" in reply
     assert f"`{fam.image}`" in reply
@@ -421,7 +444,6 @@ def test_status_shows_hold_and_no_attempts() -> None:
         _status_view(
             attempts=[], hold=Hold(FAMILY_ID, "alice", "weights", AT), overlaps=[], staleness=None
         ),
-        comment_id=1,
     )
     assert "No attempts yet." in reply
     assert "**alice**" in reply and "`weights`" in reply
@@ -431,7 +453,7 @@ def test_status_shows_hold_and_no_attempts() -> None:
 
 def test_status_caps_the_attempts_shown() -> None:
     many = [attempt(n) for n in range(30, 0, -1)]
-    reply = render_status(_status_view(attempts=many), comment_id=1)
+    reply = render_status(_status_view(attempts=many))
     assert "runs/30/attempts/1" in reply
     assert "runs/10/attempts/1" not in reply
     assert "10 older attempts not shown." in reply

@@ -75,28 +75,43 @@ async def test_target_defaults_to_the_family_of_a_klaud_pr(tmp_path):
         assert "this is not a Klaud pull request" in replies(run, 12)[-1]
 
 
-async def test_two_commands_one_reply_each_and_code_blocks_ignored(tmp_path):
+async def test_two_commands_one_reply_and_code_blocks_ignored(tmp_path):
     body = f"Thanks!\n/klaud status {B200}\n```\n/klaud hold {B200}\n```\n> /klaud hold {B200}\n/KLAUD help\n"
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
         await comment(run, 12, "carol", body)
-        got = replies(run, 12)
-        assert len(got) == 2
-        assert "dsr1-fp4-b200-sglang" in got[0] and "overlap" in got[0]
-        assert "/klaud retry" in got[1]
+        [reply] = replies(run, 12)
+        assert "dsr1-fp4-b200-sglang" in reply and "overlap" in reply
+        assert reply.index("Status of") < reply.index("/klaud retry")
         assert run.klaud.live.repo("acme/bench").holds == {}
         await comment(run, 12, "carol", "no commands here, just `/klaud hold` in code")
-        assert len(replies(run, 12)) == 2
+        assert len(replies(run, 12)) == 1
 
 
 async def test_redelivered_comment_is_answered_once(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
         answer = await comment(run, 12, "bob", f"/klaud hold {H200} maintenance\n/klaud status {H200}")
-        assert len(replies(run, 12)) == 2
+        assert len(replies(run, 12)) == 1
         # GitHub redelivers the same event under a new delivery id.
         original = next(d for d in run.sandbox.deliveries if d.id == answer["deliveries"][0])
         body = json.dumps(original.payload).encode()
         await run.klaud.handle(Delivery.from_payload("redelivery-1", "issue_comment", body, original.payload, {}))
-        assert len(replies(run, 12)) == 2
+        assert len(replies(run, 12)) == 1
+
+
+async def test_status_on_another_pr_answers_for_the_families_it_overlaps(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await comment(run, 12, "carol", "/klaud status")
+        [reply] = replies(run, 12)
+        assert f"Status of `{B200}`" in reply and "PR #12 changes this family's image line" in reply
+
+
+async def test_a_family_key_alone_works_and_a_typo_gets_suggestions(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await comment(run, 12, "alice", "/klaud hold dsr1-fp8-h200-trt new weights")
+        assert run.klaud.live.repo("acme/bench").holds[H200].reason == "new weights"
+        await comment(run, 12, "carol", "/klaud status dsr1-fp8-h200-trtllm")
+        reply = replies(run, 12)[-1]
+        assert "did you mean `dsr1-fp8-h200-trt`" in reply
 
 
 async def test_bot_comments_and_edits_are_ignored(tmp_path):
@@ -113,9 +128,9 @@ async def test_bot_comments_and_edits_are_ignored(tmp_path):
 async def test_unknown_target_and_unknown_verb(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
         await comment(run, 12, "bob", "/klaud retry configs/nvidia-master.yaml:nope\n/klaud frobnicate")
-        refusal, help_reply = replies(run, 12)
-        assert "unknown family" in refusal
-        assert "/klaud hold" in help_reply
+        [reply] = replies(run, 12)
+        assert "unknown family" in reply
+        assert "/klaud hold" in reply
 
 
 async def test_retry_clears_the_cooldown_for_one_wave(tmp_path):

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.harness import SECRET, headers_for
+from tests.helpers.slow_server import wait_for_urls
 
 # The same server the kill-and-restart test uses, with a handler that returns at once.
 SERVER = ROOT / "tests" / "helpers" / "slow_server.py"
@@ -107,17 +108,13 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        db, port_file = Path(tmp) / "bench.db", Path(tmp) / "port"
+        db, urls_file = Path(tmp) / "bench.db", Path(tmp) / "urls"
         server = subprocess.Popen(
-            [sys.executable, str(SERVER), str(db), str(port_file), "0"],
+            [sys.executable, str(SERVER), str(db), str(urls_file), "0"],
             stderr=subprocess.DEVNULL,
         )
         try:
-            while not (port_file.exists() and port_file.read_text()):
-                if server.poll() is not None:
-                    raise SystemExit("the benchmark server did not start")
-                time.sleep(0.05)
-            url = f"http://127.0.0.1:{port_file.read_text()}"
+            url, _ = wait_for_urls(urls_file, server)
             latencies, accepted, elapsed = asyncio.run(load(url, args.deliveries, args.clients))
         finally:
             server.terminate()

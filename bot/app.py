@@ -159,3 +159,16 @@ class Klaud:
     async def plan_document(self, repo: str) -> dict[str, Any] | None:
         wave = await self.waves.preview(repo)
         return None if wave is None else wave.document()
+
+    async def wave_documents(self, repo: str, limit: int) -> list[dict[str, Any]] | None:
+        """The last `limit` stored wave documents, newest first (waves are stored by number)."""
+        state = self.live.repo(repo)
+        if state is None:
+            return None
+        latest = state.meta.wave
+        documents = []
+        for number in range(latest, max(0, latest - limit), -1):
+            document = await self.store.get(state.name, "wave", f"{number:08d}")
+            if document is not None:  # a dry-run wave numbers nothing it stores
+                documents.append(document)
+        return documents

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import SecretStr
@@ -20,7 +19,9 @@ from pydantic import SecretStr
 from bot.app import Klaud
 from bot.sandbox import Sandbox, load_scenario
 from bot.settings import Settings
-from bot.web.server import create_app
+from bot.web.admin import create_admin_app
+from bot.web.server import ListenError, Listeners, bind, start_listeners
+from bot.web.webhook import create_webhook_app
 
 log = structlog.get_logger("klaud.runtime")
 
@@ -45,12 +46,21 @@ def generate_app_key() -> tuple[str, Any]:
 @dataclass
 class Stack:
     klaud: Klaud
-    runner: web.AppRunner
-    url: str
+    listeners: Listeners
     sandbox: Any = None  # bot.sandbox.Sandbox in sandbox mode
 
+    @property
+    def url(self) -> str:
+        """The webhook listener (and the sandbox's, in sandbox mode)."""
+        return self.listeners.url
+
+    @property
+    def admin_url(self) -> str:
+        """The admin listener: API and /metrics."""
+        return self.listeners.admin_url
+
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        await self.listeners.stop()
         await self.klaud.stop()
 
 
@@ -64,14 +74,21 @@ async def start_stack(
     klaud_options: dict[str, Any] | None = None,
     shutdown_timeout: float = 10.0,
 ) -> Stack:
-    """Start Klaud on settings.host:settings.port (0 picks a free port).
+    """Start Klaud's webhook listener on settings.host:settings.port and its admin listener
+    on settings.admin_host:settings.admin_port (0 picks a free port).
 
-    In sandbox mode the sandbox GitHub is mounted in the same server, the bot's GitHub and
-    capacity URLs point at it, its webhooks are delivered to the bot's /webhook signed with
-    the bot's secret, and the bot follows the sandbox clock.
+    In sandbox mode the sandbox GitHub is mounted in the webhook listener, the bot's GitHub
+    and capacity URLs point at it, its webhooks are delivered to the bot's /webhook signed
+    with the bot's secret, and the bot follows the sandbox clock.
     """
-    port = settings.port or free_port(settings.host)
-    url = f"http://{settings.host}:{port}"
+    # Bound first: an address that cannot be used stops start-up before anything opens.
+    webhook_socket = bind(settings.host, settings.port, "KLAUD_HOST/KLAUD_PORT")
+    try:
+        admin_socket = bind(settings.admin_host, settings.admin_port, "KLAUD_ADMIN_HOST/KLAUD_ADMIN_PORT")
+    except ListenError:
+        webhook_socket.sock.close()
+        raise
+    url = webhook_socket.url
     sandbox = None
     clock = None
     if sandbox_mode:
@@ -94,17 +111,17 @@ async def start_stack(
             }
         )
     klaud = Klaud(settings, clock=clock, **(klaud_options or {}))
-    app = create_app(klaud, extra_routes=sandbox.add_routes if sandbox else None)
-    # How long a stop waits for open requests to finish before closing them.
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, port)
-    await site.start()
+    webhook_app = create_webhook_app(klaud, extra_routes=sandbox.add_routes if sandbox else None)
+    admin_app = create_admin_app(klaud, token=settings.admin_token.get_secret_value() if settings.admin_token else None)
+    # shutdown_timeout: how long a stop waits for open requests to finish before closing them.
+    listeners = await start_listeners(
+        (webhook_app, webhook_socket), (admin_app, admin_socket), shutdown_timeout=shutdown_timeout
+    )
     if sandbox is not None:
         sandbox.world.origin = url
     await klaud.start(drain=True, schedule=schedule, reconcile=reconcile)
-    log.info("serve.listening", url=url, sandbox=sandbox is not None)
-    return Stack(klaud, runner, url, sandbox)
+    log.info("serve.listening", url=url, admin_url=listeners.admin_url, sandbox=sandbox is not None)
+    return Stack(klaud, listeners, sandbox)
 
 
 def scenario_from(path: Path | None) -> dict[str, Any] | None:

@@ -40,11 +40,21 @@ class Settings(BaseModel):
     db: str = "sqlite:///klaud.db"
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    # The admin listener carries private repository data: loopback unless told otherwise.
+    admin_host: str = "127.0.0.1"
+    admin_port: int = Field(default=8081, ge=0, le=65535)
+    admin_token: SecretStr | None = None
     dry_run: bool = False
     bot_logins: tuple[str, ...] = ("klaud-cold[bot]", "Klaud-Cold")
     capacity_url: str | None = None
     capacity_token: SecretStr | None = None
     log_format: Literal["json", "console"] = "json"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("private_key")
     @classmethod
@@ -114,11 +124,15 @@ _ENV_FIELDS = {
     "KLAUD_DB": "db",
     "KLAUD_HOST": "host",
     "KLAUD_PORT": "port",
+    "KLAUD_ADMIN_HOST": "admin_host",
+    "KLAUD_ADMIN_PORT": "admin_port",
+    "KLAUD_ADMIN_TOKEN": "admin_token",
     "KLAUD_DRY_RUN": "dry_run",
     "KLAUD_BOT_LOGINS": "bot_logins",
     "KLAUD_CAPACITY_URL": "capacity_url",
     "KLAUD_CAPACITY_TOKEN": "capacity_token",
     "KLAUD_LOG_FORMAT": "log_format",
+    "KLAUD_LOG_LEVEL": "log_level",
 }
 _FIELD_ENV = {field: env for env, field in _ENV_FIELDS.items()}
 

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from bot.app import Klaud
 from bot.settings import load_settings
-from bot.web.server import create_app
+from bot.web.admin import create_admin_app
+from bot.web.server import bind, start_listeners
+from bot.web.webhook import create_webhook_app
 
 SECRET = "test-secret"
 PREVIOUS_SECRET = "old-secret"
@@ -44,15 +45,20 @@ def make_settings(db_path: Path, **env: str):
         "KLAUD_LOG_FORMAT": "console",
         # Never the internet: a test that calls GitHub without the sandbox fails fast here.
         "KLAUD_GITHUB_URL": "http://127.0.0.1:9",
+        # Never a fixed port: tests run beside each other and beside a real Klaud.
+        "KLAUD_ADMIN_PORT": "0",
     }
     values.update(env)
     return load_settings(values)
 
 
 class Running:
-    def __init__(self, klaud: Klaud, url: str, session: aiohttp.ClientSession) -> None:
+    """A served Klaud: `url` is the webhook listener, `admin_url` the API and /metrics."""
+
+    def __init__(self, klaud: Klaud, url: str, admin_url: str, session: aiohttp.ClientSession) -> None:
         self.klaud = klaud
         self.url = url
+        self.admin_url = admin_url
         self.session = session
 
     async def post(self, event: str, payload: Any, *, delivery: str | None = None, secret: str = SECRET) -> tuple[int, dict]:
@@ -62,27 +68,30 @@ class Running:
         ) as response:
             return response.status, await response.json()
 
-    async def get_json(self, path: str) -> tuple[int, Any]:
-        async with self.session.get(f"{self.url}{path}") as response:
+    async def get_json(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        """GET from the admin listener (the API; health answers on both listeners)."""
+        async with self.session.get(f"{self.admin_url}{path}", headers=headers) as response:
             return response.status, await response.json()
 
 
 @asynccontextmanager
-async def running_klaud(klaud: Klaud, *, drain: bool = True) -> AsyncIterator[Running]:
+async def running_klaud(
+    klaud: Klaud, *, drain: bool = True, admin_token: str | None = None, **webhook_options: Any
+) -> AsyncIterator[Running]:
+    """Klaud's two listeners on free loopback ports; `webhook_options` go to create_webhook_app."""
     await klaud.start(drain=drain)
-    # A short shutdown: a test that leaves a connection open must not wait a minute for it.
-    runner = web.AppRunner(create_app(klaud), access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    listeners = await start_listeners(
+        (create_webhook_app(klaud, **webhook_options), bind("127.0.0.1", 0, "webhook")),
+        (create_admin_app(klaud, token=admin_token), bind("127.0.0.1", 0, "admin")),
+        # A short shutdown: a test that leaves a connection open must not wait a minute for it.
+        shutdown_timeout=0.5,
+    )
     try:
         async with aiohttp.ClientSession() as session:
-            yield Running(klaud, f"http://127.0.0.1:{port}", session)
+            yield Running(klaud, listeners.url, listeners.admin_url, session)
     finally:
-        await site.stop()
+        await listeners.stop()
         await klaud.stop(grace=5.0)
-        await runner.cleanup()
 
 
 @asynccontextmanager
@@ -115,7 +124,8 @@ class SandboxRun:
         self.stack = stack
         self.klaud: Klaud = stack.klaud
         self.sandbox = stack.sandbox
-        self.url = stack.url
+        self.url = stack.url  # the webhook listener, with the sandbox mounted
+        self.admin_url = stack.admin_url
 
     async def act(self, action: dict[str, Any]) -> dict[str, Any]:
         answer = await self.sandbox.act(action)

@@ -1,28 +1,35 @@
 """A Klaud server whose pull_request handler only waits, for the kill-and-restart test
-and (with 0 seconds) the ingest benchmark: real intake, inbox and worker, no GitHub.
+and (with 0 seconds) the benchmarks: real listeners, inbox and worker, no GitHub.
 
-Usage: python slow_server.py DB_PATH PORT_FILE SECONDS_PER_DELIVERY
-Writes the port it listens on to PORT_FILE once ready, then serves until killed.
+Usage: python slow_server.py DB_PATH URLS_FILE SECONDS_PER_DELIVERY
+Once ready, writes {"url": webhook listener, "admin_url": admin listener} to URLS_FILE
+(`wait_for_urls` reads it), then serves until killed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-from aiohttp import web
 from gidgethub import routing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bot.app import Klaud
 from bot.log import configure_logging
-from bot.web.server import create_app
+from bot.web.admin import create_admin_app
+from bot.web.server import bind, start_listeners
+from bot.web.webhook import create_webhook_app
 from tests.harness import make_settings
 
+SCRIPT = Path(__file__)
 
-async def main(db: str, port_file: str, seconds: float) -> None:
+
+async def main(db: str, urls_file: str, seconds: float) -> None:
     router = routing.Router()
 
     @router.register("pull_request")
@@ -32,13 +39,27 @@ async def main(db: str, port_file: str, seconds: float) -> None:
     configure_logging("json")
     klaud = Klaud(make_settings(Path(db)), router=router)
     await klaud.start()
-    runner = web.AppRunner(create_app(klaud), access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    Path(port_file).write_text(str(port))
+    listeners = await start_listeners(
+        (create_webhook_app(klaud), bind("127.0.0.1", 0, "webhook")),
+        (create_admin_app(klaud), bind("127.0.0.1", 0, "admin")),
+        shutdown_timeout=0.5,
+    )
+    # Renamed into place, so a reader never sees half of it.
+    partial = Path(urls_file + ".partial")
+    partial.write_text(json.dumps({"url": listeners.url, "admin_url": listeners.admin_url}))
+    partial.replace(urls_file)
     await asyncio.Event().wait()
+
+
+def wait_for_urls(urls_file: Path, server: subprocess.Popen, timeout: float = 30.0) -> tuple[str, str]:
+    """(webhook URL, admin URL) of a started slow_server, once it serves."""
+    deadline = time.monotonic() + timeout
+    while not (urls_file.exists() and urls_file.read_text()):
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not start (exit status {server.returncode})")
+        time.sleep(0.05)
+    urls = json.loads(urls_file.read_text())
+    return urls["url"], urls["admin_url"]
 
 
 if __name__ == "__main__":

@@ -46,11 +46,11 @@ async def test_install_reconcile_builds_the_catalog(tmp_path):
         assert family(state, GPTOSS)["clusters"] == ["b200-nscale"]
         assert state["head_sha"] == run.github()["head_sha"]
         assert state["policy"]["cooldown_hours"] == 24
-        async with run.klaud.session.get(f"{run.url}/api/v1/repos/acme/bench/state") as response:
+        async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/bench/state") as response:
             document = await response.json()
         assert response.status == 200
         assert set(document) >= {"repo", "head_sha", "policy", "families", "pulls", "attempts", "holds", "retries", "claims"}
-        async with run.klaud.session.get(f"{run.url}/api/v1/repos/acme/nope/state") as response:
+        async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/nope/state") as response:
             assert response.status == 404
 
 

@@ -229,7 +229,7 @@ async def test_schedule_survives_a_restart_without_skipping_or_doubling(tmp_path
 
 async def test_plan_endpoint_and_cli_show_the_next_wave(tmp_path, capsys, monkeypatch):
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
-        async with run.klaud.session.get(f"{run.url}/api/v1/repos/acme/bench/plan") as response:
+        async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/bench/plan") as response:
             document = await response.json()
         assert response.status == 200
         assert set(document) == {"repo", "at", "base", "wave", "selected", "blocked", "decisions"}

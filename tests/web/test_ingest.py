@@ -26,6 +26,7 @@ from tests.harness import (
     make_settings,
     running_klaud,
 )
+from tests.helpers.slow_server import wait_for_urls
 
 ROOT = Path(__file__).resolve().parents[2]
 PR_PAYLOAD = {
@@ -248,20 +249,17 @@ async def test_graceful_stop_lets_running_handler_finish(tmp_path):
 
 async def test_killed_process_resumes_every_acknowledged_delivery(tmp_path):
     db = tmp_path / "klaud.db"
-    port_file = tmp_path / "port"
+    urls_file = tmp_path / "urls"
     # Started and killed from the test's thread: asyncio's subprocess API would tie the
     # process to the event loop, and the point is to kill it like an operator would.
     proc = await asyncio.to_thread(
         subprocess.Popen,
-        [sys.executable, str(ROOT / "tests" / "helpers" / "slow_server.py"), str(db), str(port_file), "0.2"],
+        [sys.executable, str(ROOT / "tests" / "helpers" / "slow_server.py"), str(db), str(urls_file), "0.2"],
         cwd=ROOT,
     )
     try:
-        for _ in range(200):
-            if port_file.exists() and port_file.read_text():
-                break
-            await asyncio.sleep(0.05)
-        url = f"http://127.0.0.1:{port_file.read_text()}/webhook"
+        webhook_url, _ = await asyncio.to_thread(wait_for_urls, urls_file, proc)
+        url = f"{webhook_url}/webhook"
         ids = [f"kill-{n}" for n in range(10)]
         async with aiohttp.ClientSession() as session:
             for number, delivery in enumerate(ids):
@@ -297,7 +295,7 @@ async def test_health_ready_and_metrics(tmp_path):
         assert (await run.get_json("/healthz"))[0] == 200
         status, ready = await run.get_json("/readyz")
         assert status == 200 and ready["store"] is True and ready["backlog"] == 0
-        async with run.session.get(f"{run.url}/metrics") as response:
+        async with run.session.get(f"{run.admin_url}/metrics") as response:
             text = await response.text()
     assert 'klaud_deliveries_total{event="pull_request",result="accepted"}' in text
     assert "klaud_inbox_backlog" in text
@@ -433,8 +431,9 @@ async def test_malformed_payload_fails_at_once_with_the_reason(tmp_path, event, 
 async def test_serve_sandbox_stops_cleanly_on_sigterm(tmp_path):
     from bot.runtime import free_port
 
-    port = free_port("127.0.0.1")
+    port, admin_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     env = {**os.environ, "KLAUD_DB": f"sqlite:///{tmp_path / 'serve.db'}", "KLAUD_PORT": str(port),
+           "KLAUD_ADMIN_PORT": str(admin_port),
            "KLAUD_WEBHOOK_SECRET": SECRET, "KLAUD_LOG_FORMAT": "json"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", "serve", "--sandbox", cwd=ROOT, env=env,
@@ -451,7 +450,7 @@ async def test_serve_sandbox_stops_cleanly_on_sigterm(tmp_path):
                     pass
                 await asyncio.sleep(0.05)
             # The bundled scenario was reconciled at start-up through the mounted sandbox.
-            async with session.get(f"http://127.0.0.1:{port}/api/v1/repos/acme/bench/state") as response:
+            async with session.get(f"http://127.0.0.1:{admin_port}/api/v1/repos/acme/bench/state") as response:
                 assert response.status == 200 and len((await response.json())["families"]) == 30
         proc.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(proc.communicate(), timeout=20)

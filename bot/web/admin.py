@@ -1,0 +1,97 @@
+"""The admin listener: the read API, /metrics and health (DESIGN §3.3).
+
+It carries private repository data (authors, branches, hold reasons, delivery errors), so it
+binds to loopback by default and, with KLAUD_ADMIN_TOKEN set, wants `Authorization: Bearer
+<token>` on every route but the health checks (which orchestrators probe without secrets).
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from bot.metrics import REGISTRY
+from bot.web.backend import (
+    KLAUD_KEY,
+    Backend,
+    error,
+    json_errors,
+    json_response,
+    klaud_of,
+)
+from bot.web.health import add_health_routes
+
+TOKEN_KEY = web.AppKey("admin_token", bytes)
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+DEFAULT_WAVES, MAX_WAVES = 10, 100  # Klaud keeps the latest 100 wave documents
+LIMIT = re.compile(r"[0-9]{1,3}")
+
+
+@web.middleware
+async def bearer_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = request.app[TOKEN_KEY]
+    if not token or request.path in OPEN_PATHS:
+        return await handler(request)
+    given = request.headers.get("Authorization", "").encode()
+    # Constant time: how much of a guess matched must not show in the answer's timing.
+    if not hmac.compare_digest(given, b"Bearer " + token):
+        response = error(401, "unauthorized", "this listener wants Authorization: Bearer <KLAUD_ADMIN_TOKEN>")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+    return await handler(request)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    response = web.Response(body=generate_latest(REGISTRY))
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+async def delivery_status(request: web.Request) -> web.Response:
+    delivery = await klaud_of(request).inbox.get(request.match_info["id"])
+    if delivery is None:
+        return error(404, "not-found", "no delivery with that id")
+    return json_response(delivery.status_document())
+
+
+def _repo_name(request: web.Request) -> str:
+    return f"{request.match_info['owner']}/{request.match_info['repo']}"
+
+
+def _not_installed(request: web.Request) -> web.Response:
+    return error(404, "not-found", f"{_repo_name(request)} is not an installed repository")
+
+
+async def repo_state(request: web.Request) -> web.Response:
+    document = await klaud_of(request).state_document(_repo_name(request))
+    return _not_installed(request) if document is None else json_response(document)
+
+
+async def repo_plan(request: web.Request) -> web.Response:
+    document = await klaud_of(request).plan_document(_repo_name(request))
+    return _not_installed(request) if document is None else json_response(document)
+
+
+async def repo_waves(request: web.Request) -> web.Response:
+    raw = request.query.get("limit", str(DEFAULT_WAVES))
+    if not LIMIT.fullmatch(raw) or not 1 <= int(raw) <= MAX_WAVES:
+        return error(400, "invalid-parameter", f"limit must be an integer from 1 to {MAX_WAVES}")
+    documents = await klaud_of(request).wave_documents(_repo_name(request), int(raw))
+    return _not_installed(request) if documents is None else json_response(documents)
+
+
+def create_admin_app(klaud: Backend, *, token: str | None = None) -> web.Application:
+    app = web.Application(middlewares=[bearer_token, json_errors])
+    app[KLAUD_KEY] = klaud
+    app[TOKEN_KEY] = (token or "").encode()
+    add_health_routes(app)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/v1/deliveries/{id}", delivery_status)
+    app.router.add_get("/api/v1/repos/{owner}/{repo}/state", repo_state)
+    app.router.add_get("/api/v1/repos/{owner}/{repo}/plan", repo_plan)
+    app.router.add_get("/api/v1/repos/{owner}/{repo}/waves", repo_waves)
+    return app

@@ -1,0 +1,28 @@
+"""`/healthz` and `/readyz`, served by both listeners (DESIGN §3.3)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from bot.web.backend import json_response, klaud_of
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"ok": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    klaud = klaud_of(request)
+    inbox = klaud.inbox
+    body = {
+        "started": klaud.started,
+        "store": inbox.store.is_open,
+        "backlog": inbox.backlog,
+        "limit": inbox.backlog_limit,
+    }
+    return json_response(body, 200 if klaud.ready else 503)
+
+
+def add_health_routes(app: web.Application) -> None:
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)

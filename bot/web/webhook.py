@@ -1,0 +1,216 @@
+"""The webhook listener: `POST /webhook`, `/healthz`, `/readyz` and nothing else (DESIGN §3.3).
+
+A delivery is acknowledged only once stored. Everything that costs nothing is checked
+before the body is read (headers, content type, announced length, a signature header at
+all), the signature before the body is parsed, and the routing fields before it is stored.
+Only the routing fields are taken from the payload here; handlers parse it when they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import re
+import sqlite3
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import orjson
+import structlog
+from aiohttp import web
+
+from bot.metrics import DELIVERIES
+from bot.store.deliveries import KEPT_HEADERS, Delivery
+from bot.web.backend import (
+    KLAUD_KEY,
+    Backend,
+    error,
+    json_errors,
+    json_response,
+    klaud_of,
+)
+from bot.web.body import (
+    ENCODINGS,
+    MAX_BODY,
+    BodyBudget,
+    Rejected,
+    encoding_of,
+    expected_size,
+    read_body,
+    too_large,
+)
+from bot.web.envelope import InvalidEnvelope, envelope_of
+from bot.web.events import event_label
+from bot.web.health import add_health_routes
+
+log = structlog.get_logger("klaud.webhook")
+
+READ_TIMEOUT = 30.0  # seconds for a body to arrive, waiting for the budget included
+# Two bodies at the cap plus room for many ordinary (~25 KB) ones.
+BODY_BUDGET = 64 * 1024 * 1024
+# After an early answer (413, 408) the rest of the body is read and dropped this long, so a
+# client still sending sees the answer; then the connection is closed.
+LINGER_SECONDS = 2.0
+
+SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
+# Event names and delivery ids are stored as text and used as keys: printable ASCII only.
+HEADER_TOKEN = re.compile(r"[\x21-\x7e]{1,200}")
+
+
+@dataclass(frozen=True)
+class Intake:
+    read_timeout: float
+    budget: BodyBudget
+
+
+INTAKE_KEY = web.AppKey("intake", Intake)
+
+
+@dataclass(frozen=True)
+class Headers:
+    event: str
+    delivery_id: str
+    signature: str
+
+
+async def webhook(request: web.Request) -> web.Response:
+    klaud = klaud_of(request)
+    # The body's share of the budget is held until it is stored (or refused).
+    async with AsyncExitStack() as budget:
+        try:
+            delivery = await _receive(request, klaud, budget)
+        except Rejected as rejected:
+            return _reject(request.headers.get("X-GitHub-Event", ""), rejected)
+        return await _store(klaud, delivery)
+
+
+async def _receive(request: web.Request, klaud: Backend, budget: AsyncExitStack) -> Delivery:
+    headers = _checked_headers(request, klaud.webhook_secrets())
+    intake = request.app[INTAKE_KEY]
+    deadline = asyncio.get_running_loop().time() + intake.read_timeout
+    try:
+        async with asyncio.timeout_at(deadline):
+            await budget.enter_async_context(intake.budget.held(expected_size(request)))
+            chunks = await read_body(request)
+    except TimeoutError:
+        raise Rejected(408, "request-timeout", f"the body did not arrive within {intake.read_timeout:g} s") from None
+    if not _signed(chunks, headers.signature, klaud.webhook_secrets()):
+        raise Rejected(401, "invalid-signature", "signature does not match")
+    return _delivery(request, headers, b"".join(chunks))
+
+
+def _checked_headers(request: web.Request, secrets: list[str]) -> Headers:
+    event = request.headers.get("X-GitHub-Event", "")
+    delivery_id = request.headers.get("X-GitHub-Delivery", "")
+    for name, value in (("X-GitHub-Event", event), ("X-GitHub-Delivery", delivery_id)):
+        if not value:
+            raise Rejected(400, "missing-header", f"{name} header is required")
+        if not HEADER_TOKEN.fullmatch(value):
+            raise Rejected(400, "invalid-header", f"{name} must be 1-200 printable ASCII characters")
+    if request.content_type != "application/json":
+        raise Rejected(415, "unsupported-media-type", f"expected application/json, got {request.content_type or 'none'}")
+    if encoding_of(request) not in ENCODINGS:
+        raise Rejected(415, "unsupported-media-type", f"Content-Encoding must be one of {', '.join(ENCODINGS)}")
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise too_large()
+    signature = request.headers.get("X-Hub-Signature-256", "")
+    if not signature:
+        raise Rejected(401, "invalid-signature", "missing X-Hub-Signature-256")
+    if not SIGNATURE.fullmatch(signature) or not secrets:
+        raise Rejected(401, "invalid-signature", "signature does not match")
+    return Headers(event, delivery_id, signature)
+
+
+def _signed(chunks: list[bytes], signature: str, secrets: list[str]) -> bool:
+    for secret in secrets:
+        mac = hmac.new(secret.encode(), digestmod=hashlib.sha256)
+        for chunk in chunks:
+            mac.update(chunk)
+        if hmac.compare_digest("sha256=" + mac.hexdigest(), signature):
+            return True
+    return False
+
+
+def _delivery(request: web.Request, headers: Headers, body: bytes) -> Delivery:
+    try:
+        payload = orjson.loads(body)  # depth-limited: deep nesting is an error, not a RecursionError
+    except orjson.JSONDecodeError as exc:
+        raise Rejected(400, "invalid-json", f"body is not JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise Rejected(400, "invalid-json", "body must be a JSON object")
+    try:
+        envelope = envelope_of(payload)
+    except InvalidEnvelope as exc:
+        raise Rejected(400, "invalid-payload", str(exc)) from None
+    return Delivery(
+        id=headers.delivery_id,
+        event=headers.event,
+        body=body,
+        action=envelope.action,
+        repo=envelope.repo,
+        installation=envelope.installation,
+        headers={name: request.headers[name] for name in KEPT_HEADERS if name in request.headers},
+    )
+
+
+def _reject(event: str, rejected: Rejected) -> web.Response:
+    # The header is the sender's choice: counted under a bounded label, logged truncated.
+    DELIVERIES.labels(event_label(event), "rejected").inc()
+    log.warning(
+        "delivery.rejected", status=rejected.status, error=rejected.code, detail=rejected.detail, github_event=event[:64]
+    )
+    return error(rejected.status, rejected.code, rejected.detail)
+
+
+async def _store(klaud: Backend, delivery: Delivery) -> web.Response:
+    label = event_label(delivery.event)
+    structlog.contextvars.bind_contextvars(
+        delivery_id=delivery.id,
+        github_event=delivery.event,
+        action=delivery.action,
+        repository=delivery.repo,
+        installation=delivery.installation,
+    )
+    try:
+        try:
+            stored = await klaud.inbox.put(delivery)
+        except sqlite3.Error as exc:
+            log.error("delivery.store_failed", error=str(exc))
+            return error(503, "store-unavailable", "the delivery could not be stored; retry later")
+        if not stored:
+            DELIVERIES.labels(label, "duplicate").inc()
+            log.info("delivery.duplicate")
+            return json_response({"delivery": delivery.id, "duplicate": True})
+        DELIVERIES.labels(label, "accepted").inc()
+        log.info("delivery.received")
+        if delivery.event == "ping":
+            return json_response({"delivery": delivery.id, "queued": True, "ping": True})
+        return json_response({"delivery": delivery.id, "queued": True}, 202)
+    finally:
+        structlog.contextvars.clear_contextvars()
+
+
+def create_webhook_app(
+    klaud: Backend,
+    *,
+    read_timeout: float = READ_TIMEOUT,
+    body_budget: int = BODY_BUDGET,
+    extra_routes: Callable[[web.Application], None] | None = None,
+) -> web.Application:
+    """The listener GitHub reaches. `extra_routes` mounts the sandbox in `serve --sandbox`."""
+    app = web.Application(
+        middlewares=[json_errors],
+        # /webhook reads its own body; this bounds the sandbox's routes when it is mounted.
+        client_max_size=MAX_BODY + 1,
+        # aiohttp would inflate a gzip body before the cap could count it: /webhook does it.
+        handler_args={"auto_decompress": False, "lingering_time": LINGER_SECONDS},
+    )
+    app[KLAUD_KEY] = klaud
+    app[INTAKE_KEY] = Intake(read_timeout, BodyBudget(body_budget))
+    app.router.add_post("/webhook", webhook)
+    add_health_routes(app)
+    if extra_routes is not None:
+        extra_routes(app)
+    return app

@@ -1,0 +1,106 @@
+"""Two listeners (DESIGN §3.3): the webhook listener GitHub reaches, the admin listener with
+the API and /metrics; each endpoint on its own listener and 404 on the other."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bot.settings import load_settings
+from tests import scenarios as sc
+from tests.harness import headers_for, make_settings, running_klaud, sandbox_stack
+from tests.web.test_ingest import PR_PAYLOAD, Recorder, make_klaud
+
+ADMIN_ONLY = [
+    "/metrics",
+    "/api/v1/deliveries/d-1",
+    "/api/v1/repos/acme/bench/state",
+    "/api/v1/repos/acme/bench/plan",
+    "/api/v1/repos/acme/bench/waves?limit=2",
+]
+
+
+async def _status(session, method: str, url: str, **kwargs) -> int:
+    async with session.request(method, url, **kwargs) as response:
+        await response.read()
+        return response.status
+
+
+async def test_each_endpoint_answers_on_its_listener_and_404_on_the_other(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        session = run.klaud.session
+        body = json.dumps(PR_PAYLOAD).encode()
+        webhook = {"data": body, "headers": headers_for("pull_request", body, delivery="d-1")}
+        assert await _status(session, "POST", f"{run.url}/webhook", **webhook) == 202
+        assert await _status(session, "POST", f"{run.admin_url}/webhook", **webhook) == 404
+        await run.settle()
+        for path in ("/healthz", "/readyz"):
+            assert await _status(session, "GET", f"{run.url}{path}") == 200, path
+            assert await _status(session, "GET", f"{run.admin_url}{path}") == 200, path
+        for path in ADMIN_ONLY:
+            assert await _status(session, "GET", f"{run.admin_url}{path}") == 200, path
+            assert await _status(session, "GET", f"{run.url}{path}") == 404, path
+
+
+async def test_a_missing_route_answers_the_json_error_body(tmp_path):
+    async with running_klaud(make_klaud(tmp_path)) as run, run.session.get(f"{run.url}/metrics") as response:
+        assert response.status == 404
+        assert (await response.json())["error"] == "not-found"
+
+
+async def test_waves_endpoint_lists_the_last_stored_wave_documents_newest_first(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        for _ in range(3):
+            await run.klaud.waves.run(sc.REPO, trigger="test")
+        async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/bench/waves?limit=2") as response:
+            assert response.status == 200
+            documents = await response.json()
+        assert [d["wave"] for d in documents] == [3, 2]
+        assert {"repo", "selected", "decisions"} <= set(documents[0])
+        async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/bench/waves") as response:
+            assert [d["wave"] for d in await response.json()] == [3, 2, 1]
+        async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/nope/waves") as response:
+            assert response.status == 404
+
+
+@pytest.mark.parametrize("limit", ["0", "101", "x", "-1", "²"])
+async def test_waves_limit_outside_1_to_100_is_400(tmp_path, limit):
+    async with running_klaud(make_klaud(tmp_path)) as run:
+        status, body = await run.get_json(f"/api/v1/repos/acme/bench/waves?limit={limit}")
+    assert status == 400 and body["error"] == "invalid-parameter"
+
+
+async def test_admin_token_guards_every_admin_route_but_health(tmp_path):
+    async with running_klaud(make_klaud(tmp_path, Recorder()), admin_token="s3cret") as run:
+        await run.post("pull_request", PR_PAYLOAD, delivery="d-1")
+        for path in ("/metrics", "/api/v1/deliveries/d-1", "/api/v1/repos/acme/bench/state", "/nowhere"):
+            status, body = await run.get_json(path)
+            assert (status, body["error"]) == (401, "unauthorized"), path
+        assert (await run.get_json("/api/v1/deliveries/d-1", {"Authorization": "Bearer wrong"}))[0] == 401
+        assert (await run.get_json("/api/v1/deliveries/d-1", {"Authorization": "s3cret"}))[0] == 401
+        assert (await run.get_json("/api/v1/deliveries/d-1", {"Authorization": "Bearer s3cret"}))[0] == 200
+        headers = {"Authorization": "Bearer s3cret"}
+        assert await _status(run.session, "GET", f"{run.admin_url}/metrics", headers=headers) == 200
+        assert (await run.get_json("/healthz"))[0] == 200
+        assert (await run.get_json("/readyz"))[0] == 200
+
+
+async def test_serve_settings_give_the_admin_listener_its_token(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(), env={"KLAUD_ADMIN_TOKEN": "t0ken"}) as run:
+        session = run.klaud.session
+        assert await _status(session, "GET", f"{run.admin_url}/api/v1/repos/acme/bench/state") == 401
+        headers = {"Authorization": "Bearer t0ken"}
+        assert await _status(session, "GET", f"{run.admin_url}/api/v1/repos/acme/bench/state", headers=headers) == 200
+
+
+def test_admin_listener_defaults_to_loopback_8081_without_a_token():
+    settings = load_settings({})
+    assert (settings.admin_host, settings.admin_port, settings.admin_token) == ("127.0.0.1", 8081, None)
+
+
+def test_admin_settings_are_read_from_the_environment(tmp_path):
+    settings = make_settings(tmp_path / "k.db", KLAUD_ADMIN_HOST="0.0.0.0", KLAUD_ADMIN_PORT="9100", KLAUD_ADMIN_TOKEN="x")
+    assert (settings.admin_host, settings.admin_port) == ("0.0.0.0", 9100)
+    assert settings.admin_token is not None and settings.admin_token.get_secret_value() == "x"
+    assert "x" not in repr(settings)

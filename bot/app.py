@@ -19,8 +19,10 @@ from bot.services.capacity_feed import CapacityFeed
 from bot.services.catalog_sync import CatalogSync
 from bot.services.checkruns import CheckPublisher
 from bot.services.claims import ClaimKeeper
+from bot.services.dashboard import DashboardKeeper
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
+from bot.services.permissions import Permissions
 from bot.services.pulls import PullSync
 from bot.services.reconcile import Reconciler
 from bot.services.responder import CommandResponder
@@ -52,6 +54,7 @@ class Services:
     commands: CommandResponder
     checks: CheckPublisher
     waves: WaveRunner
+    dashboard: DashboardKeeper
 
     def is_bot(self, login: str | None) -> bool:
         return self.live.is_bot(login)
@@ -95,12 +98,18 @@ class Klaud:
         pulls = PullSync(self.live)
         self.outcomes = OutcomeRecorder(self.live)
         catalog = CatalogSync(self.live)
-        self.reconciler = Reconciler(self.live, catalog, pulls, self.outcomes, ClaimKeeper(self.live, self.outcomes))
+        self.permissions = Permissions(self.clock)
+        # The check runs and the dashboard coalesce bursts of changes over the same delay.
+        self.dashboard = DashboardKeeper(self.live, self.permissions, self.clock, delay_seconds=check_delay_seconds)
+        self.live.wave_listeners.append(self.dashboard.wave_done)
+        claims = ClaimKeeper(self.live, self.outcomes)
+        self.reconciler = Reconciler(self.live, catalog, pulls, self.outcomes, claims, self.dashboard)
         self.scheduler = Scheduler(self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune)
         self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
-        self.commands = CommandResponder(self.live, self.waves, self.clock)
+        self.commands = CommandResponder(self.live, self.waves, self.permissions, self.clock)
         self.services = Services(
-            self.live, self.reconciler, catalog, pulls, self.outcomes, self.commands, self.checks, self.waves
+            self.live, self.reconciler, catalog, pulls, self.outcomes, self.commands, self.checks, self.waves,
+            self.dashboard,
         )
         self.started = False  # set once start-up (store, state, first reconcile) is done
 
@@ -130,6 +139,7 @@ class Klaud:
         await self.scheduler.stop()
         await self.inbox.stop(grace)
         await self.checks.close()
+        await self.dashboard.close()
         await self.session.close()
         await self.db.close()
 

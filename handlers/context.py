@@ -10,6 +10,7 @@ from typing import Protocol
 
 from bot.services.catalog_sync import CatalogSync
 from bot.services.checkruns import CheckPublisher
+from bot.services.dashboard import DashboardKeeper
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.pulls import PullSync
 from bot.services.reconcile import Reconciler
@@ -38,5 +39,8 @@ class HandlerContext(Protocol):
 
     @property
     def waves(self) -> WaveRunner: ...
+
+    @property
+    def dashboard(self) -> DashboardKeeper: ...
 
     def is_bot(self, login: str | None) -> bool: ...

@@ -107,6 +107,13 @@ def parse_time(value: str | None) -> datetime | None:
     return parsed.astimezone(UTC)
 
 
+def _required_time(value: str) -> datetime:
+    parsed = parse_time(value)
+    if parsed is None:
+        raise ValueError("a time is required")
+    return parsed
+
+
 def stamp(value: datetime | None) -> str | None:
     """ISO text with a `Z` suffix, the form every document and payload uses."""
     if value is None:
@@ -130,6 +137,8 @@ class Family:
     line_start: int  # 1-based line of `key:`
     line_end: int  # last line of the block, inclusive
     image_changed_at: datetime | None = None
+    # Runner names listed under its runner label that name no cluster runners.yaml declares.
+    unresolved: tuple[str, ...] = ()
 
     @property
     def normalized_image(self) -> str:
@@ -299,6 +308,33 @@ class Wave:
     wave: int
     decisions: tuple[Decision, ...]
     blocked: Blocked | None = None
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any]) -> Wave:
+        """A stored wave document read back (the inverse of `document`)."""
+        blocked = document.get("blocked")
+        return cls(
+            repo=document["repo"],
+            at=_required_time(document["at"]),
+            base=document["base"],
+            wave=int(document["wave"]),
+            decisions=tuple(
+                Decision(
+                    family=d["family"],
+                    candidate=d["candidate"],
+                    decision=d["decision"],
+                    reason=d["reason"],
+                    until=parse_time(d.get("until")),
+                    pull_requests=tuple(d.get("pull_requests") or ()),
+                    clusters=tuple(d.get("clusters") or ()),
+                )
+                for d in document["decisions"]
+            ),
+            blocked=(
+                Blocked(blocked["code"], blocked["reason"], _required_time(blocked["since"]))
+                if blocked else None
+            ),
+        )
 
     @property
     def selected(self) -> tuple[str, ...]:

@@ -165,12 +165,31 @@ class Comment(_Model):
 
 class Issue(_Model):
     number: GitHubId
+    title: str = ""
+    body: str | None = None
+    state: str = "open"
+    user: Account | None = None
 
 
 class IssueCommentEvent(RepoEvent):
     action: str
     comment: Comment
     issue: Issue
+
+
+class BodyChange(_Model):
+    before: str | None = Field(default=None, alias="from")
+
+
+class IssueChanges(_Model):
+    body: BodyChange | None = None
+
+
+class IssuesEvent(RepoEvent):
+    action: str
+    issue: Issue
+    sender: Account
+    changes: IssueChanges | None = None
 
 
 class CheckRun(_Model):

@@ -15,6 +15,7 @@ from typing import Any
 from bot.core.events import (
     Artifact,
     Comment,
+    Issue,
     Job,
     PullFile,
     PullRequest,
@@ -253,6 +254,25 @@ class GitHubRepo:
         except NotFound:
             return "none", None
         return answer.get("permission"), answer.get("role_name")
+
+
+    # -- issues --------------------------------------------------------------------------
+
+    async def find_issue(self, title: str, creator: str) -> Issue | None:
+        async for item in self.client.getiter(
+            f"/repos/{{owner}}/{{repo}}/issues?state=open&{PER_PAGE}&creator={{creator}}", self._at(creator=creator)
+        ):
+            issue = Issue.model_validate(item)
+            if issue.title == title and "pull_request" not in item:
+                return issue
+        return None
+
+    async def create_issue(self, title: str, body: str) -> int:
+        created = await self.client.post("/repos/{owner}/{repo}/issues", self._at(), data={"title": title, "body": body})
+        return int(created["number"])
+
+    async def update_issue(self, number: int, body: str) -> None:
+        await self.client.patch("/repos/{owner}/{repo}/issues/{number}", self._at(number=number), data={"body": body})
 
 
 class GitHubRepos:

@@ -16,6 +16,7 @@ from bot.core.domain import CapacityReading
 from bot.core.events import (
     Artifact,
     Comment,
+    Issue,
     Job,
     PullFile,
     PullRequest,
@@ -78,6 +79,14 @@ class RepoAPI(Protocol):
     async def post_comment(self, number: int, body: str) -> None: ...
 
     async def permission(self, user: str) -> tuple[str | None, str | None]: ...
+
+    async def find_issue(self, title: str, creator: str) -> Issue | None:
+        """The open issue titled `title` that `creator` opened, if there is one."""
+        ...
+
+    async def create_issue(self, title: str, body: str) -> int: ...
+
+    async def update_issue(self, number: int, body: str) -> None: ...
 
 
 class ReposAPI(Protocol):

@@ -17,7 +17,7 @@ from datetime import timedelta
 import structlog
 
 from bot.core.clock import Clock
-from bot.core.domain import stamp
+from bot.core.domain import Wave, stamp
 from bot.services.api import RepoAPI, ReposAPI
 from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
@@ -32,6 +32,8 @@ ATTEMPT_MEMORY = timedelta(days=14)
 # Called with the repository, the families whose state changed and the pull requests that
 # got a new head (their check runs need a render even if no family changed).
 Listener = Callable[[RepoState, set[str], set[int]], Awaitable[None]]
+# Called after each real wave with its document (the dashboard).
+WaveListener = Callable[[RepoState, Wave], Awaitable[None]]
 
 
 class LiveState:
@@ -45,6 +47,7 @@ class LiveState:
         self.repos: dict[str, RepoState] = {}
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.listeners: list[Listener] = []
+        self.wave_listeners: list[WaveListener] = []
 
     def lock(self, repo: str) -> asyncio.Lock:
         return self._locks[repo.lower()]

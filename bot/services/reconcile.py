@@ -21,6 +21,7 @@ from bot.github.errors import GitHubError
 from bot.services.api import RepoAPI
 from bot.services.catalog_sync import CatalogSync
 from bot.services.claims import ClaimKeeper
+from bot.services.dashboard import DashboardKeeper
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.pulls import PullSync
@@ -49,9 +50,16 @@ class ReconcileFailure:
 
 class Reconciler:
     def __init__(
-        self, live: LiveState, catalog: CatalogSync, pulls: PullSync, outcomes: OutcomeRecorder, claims: ClaimKeeper
+        self,
+        live: LiveState,
+        catalog: CatalogSync,
+        pulls: PullSync,
+        outcomes: OutcomeRecorder,
+        claims: ClaimKeeper,
+        dashboard: DashboardKeeper | None = None,
     ) -> None:
         self.live = live
+        self.dashboard = dashboard
         self.catalog = catalog
         self.pulls = pulls
         self.outcomes = outcomes
@@ -71,7 +79,8 @@ class Reconciler:
     async def reconcile(self, name: str, installation: int, *, light: bool = False) -> dict[str, Any]:
         """Rebuild a repository from GitHub; `light` re-reads only what may have moved."""
         async with self.live.lock(name):
-            state = self.live.repo(name) or self.live.new_state(name, installation)
+            known = self.live.repo(name)
+            state = known or self.live.new_state(name, installation)
             state.meta.installation = installation
             api = self.live.api(state)
             before = _counts(state)
@@ -86,6 +95,9 @@ class Reconciler:
             else:
                 await self.claims.sync_refs(state, api, change, self.live.clock.now())
                 await self.outcomes.recent_runs(state, api, change)
+                if known is None and self.dashboard is not None:
+                    # No local state: holds and retries come back from the dashboard issue.
+                    await self.dashboard.restore(state, api, change)
             state.meta.reconciled_at = stamp(self.live.clock.now())
             state.save_meta(change)
             self.live.put(state)

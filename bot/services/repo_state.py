@@ -64,6 +64,8 @@ class RepoMeta:
     canary: dict[str, Any] | None = None
     # Wave number -> how the runs it dispatched ended so far (dispatching.WaveRuns).
     wave_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The dashboard issue: {issue: number, digest: of its last render}.
+    dashboard: dict[str, Any] = field(default_factory=dict)
 
     def document(self) -> dict[str, Any]:
         return asdict(self)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import datetime
 
 import structlog
-from cachetools import TTLCache
 
 from bot.core.clock import Clock
 from bot.core.commands import (
@@ -18,9 +17,7 @@ from bot.core.commands import (
     StatusView,
     answered_comments,
     compose_reply,
-    effective_permission,
     parse_commands,
-    permission_allows,
     render_help,
     render_hold,
     render_refusal,
@@ -31,26 +28,24 @@ from bot.core.commands import (
     resolve_command,
 )
 from bot.core.cooldown import cooldown
-from bot.core.domain import Family, Hold, RetryApproval, parse_time
+from bot.core.domain import Family, parse_time
 from bot.core.events import IssueCommentEvent
+from bot.services import controls
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
+from bot.services.permissions import Permissions
 from bot.services.repo_state import RepoState
 from bot.services.waves import WaveRunner
 
 log = structlog.get_logger("klaud.commands")
 
-PERMISSION_TTL_SECONDS = 600
-
 
 class CommandResponder:
-    def __init__(self, live: LiveState, waves: WaveRunner, clock: Clock) -> None:
+    def __init__(self, live: LiveState, waves: WaveRunner, permissions: Permissions, clock: Clock) -> None:
         self.live = live
         self.waves = waves
+        self.permissions = permissions
         self.clock = clock
-        self._permissions: TTLCache[tuple[str, str], str | None] = TTLCache(
-            maxsize=4096, ttl=PERMISSION_TTL_SECONDS, timer=clock.timestamp
-        )
 
     async def handle(self, state: RepoState, event: IssueCommentEvent) -> int:
         """Answer the commands of a new comment in one reply; returns how many were posted (0 or 1)."""
@@ -74,20 +69,13 @@ class CommandResponder:
         bodies = [c.body or "" async for c in api.comments(number) if self.live.is_bot(c.user.login)]
         return answered_comments(bodies)
 
-    async def _permission(self, api: RepoAPI, state: RepoState, user: str) -> str | None:
-        key = (state.name, user.lower())
-        if key not in self._permissions:
-            permission, role_name = await api.permission(user)
-            self._permissions[key] = effective_permission(permission, role_name)
-        return self._permissions[key]
-
     async def _answer(
         self, api: RepoAPI, state: RepoState, command: Command, author: str, number: int
     ) -> str:
         spec = command.spec
         if spec is None or command.verb == "help":
             return render_help(unknown_verb=command.verb if spec is None else None)
-        if spec.needs_write and not permission_allows(command.verb, await self._permission(api, state, author)):
+        if spec.needs_write and not await self.permissions.allows(api, state, author, command.verb):
             return render_refusal(command, f"`{command.verb}` needs write, maintain or admin permission on {state.name}")
         if command.verb == "resume":
             return await self._resume(state, author)
@@ -106,17 +94,9 @@ class CommandResponder:
             return await self._retry(state, family, author, now)
         if command.verb == "hold":
             reason = resolved.text if resolved.text is not None else command.text
-            hold = Hold(family.id, author, reason or "no reason given", now)
-            async with self.live.lock(state.name):
-                await self.live.persist(state.hold(hold))
-            await self.live.notify(state, {family.id})
-            return render_hold(hold)
+            return render_hold(await controls.hold(self.live, state, family, author, reason, now))
         if command.verb == "unhold":
-            async with self.live.lock(state.name):
-                previous, change = state.unhold(family.id)
-                await self.live.persist(change)
-            await self.live.notify(state, {family.id})
-            return render_unhold(family.id, previous, author)
+            return render_unhold(family.id, await controls.release(self.live, state, family), author)
         return await self._status(state, family)
 
     @staticmethod
@@ -138,14 +118,9 @@ class CommandResponder:
         return render_resume(armed, pause)
 
     async def _retry(self, state: RepoState, family: Family, author: str, now: datetime) -> str:
-        candidate = family.candidate
-        cool = cooldown(state.ledger.for_candidate(candidate), candidate, now, state.policy.cooldown_hours, False)
-        if not cool.eligible:
-            async with self.live.lock(state.name):
-                await self.live.persist(state.approve_retry(RetryApproval(candidate, author, now)))
-            await self.live.notify(state, {family.id})
+        cool = await controls.approve_retry(self.live, state, family, author, now)
         return render_retry(
-            family.id, candidate, not cool.eligible, cool.reason,
+            family.id, family.candidate, not cool.eligible, cool.reason,
             parse_time(state.meta.next_wave_at),
         )
 

@@ -90,6 +90,9 @@ class WaveRunner:
         # Time moves cooldowns and in-flight states on without any event: each wave lets the
         # check runs of Klaud PRs catch up (only Klaud PRs render, unchanged renders are not sent).
         await self.live.notify(state, {d.family for d in wave.decisions})
+        if not self.dry_run:
+            for listener in self.live.wave_listeners:
+                await listener(state, wave)
         return wave
 
     def _note(self, state: RepoState, wave: Wave, trigger: str, now: datetime) -> None:

@@ -1,0 +1,210 @@
+"""The dashboard issue (DESIGN §4 "Dashboard issue"; Renovate's Dependency Dashboard is the model).
+
+One open issue per repository, re-rendered after each wave: the pause or setup error, the
+last wave's selections, counts per decision, families cooling down (each with a box that
+approves a retry when ticked), held families (a box that releases the hold), the stalest
+images and the configuration errors. Its body also carries the holds and pending retries
+in a marker, so a full reconcile restores them when the local store is lost.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from bot.core.commands import code_span, describe_hold, with_until
+from bot.core.cooldown import human_time
+from bot.core.domain import (
+    Blocked,
+    Family,
+    Hold,
+    RetryApproval,
+    Wave,
+    parse_time,
+    stamp,
+)
+
+TITLE = "Klaud Cold dashboard"
+STALEST_SHOWN = 15
+# GitHub refuses an issue body over 65,536 characters.
+BODY_LIMIT = 65_000
+_MARKER_RE = re.compile(r"<!-- klaud-dashboard:v1:(?P<data>[A-Za-z0-9_=-]+) -->")
+_BOX_RE = re.compile(r"^\s*- \[(?P<mark>[ xX])\] (?P<verb>retry|unhold) `(?P<family>[^`]+)`", re.MULTILINE)
+
+BoxVerb = Literal["retry", "unhold"]
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardView:
+    repo: str
+    wave: Wave | None  # the last real wave, when there was one
+    blocked: Blocked | None
+    cooling: Sequence[tuple[Family, str, datetime | None]]  # family, reason, until
+    holds: Sequence[Hold]
+    retries: Sequence[RetryApproval]
+    families: Sequence[Family]
+    config_errors: Mapping[str, str]
+    now: datetime
+    setup_errors: Sequence[str] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class Remembered:
+    """What the marker keeps: enough to restore holds and retries from GitHub alone."""
+
+    holds: tuple[Hold, ...]
+    retries: tuple[RetryApproval, ...]
+
+
+def render_dashboard(view: DashboardView) -> str:
+    parts = [
+        (
+            f"This issue is kept by Klaud Cold for {view.repo}. Tick a box to act on it "
+            "(write access needed); Klaud answers by updating this issue."
+        ),
+        "",
+        *_blocked_section(view.blocked),
+        *_wave_section(view.wave),
+        *_cooling_section(view.cooling),
+        *_held_section(view.holds),
+        *_stalest_section(view.families, view.now),
+        *_config_section(view.config_errors),
+        _marker(Remembered(tuple(view.holds), tuple(view.retries))),
+    ]
+    body = "\n".join(parts)
+    if len(body) > BODY_LIMIT:
+        # The marker must survive whatever is cut: it is what a lost store comes back from.
+        marker = parts[-1]
+        body = body[: BODY_LIMIT - len(marker) - 40] + "\n\n… (truncated)\n\n" + marker
+    return body
+
+
+def _blocked_section(blocked: Blocked | None) -> list[str]:
+    if blocked is None:
+        return []
+    heading = "Dispatch paused" if blocked.code == "dispatch-paused" else "Setup error"
+    return [f"## ⚠️ {heading} since {human_time(blocked.since)}", "", blocked.reason, ""]
+
+
+def _wave_section(wave: Wave | None) -> list[str]:
+    if wave is None:
+        return ["## Last wave", "", "No wave has run yet.", ""]
+    counts = Counter(d.decision for d in wave.decisions)
+    lines = [
+        f"## Last wave: {wave.wave} at {human_time(wave.at)}",
+        "",
+        ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items())) + ".",
+        "",
+    ]
+    selected = [d for d in wave.decisions if d.decision == "selected"]
+    if selected:
+        lines += [f"- {code_span(d.family)} (candidate {code_span(d.candidate)})" for d in selected]
+    else:
+        lines.append("Nothing was selected.")
+    return [*lines, ""]
+
+
+def _cooling_section(cooling: Sequence[tuple[Family, str, datetime | None]]) -> list[str]:
+    if not cooling:
+        return []
+    lines = ["## Cooling down", "", "Tick a box to retry the family's candidate at the next wave.", ""]
+    for family, reason, until in sorted(cooling, key=lambda item: item[0].id):
+        lines.append(f"- [ ] retry {code_span(family.id)}: {with_until(reason, until)}")
+    return [*lines, ""]
+
+
+def _held_section(holds: Sequence[Hold]) -> list[str]:
+    if not holds:
+        return []
+    lines = ["## Held", "", "Tick a box to release the hold.", ""]
+    for hold in sorted(holds, key=lambda h: h.family):
+        lines.append(f"- [ ] unhold {code_span(hold.family)}: {describe_hold(hold)}")
+    return [*lines, ""]
+
+
+def _stalest_section(families: Sequence[Family], now: datetime) -> list[str]:
+    if not families:
+        return []
+    ordered = sorted(families, key=lambda f: (f.image_changed_at is not None, f.image_changed_at or now, f.id))
+    lines = ["## Stalest images", "", "| Family | Image | Image age |", "| --- | --- | --- |"]
+    for family in ordered[:STALEST_SHOWN]:
+        lines.append(f"| {code_span(family.id)} | {code_span(family.image)} | {image_age(family, now)} |")
+    return [*lines, ""]
+
+
+def image_age(family: Family, now: datetime) -> str:
+    if family.image_changed_at is None:
+        return "unknown"
+    days = (now - family.image_changed_at).total_seconds() / 86400
+    return f"{days:.0f} days"
+
+
+def _config_section(errors: Mapping[str, str]) -> list[str]:
+    if not errors:
+        return []
+    return ["## Configuration errors", "", *(f"- {code_span(path)}: {detail}" for path, detail in sorted(errors.items())), ""]
+
+
+# -- the marker -------------------------------------------------------------------------
+
+
+def _marker(remembered: Remembered) -> str:
+    document = {
+        "holds": [{"family": h.family, "by": h.by, "reason": h.reason, "at": stamp(h.at)} for h in remembered.holds],
+        "retries": [{"candidate": r.candidate, "by": r.by, "at": stamp(r.at)} for r in remembered.retries],
+    }
+    data = base64.urlsafe_b64encode(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).decode()
+    return f"<!-- klaud-dashboard:v1:{data} -->"
+
+
+def parse_marker(body: str) -> Remembered | None:
+    """The holds and retries a dashboard body remembers; None when it has no readable marker."""
+    match = _MARKER_RE.search(body)
+    if match is None:
+        return None
+    try:
+        document = json.loads(base64.urlsafe_b64decode(match["data"]))
+        return Remembered(
+            holds=tuple(_hold(item) for item in document.get("holds", [])),
+            retries=tuple(_retry(item) for item in document.get("retries", [])),
+        )
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _hold(item: dict[str, Any]) -> Hold:
+    return Hold(str(item["family"]), str(item["by"]), str(item["reason"]), _time(item["at"]))
+
+
+def _retry(item: dict[str, Any]) -> RetryApproval:
+    return RetryApproval(str(item["candidate"]), str(item["by"]), _time(item["at"]))
+
+
+def _time(value: Any) -> datetime:
+    parsed = parse_time(str(value))
+    if parsed is None:
+        raise ValueError("no time")
+    return parsed
+
+
+# -- ticked boxes -----------------------------------------------------------------------
+
+
+def ticked(before: str, after: str) -> list[tuple[BoxVerb, str]]:
+    """The boxes a person ticked between two bodies of the dashboard, as (verb, family)."""
+    was = set(_ticked_boxes(before))
+    return [box for box in _ticked_boxes(after) if box not in was]
+
+
+def _ticked_boxes(body: str) -> list[tuple[BoxVerb, str]]:
+    boxes: list[tuple[BoxVerb, str]] = []
+    for match in _BOX_RE.finditer(body):
+        if match["mark"] != " ":
+            boxes.append(("retry" if match["verb"] == "retry" else "unhold", match["family"]))
+    return boxes

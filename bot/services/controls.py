@@ -1,0 +1,38 @@
+"""What people can do to a family, from a `/klaud` comment or a dashboard box alike."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from bot.core.cooldown import CooldownState, cooldown
+from bot.core.domain import Family, Hold, RetryApproval
+from bot.services.live import LiveState
+from bot.services.repo_state import RepoState
+
+
+async def approve_retry(live: LiveState, state: RepoState, family: Family, by: str, now: datetime) -> CooldownState:
+    """Clear the cooldown of the family's candidate for the next real wave, if it has one."""
+    candidate = family.candidate
+    cool = cooldown(state.ledger.for_candidate(candidate), candidate, now, state.policy.cooldown_hours, False)
+    if not cool.eligible:
+        async with live.lock(state.name):
+            await live.persist(state.approve_retry(RetryApproval(candidate, by, now)))
+        await live.notify(state, {family.id})
+    return cool
+
+
+async def hold(live: LiveState, state: RepoState, family: Family, by: str, reason: str, now: datetime) -> Hold:
+    held = Hold(family.id, by, reason or "no reason given", now)
+    async with live.lock(state.name):
+        await live.persist(state.hold(held))
+    await live.notify(state, {family.id})
+    return held
+
+
+async def release(live: LiveState, state: RepoState, family: Family) -> Hold | None:
+    """Release the family's hold; the hold that was released, if there was one."""
+    async with live.lock(state.name):
+        previous, change = state.unhold(family.id)
+        await live.persist(change)
+    await live.notify(state, {family.id})
+    return previous

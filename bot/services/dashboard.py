@@ -1,0 +1,160 @@
+"""Keeps each repository's dashboard issue current, and acts on its ticked boxes.
+
+After each wave the dashboard is marked; a coalescer turns a burst of marks into one render,
+and a render identical to the issue's body is not sent. A box ticked by a person with write
+permission acts like the command (`retry`, `unhold`) and is answered by the re-render. The
+issue's marker lets a full reconcile restore holds and pending retries when the store is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import structlog
+
+from bot.core.clock import Clock
+from bot.core.dashboard import (
+    TITLE,
+    DashboardView,
+    Remembered,
+    parse_marker,
+    render_dashboard,
+    ticked,
+)
+from bot.core.domain import Wave
+from bot.core.events import IssuesEvent
+from bot.github.errors import GitHubError
+from bot.services import controls
+from bot.services.api import RepoAPI
+from bot.services.coalescer import Coalescer
+from bot.services.live import LiveState
+from bot.services.permissions import Permissions
+from bot.services.repo_state import RepoState
+from bot.store.change import Change
+
+log = structlog.get_logger("klaud.dashboard")
+
+
+class DashboardKeeper:
+    def __init__(self, live: LiveState, permissions: Permissions, clock: Clock, *, delay_seconds: float = 3.0) -> None:
+        self.live = live
+        self.permissions = permissions
+        self.clock = clock
+        self.coalescer: Coalescer[str] = Coalescer(self.publish, delay_seconds, errors=(GitHubError,))
+        self._last_wave: dict[str, Wave] = {}
+
+    async def wave_done(self, state: RepoState, wave: Wave) -> None:
+        self._last_wave[state.name.lower()] = wave
+        if state.policy.dashboard:
+            self.coalescer.mark(state.name)
+
+    async def settle(self) -> None:
+        await self.coalescer.settle()
+
+    async def close(self) -> None:
+        await self.coalescer.close()
+
+    # -- rendering -----------------------------------------------------------------------
+
+    async def publish(self, repo: str, *, force: bool = False) -> None:
+        state = self.live.repo(repo)
+        if state is None or not state.policy.dashboard:
+            return
+        body = render_dashboard(await self._view(state))
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        known = state.meta.dashboard
+        if not force and known.get("digest") == digest:
+            return
+        api = self.live.api(state)
+        number = known.get("issue") or await self._find(api)
+        if number is None:
+            number = await api.create_issue(TITLE, body)
+            log.info("dashboard.created", repo=state.name, issue=number)
+        else:
+            await api.update_issue(int(number), body)
+        async with self.live.lock(state.name):
+            state.meta.dashboard = {"issue": int(number), "digest": digest}
+            await self.live.persist(state.save_meta())
+
+    async def _view(self, state: RepoState) -> DashboardView:
+        wave = self._last_wave.get(state.name.lower()) or await self._stored_wave(state)
+        cooling = []
+        if wave is not None:
+            for decision in wave.decisions:
+                family = state.catalog.get(decision.family)
+                if decision.decision == "cooldown" and family is not None:
+                    cooling.append((family, decision.reason, decision.until))
+        return DashboardView(
+            repo=state.name,
+            wave=wave,
+            blocked=state.blocked(),
+            cooling=cooling,
+            holds=list(state.holds.values()),
+            retries=list(state.retries.values()),
+            families=list(state.catalog),
+            config_errors=state.meta.config_errors,
+            now=self.clock.now(),
+        )
+
+    async def _stored_wave(self, state: RepoState) -> Wave | None:
+        document = await self.live.store.get(state.name, "wave", f"{state.meta.wave:08d}")
+        return Wave.from_document(document) if document else None
+
+    async def _find(self, api: RepoAPI) -> int | None:
+        for login in self.live.bot_logins:
+            issue = await api.find_issue(TITLE, login)
+            if issue is not None:
+                return issue.number
+        return None
+
+    # -- ticked boxes --------------------------------------------------------------------
+
+    async def on_issue_edited(self, state: RepoState, event: IssuesEvent) -> int:
+        """Act on the boxes a person ticked; returns how many acted."""
+        if event.issue.number != state.meta.dashboard.get("issue") or self.live.is_bot(event.sender.login):
+            return 0
+        before = (event.changes.body.before if event.changes and event.changes.body else None) or ""
+        boxes = ticked(before, event.issue.body or "")
+        if not boxes:
+            return 0
+        api = self.live.api(state)
+        person = event.sender.login or ""
+        acted = 0
+        for verb, family_id in boxes:
+            family = state.catalog.get(family_id)
+            if family is None or not await self.permissions.allows(api, state, person, verb):
+                log.info("dashboard.box_refused", family=family_id, verb=verb, by=person)
+                continue
+            now = self.clock.now()
+            if verb == "retry":
+                await controls.approve_retry(self.live, state, family, person, now)
+            else:
+                await controls.release(self.live, state, family)
+            acted += 1
+        # The answer is the re-render: the box unticked, the hold gone or the retry noted.
+        await self.publish(state.name, force=True)
+        return acted
+
+    # -- restoring -----------------------------------------------------------------------
+
+    async def restore(self, state: RepoState, api: RepoAPI, change: Change) -> Remembered | None:
+        """A repository first heard of: its holds and retries come back from the dashboard."""
+        if not state.policy.dashboard:
+            return None
+        for login in self.live.bot_logins:
+            issue = await api.find_issue(TITLE, login)
+            if issue is None:
+                continue
+            remembered = parse_marker(issue.body or "")
+            state.meta.dashboard = {"issue": issue.number}
+            if remembered is None:
+                return None
+            for hold in remembered.holds:
+                if hold.family in state.catalog and hold.family not in state.holds:
+                    change.extend(state.hold(hold))
+            for retry in remembered.retries:
+                if retry.candidate not in state.retries:
+                    change.extend(state.approve_retry(retry))
+            log.info("dashboard.restored", repo=state.name, holds=len(remembered.holds), retries=len(remembered.retries))
+            return remembered
+        return None

@@ -1,0 +1,74 @@
+"""The dashboard issue's body, its marker and its boxes (bot/core/dashboard.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from bot.core.dashboard import BODY_LIMIT, DashboardView, parse_marker, render_dashboard, ticked
+from bot.core.domain import Blocked, Decision, Hold, RetryApproval, Wave
+from tests.builders import family
+
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+A = family("alpha", image_changed_at=NOW - timedelta(days=40))
+B = family("beta", image_changed_at=None)
+C = family("gamma", image_changed_at=NOW - timedelta(days=3))
+
+
+def wave() -> Wave:
+    return Wave("acme/bench", NOW, "b" * 40, 7, (
+        Decision(A.id, A.candidate, "selected", "free"),
+        Decision(B.id, B.candidate, "cooldown", "cooling down until 2026-12-01 06:00 UTC: last attempt failed (run 3)",
+                 until=NOW + timedelta(hours=22)),
+        Decision(C.id, C.candidate, "held", "held by alice"),
+    ))
+
+
+def view(**changes: object) -> DashboardView:
+    values: dict[str, object] = {
+        "repo": "acme/bench", "wave": wave(), "blocked": None,
+        "cooling": [(B, wave().decisions[1].reason, wave().decisions[1].until)],
+        "holds": [Hold(C.id, "alice", "new weights", NOW)], "retries": [RetryApproval(A.candidate, "bob", NOW)],
+        "families": [A, B, C], "config_errors": {}, "now": NOW,
+    }
+    values.update(changes)
+    return DashboardView(**values)  # type: ignore[arg-type]
+
+
+def test_the_body_has_every_section_and_boxes_for_retry_and_unhold() -> None:
+    body = render_dashboard(view(config_errors={"configs/runners.yaml": "runner x_0 names no cluster"}))
+    assert "## Last wave: 7 at 2026-11-30 08:00 UTC" in body and "1 cooldown, 1 held, 1 selected." in body
+    assert f"- `{A.id}` (candidate `{A.candidate}`)" in body
+    assert f"- [ ] retry `{B.id}`: cooling down until" in body
+    assert f"- [ ] unhold `{C.id}`: by **alice**" in body
+    stalest = body.index("## Stalest images")
+    assert body.index(B.id, stalest) < body.index(A.id, stalest) < body.index(C.id, stalest)  # unknown first
+    assert "| 40 days |" in body and "runner x_0 names no cluster" in body
+
+
+def test_a_pause_comes_first() -> None:
+    body = render_dashboard(view(blocked=Blocked("dispatch-paused", "dispatch paused: 3 of 3 runs failed", NOW)))
+    assert body.index("## ⚠️ Dispatch paused since 2026-11-30 08:00 UTC") < body.index("## Last wave")
+
+
+def test_the_marker_remembers_holds_and_retries() -> None:
+    remembered = parse_marker(render_dashboard(view()))
+    assert remembered is not None
+    assert remembered.holds == (Hold(C.id, "alice", "new weights", NOW),)
+    assert remembered.retries == (RetryApproval(A.candidate, "bob", NOW),)
+    assert parse_marker("no marker here") is None
+    assert parse_marker("<!-- klaud-dashboard:v1:bm90IGpzb24= -->") is None  # not JSON: unread, not raised
+
+
+def test_a_body_too_long_for_github_keeps_its_marker() -> None:
+    many = [family(f"fam-{i:04d}-{'x' * 60}") for i in range(2000)]
+    body = render_dashboard(view(cooling=[(f, "cooling down", None) for f in many]))
+    assert len(body) <= BODY_LIMIT and parse_marker(body) is not None
+
+
+def test_ticked_finds_only_the_boxes_a_person_ticked_now() -> None:
+    before = render_dashboard(view())
+    after = before.replace(f"- [ ] retry `{B.id}`", f"- [x] retry `{B.id}`")
+    assert ticked(before, after) == [("retry", B.id)]
+    assert ticked(after, after) == []
+    both = after.replace(f"- [ ] unhold `{C.id}`", f"- [X] unhold `{C.id}`")
+    assert ticked(before, both) == [("retry", B.id), ("unhold", C.id)]

@@ -1,0 +1,80 @@
+"""The dashboard issue against the sandbox: created after a wave, boxes that act, and
+holds that survive the loss of the store (DESIGN §4 "Dashboard issue")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests import scenarios as sc
+from tests.harness import sandbox_stack
+
+REPO = "acme/bench"
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+B200 = "configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"
+
+
+def dashboards(run: Any) -> list[dict[str, Any]]:
+    return [i for i in run.github()["issues"] if i["title"] == "Klaud Cold dashboard"]
+
+
+async def wave(run: Any) -> None:
+    await run.klaud.waves.run(REPO, trigger="test")
+    await run.klaud.dashboard.settle()
+    await run.settle()
+
+
+async def test_a_wave_creates_the_dashboard_once_and_updates_it(tmp_path):
+    cand = sc.candidate(H200)
+    scenario = sc.scenario(runs=[sc.run(301, cand, "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await wave(run)
+        [issue] = dashboards(run)
+        assert issue["user"] == "klaud-cold[bot]"
+        assert f"- [ ] retry `{H200}`" in issue["body"] and "## Last wave: 1" in issue["body"]
+        await run.act({"action": "comment", "repo": REPO, "number": issue["number"], "user": "alice",
+                       "body": f"/klaud hold {B200} new weights"})
+        await wave(run)
+        [issue] = dashboards(run)  # updated, not a second issue
+        assert f"- [ ] unhold `{B200}`" in issue["body"] and "## Last wave: 2" in issue["body"]
+
+
+async def test_ticking_boxes_acts_for_writers_only(tmp_path):
+    cand = sc.candidate(H200)
+    scenario = sc.scenario(runs=[sc.run(301, cand, "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await wave(run)
+        [issue] = dashboards(run)
+        ticked = issue["body"].replace(f"- [ ] retry `{H200}`", f"- [x] retry `{H200}`")
+        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "carol", "body": ticked})
+        await run.klaud.dashboard.settle()
+        assert run.state()["retries"] == []  # carol may only read
+        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "bob", "body": ticked})
+        await run.klaud.dashboard.settle()
+        assert [r["candidate"] for r in run.state()["retries"]] == [cand]
+        [issue] = dashboards(run)
+        assert f"- [x] retry `{H200}`" not in issue["body"]  # the answer is the re-render
+
+
+async def test_holds_come_back_from_the_dashboard_when_the_store_is_lost(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await run.act({"action": "comment", "repo": REPO, "number": 12, "user": "alice",
+                       "body": f"/klaud hold {H200} waiting for weights"})
+        await wave(run)
+        assert [h["family"] for h in run.state()["holds"]] == [H200]
+        # The store is lost: a new Klaud on an empty store reconciles from GitHub alone.
+        lost = run.klaud
+        state = lost.live.repo(REPO)
+        lost.live.repos.clear()
+        await lost.store.apply(_forget_everything(state.name))
+        await lost.reconciler.reconcile(REPO, 1)
+        restored = lost.live.repo(REPO)
+        assert restored is not None and restored.holds[H200].reason == "waiting for weights"
+
+
+def _forget_everything(repo: str) -> Any:
+    from bot.store.change import Change
+
+    change = Change()
+    for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry", "wave"):
+        change.clear(repo, kind)
+    return change.delete("", "repo", repo)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from bot.core.dashboard import BODY_LIMIT, DashboardView, parse_marker, render_dashboard, ticked
+from bot.core.dashboard import (
+    BODY_LIMIT,
+    DashboardView,
+    parse_marker,
+    render_dashboard,
+    ticked,
+)
 from bot.core.domain import Blocked, Decision, Hold, RetryApproval, Wave
 from tests.builders import family
 

@@ -7,19 +7,13 @@ at the moment they are put, by the record adapters of `bot.store.codec`.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from bot.store.codec import encode
 
 
-class Connection(Protocol):
-    """The part of a DB-API connection a change needs (sqlite3's, for one)."""
-
-    def executemany(self, sql: str, rows: Any, /) -> Any: ...
-
-
 class Change:
-    """A batch of writes applied in one transaction."""
+    """A batch of writes applied in one transaction (`StateStore.apply`)."""
 
     def __init__(self) -> None:
         self.puts: list[tuple[str, str, str, str]] = []
@@ -47,10 +41,3 @@ class Change:
 
     def __bool__(self) -> bool:
         return bool(self.puts or self.deletes or self.clears)
-
-    def apply(self, conn: Connection) -> None:
-        conn.executemany("DELETE FROM records WHERE repo = ? AND kind = ?", self.clears)
-        conn.executemany("DELETE FROM records WHERE repo = ? AND kind = ? AND key = ?", self.deletes)
-        conn.executemany(
-            "INSERT OR REPLACE INTO records (repo, kind, key, data) VALUES (?, ?, ?, ?)", self.puts
-        )

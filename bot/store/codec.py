@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from bot.core.domain import (
     Attempt,
@@ -43,8 +43,26 @@ def encode(kind: str, value: Any) -> str:
 
 
 def decode_many(kind: str, texts: list[str]) -> list[Any]:
+    """Every record, or ValueError (pydantic's ValidationError is one) if any is unreadable."""
     adapter = LIST_ADAPTERS.get(kind)
     if adapter is None:
         return [json.loads(text) for text in texts]
     # One validate_json call over a JSON array is far faster than one call per record.
     return adapter.validate_json("[" + ",".join(texts) + "]")
+
+
+def decode_one(kind: str, text: str) -> Any:
+    adapter = ADAPTERS.get(kind)
+    if adapter is None:
+        return json.loads(text)
+    return adapter.validate_json(text)
+
+
+def unreadable_reason(exc: ValueError) -> str:
+    """Why a record could not be decoded, on one line: the first problem and how many more."""
+    if not isinstance(exc, ValidationError):
+        return f"not JSON: {exc}"
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "record"
+    more = exc.error_count() - 1
+    return f"{where}: {first['msg']}" + (f" (and {more} more)" if more else "")

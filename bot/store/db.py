@@ -1,4 +1,4 @@
-"""One SQLite connection, owned by one thread.
+"""The SQLite engine: one connection, owned by one thread, on a file only this process uses.
 
 sqlite3 calls block, so every statement runs on a dedicated worker thread and the event
 loop only awaits it. WAL lets readers (the HTTP API) proceed while the worker writes, and
@@ -10,70 +10,142 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
 
+import structlog
+
+from bot.store.engine import Dialect, Result, Row, Statement
+from bot.store.lockfile import PidLock
+from bot.store.migrations import (
+    CURRENT_VERSION,
+    LATEST,
+    RECORD_VERSION,
+    VERSION_TABLE,
+    to_apply,
+)
+
 T = TypeVar("T")
+log = structlog.get_logger("klaud.store")
+
+MEMORY = ":memory:"
 
 
 class Database:
+    dialect: Dialect = "sqlite"
+    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+
     def __init__(self, path: str) -> None:
         self.path = path
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klaud-db")
         self._conn: sqlite3.Connection | None = None
+        self._lock = None if path == MEMORY else PidLock(path)
 
     @property
     def is_open(self) -> bool:
         return self._conn is not None
 
-    async def open(self, schema: str) -> None:
-        await self.run_sync(self._open, schema)
+    async def open(self, schema: str = "") -> None:
+        """Take the file's lock and bring its schema to the latest version.
 
-    def _open(self, schema: str) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA busy_timeout=5000")
-        conn.executescript(schema)
+        Raises StoreLocked when another process (or `Database`) has the file. `schema` is
+        DDL run afterwards, for callers written before migrations, which pass the records
+        table's DDL (`records.STATE_SCHEMA`) that migration 1 has already created.
+        """
+        if self._conn is None:
+            await self._run_sync(self._open)
+        if schema:
+            await self._run_sync(self._connection().executescript, schema)
+
+    def _open(self) -> None:
+        with ExitStack() as undo:
+            if self._lock is not None:
+                self._lock.acquire()
+                undo.callback(self._lock.release)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            undo.callback(conn.close)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=5000")
+            self._migrate(conn)
+            undo.pop_all()
         self._conn = conn
 
-    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        with _transaction(conn, "BEGIN EXCLUSIVE"):
+            unversioned = not _has_table(conn, "schema_version") and (
+                _has_table(conn, "records") or _has_table(conn, "deliveries")
+            )
+            conn.execute(VERSION_TABLE["sqlite"])
+            current = conn.execute(CURRENT_VERSION).fetchone()[0]
+            migrations = to_apply(current, self.path)
+            for migration in migrations:
+                for sql in migration.sqlite:
+                    conn.execute(sql)
+                conn.execute(RECORD_VERSION, (migration.version, migration.name, time.time()))
+        if migrations:
+            log.info(
+                "store.migrated", engine="sqlite", path=self.path, from_version=current, to_version=LATEST,
+                adopted_unversioned=unversioned,
+            )
+
+    async def fetch(self, sql: str, *args: Any) -> list[Row]:
+        return await self._run_sync(self._fetch, sql, args)
+
+    def _fetch(self, sql: str, args: Sequence[Any]) -> list[Row]:
+        return self._connection().execute(sql, args).fetchall()
+
+    async def transaction(self, statements: Sequence[Statement]) -> list[Result]:
+        return await self._run_sync(self._transaction, statements)
+
+    def _transaction(self, statements: Sequence[Statement]) -> list[Result]:
+        conn = self._connection()
+        with _transaction(conn, "BEGIN IMMEDIATE"):
+            return [_execute(conn, statement) for statement in statements]
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("database is closed")
+        return self._conn
+
+    async def _run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `fn(conn)` on the database thread."""
-        return await self.run_sync(self._call, fn)
-
-    async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `fn(conn)` inside one transaction; it commits, or rolls back on error."""
-        return await self.run_sync(self._in_transaction, fn)
-
-    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._conn is None:
-            raise RuntimeError("database is closed")
-        return fn(self._conn)
-
-    def _in_transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._conn is None:
-            raise RuntimeError("database is closed")
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = fn(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return result
-
     async def close(self) -> None:
         if self._conn is not None:
-            await self.run_sync(self._close)
+            await self._run_sync(self._close)
         self._executor.shutdown(wait=True)
 
     def _close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+            if self._lock is not None:
+                self._lock.release()
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
+    conn.execute(begin)
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def _execute(conn: sqlite3.Connection, statement: Statement) -> Result:
+    if statement.many:
+        conn.executemany(statement.sql, statement.args)
+        return None
+    cursor = conn.execute(statement.sql, statement.args)
+    return cursor.fetchall() if statement.rows else cursor.rowcount

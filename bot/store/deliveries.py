@@ -1,43 +1,25 @@
-"""The durable delivery inbox's storage: one row per webhook delivery.
+"""The durable delivery inbox's storage: one row per webhook delivery, on either engine.
 
 A delivery is committed before GitHub gets its 202, because GitHub does not redeliver on
 its own. Writes that arrive while a transaction is running are committed together in the
 next one (group commit), so a burst of deliveries costs one fsync per batch instead of one
 per delivery.
+
+With several replicas on one PostgreSQL database, any replica stores a delivery and a
+replica takes work with `claim_deliveries`: the delivery becomes `processing` with its
+owner and the time of the claim, so the deliveries of a replica that dies are claimed
+again once that claim is old.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
-from bot.store.db import Database
-
-INBOX_SCHEMA = """
-CREATE TABLE IF NOT EXISTS deliveries (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    event TEXT NOT NULL,
-    action TEXT,
-    repo TEXT,
-    installation INTEGER,
-    headers TEXT NOT NULL,
-    body BLOB NOT NULL,
-    status TEXT NOT NULL DEFAULT 'queued',
-    attempts INTEGER NOT NULL DEFAULT 0,
-    error TEXT,
-    received_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries(status)
-    WHERE status = 'queued';
-"""
+from bot.store.engine import Dialect, Engine, Result, Row, Statement, as_count, as_rows
 
 # Headers worth keeping for processing and audits; the signature is not among them.
 KEPT_HEADERS = (
@@ -101,10 +83,52 @@ class Delivery:
         }
 
 
+COLUMNS = "id, event, action, repo, installation, headers, body, status, attempts, error"
+INSERT = (
+    "INSERT INTO deliveries (id, event, action, repo, installation, headers, body, received_at, updated_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+)
+SELECT_ONE = f"SELECT {COLUMNS} FROM deliveries WHERE id = ?"
+SELECT_PENDING = f"SELECT {COLUMNS} FROM deliveries WHERE status = 'queued' ORDER BY seq"
+UPDATE_STATUS = "UPDATE deliveries SET status = ?, attempts = ?, error = ?, updated_at = ? WHERE id = ?"
+PRUNE = (
+    "DELETE FROM deliveries WHERE (status = 'done' AND updated_at < ?)"
+    " OR (status = 'failed' AND updated_at < ?)"
+)
+# The oldest unclaimed deliveries, and those whose claim is older than the reclaim time (its
+# owner died); `?` 2 and 3 are a JSON array of lowercase repository names, or NULL for any.
+# PostgreSQL locks the rows it picks and skips those another claimer has locked, so
+# concurrent claimers never pick the same delivery and never wait for each other.
+CLAIM: dict[Dialect, str] = {
+    "sqlite": """
+        WITH picked AS (
+            SELECT seq FROM deliveries
+            WHERE (status = 'queued' OR (status = 'processing' AND claimed_at < {now} - ?))
+              AND (? IS NULL OR lower(repo) IN (SELECT value FROM json_each(?)))
+            ORDER BY seq LIMIT ?
+        )
+        UPDATE deliveries SET status = 'processing', claimed_by = ?, claimed_at = {now}
+        WHERE seq IN (SELECT seq FROM picked)
+        RETURNING {columns}, seq""",
+    "postgresql": """
+        WITH picked AS MATERIALIZED (
+            SELECT seq FROM deliveries
+            WHERE (status = 'queued' OR (status = 'processing' AND claimed_at < {now} - ?))
+              AND (?::text IS NULL OR lower(repo) IN (SELECT json_array_elements_text(?::json)))
+            ORDER BY seq LIMIT ?
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE deliveries SET status = 'processing', claimed_by = ?, claimed_at = {now}
+        WHERE seq IN (SELECT seq FROM picked)
+        RETURNING {columns}, seq""",
+}
+
+
 class DeliveryStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Engine) -> None:
         self.db = db
-        self._writes: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._claim = CLAIM[db.dialect].format(now=db.now_sql, columns=COLUMNS)
+        self._writes: list[tuple[Statement, asyncio.Future[Result]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     @property
@@ -112,7 +136,7 @@ class DeliveryStore:
         return self.db.is_open
 
     async def open(self) -> None:
-        await self.db.open(INBOX_SCHEMA)
+        await self.db.open()
 
     async def put(self, delivery: Delivery) -> bool:
         """Commit `delivery`; False when its id is already stored (a redelivery)."""
@@ -128,27 +152,11 @@ class DeliveryStore:
             now,
             now,
         )
-
-        def insert(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "INSERT OR IGNORE INTO deliveries (id, event, action, repo, installation,"
-                " headers, body, received_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?)",
-                row,
-            )
-            return cur.rowcount == 1
-
-        return bool(await self._write(insert))
+        return as_count(await self._write(Statement(INSERT, row))) == 1
 
     async def get(self, delivery_id: str) -> Delivery | None:
-        def select(conn: sqlite3.Connection) -> Delivery | None:
-            row = conn.execute(
-                "SELECT id, event, action, repo, installation, headers, body, status,"
-                " attempts, error FROM deliveries WHERE id = ?",
-                (delivery_id,),
-            ).fetchone()
-            return _row_to_delivery(row) if row else None
-
-        return await self.db.run(select)
+        rows = await self.db.fetch(SELECT_ONE, delivery_id)
+        return _row_to_delivery(rows[0]) if rows else None
 
     async def prune(self, *, done_before: float, failed_before: float) -> int:
         """Delete finished deliveries last updated before the given epoch times.
@@ -156,50 +164,39 @@ class DeliveryStore:
         GitHub redelivers on request for a few days only, so duplicate detection needs
         no older ids; failed deliveries are kept longer for people to inspect.
         """
-
-        def delete(conn: sqlite3.Connection) -> int:
-            cur = conn.execute(
-                "DELETE FROM deliveries WHERE (status = 'done' AND updated_at < ?)"
-                " OR (status = 'failed' AND updated_at < ?)",
-                (done_before, failed_before),
-            )
-            return cur.rowcount
-
-        return await self._write(delete)
+        return as_count(await self._write(Statement(PRUNE, (done_before, failed_before))))
 
     async def pending(self) -> list[Delivery]:
-        """Every delivery acknowledged but not finished, in arrival order."""
-
-        def pending(conn: sqlite3.Connection) -> list[Delivery]:
-            rows = conn.execute(
-                "SELECT id, event, action, repo, installation, headers, body, status,"
-                " attempts, error FROM deliveries"
-                " WHERE status = 'queued' ORDER BY seq"
-            ).fetchall()
-            return [_row_to_delivery(row) for row in rows]
-
-        return await self.db.run(pending)
+        """Every delivery acknowledged but not finished (nor claimed), in arrival order."""
+        return [_row_to_delivery(row) for row in await self.db.fetch(SELECT_PENDING)]
 
     async def save_status(self, delivery: Delivery) -> None:
         values = (delivery.status, delivery.attempts, delivery.error, time.time(), delivery.id)
+        await self._write(Statement(UPDATE_STATUS, values))
 
-        def update(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "UPDATE deliveries SET status = ?, attempts = ?, error = ?, updated_at = ?"
-                " WHERE id = ?",
-                values,
-            )
+    async def claim_deliveries(
+        self, owner: str, repos: set[str] | None, limit: int, *, reclaim_after_seconds: float = 300.0
+    ) -> list[Delivery]:
+        """Mark up to `limit` deliveries `processing` for `owner` and return them, oldest first.
 
-        await self._write(update)
+        Takes queued deliveries, and deliveries whose claim is older than
+        `reclaim_after_seconds` (their owner crashed). `repos` limits the claim to those
+        repositories (any case); None claims any delivery, with or without a repository.
+        """
+        wanted = None if repos is None else json.dumps(sorted(repo.lower() for repo in repos))
+        args = (reclaim_after_seconds, wanted, wanted, limit, owner)
+        results = await self.db.transaction([Statement(self._claim, args, rows=True)])
+        rows = sorted(as_rows(results[0]), key=lambda row: row[-1])
+        return [_row_to_delivery(row) for row in rows]
 
     async def flushed(self) -> None:
         """Wait for the writes already asked for."""
         if self._writer is not None:
             await self._writer
 
-    async def _write(self, op: Callable[[sqlite3.Connection], Any]) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._writes.append((op, future))
+    async def _write(self, statement: Statement) -> Result:
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._writes.append((statement, future))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._flush_writes())
         return await future
@@ -207,25 +204,21 @@ class DeliveryStore:
     async def _flush_writes(self) -> None:
         while self._writes:
             batch, self._writes = self._writes, []
-            ops = [op for op, _ in batch]
             try:
-                results = await self.db.transaction(partial(_run_all, ops))
-            except sqlite3.Error as exc:
-                # The whole batch rolled back: every caller learns it was not stored.
+                results = await self.db.transaction([statement for statement, _ in batch])
+            # Not swallowed: the whole batch rolled back, and every caller gets the error
+            # (a constraint, a lost connection, a closed store) as "not stored".
+            except Exception as exc:  # noqa: BLE001
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for (_, future), result in zip(batch, results):
+            for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(result)
 
 
-def _run_all(ops: list[Callable[[sqlite3.Connection], Any]], conn: sqlite3.Connection) -> list[Any]:
-    return [op(conn) for op in ops]
-
-
-def _row_to_delivery(row: tuple[Any, ...]) -> Delivery:
+def _row_to_delivery(row: Row) -> Delivery:
     return Delivery(
         id=row[0],
         event=row[1],

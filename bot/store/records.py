@@ -5,90 +5,114 @@ their parsed changes, attempts, holds, retry approvals, claims, in-flight dispat
 pending artifact retries, waves and per-repository metadata. One table keeps the engine
 swappable (DESIGN §2 "store/"), and loading a repository is one indexed scan. Records are
 (de)serialised by pydantic from the dataclasses of bot.core.domain, so a stored record is
-validated on the way back in.
+validated on the way back in; one the code cannot read (written by another version, or
+edited by hand) is reported in one log line and skipped, never a traceback.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
-from bot.store.change import Change
-from bot.store.codec import decode_many
-from bot.store.db import Database
+import structlog
 
-STATE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    repo TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    key TEXT NOT NULL,
-    data TEXT NOT NULL,
-    PRIMARY KEY (repo, kind, key)
-) WITHOUT ROWID;
-"""
+from bot.store.change import Change
+from bot.store.codec import decode_many, decode_one, unreadable_reason
+from bot.store.engine import Dialect, Engine, Statement, as_count
+from bot.store.migrations import SQLITE_RECORDS_V1
+
+__all__ = ["STATE_SCHEMA", "Change", "StateStore"]
+
+log = structlog.get_logger("klaud.store")
+
+# For callers that still pass it to `Database.open`; migration 1 creates the table.
+STATE_SCHEMA = SQLITE_RECORDS_V1
+
+PUT = (
+    "INSERT INTO records (repo, kind, key, data) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (repo, kind, key) DO UPDATE SET data = excluded.data"
+)
+DELETE = "DELETE FROM records WHERE repo = ? AND kind = ? AND key = ?"
+CLEAR = "DELETE FROM records WHERE repo = ? AND kind = ?"
+REPOS = "SELECT key FROM records WHERE repo = '' AND kind = 'repo'"
+LOAD = "SELECT kind, key, data FROM records WHERE repo = ?"
+GET = "SELECT data FROM records WHERE repo = ? AND kind = ? AND key = ?"
+# An attempt's completion time (ISO text), NULL when the record has none. SQLite's TEXT
+# column may hold text that is not JSON, on which json_extract would fail the whole query.
+COMPLETED_AT: dict[Dialect, str] = {
+    "sqlite": "CASE WHEN json_valid(data) THEN json_extract(data, '$.completed_at') END",
+    "postgresql": "(data ->> 'completed_at')",
+}
+# Attempts without a readable time are loaded, so that they are reported, not hidden.
+LOAD_SINCE = LOAD + " AND (kind != 'attempt' OR coalesce({completed_at} >= ?, TRUE))"
+PRUNE_ATTEMPTS = "DELETE FROM records WHERE kind = 'attempt' AND {completed_at} < ?"
+
 
 class StateStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Engine) -> None:
         self.db = db
+        completed_at = COMPLETED_AT[db.dialect]
+        self._load_since = LOAD_SINCE.format(completed_at=completed_at)
+        self._prune_attempts = PRUNE_ATTEMPTS.format(completed_at=completed_at)
 
     async def open(self) -> None:
-        await self.db.run(lambda conn: conn.executescript(STATE_SCHEMA))
+        await self.db.open()
 
     async def apply(self, change: Change) -> None:
+        statements = [
+            Statement(CLEAR, change.clears, many=True),
+            Statement(DELETE, change.deletes, many=True),
+            Statement(PUT, change.puts, many=True),
+        ]
         if change:
-            await self.db.transaction(change.apply)
+            await self.db.transaction([statement for statement in statements if statement.args])
 
     async def repos(self) -> list[str]:
-        def select(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute("SELECT key FROM records WHERE repo = '' AND kind = 'repo'")
-            return [row[0] for row in rows]
-
-        return await self.db.run(select)
+        return [row[0] for row in await self.db.fetch(REPOS)]
 
     async def load(self, repo: str, *, attempts_since: str | None = None) -> dict[str, dict[str, Any]]:
-        """Every record of `repo` as {kind: {key: value}}.
+        """Every readable record of `repo` as {kind: {key: value}}.
 
         `attempts_since` (ISO text, as stored) leaves older attempts in the store: they are
         history no rule reads, and decoding them dominated the time of a restart.
         """
-
-        def select(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
-            if attempts_since is None:
-                return conn.execute("SELECT kind, key, data FROM records WHERE repo = ?", (repo,)).fetchall()
-            return conn.execute(
-                "SELECT kind, key, data FROM records WHERE repo = ?"
-                " AND (kind != 'attempt' OR json_extract(data, '$.completed_at') >= ?)",
-                (repo, attempts_since),
-            ).fetchall()
-
-        rows = await self.db.run(select)
+        if attempts_since is None:
+            rows = await self.db.fetch(LOAD, repo)
+        else:
+            rows = await self.db.fetch(self._load_since, repo, attempts_since)
         grouped: dict[str, tuple[list[str], list[str]]] = defaultdict(lambda: ([], []))
         for kind, key, data in rows:
             keys, texts = grouped[kind]
             keys.append(key)
             texts.append(data)
-        return {
-            kind: dict(zip(keys, decode_many(kind, texts))) for kind, (keys, texts) in grouped.items()
-        }
+        return {kind: _decode(repo, kind, keys, texts) for kind, (keys, texts) in grouped.items()}
 
     async def prune_attempts(self, before: str) -> int:
         """Delete attempts that completed before `before` (ISO text, as stored)."""
-
-        def delete(conn: sqlite3.Connection) -> int:
-            cur = conn.execute(
-                "DELETE FROM records WHERE kind = 'attempt' AND json_extract(data, '$.completed_at') < ?", (before,)
-            )
-            return cur.rowcount
-
-        return await self.db.transaction(delete)
+        results = await self.db.transaction([Statement(self._prune_attempts, (before,))])
+        return as_count(results[0])
 
     async def get(self, repo: str, kind: str, key: str) -> Any | None:
-        def select(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute(
-                "SELECT data FROM records WHERE repo = ? AND kind = ? AND key = ?", (repo, kind, key)
-            ).fetchone()
-            return row[0] if row else None
+        """The record's value; None when it is absent or unreadable (then reported)."""
+        rows = await self.db.fetch(GET, repo, kind, key)
+        if not rows:
+            return None
+        return _decode(repo, kind, [key], [rows[0][0]]).get(key)
 
-        text = await self.db.run(select)
-        return None if text is None else decode_many(kind, [text])[0]
+
+def _decode(repo: str, kind: str, keys: list[str], texts: list[str]) -> dict[str, Any]:
+    try:
+        # strict: text that is not one JSON value could split into several array items.
+        return dict(zip(keys, decode_many(kind, texts), strict=True))
+    except ValueError:
+        # One record the code cannot read must not cost the others.
+        return dict(_readable(repo, kind, keys, texts))
+
+
+def _readable(repo: str, kind: str, keys: list[str], texts: list[str]) -> Iterator[tuple[str, Any]]:
+    for key, text in zip(keys, texts, strict=True):
+        try:
+            yield key, decode_one(kind, text)
+        except ValueError as exc:
+            log.warning("store.record_unreadable", repo=repo, kind=kind, key=key, reason=unreadable_reason(exc))

@@ -1,0 +1,60 @@
+"""What the stores need of a database engine: SQLite (`db.Database`) or PostgreSQL
+(`postgres.PostgresDatabase`).
+
+The stores are written once, against this interface, so the record, delivery and lease
+semantics cannot drift apart between the engines. Every statement is written in SQLite's
+`?` parameter style; the PostgreSQL engine numbers the parameters (`$1`, `$2`, …).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+Dialect = Literal["sqlite", "postgresql"]
+Row = Sequence[Any]
+# A statement's result: the count of changed rows, the selected rows, or None after `many`.
+Result = int | list[Row] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    sql: str
+    args: Sequence[Any] = ()
+    many: bool = False  # `args` is a list of parameter rows, one execution each
+    rows: bool = False  # the result is the selected (or RETURNING) rows
+
+
+class Engine(Protocol):
+    dialect: Dialect
+    # The database's clock as epoch seconds, in SQL: leases and claims compare times written
+    # by several replicas, whose own clocks may disagree.
+    now_sql: str
+
+    @property
+    def is_open(self) -> bool: ...
+
+    async def open(self) -> None: ...
+
+    async def fetch(self, sql: str, *args: Any) -> list[Row]: ...
+
+    async def transaction(self, statements: Sequence[Statement]) -> list[Result]:
+        """Run `statements` in one transaction: all commit, or none (the error is raised)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def as_count(result: Result) -> int:
+    """The count of changed rows of a statement run without `many` or `rows`."""
+    if not isinstance(result, int):
+        raise TypeError(f"expected a row count, got {type(result).__name__}")
+    return result
+
+
+def as_rows(result: Result) -> list[Row]:
+    """The rows of a statement run with `rows=True`."""
+    if not isinstance(result, list):
+        raise TypeError(f"expected rows, got {type(result).__name__}")
+    return result

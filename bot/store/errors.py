@@ -1,0 +1,15 @@
+"""Why a store could not be opened, in one line a person can act on."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """The store cannot be used; the message says why in one line."""
+
+
+class StoreLocked(StoreError):
+    """Another Klaud process serves the same SQLite file."""
+
+
+class SchemaTooNew(StoreError):
+    """The store was migrated by a newer Klaud than this one."""

@@ -1,0 +1,50 @@
+"""Named leases: who owns what (a repository, the scheduler) among replicas, for how long.
+
+A lease is a row with an owner and an expiry. It is taken by an atomic upsert that only
+succeeds on a free, expired or already own lease, so two replicas never both believe they
+hold it; an owner that stops renewing (it crashed, or lost the database) loses it at expiry.
+Times are the database's clock, the one every replica shares.
+"""
+
+from __future__ import annotations
+
+from bot.store.engine import Engine, Statement, as_count
+
+ACQUIRE = (
+    "INSERT INTO leases (name, owner, expires_at) VALUES (?, ?, {now} + ?)"
+    " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
+    " WHERE leases.owner = excluded.owner OR leases.expires_at <= {now}"
+)
+# Only while the row still names the owner: once another replica took the lease, or it was
+# released, renewing fails and the owner knows to stop.
+RENEW = "UPDATE leases SET expires_at = {now} + ? WHERE name = ? AND owner = ?"
+RELEASE = "DELETE FROM leases WHERE name = ? AND owner = ?"
+HOLDERS = "SELECT name, owner FROM leases WHERE expires_at > {now}"
+
+
+class LeaseStore:
+    def __init__(self, db: Engine) -> None:
+        self.db = db
+        self._acquire = ACQUIRE.format(now=db.now_sql)
+        self._renew = RENEW.format(now=db.now_sql)
+        self._holders = HOLDERS.format(now=db.now_sql)
+
+    async def acquire(self, name: str, owner: str, ttl_seconds: float) -> bool:
+        """Take lease `name` for `ttl_seconds` unless someone else holds it unexpired."""
+        return await self._changed(self._acquire, name, owner, ttl_seconds)
+
+    async def renew(self, name: str, owner: str, ttl_seconds: float) -> bool:
+        """Extend `owner`'s lease to `ttl_seconds` from now; False when it is no longer theirs."""
+        return await self._changed(self._renew, ttl_seconds, name, owner)
+
+    async def release(self, name: str, owner: str) -> None:
+        """Give the lease up at once (a clean shutdown), if `owner` still holds it."""
+        await self.db.transaction([Statement(RELEASE, (name, owner))])
+
+    async def holders(self) -> dict[str, str]:
+        """Every unexpired lease: {name: owner}."""
+        return {name: owner for name, owner in await self.db.fetch(self._holders)}
+
+    async def _changed(self, sql: str, *args: object) -> bool:
+        results = await self.db.transaction([Statement(sql, args)])
+        return as_count(results[0]) == 1

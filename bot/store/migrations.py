@@ -1,0 +1,131 @@
+"""Numbered schema migrations, the same numbers for SQLite and PostgreSQL.
+
+Each engine applies, at open and under a lock (SQLite `BEGIN EXCLUSIVE`, PostgreSQL
+`pg_advisory_xact_lock`), every migration newer than the version stored in `schema_version`,
+in one transaction with the version rows. A migration is never edited once released: a
+change of schema is a new migration appended here.
+
+Migration 1 is the schema Klaud used before versions existed. Its SQLite statements say
+`IF NOT EXISTS`, so a file written by that code (tables `deliveries` and `records`, no
+`schema_version`) is adopted as version 1 and upgraded, never recreated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bot.store.engine import Dialect
+from bot.store.errors import SchemaTooNew
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sqlite: tuple[str, ...]
+    postgresql: tuple[str, ...]
+
+    def statements(self, dialect: Dialect) -> tuple[str, ...]:
+        return self.sqlite if dialect == "sqlite" else self.postgresql
+
+
+SQLITE_DELIVERIES_V1 = """
+CREATE TABLE IF NOT EXISTS deliveries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    event TEXT NOT NULL,
+    action TEXT,
+    repo TEXT,
+    installation INTEGER,
+    headers TEXT NOT NULL,
+    body BLOB NOT NULL,
+    status TEXT NOT NULL DEFAULT 'queued',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    received_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+)"""
+SQLITE_RECORDS_V1 = """
+CREATE TABLE IF NOT EXISTS records (
+    repo TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (repo, kind, key)
+) WITHOUT ROWID"""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "deliveries and records",
+        sqlite=(
+            SQLITE_DELIVERIES_V1,
+            "CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries(status) WHERE status = 'queued'",
+            SQLITE_RECORDS_V1,
+        ),
+        postgresql=(
+            """
+            CREATE TABLE deliveries (
+                seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                id TEXT NOT NULL UNIQUE,
+                event TEXT NOT NULL,
+                action TEXT,
+                repo TEXT,
+                installation BIGINT,
+                headers TEXT NOT NULL,
+                body BYTEA NOT NULL,
+                status TEXT NOT NULL DEFAULT 'queued',
+                attempts INTEGER NOT NULL DEFAULT 0,
+                error TEXT,
+                received_at DOUBLE PRECISION NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL
+            )""",
+            "CREATE INDEX deliveries_open ON deliveries(status) WHERE status = 'queued'",
+            # `json` keeps the text exactly as written (like SQLite's TEXT) and refuses text
+            # that is not JSON, so the JSON operators of the queries never fail on a record.
+            """
+            CREATE TABLE records (
+                repo TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                key TEXT NOT NULL,
+                data JSON NOT NULL,
+                PRIMARY KEY (repo, kind, key)
+            )""",
+        ),
+    ),
+    Migration(
+        2,
+        "leases and delivery claims",
+        sqlite=(
+            "CREATE TABLE leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL)",
+            "ALTER TABLE deliveries ADD COLUMN claimed_by TEXT",
+            "ALTER TABLE deliveries ADD COLUMN claimed_at REAL",
+            "CREATE INDEX deliveries_unfinished ON deliveries(seq) WHERE status IN ('queued', 'processing')",
+        ),
+        postgresql=(
+            "CREATE TABLE leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL)",
+            "ALTER TABLE deliveries ADD COLUMN claimed_by TEXT",
+            "ALTER TABLE deliveries ADD COLUMN claimed_at DOUBLE PRECISION",
+            "CREATE INDEX deliveries_unfinished ON deliveries(seq) WHERE status IN ('queued', 'processing')",
+        ),
+    ),
+)
+LATEST = MIGRATIONS[-1].version
+
+VERSION_TABLE: dict[Dialect, str] = {
+    "sqlite": "CREATE TABLE IF NOT EXISTS schema_version"
+    " (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)",
+    "postgresql": "CREATE TABLE IF NOT EXISTS schema_version"
+    " (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)",
+}
+CURRENT_VERSION = "SELECT coalesce(max(version), 0) FROM schema_version"
+RECORD_VERSION = "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"
+
+
+def to_apply(current: int, where: str) -> tuple[Migration, ...]:
+    """The migrations a store at version `current` needs, oldest first."""
+    if current > LATEST:
+        # An older Klaud must not write a schema it does not know (a rollback, or an old
+        # replica restarting during a rolling upgrade).
+        raise SchemaTooNew(f"{where} has schema version {current}; this Klaud knows versions up to {LATEST}")
+    return tuple(m for m in MIGRATIONS if m.version > current)

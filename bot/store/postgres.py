@@ -1,0 +1,120 @@
+"""The PostgreSQL engine: an asyncpg pool, shared by any number of Klaud replicas.
+
+Statements arrive in SQLite's `?` style (`engine.py`) and are numbered here once each.
+Unlike SQLite, PostgreSQL serves many processes at once: the schema is migrated under an
+advisory lock, so replicas that start together migrate it once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+from urllib.parse import urlsplit
+
+# asyncpg ships no type information (no py.typed); its values are Any here.
+import asyncpg  # type: ignore[import-untyped]
+import structlog
+
+from bot.store.engine import Dialect, Result, Row, Statement
+from bot.store.errors import StoreError
+from bot.store.migrations import (
+    CURRENT_VERSION,
+    LATEST,
+    RECORD_VERSION,
+    VERSION_TABLE,
+    to_apply,
+)
+
+log = structlog.get_logger("klaud.store")
+
+# The advisory lock key every Klaud replica takes to migrate: an arbitrary constant.
+MIGRATION_LOCK = int.from_bytes(b"klaud/db", "big")
+
+
+class PostgresDatabase:
+    dialect: Dialect = "postgresql"
+    now_sql = "extract(epoch from clock_timestamp())::double precision"
+
+    def __init__(self, url: str, *, max_connections: int = 10) -> None:
+        self.url = url
+        self.max_connections = max_connections
+        self._pool: Any = None
+
+    @property
+    def where(self) -> str:
+        """The server and database, for messages: the URL may carry a password."""
+        parts = urlsplit(self.url)
+        return f"PostgreSQL {parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            pool = await asyncpg.create_pool(self.url, min_size=1, max_size=self.max_connections)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(f"cannot connect to {self.where}: {exc}") from exc
+        try:
+            await self._migrate(pool)
+        except BaseException:
+            await pool.close()
+            raise
+        self._pool = pool
+
+    async def _migrate(self, pool: Any) -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            # Held until this transaction ends: a replica starting meanwhile waits here,
+            # then finds the schema current.
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+            await conn.execute(VERSION_TABLE["postgresql"])
+            current = await conn.fetchval(CURRENT_VERSION)
+            migrations = to_apply(current, self.where)
+            for migration in migrations:
+                for sql in migration.postgresql:
+                    await conn.execute(sql)
+                await conn.execute(numbered(RECORD_VERSION), migration.version, migration.name, time.time())
+        if migrations:
+            log.info("store.migrated", engine="postgresql", where=self.where, from_version=current, to_version=LATEST)
+
+    async def fetch(self, sql: str, *args: Any) -> list[Row]:
+        rows: list[Row] = await self._open_pool().fetch(numbered(sql), *args)
+        return rows
+
+    async def transaction(self, statements: Sequence[Statement]) -> list[Result]:
+        async with self._open_pool().acquire() as conn, conn.transaction():
+            return [await _execute(conn, statement) for statement in statements]
+
+    def _open_pool(self) -> Any:
+        if self._pool is None:
+            raise RuntimeError("database is closed")
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+
+@lru_cache(maxsize=256)
+def numbered(sql: str) -> str:
+    """`?` placeholders as `$1`, `$2`, …; Klaud's statements hold no `?` in a literal."""
+    first, *rest = sql.split("?")
+    return first + "".join(f"${n}{part}" for n, part in enumerate(rest, start=1))
+
+
+async def _execute(conn: Any, statement: Statement) -> Result:
+    sql = numbered(statement.sql)
+    if statement.many:
+        await conn.executemany(sql, statement.args)
+        return None
+    if statement.rows:
+        rows: list[Row] = await conn.fetch(sql, *statement.args)
+        return rows
+    status: str = await conn.execute(sql, *statement.args)
+    # The command tag ends with the count of rows: "INSERT 0 1", "UPDATE 3", "DELETE 0".
+    return int(status.rsplit(" ", 1)[-1])

@@ -1,15 +1,20 @@
-"""The state store: records round-trip through SQLite, changes apply atomically."""
+"""The state store, on both engines: records round-trip, changes apply atomically, and a
+record the code cannot read is reported in one line and skipped."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import pytest
+from structlog.testing import capture_logs
 
 from bot.core.domain import Attempt, Family, FileChange, PullRequest, stamp
-from bot.store.db import Database
-from bot.store.records import Change, StateStore
+from bot.store import open_stores
+from bot.store.codec import encode
+from bot.store.records import Change
 
 NOW = datetime(2026, 11, 30, 8, tzinfo=UTC)
 CANDIDATE = "d92e15065c55779d-555679de269db36f"
@@ -20,59 +25,103 @@ def attempt(run_id: int, days_ago: float) -> Attempt:
                    "targeted", None, None, None)
 
 
-@pytest.fixture
-async def store(tmp_path):
-    db = Database(str(tmp_path / "state.db"))
-    await db.open("")
-    store = StateStore(db)
-    await store.open()
-    yield store
-    await db.close()
+def family(key: str = "k") -> Family:
+    return Family(f"configs/a-master.yaml:{key}", "configs/a-master.yaml", key, "img:1", "b200", ("b200-x",),
+                  "dsr1", "fp8", "sglang", 1, 9, NOW)
 
 
-async def test_records_round_trip_as_the_same_values(store):
-    family = Family("configs/a-master.yaml:k", "configs/a-master.yaml", "k", "img:1", "b200", ("b200-x",),
-                    "dsr1", "fp8", "sglang", 1, 9, NOW)
+def raw(change: Change, repo: str, kind: str, key: str, text: str) -> Change:
+    """Put `text` as stored, past the codec: what another version of Klaud may have left."""
+    change.puts.append((repo, kind, key, text))
+    return change
+
+
+async def test_records_round_trip_as_the_same_values(stores):
     pull = PullRequest(3, "t", "bob", "h", "b" * 40, "main", False, ("x",), None, NOW, False, None,
                        (FileChange("configs/a-master.yaml", None, {"k": "image"}),), True, "b" * 40)
-    await store.apply(Change().put("o/r", "family", family.id, family).put("o/r", "pull", 3, pull)
-                      .put("", "repo", "o/r", {"installation": 1}))
-    loaded = await store.load("o/r")
-    assert loaded["family"][family.id] == family and loaded["pull"]["3"] == pull
-    assert await store.repos() == ["o/r"] and await store.get("", "repo", "o/r") == {"installation": 1}
+    await stores.state.apply(Change().put("o/r", "family", family().id, family()).put("o/r", "pull", 3, pull)
+                             .put("", "repo", "o/r", {"installation": 1}))
+    loaded = await stores.state.load("o/r")
+    assert loaded["family"][family().id] == family() and loaded["pull"]["3"] == pull
+    assert await stores.state.repos() == ["o/r"]
+    assert await stores.state.get("", "repo", "o/r") == {"installation": 1}
+    assert await stores.state.get("", "repo", "x/y") is None
 
 
-async def test_old_attempts_stay_in_the_store_but_are_not_loaded(store):
+async def test_old_attempts_stay_in_the_store_but_are_not_loaded(stores):
     change = Change()
     for run_id, days in ((1, 1), (2, 13), (3, 15), (4, 40)):
         change.put("o/r", "attempt", str(run_id), attempt(run_id, days))
-    await store.apply(change)
-    recent = await store.load("o/r", attempts_since=stamp(NOW - timedelta(days=14)))
+    await stores.state.apply(change)
+    recent = await stores.state.load("o/r", attempts_since=stamp(NOW - timedelta(days=14)))
     assert sorted(a.run_id for a in recent["attempt"].values()) == [1, 2]
-    assert len((await store.load("o/r"))["attempt"]) == 4
+    assert len((await stores.state.load("o/r"))["attempt"]) == 4
 
 
-async def test_a_failing_change_leaves_nothing_behind(store):
-    await store.apply(Change().put("o/r", "wave", "f", {"by": "x"}))
+async def test_a_failing_change_leaves_nothing_behind(stores):
+    await stores.state.apply(Change().put("o/r", "wave", "f", {"by": "x"}))
     broken = Change().delete("o/r", "wave", "f")
     broken.puts.append(("o/r", "wave", "g", None))  # NOT NULL violation inside the transaction
-    with pytest.raises(sqlite3.IntegrityError):
-        await store.apply(broken)
-    assert (await store.load("o/r"))["wave"] == {"f": {"by": "x"}}
+    with pytest.raises((sqlite3.IntegrityError, asyncpg.NotNullViolationError)):
+        await stores.state.apply(broken)
+    assert (await stores.state.load("o/r"))["wave"] == {"f": {"by": "x"}}
 
 
-async def test_clear_then_put_in_one_change(store):
-    await store.apply(Change().put("o/r", "wave", "a", {"v": 1}).put("o/r", "wave", "b", {"v": 2}))
-    await store.apply(Change().clear("o/r", "wave").put("o/r", "wave", "c", {"v": 3}))
-    assert (await store.load("o/r"))["wave"] == {"c": {"v": 3}}
+async def test_clear_then_put_in_one_change(stores):
+    await stores.state.apply(Change().put("o/r", "wave", "a", {"v": 1}).put("o/r", "wave", "b", {"v": 2}))
+    await stores.state.apply(Change().clear("o/r", "wave").put("o/r", "wave", "c", {"v": 3}))
+    assert (await stores.state.load("o/r"))["wave"] == {"c": {"v": 3}}
 
 
-async def test_prune_attempts_deletes_only_old_ones(store):
+async def test_a_put_replaces_the_record_of_its_key(stores):
+    await stores.state.apply(Change().put("o/r", "wave", "a", {"v": 1}))
+    await stores.state.apply(Change().put("o/r", "wave", "a", {"v": 2}))
+    assert await stores.state.get("o/r", "wave", "a") == {"v": 2}
+
+
+async def test_prune_attempts_deletes_only_old_ones(stores):
     change = Change()
     for run_id, days in ((1, 1), (2, 100)):
         change.put("o/r", "attempt", str(run_id), attempt(run_id, days))
     change.put("o/r", "wave", "1", {"at": "2026-01-01T00:00:00Z"})
-    await store.apply(change)
-    assert await store.prune_attempts(stamp(NOW - timedelta(days=90))) == 1
-    loaded = await store.load("o/r")
+    await stores.state.apply(change)
+    assert await stores.state.prune_attempts(stamp(NOW - timedelta(days=90))) == 1
+    loaded = await stores.state.load("o/r")
     assert [a.run_id for a in loaded["attempt"].values()] == [1] and "1" in loaded["wave"]
+
+
+async def test_an_unreadable_record_is_reported_in_one_line_and_skipped(stores):
+    change = Change().put("o/r", "family", family("good").id, family("good"))
+    raw(change, "o/r", "family", "configs/a-master.yaml:old", '{"id": "configs/a-master.yaml:old"}')
+    change.put("o/r", "attempt", "1", attempt(1, 1))
+    older = json.loads(encode("attempt", attempt(2, 1))) | {"run_id": "two"}  # a shape of another version
+    raw(change, "o/r", "attempt", "2", json.dumps(older))
+    await stores.state.apply(change)
+    with capture_logs() as logs:
+        loaded = await stores.state.load("o/r", attempts_since=stamp(NOW - timedelta(days=14)))
+        missing = await stores.state.get("o/r", "family", "configs/a-master.yaml:old")
+    assert list(loaded["family"]) == [family("good").id] and list(loaded["attempt"]) == ["1"]
+    assert missing is None
+    # One line per unreadable record and read: two from load, one from get.
+    reports = sorted((e["kind"], e["key"], e["reason"]) for e in logs if e["event"] == "store.record_unreadable")
+    assert [(kind, key) for kind, key, _ in reports] == [
+        ("attempt", "2"), ("family", "configs/a-master.yaml:old"), ("family", "configs/a-master.yaml:old")]
+    assert all(e["log_level"] == "warning" and e["repo"] == "o/r" for e in logs)
+    assert reports[0][2].startswith("run_id: Input should be a valid integer")
+    assert "(and " in reports[1][2]  # several fields missing: the first, and how many more
+
+
+async def test_records_and_deliveries_survive_a_restart(store_url):
+    from bot.store.deliveries import Delivery
+
+    first = await open_stores(store_url)
+    await first.state.apply(Change().put("o/r", "family", family().id, family()))
+    assert await first.deliveries.put(Delivery("d1", "push", b'{"a":1}', repo="o/r"))
+    await first.close()
+    second = await open_stores(store_url)
+    try:
+        assert (await second.state.load("o/r"))["family"] == {family().id: family()}
+        assert [d.id for d in await second.deliveries.pending()] == ["d1"]
+        assert not await second.deliveries.put(Delivery("d1", "push", b'{"a":1}', repo="o/r"))
+    finally:
+        await second.close()

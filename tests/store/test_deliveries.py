@@ -1,0 +1,129 @@
+"""The delivery inbox's storage, on both engines: group commit, duplicates, prune, claims."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import asyncpg
+import pytest
+
+from bot.store import open_stores
+from bot.store.deliveries import Delivery
+
+POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+
+
+def delivery(n: int, repo: str | None = "o/r") -> Delivery:
+    return Delivery(f"d{n}", "push", json.dumps({"n": n}).encode(), action=None, repo=repo, installation=7,
+                    headers={"X-GitHub-Event": "push"})
+
+
+async def test_a_delivery_round_trips_and_its_status_is_saved(stores):
+    assert await stores.deliveries.put(delivery(1))
+    stored = await stores.deliveries.get("d1")
+    assert stored == delivery(1)
+    stored.status, stored.attempts, stored.error = "failed", 2, "boom"
+    await stores.deliveries.save_status(stored)
+    assert (await stores.deliveries.get("d1")).status_document() == {
+        "id": "d1", "event": "push", "action": None, "status": "failed", "attempts": 2, "error": "boom"}
+    assert await stores.deliveries.pending() == [] and await stores.deliveries.get("d2") is None
+
+
+async def test_concurrent_puts_share_transactions_all_commit_and_duplicates_are_detected(store_url, monkeypatch):
+    stores = await open_stores(store_url)
+    transactions = 0
+    run_transaction = stores.engine.transaction
+
+    async def counted(statements):
+        nonlocal transactions
+        transactions += 1
+        return await run_transaction(statements)
+
+    monkeypatch.setattr(stores.engine, "transaction", counted)
+    puts = [stores.deliveries.put(delivery(n)) for n in range(100)]
+    redeliveries = [stores.deliveries.put(delivery(n)) for n in range(100)]  # the same ids again
+    acknowledged = await asyncio.gather(*puts, *redeliveries)
+    assert acknowledged == [True] * 100 + [False] * 100
+    assert transactions <= 3  # group commit: not one transaction per delivery
+    await stores.close()
+    # Acknowledged means committed: a new process finds every one, in arrival order.
+    reopened = await open_stores(store_url)
+    try:
+        assert [d.id for d in await reopened.deliveries.pending()] == [f"d{n}" for n in range(100)]
+    finally:
+        await reopened.close()
+
+
+async def test_prune_deletes_finished_deliveries_by_age_failed_ones_later(stores):
+    for n in (1, 2, 3):
+        await stores.deliveries.put(delivery(n))
+    for n, status in ((1, "done"), (2, "failed")):
+        finished = delivery(n)
+        finished.status = status
+        await stores.deliveries.save_status(finished)
+    now = time.time()
+    assert await stores.deliveries.prune(done_before=now + 1, failed_before=now - 3600) == 1
+    assert await stores.deliveries.get("d1") is None and await stores.deliveries.get("d2") is not None
+    assert await stores.deliveries.prune(done_before=now + 1, failed_before=now + 1) == 1
+    assert [d.id for d in await stores.deliveries.pending()] == ["d3"]
+
+
+async def test_claims_take_the_oldest_queued_deliveries_of_the_given_repositories(stores):
+    for n, repo in ((1, "o/a"), (2, "o/b"), (3, "O/A"), (4, None)):
+        await stores.deliveries.put(delivery(n, repo))
+    claimed = await stores.deliveries.claim_deliveries("w1", {"O/a"}, 10)
+    assert [(d.id, d.status) for d in claimed] == [("d1", "processing"), ("d3", "processing")]
+    assert await stores.deliveries.claim_deliveries("w2", {"o/a"}, 10) == []
+    assert [d.id for d in await stores.deliveries.claim_deliveries("w2", None, 1)] == ["d2"]
+    assert [d.id for d in await stores.deliveries.claim_deliveries("w2", None, 10)] == ["d4"]
+    assert await stores.deliveries.pending() == []  # claimed deliveries belong to their owner
+
+
+async def test_a_dead_owners_claims_are_taken_again_after_the_reclaim_time(stores):
+    await stores.deliveries.put(delivery(1))
+    assert [d.id for d in await stores.deliveries.claim_deliveries("w1", None, 5)] == ["d1"]
+    assert await stores.deliveries.claim_deliveries("w2", None, 5, reclaim_after_seconds=0.2) == []
+    await asyncio.sleep(0.25)
+    reclaimed = await stores.deliveries.claim_deliveries("w2", None, 5, reclaim_after_seconds=0.2)
+    assert [d.id for d in reclaimed] == ["d1"]
+    reclaimed[0].status = "done"
+    await stores.deliveries.save_status(reclaimed[0])
+    await asyncio.sleep(0.25)
+    assert await stores.deliveries.claim_deliveries("w3", None, 5, reclaim_after_seconds=0.2) == []
+
+
+@POSTGRESQL_ONLY
+async def test_two_replicas_claiming_at_once_never_get_the_same_delivery(stores, store_url):
+    for n in range(200):
+        await stores.deliveries.put(delivery(n, f"o/r{n % 7}"))
+    other = await open_stores(store_url)  # a second replica: its own pool of connections
+
+    async def drain(replica, owner):
+        got = []
+        while batch := await replica.deliveries.claim_deliveries(owner, None, 7):
+            got.extend(d.id for d in batch)
+        return got
+
+    try:
+        first, second = await asyncio.gather(drain(stores, "a"), drain(other, "b"))
+    finally:
+        await other.close()
+    assert not set(first) & set(second)
+    assert sorted(first + second) == sorted(f"d{n}" for n in range(200))
+    assert first and second
+
+
+@POSTGRESQL_ONLY
+async def test_a_claim_skips_deliveries_another_transaction_holds_without_waiting(stores, store_url):
+    for n in range(5):
+        await stores.deliveries.put(delivery(n))
+    holder = await asyncpg.connect(store_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT seq FROM deliveries WHERE id IN ('d0', 'd1') FOR UPDATE")
+            claimed = await asyncio.wait_for(stores.deliveries.claim_deliveries("b", None, 3), 5)
+    finally:
+        await holder.close()
+    assert [d.id for d in claimed] == ["d2", "d3", "d4"]

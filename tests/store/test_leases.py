@@ -1,0 +1,32 @@
+"""Leases, on both engines: one holder at a time, renewed by it, taken by another after expiry."""
+
+from __future__ import annotations
+
+import asyncio
+
+NAME = "repo:o/r"
+
+
+async def test_a_lease_is_held_by_one_owner_until_it_expires_then_another_may_take_it(stores):
+    leases = stores.leases
+    assert await leases.acquire(NAME, "a", 0.4)
+    assert not await leases.acquire(NAME, "b", 30)
+    assert await leases.acquire(NAME, "a", 0.4)  # its own: extended
+    assert await leases.renew(NAME, "a", 0.4)
+    assert not await leases.renew(NAME, "b", 30)
+    assert await leases.holders() == {NAME: "a"}
+    await asyncio.sleep(0.5)
+    assert await leases.holders() == {}
+    assert await leases.acquire(NAME, "b", 30)  # expired: taken over
+    assert not await leases.renew(NAME, "a", 30)  # the old owner learns it lost the lease
+    await leases.release(NAME, "a")  # not a's any more: nothing happens
+    assert await leases.holders() == {NAME: "b"}
+    await leases.release(NAME, "b")
+    assert await leases.holders() == {}
+    assert await leases.acquire(NAME, "a", 30)
+
+
+async def test_of_many_concurrent_acquirers_of_a_free_lease_exactly_one_wins(stores):
+    won = await asyncio.gather(*(stores.leases.acquire(NAME, f"replica-{n}", 30) for n in range(10)))
+    assert won.count(True) == 1
+    assert await stores.leases.holders() == {NAME: f"replica-{won.index(True)}"}

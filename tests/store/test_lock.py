@@ -1,0 +1,59 @@
+"""One Klaud process per SQLite file: a second opener is refused with the holder's pid."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+from bot.store import StoreLocked, engine_for, open_stores
+
+REFUSED = 3
+TRY_TO_OPEN = f"""
+import asyncio, sys
+from bot.store import StoreLocked, open_stores
+try:
+    asyncio.run(open_stores(sys.argv[1]))
+except StoreLocked as locked:
+    print(locked)
+    sys.exit({REFUSED})
+"""
+
+
+async def test_a_second_database_on_the_same_file_is_refused_until_the_first_closes(tmp_path):
+    path = tmp_path / "klaud.db"
+    first = await open_stores(f"sqlite:///{path}")
+    with pytest.raises(StoreLocked) as refused:
+        await open_stores(f"sqlite:///{path}")
+    assert str(refused.value) == f"{path} is in use by another Klaud process (pid {os.getpid()})"
+    assert (tmp_path / "klaud.db.lock").read_text() == f"{os.getpid()}\n"
+    await first.close()
+    again = await open_stores(f"sqlite:///{path}")
+    await again.close()
+
+
+async def test_a_second_process_is_refused_in_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'klaud.db'}"
+    first = await open_stores(url)
+    try:
+        other = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", TRY_TO_OPEN, url, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await other.communicate()
+    finally:
+        await first.close()
+    assert other.returncode == REFUSED
+    assert out.decode() == f"{tmp_path / 'klaud.db'} is in use by another Klaud process (pid {os.getpid()})\n"
+
+
+async def test_in_memory_stores_take_no_lock():
+    stores = [await open_stores("sqlite:///:memory:") for _ in range(2)]
+    for opened in stores:
+        await opened.close()
+
+
+def test_a_url_of_no_known_engine_is_refused():
+    with pytest.raises(ValueError, match="not a store URL"):
+        engine_for("mysql://klaud@db/klaud")

@@ -1,0 +1,125 @@
+"""Numbered schema migrations: a store written before versions is adopted and upgraded, a new
+store gets every migration once, and a store from a newer Klaud is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from datetime import UTC, datetime
+
+import pytest
+from structlog.testing import capture_logs
+
+from bot.core.domain import Family
+from bot.store import SchemaTooNew, open_stores
+from bot.store.codec import encode
+from bot.store.engine import Statement
+from bot.store.migrations import LATEST, RECORD_VERSION
+
+POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+
+# The schema exactly as Klaud created it before schema versions existed.
+UNVERSIONED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS deliveries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    event TEXT NOT NULL,
+    action TEXT,
+    repo TEXT,
+    installation INTEGER,
+    headers TEXT NOT NULL,
+    body BLOB NOT NULL,
+    status TEXT NOT NULL DEFAULT 'queued',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    received_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries(status)
+    WHERE status = 'queued';
+CREATE TABLE IF NOT EXISTS records (
+    repo TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (repo, kind, key)
+) WITHOUT ROWID;
+"""
+FAMILY = Family("configs/a-master.yaml:k", "configs/a-master.yaml", "k", "img:1", "b200", ("b200-x",),
+                "dsr1", "fp8", "sglang", 1, 9, datetime(2026, 11, 30, 8, tzinfo=UTC))
+# A hold as an older Klaud wrote it: a bare string where the code now wants an object.
+OLD_HOLD = json.dumps("waiting for new weights")
+
+
+def write_unversioned_store(path: str) -> None:
+    conn = sqlite3.connect(path)
+    conn.executescript(UNVERSIONED_SCHEMA)
+    conn.execute(
+        "INSERT INTO deliveries (id, event, repo, headers, body, received_at, updated_at)"
+        " VALUES ('old-1', 'push', 'o/r', '{}', x'7b7d', 1.0, 1.0)"
+    )
+    conn.executemany("INSERT INTO records VALUES (?, ?, ?, ?)", [
+        ("", "repo", "o/r", '{"installation": 1}'),
+        ("o/r", "family", FAMILY.id, encode("family", FAMILY)),
+        ("o/r", "hold", FAMILY.id, OLD_HOLD),
+    ])
+    conn.commit()
+    conn.close()
+
+
+async def test_a_store_written_before_versions_is_adopted_as_version_1_and_upgraded(tmp_path):
+    path = str(tmp_path / "klaud.db")
+    write_unversioned_store(path)
+    with capture_logs() as logs:
+        stores = await open_stores(f"sqlite:///{path}")
+        loaded = await stores.state.load("o/r")
+    try:
+        versions = await stores.engine.fetch("SELECT version FROM schema_version ORDER BY version")
+        assert [row[0] for row in versions] == list(range(1, LATEST + 1))
+        columns = {row[1] for row in await stores.engine.fetch("PRAGMA table_info(deliveries)")}
+        assert {"claimed_by", "claimed_at"} <= columns
+        # Nothing recreated: the old rows are all there, and the new features work on them.
+        assert await stores.state.repos() == ["o/r"] and loaded["family"] == {FAMILY.id: FAMILY}
+        assert [d.id for d in await stores.deliveries.claim_deliveries("me", {"o/r"}, 5)] == ["old-1"]
+        assert await stores.leases.acquire("repo:o/r", "me", 30)
+    finally:
+        await stores.close()
+    migrated = [e for e in logs if e["event"] == "store.migrated"]
+    assert [(e["from_version"], e["to_version"], e["adopted_unversioned"]) for e in migrated] == [(0, LATEST, True)]
+    # The record in the old shape: skipped, and said in one line with where it is and why.
+    assert loaded["hold"] == {}
+    [report] = [e for e in logs if e["event"] == "store.record_unreadable"]
+    assert (report["repo"], report["kind"], report["key"]) == ("o/r", "hold", FAMILY.id)
+    assert report["reason"] == "record: Input should be an object" and report["log_level"] == "warning"
+
+
+async def test_a_new_store_gets_every_migration_once(store_url):
+    with capture_logs() as logs:
+        for _ in range(2):
+            stores = await open_stores(store_url)
+            versions = await stores.engine.fetch("SELECT version, name FROM schema_version ORDER BY version")
+            await stores.close()
+    assert [row[0] for row in versions] == list(range(1, LATEST + 1))
+    assert [(e["from_version"], e["to_version"]) for e in logs if e["event"] == "store.migrated"] == [(0, LATEST)]
+
+
+async def test_a_store_migrated_by_a_newer_klaud_is_refused(store_url):
+    stores = await open_stores(store_url)
+    await stores.engine.transaction([Statement(RECORD_VERSION, (LATEST + 1, "from the future", 0.0))])
+    await stores.close()
+    with pytest.raises(SchemaTooNew, match=f"schema version {LATEST + 1}; this Klaud knows versions up to {LATEST}$"):
+        await open_stores(store_url)
+
+
+@POSTGRESQL_ONLY
+async def test_replicas_starting_together_migrate_once(store_url):
+    with capture_logs() as logs:
+        replicas = await asyncio.gather(*(open_stores(store_url) for _ in range(4)))
+    try:
+        versions = await replicas[0].engine.fetch("SELECT version FROM schema_version ORDER BY version")
+    finally:
+        for replica in replicas:
+            await replica.close()
+    assert [row[0] for row in versions] == list(range(1, LATEST + 1))
+    assert len([e for e in logs if e["event"] == "store.migrated"]) == 1

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from bot.app import Klaud
 from bot.settings import load_settings
 from bot.web.admin import create_admin_app
-from bot.web.server import bind, start_listeners
+from bot.web.server import Listeners, bind, start_listeners
 from bot.web.webhook import create_webhook_app
 
 SECRET = "test-secret"
@@ -55,11 +56,16 @@ def make_settings(db_path: Path, **env: str):
 class Running:
     """A served Klaud: `url` is the webhook listener, `admin_url` the API and /metrics."""
 
-    def __init__(self, klaud: Klaud, url: str, admin_url: str, session: aiohttp.ClientSession) -> None:
+    def __init__(self, klaud: Klaud, listeners: Listeners, session: aiohttp.ClientSession) -> None:
         self.klaud = klaud
-        self.url = url
-        self.admin_url = admin_url
+        self.listeners = listeners
+        self.url = listeners.url
+        self.admin_url = listeners.admin_url
         self.session = session
+
+    @property
+    def webhook_app(self) -> web.Application:
+        return self.listeners.runners[0].app
 
     async def post(self, event: str, payload: Any, *, delivery: str | None = None, secret: str = SECRET) -> tuple[int, dict]:
         body = json.dumps(payload).encode()
@@ -88,7 +94,7 @@ async def running_klaud(
     )
     try:
         async with aiohttp.ClientSession() as session:
-            yield Running(klaud, listeners.url, listeners.admin_url, session)
+            yield Running(klaud, listeners, session)
     finally:
         await listeners.stop()
         await klaud.stop(grace=5.0)

@@ -107,7 +107,7 @@ async def read_body(request: web.Request) -> list[bytes]:
                 if decoded > MAX_BODY:
                     raise too_large()
                 chunks.append(piece)
-    except web.RequestPayloadError as exc:
+    except (web.RequestPayloadError, ConnectionError) as exc:  # the sender went away mid-body
         raise Rejected(400, "incomplete-body", f"the body did not arrive whole: {exc}") from None
     if inflater is not None:
         inflater.finish()

@@ -23,6 +23,7 @@ import structlog
 from bot.core.errors import is_permanent
 from bot.metrics import DELIVERIES, INBOX_BACKLOG, PROCESSING_SECONDS
 from bot.store.deliveries import Delivery, DeliveryStore
+from bot.web.events import event_label
 
 log = structlog.get_logger("klaud.inbox")
 
@@ -175,10 +176,10 @@ class Inbox:
             except Exception as exc:  # noqa: BLE001
                 await self._handle_error(key, delivery, exc)
             else:
-                PROCESSING_SECONDS.labels(delivery.event).observe(time.perf_counter() - started)
+                PROCESSING_SECONDS.labels(event_label(delivery.event)).observe(time.perf_counter() - started)
                 delivery.status, delivery.error = "done", None
                 await self._save_status(delivery)
-                DELIVERIES.labels(delivery.event, "done").inc()
+                DELIVERIES.labels(event_label(delivery.event), "done").inc()
                 log.info("delivery.processed", attempts=delivery.attempts)
                 self._finish(key)
         finally:
@@ -192,7 +193,7 @@ class Inbox:
         if is_permanent(exc) or delivery.attempts >= self.max_attempts:
             delivery.status = "failed"
             await self._save_status(delivery)
-            DELIVERIES.labels(delivery.event, "failed").inc()
+            DELIVERIES.labels(event_label(delivery.event), "failed").inc()
             log.warning(
                 "delivery.failed",
                 attempts=delivery.attempts,
@@ -206,7 +207,7 @@ class Inbox:
         delivery.status = "queued"
         await self._save_status(delivery)
         self._due[key] = asyncio.get_running_loop().time() + delay
-        DELIVERIES.labels(delivery.event, "retry").inc()
+        DELIVERIES.labels(event_label(delivery.event), "retry").inc()
         log.warning(
             "delivery.retry",
             attempts=delivery.attempts,

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
+import sqlite3
 import sys
 import tempfile
 import uuid
@@ -23,11 +25,13 @@ from bot.core.report import render_requests, render_wave_table
 from bot.github.errors import GitHubError
 from bot.github.repo import GitHubRepos
 from bot.log import configure_logging
+from bot.metrics import klaud_version
 from bot.runtime import scenario_from, start_stack
 from bot.sandbox import Sandbox, ScenarioError, load_scenario
 from bot.services.doctor import diagnose
 from bot.settings import Settings, SettingsError, load_settings
 from bot.store.deliveries import Delivery
+from bot.web.events import KLAUD_EVENTS
 
 log = structlog.get_logger("klaud.cli")
 
@@ -38,6 +42,7 @@ class UsageError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="klaud", description="Klaud: plans image-refresh waves from webhook-fed state.")
+    parser.add_argument("--version", action="version", version=f"klaud {klaud_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the bot")
@@ -120,6 +125,7 @@ async def _demo(settings: Settings, args: argparse.Namespace) -> int:
                 "db": f"sqlite:///{tmp}/demo.db",
                 "webhook_secret": settings.webhook_secret or SecretStr(DEMO_SECRET),
                 "port": 0 if once else settings.port,
+                "admin_port": 0 if once else settings.admin_port,
             }
         )
         stack = await start_stack(settings, scenario=scenario_from(args.scenario), sandbox_mode=True, schedule=False)
@@ -142,7 +148,7 @@ async def _demo(settings: Settings, args: argparse.Namespace) -> int:
                 print()
                 print(render_requests(sandbox.request_log["by_route"]))
             if not once:
-                print(f"\nServing at {stack.url} (state: {stack.url}/api/v1/repos/OWNER/NAME/state); Ctrl-C stops.")
+                print(f"\nServing at {stack.url} (state: {stack.admin_url}/api/v1/repos/OWNER/NAME/state); Ctrl-C stops.")
                 await _wait_for_signal()
         finally:
             await stack.stop()
@@ -219,6 +225,8 @@ async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _receive(settings: Settings, args: argparse.Namespace) -> int:
+    if args.event not in KLAUD_EVENTS:
+        raise UsageError(f"--event: unknown event name {args.event!r} (known: {', '.join(sorted(KLAUD_EVENTS))})")
     try:
         body = args.payload.read_bytes()
         payload = json.loads(body)
@@ -255,9 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"klaud: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_format)
+    configure_logging(settings.log_format, settings.log_level)
     try:
-        return asyncio.run(_run(settings, args))
+        status = asyncio.run(_run(settings, args))
+        sys.stdout.flush()  # a reader that went away shows here, inside the boundary, not at exit
+        return status
     except UsageError as exc:
         print(f"klaud: {exc}", file=sys.stderr)
         return 2
@@ -267,6 +277,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GitHubError as exc:
         print(f"klaud: GitHub answered {exc}", file=sys.stderr)
         return 1
+    except sqlite3.DatabaseError as exc:
+        print(f"klaud: KLAUD_DB: cannot use {settings.db}: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # Whoever read stdout stopped (`klaud plan | head`): nothing is wrong to report.
+        _discard_stdout()
+        return 1
+    except Exception as exc:  # the CLI's boundary: one JSON log line with the traceback, exit 1
+        log.error("cli.failed", command=args.command, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+        return 1
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so what is still buffered cannot fail again at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no real file (captured by a test runner)
+        pass
 
 
 COMMANDS = {

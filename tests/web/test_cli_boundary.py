@@ -1,0 +1,109 @@
+"""The `klaud` command's edges: one line and exit 2 or 1, never a traceback (issue 11), plus
+--version and KLAUD_LOG_LEVEL (issue 13). The failure rows run the real command in a process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from bot.cli import main
+from tests import scenarios as sc
+from tests.harness import SECRET, sandbox_stack
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def klaud_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("KLAUD_")}
+    return env | {"KLAUD_DB": f"sqlite:///{tmp_path / 'klaud.db'}", "KLAUD_LOG_FORMAT": "json"} | extra
+
+
+def run_klaud(args: list[str], env: dict[str, str], **options) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bot", *args], check=False, cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, **options)
+
+
+def one_line(stderr: str) -> str:
+    """The one line for people; anything else on stderr must be a JSON log line."""
+    plain = [line for line in stderr.splitlines() if not is_json(line)]
+    assert len(plain) == 1, stderr
+    return plain[0]
+
+
+def is_json(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+@pytest.mark.parametrize(
+    "variable, names",
+    [("KLAUD_HOST", "KLAUD_HOST/KLAUD_PORT"), ("KLAUD_ADMIN_HOST", "KLAUD_ADMIN_HOST/KLAUD_ADMIN_PORT")],
+)
+def test_a_host_that_cannot_be_bound_is_one_line_naming_it_and_exit_2(tmp_path, variable, names):
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine: binding it fails, nothing is sent.
+    env = klaud_env(tmp_path, KLAUD_WEBHOOK_SECRET=SECRET, KLAUD_PORT="0", KLAUD_ADMIN_PORT="0", **{variable: "192.0.2.1"})
+    done = run_klaud(["serve", "--sandbox"], env)
+    assert done.returncode == 2
+    assert one_line(done.stderr).startswith(f"klaud: {names}: cannot listen on 192.0.2.1:0")
+
+
+async def test_plan_into_a_closed_pipe_exits_1_without_a_traceback(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()):
+        pass  # leaves a store with acme/bench's state, so `plan` has a table to print
+    returncode, stderr = await asyncio.to_thread(plan_into_a_closed_pipe, klaud_env(tmp_path))
+    assert returncode == 1
+    # Nothing but the JSON log lines: no traceback, no "Exception ignored" at exit.
+    assert all(is_json(line) for line in stderr.splitlines()), stderr
+    assert all(json.loads(line)["level"] != "error" for line in stderr.splitlines()), stderr
+
+
+def plan_into_a_closed_pipe(env: dict[str, str]) -> tuple[int, str]:
+    process = subprocess.Popen([sys.executable, "-m", "bot", "plan"], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # like `klaud plan | head` once head has gone
+    _, stderr = process.communicate(timeout=60)
+    return process.returncode, stderr
+
+
+def test_a_corrupted_store_is_one_line_and_exit_1(tmp_path):
+    (tmp_path / "klaud.db").write_bytes(b"this is not a SQLite file " * 400)
+    done = run_klaud(["plan"], klaud_env(tmp_path))
+    assert done.returncode == 1
+    line = one_line(done.stderr)
+    assert "KLAUD_DB" in line or str(tmp_path / "klaud.db") in line
+
+
+def test_receive_an_unknown_event_name_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    payload = tmp_path / "p.json"
+    payload.write_text(json.dumps({"action": "opened"}))
+    monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'r.db'}")
+    assert main(["receive", "--event", "pullrequest", "--payload", str(payload)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("klaud: --event: unknown event name 'pullrequest'") and "pull_request" in line
+
+
+def test_version_prints_klaud_and_the_package_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"klaud {metadata.version('klaud')}\n"
+
+
+def test_an_invalid_log_level_exits_2_naming_the_variable(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KLAUD_LOG_LEVEL", "loud")
+    monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'l.db'}")
+    assert main(["plan"]) == 2
+    assert one_line(capsys.readouterr().err).startswith("klaud: KLAUD_LOG_LEVEL:")
+
+
+def test_log_level_is_read_in_any_case(tmp_path):
+    from bot.settings import load_settings
+
+    assert load_settings({"KLAUD_LOG_LEVEL": "WARNING"}).log_level == "warning"

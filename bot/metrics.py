@@ -1,10 +1,44 @@
-"""Prometheus metrics, one registry per process (served by GET /metrics)."""
+"""Prometheus metrics, one registry per process (served by GET /metrics on the admin listener).
+
+Label values must come from bounded sets (event names through `bot.web.events.event_label`,
+route templates, repositories Klaud has state for): a value taken from an unauthenticated
+request would let anyone grow /metrics without limit.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from importlib import metadata
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+
+# Memory, CPU, open files and start time of this process; Python's version and build.
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+
+
+def klaud_version() -> str:
+    try:
+        return metadata.version("klaud")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
+BUILD_INFO = Gauge(
+    "klaud_build_info",
+    "The running Klaud's version (always 1; the version is the label).",
+    ["version"],
+    registry=REGISTRY,
+)
+BUILD_INFO.labels(klaud_version()).set(1)
 
 DELIVERIES = Counter(
     "klaud_deliveries_total",
@@ -44,5 +78,23 @@ CANDIDATES = Counter(
     "klaud_candidates_total",
     "Candidates decided by planning waves, by decision.",
     ["decision"],
+    registry=REGISTRY,
+)
+LAST_WAVE_TIMESTAMP = Gauge(
+    "klaud_last_wave_timestamp_seconds",
+    "Unix time at which the repository's last planning wave finished.",
+    ["repo"],
+    registry=REGISTRY,
+)
+DISPATCH_PAUSED = Gauge(
+    "klaud_dispatch_paused",
+    "1 while the repository's dispatch is paused or blocked by a setup error, else 0.",
+    ["repo"],
+    registry=REGISTRY,
+)
+FAMILY_IMAGE_AGE_DAYS = Gauge(
+    "klaud_family_image_age_days",
+    "Days since the family's image line last changed on the default branch.",
+    ["repo", "family"],
     registry=REGISTRY,
 )

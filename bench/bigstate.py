@@ -156,7 +156,8 @@ def master_configs(fams: list[SynthFamily]) -> dict[str, str]:
 
 
 def runners_yaml() -> str:
-    lines = ["labels:"]
+    # The newer layout: the cluster ids under `clusters:`, the runners under `labels:`.
+    lines = ["clusters:", *(f"  {cluster}: {{}}" for cluster in clusters()), "labels:"]
     for label, names in RUNNERS.items():
         lines.append(f"  {label}:")
         lines.extend(f"    - {name}" for name in names)

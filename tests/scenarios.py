@@ -90,6 +90,12 @@ llama70b-fp8-mi300x-vllm:
 """
 
 RUNNERS = """\
+clusters:
+  b200-nscale: {}
+  b200-dgxc: {}
+  h200-nb: {}
+  mi355x-amds: {}
+  mi300x-amd: {}
 labels:
   b200:
     - b200-nscale_0

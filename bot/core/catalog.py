@@ -34,6 +34,8 @@ _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _RUNNER_NUMBER_RE = re.compile(r"_\d+$")
 _FAMILY_KEY_RE = re.compile(r"^[^\s:]+$")
 CLUSTER_PREFIX = "cluster:"
+
+
 class CatalogError(ValueError):
     """A master config or runners.yaml cannot be read; the message says where and why."""
 
@@ -43,30 +45,188 @@ class CatalogError(ValueError):
 # ---------------------------------------------------------------------------
 
 
-def parse_runners(text: str) -> dict[str, tuple[str, ...]]:
-    """runners.yaml `labels:` as label -> sorted distinct cluster ids.
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """Where one runner label runs.
 
-    A runner name's trailing `_<digits>` is its machine number: `h100-dgxc-slurm_16` runs on
-    cluster `h100-dgxc-slurm`.
+    `clusters`: the cluster ids it targets, sorted and distinct. `unresolved`: the runner
+    names listed under the label that name no declared cluster, in file order. `problem`:
+    what is wrong with the label itself (unknown, lists no runner, or `cluster:X` with an
+    undeclared X), as "runner `<label>` ..." for a configuration error.
+    """
+
+    clusters: tuple[str, ...] = ()
+    unresolved: tuple[str, ...] = ()
+    problem: str | None = None
+
+
+class Runners(Mapping[str, tuple[str, ...]]):
+    """What runners.yaml says about clusters (DESIGN §4 "Clusters").
+
+    `declared`: the cluster ids it declares (its `clusters:` keys, or the `cluster:<id>` keys
+    of its `hardware:` mapping). `labels`: the runner names listed under each `labels` key,
+    as written. As a mapping, each `labels` key -> the declared clusters its runner names
+    resolve to; `targets` is the whole rule for any runner label of a family.
+    """
+
+    __slots__ = ("_longest_first", "_targets", "declared", "labels")
+
+    def __init__(
+        self, declared: Iterable[str] = (), labels: Mapping[str, Iterable[str]] | None = None
+    ) -> None:
+        self.declared = frozenset(declared)
+        self.labels: Mapping[str, tuple[str, ...]] = {
+            label: tuple(names) for label, names in (labels or {}).items()
+        }
+        # Longest first, so `h100-dgxc-slurm_07` picks `h100-dgxc` over a declared `h100`.
+        self._longest_first = sorted(self.declared, key=lambda cluster: (-len(cluster), cluster))
+        self._targets = {label: self._resolve(names) for label, names in self.labels.items()}
+
+    def cluster_of(self, name: str) -> str | None:
+        """The declared cluster a runner name belongs to, or None when there is none.
+
+        The cluster whose id is the name without its trailing `_<digits>`, else the longest
+        declared id the name starts with followed by `-`.
+        """
+        exact = _RUNNER_NUMBER_RE.sub("", name)
+        if exact in self.declared:
+            return exact
+        return next((c for c in self._longest_first if name.startswith(c + "-")), None)
+
+    def _resolve(self, names: tuple[str, ...]) -> Targets:
+        found = {name: self.cluster_of(name) for name in names}
+        return Targets(
+            clusters=tuple(sorted({c for c in found.values() if c is not None})),
+            unresolved=tuple(name for name, cluster in found.items() if cluster is None),
+        )
+
+    def targets(self, runner: str) -> Targets:
+        """Where a family's runner label runs: `cluster:X` targets X; a `labels` key its
+        runner names' clusters; any other declared cluster id itself."""
+        if runner.startswith(CLUSTER_PREFIX):
+            cluster = runner[len(CLUSTER_PREFIX) :]
+            if not cluster:
+                return Targets(problem=f"runner `{runner}` names no cluster")
+            if cluster not in self.declared:
+                return Targets(
+                    (cluster,),
+                    problem=f"runner `{runner}` names cluster {cluster}, which runners.yaml does not declare",
+                )
+            return Targets((cluster,))
+        targets = self._targets.get(runner)
+        if targets is not None:
+            if not targets.clusters and not targets.unresolved:
+                return replace(targets, problem=f"runner `{runner}` is a label that lists no runner in runners.yaml")
+            return targets
+        if runner in self.declared:
+            return Targets((runner,))
+        return Targets(
+            problem=f"runner `{runner}` is not cluster:<id>, a declared cluster or a label in runners.yaml"
+        )
+
+    def clusters_for(self, runner: str) -> tuple[str, ...]:
+        """Clusters a runner label targets; () for a label that names none."""
+        return self.targets(runner).clusters
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """One configuration error per runner name under a label that resolves to no cluster.
+
+        `cluster:<id>` keys of `labels` are left out: a runner `cluster:X` targets X whatever
+        they list.
+        """
+        return tuple(
+            f"runner {name} (label {label}) resolves to no declared cluster"
+            for label, targets in self._targets.items()
+            if not label.startswith(CLUSTER_PREFIX)
+            for name in targets.unresolved
+        )
+
+    def document(self) -> dict[str, Any]:
+        """JSON form, for the store: `from_document` reads it back."""
+        return {
+            "declared": sorted(self.declared),
+            "labels": {label: list(names) for label, names in self.labels.items()},
+        }
+
+    @classmethod
+    def from_document(cls, document: Mapping[str, Any]) -> Runners | None:
+        """A stored `document()`; None for anything else (nothing stored, or the
+        label -> cluster ids mapping an older version stored, which cannot be resolved)."""
+        declared, labels = document.get("declared"), document.get("labels")
+        if not isinstance(declared, list) or not isinstance(labels, dict):
+            return None
+        return cls(declared, labels)
+
+    def __getitem__(self, label: str) -> tuple[str, ...]:
+        return self._targets[label].clusters
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Runners):
+            return self.declared == other.declared and self.labels == other.labels
+        return super().__eq__(other)
+
+    def __repr__(self) -> str:
+        return f"Runners(declared={sorted(self.declared)!r}, labels={dict(self.labels)!r})"
+
+
+def parse_runners(text: str) -> Runners:
+    """runners.yaml: the cluster ids it declares and the runner names of each label.
+
+    Declared ids are the keys of a top-level `clusters:` mapping (newer layout) or else the
+    `cluster:<id>` keys of `hardware:` (older layout); a file that declares no cluster is a
+    CatalogError, so the last good runners stay in use. `labels:` maps a label to a list of
+    runner names (`h100-dgxc-slurm_16`); see `Runners.targets` for the rule.
     """
     data = _load_yaml("runners.yaml", text)
-    if not isinstance(data, dict) or not isinstance(data.get("labels"), dict):
-        raise CatalogError("runners.yaml: expected a mapping with a `labels:` mapping")
-    runners: dict[str, tuple[str, ...]] = {}
-    for label, names in data["labels"].items():
+    if not isinstance(data, dict):
+        raise CatalogError("runners.yaml: expected a mapping with `labels:` and the clusters it declares")
+    labels = data.get("labels")
+    if labels is None:
+        labels = {}
+    if not isinstance(labels, dict):
+        raise CatalogError("runners.yaml: `labels:` must be a mapping of runner labels")
+    names_of: dict[str, list[str]] = {}
+    for label, names in labels.items():
         if names is None:
             names = []
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise CatalogError(f"runners.yaml: labels.{label} must be a list of runner names")
-        runners[str(label)] = tuple(sorted({_RUNNER_NUMBER_RE.sub("", n) for n in names}))
-    return runners
+        names_of[str(label)] = names
+    return Runners(_declared_clusters(data), names_of)
 
 
-def clusters_for(runner: str, runners: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
-    """Clusters a runner label targets; () for a label runners.yaml does not know."""
-    if runner.startswith(CLUSTER_PREFIX):
-        return (runner[len(CLUSTER_PREFIX) :],)
-    return runners.get(runner, ())
+def _declared_clusters(data: dict[Any, Any]) -> list[str]:
+    if "clusters" in data:
+        clusters = data["clusters"]
+        if not isinstance(clusters, dict):
+            raise CatalogError("runners.yaml: `clusters:` must be a mapping of cluster ids")
+        declared = [str(key).removeprefix(CLUSTER_PREFIX) for key in clusters]
+    elif isinstance(data.get("hardware"), dict):
+        declared = [
+            key[len(CLUSTER_PREFIX) :]
+            for key in data["hardware"]
+            if isinstance(key, str) and key.startswith(CLUSTER_PREFIX)
+        ]
+    else:
+        declared = []
+    if not any(declared):
+        raise CatalogError(
+            "runners.yaml: declares no cluster: expected a top-level `clusters:` mapping "
+            "or `cluster:<id>` keys under `hardware:`"
+        )
+    if not all(declared):
+        raise CatalogError("runners.yaml: a declared cluster id is empty")
+    return declared
+
+
+_NO_RUNNERS = Runners()
 
 
 def hardware_of(runner: str) -> str:
@@ -88,13 +248,17 @@ class MasterConfig:
     problems: tuple[str, ...]
 
 
-def parse_master(path: str, text: str, runners: Mapping[str, tuple[str, ...]]) -> list[Family]:
+def parse_master(path: str, text: str, runners: Runners | None) -> list[Family]:
     """Families of one master config, in file order (see `read_master` for the problems)."""
     return list(read_master(path, text, runners).families)
 
 
-def read_master(path: str, text: str, runners: Mapping[str, tuple[str, ...]]) -> MasterConfig:
-    """Parse a master config; raises CatalogError (with file and line) for unparseable YAML."""
+def read_master(path: str, text: str, runners: Runners | None) -> MasterConfig:
+    """Parse a master config; raises CatalogError (with file and line) for unparseable YAML.
+
+    `runners` None: runners.yaml could not be read (its own error says why), so only
+    `cluster:<id>` runners have clusters and runner labels are not reported.
+    """
     root = _compose(path, text)
     if root is None:
         return MasterConfig(path, (), ())
@@ -168,7 +332,7 @@ def _family(
     value_node: yaml.Node,
     start: int,
     end: int,
-    runners: Mapping[str, tuple[str, ...]],
+    runners: Runners | None,
     problems: list[str],
 ) -> Family | None:
     where = f"{path}:{start}"
@@ -194,21 +358,23 @@ def _family(
     if not isinstance(runner, str) or not runner.strip():
         problems.append(f"{where}: `{key}` has no runner")
         return None
-    clusters = clusters_for(runner, runners)
-    if not clusters:
-        problems.append(f"{where}: `{key}` runner `{runner}` is not a label in runners.yaml")
+    # (Not `runners or ...`: a Runners without labels is an empty mapping, and falsy.)
+    targets = (runners if runners is not None else _NO_RUNNERS).targets(runner)
+    if targets.problem is not None and runners is not None:
+        problems.append(f"{where}: `{key}` {targets.problem}")
     return Family(
         id=f"{path}:{key}",
         path=path,
         key=key,
         image=image,
         runner=runner,
-        clusters=clusters,
+        clusters=targets.clusters,
         model_prefix=_text(block.get("model-prefix")),
         precision=_text(block.get("precision")),
         framework=_text(block.get("framework")),
         line_start=start,
         line_end=end,
+        unresolved=targets.unresolved,
     )
 
 

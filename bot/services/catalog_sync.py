@@ -12,7 +12,13 @@ from datetime import UTC, datetime
 
 import structlog
 
-from bot.core.catalog import CatalogError, is_master_config, parse_master, parse_runners
+from bot.core.catalog import (
+    CatalogError,
+    Runners,
+    is_master_config,
+    parse_runners,
+    read_master,
+)
 from bot.core.domain import Claim
 from bot.core.events import PushEvent
 from bot.core.policy import POLICY_PATH
@@ -178,7 +184,11 @@ class CatalogSync:
         return sorted(paths)
 
     async def refresh_runners(self, state: RepoState, api: RepoAPI, ref: str) -> bool:
-        """Re-read runners.yaml; False keeps the last good mapping (and records why)."""
+        """Re-read runners.yaml; False keeps the last good runners (and records why).
+
+        Runner names that resolve to no declared cluster are recorded as its configuration
+        errors, one a line (`config_errors` holds path -> problems, one per line).
+        """
         path = state.policy.runners_file
         text = await api.file_text(path, ref)
         if text is None:
@@ -191,27 +201,43 @@ class CatalogSync:
             state.meta.config_errors[path] = str(exc)
             log.warning("catalog.runners_invalid", path=path, error=str(exc))
             return False
-        state.meta.runners = {label: list(clusters) for label, clusters in runners.items()}
-        state.meta.config_errors.pop(path, None)
+        state.meta.runners = runners.document()
+        if runners.problems:
+            state.meta.config_errors[path] = "\n".join(runners.problems)
+            log.warning("catalog.runners_unresolved", path=path, problems=list(runners.problems))
+        else:
+            state.meta.config_errors.pop(path, None)
         return True
 
     async def refresh_config(
         self, state: RepoState, api: RepoAPI, path: str, ref: str, changed_at: datetime | None
     ) -> Change:
-        """Re-parse one master config; unparseable text keeps the last good families of the file."""
+        """Re-parse one master config; unparseable text keeps the last good families of the file.
+
+        Blocks left out and runner labels that name no declared cluster are recorded as the
+        file's configuration errors, one a line.
+        """
         text = await api.file_text(path, ref)
         if text is None:
             return state.remove_config(path)
-        runners = {label: tuple(clusters) for label, clusters in state.meta.runners.items()}
+        runners = Runners.from_document(state.meta.runners)
+        if runners is None and state.meta.runners:
+            # Label -> cluster ids, as an older version stored them: read runners.yaml again.
+            await self.refresh_runners(state, api, ref)
+            runners = Runners.from_document(state.meta.runners)
         try:
-            parsed = parse_master(path, text, runners)
+            parsed = read_master(path, text, runners)
         except CatalogError as exc:
             state.meta.config_errors[path] = str(exc)
             log.warning("catalog.config_invalid", path=path, error=str(exc))
             return Change()
         # An unchanged image keeps its date; a changed or new one is dated by the push that
         # brought it (a backfill passes None: it does not know).
-        return state.replace_families(path, parsed, changed_at)
+        change = state.replace_families(path, list(parsed.families), changed_at)
+        if parsed.problems:
+            state.meta.config_errors[path] = "\n".join(parsed.problems)
+            log.warning("catalog.config_problems", path=path, problems=list(parsed.problems))
+        return change
 
     async def refresh_setup(self, state: RepoState, api: RepoAPI, ref: str) -> None:
         """Check the candidate workflow at `ref` (DESIGN §4 "Setup errors")."""

@@ -48,7 +48,10 @@ class RepoMeta:
     head_sha: str = ""
     policy_text: str | None = None
     policy_error: str | None = None
-    runners: dict[str, list[str]] = field(default_factory=dict)
+    # runners.yaml as `catalog.Runners.document()`: {"declared": [cluster ids], "labels":
+    # {label: [runner names]}}. An older version stored label -> cluster ids; that is read
+    # as "not known yet" and runners.yaml is read again (CatalogSync.refresh_config).
+    runners: dict[str, Any] = field(default_factory=dict)
     config_errors: dict[str, str] = field(default_factory=dict)
     wave: int = 0
     next_wave_at: str | None = None
@@ -361,7 +364,13 @@ class RepoState:
             "head_sha": self.meta.head_sha,
             "policy": self.policy.model_dump(mode="json"),
             "policy_error": self.meta.policy_error,
-            "config_errors": self.meta.config_errors,
+            # Kept as path -> problems, one a line; shown as one {path, detail} per problem.
+            "config_errors": [
+                {"path": path, "detail": detail}
+                for path, problems in sorted(self.meta.config_errors.items())
+                for detail in problems.split("\n")
+                if detail
+            ],
             "setup_errors": list(self.meta.setup_errors),
             "blocked": blocked.document() if (blocked := self.blocked()) is not None else None,
             "families": [

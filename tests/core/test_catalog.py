@@ -12,7 +12,7 @@ import yaml
 from bot.core.catalog import (
     Catalog,
     CatalogError,
-    clusters_for,
+    Runners,
     family_file_patterns,
     glob_match,
     hardware_of,
@@ -35,10 +35,16 @@ labels:
     - b200-nb_0
     - b200-dgxc_00
     - b200-nb_1
+    - b200-cw_00
   empty:
 hardware:
   cluster:h100-cw:
     gpus-per-node: 8
+  cluster:h100-dgxc:
+    gpus-per-node: 8
+  cluster:b200-dgxc: {}
+  cluster:b200-nb: {}
+  b200-cw: {}
 """
 
 MASTER = """\
@@ -80,19 +86,23 @@ T1 = datetime(2026, 8, 1, tzinfo=UTC)
 T2 = datetime(2026, 8, 21, tzinfo=UTC)
 
 
-def runners() -> dict[str, tuple[str, ...]]:
+def runners() -> Runners:
     return parse_runners(RUNNERS)
 
 
-# --- runners.yaml ---------------------------------------------------------------
+# --- runners.yaml (the rule itself: tests/core/test_clusters.py) ----------------
 
 
-def test_runner_numbers_are_stripped_and_clusters_sorted_distinct() -> None:
-    assert runners() == {
-        "h100": ("h100-cw", "h100-dgxc-slurm"),
+def test_runner_names_resolve_to_declared_clusters_sorted_distinct() -> None:
+    table = runners()
+    # `b200-cw` under `hardware:` has no `cluster:` prefix: it declares nothing.
+    assert table.declared == {"h100-cw", "h100-dgxc", "b200-dgxc", "b200-nb"}
+    assert dict(table) == {
+        "h100": ("h100-cw", "h100-dgxc"),
         "b200": ("b200-dgxc", "b200-nb"),
         "empty": (),
     }
+    assert table.problems == ("runner b200-cw_00 (label b200) resolves to no declared cluster",)
 
 
 @pytest.mark.parametrize(
@@ -103,6 +113,9 @@ def test_runner_numbers_are_stripped_and_clusters_sorted_distinct() -> None:
         "labels: [a, b]\n",
         "labels:\n  h100: h100-cw_00\n",
         "labels: {h: [1]}\n",
+        "labels: {h: [h_0]}\n",
+        "labels: {h: [h_0]}\nhardware: {h: {}}\n",
+        "labels: {h: [h_0]}\nclusters: [h]\n",
     ],
 )
 def test_runners_with_invalid_structure_are_rejected(text: str) -> None:
@@ -117,9 +130,10 @@ def test_runners_that_are_not_yaml_name_the_line() -> None:
 
 def test_clusters_for_cluster_runner_and_labels() -> None:
     table = runners()
-    assert clusters_for("cluster:mi355x-amds", table) == ("mi355x-amds",)
-    assert clusters_for("h100", table) == ("h100-cw", "h100-dgxc-slurm")
-    assert clusters_for("unknown", table) == ()
+    assert table.clusters_for("cluster:h100-dgxc") == ("h100-dgxc",)
+    assert table.clusters_for("h100") == ("h100-cw", "h100-dgxc")
+    assert table.clusters_for("b200-nb") == ("b200-nb",)  # a declared id that is not a label
+    assert table.clusters_for("unknown") == ()
 
 
 def test_hardware_is_the_gpu_family_of_the_runner() -> None:
@@ -145,12 +159,13 @@ def test_master_families_values_and_spans() -> None:
     assert alpha.id == "configs/x-master.yaml:alpha-fp4-b200-sglang"
     assert (alpha.image, alpha.runner) == ("lmsysorg/sglang:v0.5.12", "b200")
     assert alpha.clusters == ("b200-dgxc", "b200-nb")
+    assert alpha.unresolved == ("b200-cw_00",)
     assert (alpha.model_prefix, alpha.precision, alpha.framework) == ("alpha", "fp4", "sglang")
     # Trailing comment and blank lines, and the comment introducing beta, belong to neither.
     assert (alpha.line_start, alpha.line_end) == (2, 12)
 
     beta = by_key["beta-fp8-h100-vllm"]
-    assert beta.clusters == ("h100-dgxc",)
+    assert (beta.clusters, beta.unresolved) == (("h100-dgxc",), ())
     assert (beta.line_start, beta.line_end) == (16, 21)
     assert beta.image_changed_at is None
 
@@ -164,7 +179,10 @@ def test_master_families_values_and_spans() -> None:
 
     assert parsed.problems == (
         "configs/x-master.yaml:23: `gamma-no-image` has no image",
-        "configs/x-master.yaml:27: `delta-unknown-label` runner `z900` is not a label in runners.yaml",
+        (
+            "configs/x-master.yaml:27: `delta-unknown-label` runner `z900` is not cluster:<id>, "
+            "a declared cluster or a label in runners.yaml"
+        ),
     )
     assert parse_master("configs/x-master.yaml", MASTER, runners()) == list(parsed.families)
 
@@ -236,8 +254,8 @@ def test_real_master_configs(fixtures: Path) -> None:
             last = lines[fam.line_end - 1].strip()
             assert last and not last.startswith("#")
         families.extend(parsed.families)
-        # The only problems in the real data are runner labels missing from runners.yaml.
-        assert all("is not a label in runners.yaml" in p for p in parsed.problems)
+        # The only problems in the real data are runners naming undeclared clusters.
+        assert all("which runners.yaml does not declare" in p for p in parsed.problems)
     assert len(families) == 208
     assert len({f.id for f in families}) == 208
 
@@ -245,7 +263,8 @@ def test_real_master_configs(fixtures: Path) -> None:
     dsr1 = by_id["configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"]
     assert dsr1.image == "lmsysorg/sglang:v0.5.16-cu130"
     assert dsr1.candidate == "d92e15065c55779d-555679de269db36f"  # domain §3.3 worked example
-    assert dsr1.clusters == ("b200-cw", "b200-dgxc", "b200-nb")
+    assert dsr1.clusters == ("b200-dgxc",)
+    assert dsr1.unresolved == ("b200-cw_00", "b200-cw_01", "b200-nb_0", "b200-nb_1")
     first = by_id["configs/nvidia-master.yaml:dsr1-fp4-b200-dynamo-trt"]
     assert (first.line_start, first.runner, first.model_prefix, first.precision, first.framework) == (
         1, "b200-multinode", "dsr1", "fp4", "dynamo-trt",
@@ -253,8 +272,8 @@ def test_real_master_configs(fixtures: Path) -> None:
     amd = by_id["configs/amd-master.yaml:qwen3.5-fp4-mi355x-sglang-agentic-mtp"]
     assert amd.clusters == ("mi355x-amds",)
     assert amd.image == "lmsysorg/sglang-rocm:v0.5.17-rocm720-mi35x-20260818"
-    h100 = by_id["configs/nvidia-master.yaml:dsv4-fp8-h200-sglang"]
-    assert (h100.runner, h100.clusters) == ("h200-dgxc", ())  # a label runners.yaml lacks
+    h200 = by_id["configs/nvidia-master.yaml:dsv4-fp8-h200-sglang"]
+    assert (h200.runner, h200.clusters) == ("h200-dgxc", ("h200-dgxc",))  # a declared id, not a label
 
 
 # --- image changes and the catalog ----------------------------------------------

@@ -135,11 +135,17 @@ class WorkflowRunEvent(RepoEvent):
     workflow_run: WorkflowRun
 
 
+class ArtifactRun(_Model):
+    id: GitHubId
+
+
 class Artifact(_Model):
     id: GitHubId
     name: str = ""
     expired: bool = True  # a missing flag counts as expired (domain §4.2)
     archive_download_url: str | None = None
+    created_at: datetime | None = None
+    workflow_run: ArtifactRun | None = None
 
 
 class Step(_Model):

@@ -203,6 +203,12 @@ class GitHubRepo:
         ):
             yield Artifact.model_validate(artifact)
 
+    async def artifacts(self) -> AsyncIterator[Artifact]:
+        async for artifact in self.client.getiter(
+            f"/repos/{{owner}}/{{repo}}/actions/artifacts?{PER_PAGE}", self._at(), iterable_key="artifacts"
+        ):
+            yield Artifact.model_validate(artifact)
+
     async def artifact(self, artifact_id: int) -> Artifact | None:
         try:
             answer = await self.client.getitem(

@@ -100,7 +100,7 @@ class Api:
         for name, value in self.limits.headers(budget).items():
             response.headers.setdefault(name, value)
         lost = rule is not None and rule.lose_answer
-        self.log.record(method, path, label, response.status, self.world.now(), lost)
+        self.log.record(method, path, label, response.status, self.world.now(), lost, query=request.query_string)
         if announce:
             self.announce(announce)
         if lost:

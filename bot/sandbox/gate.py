@@ -288,10 +288,10 @@ class RequestLog:
         self.entries: list[dict[str, Any]] = []
 
     def record(self, method: str, path: str, route: str, status: int, at: datetime,
-               lost: bool = False) -> None:
+               lost: bool = False, query: str = "") -> None:
         """`lost`: the request was applied but its answer never reached the client."""
-        self.entries.append({"method": method, "path": path, "route": route, "status": status,
-                             "at": ts(at), "lost": lost})
+        self.entries.append({"method": method, "path": path, "query": query, "route": route,
+                             "status": status, "at": ts(at), "lost": lost})
 
     def reset(self) -> None:
         self.entries.clear()

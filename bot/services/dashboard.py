@@ -101,11 +101,15 @@ class DashboardKeeper:
         return Wave.from_document(document) if document else None
 
     async def _find(self, api: RepoAPI) -> int | None:
-        for login in self.live.bot_logins:
+        for login in self.app_logins():
             issue = await api.find_issue(TITLE, login)
             if issue is not None:
                 return issue.number
         return None
+
+    def app_logins(self) -> list[str]:
+        """The logins an App's issues are created by (`<slug>[bot]`)."""
+        return [login for login in self.live.bot_logins if login.endswith("[bot]")]
 
     # -- ticked boxes --------------------------------------------------------------------
 
@@ -141,7 +145,7 @@ class DashboardKeeper:
         """A repository first heard of: its holds and retries come back from the dashboard."""
         if not state.policy.dashboard:
             return None
-        for login in self.live.bot_logins:
+        for login in self.app_logins():
             issue = await api.find_issue(TITLE, login)
             if issue is None:
                 continue

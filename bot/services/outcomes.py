@@ -50,6 +50,8 @@ log = structlog.get_logger("klaud.outcomes")
 # Completed runs this recent are read at reconcile (artifacts live 14 days, and a run
 # older than this has long been seen by a light reconcile or its webhook).
 RECENT_RUNS = timedelta(days=3)
+# Artifacts per page of the repository's list: the break-even against one request per run.
+PER_RUN_BREAK_EVEN = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +132,19 @@ class OutcomeRecorder:
 
     # -- reading runs --------------------------------------------------------------------
 
-    async def record_run(self, state: RepoState, api: RepoAPI, run: WorkflowRun, change: Change) -> set[str]:
-        """Record every attempt a completed run left; returns the families they concern."""
+    async def record_run(
+        self, state: RepoState, api: RepoAPI, run: WorkflowRun, change: Change, artifacts: list[Artifact] | None = None
+    ) -> set[str]:
+        """Record every attempt a completed run left; returns the families they concern.
+
+        `artifacts` are the run's, when the caller listed them already (a reconcile lists
+        the repository's at once instead of one request per run).
+        """
         info = run_info(run, self.live.clock.now())
+        if artifacts is None:
+            artifacts = [artifact async for artifact in api.run_artifacts(run.id)]
         reads = []
-        async for artifact in api.run_artifacts(run.id):
+        for artifact in artifacts:
             match = ARTIFACT_RE.match(artifact.name)
             if match:
                 reads.append(await self.read_artifact(state, api, match.group(1), artifact, info))
@@ -155,11 +165,36 @@ class OutcomeRecorder:
         """Every completed run of the last days not yet in the ledger (reconcile)."""
         cutoff = self.live.clock.now() - RECENT_RUNS
         known_runs = {a.run_id for a in state.ledger.all() if a.verified}
-        for workflow in state.policy.outcome_workflows:
-            async for run in api.workflow_runs(workflow, created_since=cutoff.date()):
-                if run.created_at is None or run.created_at < cutoff or run.id in known_runs:
-                    continue
-                await self.record_run(state, api, run, change)
+        runs = [
+            run
+            for workflow in state.policy.outcome_workflows
+            async for run in api.workflow_runs(workflow, created_since=cutoff.date())
+            if run.created_at is not None and run.created_at >= cutoff and run.id not in known_runs
+        ]
+        listed = await self._artifacts_of(api, {run.id for run in runs}, cutoff)
+        for run in runs:
+            await self.record_run(state, api, run, change, listed.get(run.id, []) if listed is not None else None)
+
+    @staticmethod
+    async def _artifacts_of(api: RepoAPI, run_ids: set[int], cutoff: datetime) -> dict[int, list[Artifact]] | None:
+        """The artifacts of `run_ids` from the repository's list, newest first, down to `cutoff`.
+
+        One page holds 100 artifacts, so the list is cheaper than one request per run until
+        it grows past 100 artifacts per run; then None says: list them per run instead.
+        """
+        found: dict[int, list[Artifact]] = {}
+        if not run_ids:
+            return found
+        seen = 0
+        async for artifact in api.artifacts():
+            if artifact.created_at is not None and artifact.created_at < cutoff:
+                break
+            seen += 1
+            if seen > PER_RUN_BREAK_EVEN * len(run_ids):
+                return None
+            if artifact.workflow_run is not None and artifact.workflow_run.id in run_ids:
+                found.setdefault(artifact.workflow_run.id, []).append(artifact)
+        return found
 
     @staticmethod
     async def _dispatched_without_artifact(

@@ -188,7 +188,7 @@ async def test_request_log_counts_by_route_and_resets(hub: Hub) -> None:
     assert log["by_route"] == {"GET /repos/{owner}/{repo}/pulls/{pull_number}/files": 2,
                                "GET (unknown route)": 1}
     first = log["requests"][0]
-    assert first == {"method": "GET", "path": "/repos/acme/bench/pulls/12/files",
+    assert first == {"method": "GET", "path": "/repos/acme/bench/pulls/12/files", "query": "",
                      "route": "GET /repos/{owner}/{repo}/pulls/{pull_number}/files",
                      "status": 200, "at": "2026-11-30T08:00:00Z", "lost": False}
     assert (await hub.client.post("/_sandbox/requests/reset")).status == 200

@@ -20,6 +20,7 @@ from bot.core.doctor import REQUIRED_EVENTS, REQUIRED_PERMISSIONS
 from bot.core.events import (
     Account,
     Artifact,
+    ArtifactRun,
     Comment,
     HeadOrBase,
     Job,
@@ -199,6 +200,12 @@ class FakeRepo:
         self._call("run_artifacts", run_id)
         for item in self.artifacts_of.get(run_id, []):
             yield item
+
+    async def artifacts(self) -> AsyncIterator[Artifact]:
+        self._call("artifacts")
+        for run_id in sorted(self.artifacts_of, reverse=True):
+            for item in self.artifacts_of[run_id]:
+                yield item.model_copy(update={"workflow_run": ArtifactRun(id=run_id)})
 
     async def artifact(self, artifact_id: int) -> Artifact | None:
         self._call("artifact", artifact_id)

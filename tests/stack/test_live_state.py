@@ -345,10 +345,11 @@ async def test_installation_removed_forgets_the_repository(tmp_path):
 
         await run.klaud.handle(Delivery.from_payload("x", "installation_repositories", json.dumps(payload).encode(), payload, {}))
         assert run.klaud.live.repo("acme/bench") is None
-        fresh = Klaud(make_settings(tmp_path / "klaud.db"))
-        await fresh.start(drain=False)
-        assert fresh.live.repos == {}
-        await fresh.stop()
+    # The next process on the store (one at a time: the store is locked) knows nothing of it.
+    fresh = Klaud(make_settings(tmp_path / "klaud.db"))
+    await fresh.start(drain=False)
+    assert fresh.live.repos == {}
+    await fresh.stop()
 
 
 async def test_klaud_reconcile_command_against_the_sandbox(tmp_path, monkeypatch, capsys):

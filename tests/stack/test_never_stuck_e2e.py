@@ -13,6 +13,7 @@ from aiohttp import web
 
 from bot.app import Klaud
 from bot.core.domain import claim_ref
+from bot.github.repo import GitHubRepo
 from bot.sandbox import Sandbox
 from bot.web.server import create_app
 from tests import scenarios as sc
@@ -69,21 +70,24 @@ async def settle(sandbox: Sandbox, klaud: Klaud) -> None:
     raise AssertionError("the bot did not settle")
 
 
-async def test_a_crash_between_claim_and_dispatch_frees_the_family_within_one_light_reconcile(tmp_path):
+async def test_a_crash_between_claim_and_dispatch_frees_the_family_within_one_light_reconcile(tmp_path, monkeypatch):
     sandbox = Sandbox(sc.scenario(policy="max_candidates_per_wave: 1\n"), webhook_secret=SECRET)
     async with served(sandbox.create_app()) as sandbox_url:
         sandbox.world.origin = sandbox_url
         async with klaud_on(sandbox, sandbox_url, tmp_path / "k.db") as klaud:
-            # The dispatch hangs; the process dies right after its claim ref was created.
-            sandbox.set_faults({"rules": [{"method": "POST", "route": "/dispatches$", "latency_ms": 60_000}]})
-            wave = asyncio.create_task(klaud.waves.run(REPO, trigger="test"))
-            for _ in range(200):
-                if any("claim" in ref for ref in sandbox.state_document()["repositories"][REPO]["refs"]):
-                    break
-                await asyncio.sleep(0.01)
-            wave.cancel()  # nothing after this line runs: the process is gone
-            await asyncio.gather(wave, return_exceptions=True)
-            sandbox.set_faults({"rules": []})
+            # The process dies once the claim ref exists, before the dispatch is sent.
+            reached = asyncio.Event()
+
+            async def die_before_dispatching(*_: Any, **__: Any) -> None:
+                reached.set()
+                await asyncio.Event().wait()
+
+            with monkeypatch.context() as patch:
+                patch.setattr(GitHubRepo, "dispatch", die_before_dispatching)
+                wave = asyncio.create_task(klaud.waves.run(REPO, trigger="test"))
+                await reached.wait()
+                wave.cancel()  # nothing after this line runs: the process is gone
+                await asyncio.gather(wave, return_exceptions=True)
         [ref] = [r for r in sandbox.state_document()["repositories"][REPO]["refs"] if "claim" in r]
         async with klaud_on(sandbox, sandbox_url, tmp_path / "k.db") as klaud:
             state = klaud.live.repo(REPO)

@@ -121,13 +121,47 @@ def _node_count(value: Any) -> int | None:
 
 
 def target_eligibility(
+    clusters: Sequence[str],
+    reading: CapacityReading,
+    rule: Literal["all", "any"],
+    *,
+    runner: str | None = None,
+    unresolved: Sequence[str] = (),
+) -> tuple[bool, str]:
+    """Whether a family's target clusters may take work under `rule`, with a reason for people.
+
+    `runner` and `unresolved` are the family's runner label and the runner names under it
+    that name no declared cluster (`Family.unresolved`): a configuration error the reason
+    names. Only the resolved clusters decide; with none, the family waits on nothing the
+    feed could ever report, so the configuration error is the whole reason.
+    """
+    config_error = _unresolved_reason(runner, unresolved)
+    if not clusters:
+        if config_error is not None:
+            return False, config_error
+        if runner is not None:
+            return False, f"runner {runner} targets no cluster declared in runners.yaml"
+        return False, "runner has no known target cluster"
+    eligible, reason = _clusters_eligibility(clusters, reading, rule)
+    if config_error is not None:
+        reason = f"{reason} ({config_error})" if eligible else f"{reason}; {config_error}"
+    return eligible, reason
+
+
+def _unresolved_reason(runner: str | None, unresolved: Sequence[str]) -> str | None:
+    if not unresolved:
+        return None
+    names = ", ".join(unresolved)
+    verb = "names" if len(unresolved) == 1 else "name"
+    label = f"runner label {runner}" if runner else "its runner label"
+    return f"{label} lists {names}, which {verb} no cluster declared in runners.yaml"
+
+
+def _clusters_eligibility(
     clusters: Sequence[str], reading: CapacityReading, rule: Literal["all", "any"]
 ) -> tuple[bool, str]:
-    """Whether a family's target clusters may take work under `rule`, with a reason for people."""
     if reading.error is not None:
         return False, f"capacity feed unavailable ({reading.error}): every cluster counts as busy"
-    if not clusters:
-        return False, "runner has no known target cluster"
     free = [c for c in clusters if c in reading.eligible]
     blocked = [_why_blocked(c, reading) for c in clusters if c not in reading.eligible]
     if rule == "all" and not blocked:

@@ -209,6 +209,66 @@ def test_target_eligibility(clusters: list[str], rule: str, expected: tuple[bool
     assert target_eligibility(clusters, READING, rule) == expected  # type: ignore[arg-type]
 
 
+B200_UNRESOLVED = ("b200-cw_00", "b200-cw_01")
+
+
+@pytest.mark.parametrize(
+    ("clusters", "rule", "expected"),
+    [
+        # No cluster resolved: the runner that could not be is the whole reason.
+        (
+            [],
+            "all",
+            (False, "runner label b200 lists b200-cw_00, b200-cw_01, which name no cluster declared in runners.yaml"),
+        ),
+        # Some resolved: they decide, and the reason still names the runners that did not.
+        (
+            ["b200-nscale"],
+            "all",
+            (
+                True,
+                (
+                    "cluster b200-nscale has capacity (runner label b200 lists b200-cw_00, b200-cw_01, "
+                    "which name no cluster declared in runners.yaml)"
+                ),
+            ),
+        ),
+        (
+            ["b200-dgxc"],
+            "any",
+            (
+                False,
+                (
+                    "cluster b200-dgxc is busy; runner label b200 lists b200-cw_00, b200-cw_01, "
+                    "which name no cluster declared in runners.yaml"
+                ),
+            ),
+        ),
+    ],
+)
+def test_target_eligibility_names_the_runners_that_resolve_to_no_cluster(
+    clusters: list[str], rule: str, expected: tuple[bool, str]
+) -> None:
+    got = target_eligibility(clusters, READING, rule, runner="b200", unresolved=B200_UNRESOLVED)  # type: ignore[arg-type]
+    assert got == expected
+
+
+def test_target_eligibility_names_one_unresolved_runner_and_an_unknown_label() -> None:
+    assert target_eligibility([], READING, "all", runner="b200", unresolved=["b200-cw_00"]) == (
+        False,
+        "runner label b200 lists b200-cw_00, which names no cluster declared in runners.yaml",
+    )
+    assert target_eligibility([], READING, "all", runner="z900") == (
+        False,
+        "runner z900 targets no cluster declared in runners.yaml",
+    )
+    # A configuration error is permanent: it is the reason even while the feed is down.
+    closed = CapacityReading(frozenset(), frozenset(), NOW, error="http-503")
+    assert target_eligibility([], closed, "any", runner="b200", unresolved=["b200-cw_00"])[1].startswith(
+        "runner label b200 lists b200-cw_00"
+    )
+
+
 def test_target_eligibility_with_an_unusable_feed_says_why() -> None:
     closed = CapacityReading(frozenset(), frozenset(), NOW, error="http-503")
     assert target_eligibility(["b200-nscale"], closed, "any") == (

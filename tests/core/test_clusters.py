@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bot.core.capacity import target_eligibility
 from bot.core.catalog import CatalogError, Runners, parse_runners, read_master
-from bot.core.domain import Family
+from bot.core.domain import CapacityReading, Family
 from bot.services.catalog_sync import CatalogSync
 from bot.services.repo_state import RepoMeta, RepoState
 from tests.services.fakes import FakeRepo
@@ -307,6 +308,23 @@ async def test_runners_stored_by_an_older_version_are_read_again() -> None:
     assert Runners.from_document(state.meta.runners) == parse_runners(NEWER)
     family = state.catalog.get("configs/x-master.yaml:partly")
     assert family is not None and family.clusters == ("b200-nscale",)
+
+
+# --- the decision ---------------------------------------------------------------------
+
+
+def test_the_capacity_reason_names_the_real_runners_that_resolve_to_no_cluster(fixtures: Path) -> None:
+    families, _ = real_families(fixtures, real_runners(fixtures))
+    b200 = next(f for f in families if f.key == "dsr1-fp4-b200-sglang")
+    busy = CapacityReading(eligible=frozenset(), known=frozenset({"b200-dgxc"}), at=NOW)
+    eligible, reason = target_eligibility(
+        b200.clusters, busy, "all", runner=b200.runner, unresolved=b200.unresolved
+    )
+    assert not eligible
+    assert reason == (
+        "cluster b200-dgxc is busy; runner label b200 lists b200-cw_00, b200-cw_01, b200-nb_0, b200-nb_1, "
+        "which name no cluster declared in runners.yaml"
+    )
 
 
 def test_runners_without_labels_are_still_runners() -> None:

@@ -61,6 +61,8 @@ class Database:
             await self._run_sync(self._connection().executescript, schema)
 
     def _open(self) -> None:
+        if self._conn is not None:  # opened by a call queued before this one (the stores share it)
+            return
         with ExitStack() as undo:
             if self._lock is not None:
                 self._lock.acquire()

@@ -34,6 +34,12 @@ async def test_a_second_database_on_the_same_file_is_refused_until_the_first_clo
     await again.close()
 
 
+async def test_the_stores_sharing_one_database_may_open_it_at_once(tmp_path):
+    db = engine_for(f"sqlite:///{tmp_path / 'klaud.db'}")
+    await asyncio.gather(db.open(), db.open())
+    await db.close()
+
+
 async def test_a_second_process_is_refused_in_one_line(tmp_path):
     url = f"sqlite:///{tmp_path / 'klaud.db'}"
     first = await open_stores(url)

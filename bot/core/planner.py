@@ -5,11 +5,17 @@ reading fetched by the caller; it makes no network call and reads no clock, so a
 (`klaud plan`, `/plan`) is the same function as a real wave, and a wave's inputs can be
 stored and replayed. Whether a selected candidate's `/klaud retry` approval is consumed is
 the caller's choice.
+
+A plan is two steps, so a live repository can plan incrementally: `verdict` applies the
+rungs that depend on one family alone (held, in flight, claimed, cooldown, overlap) and
+says until when its answer holds; `finish` walks the families in priority order and
+applies what depends on the whole wave (capacity, the caps, a pause). Verdicts of families
+no event touched since are reused (`bot.services.repo_state`); `plan` computes them all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -63,22 +69,31 @@ class Snapshot:
 
 def plan(snapshot: Snapshot, policy: Policy, capacity: CapacityReading, now: datetime) -> Wave:
     """Decide every live family in priority order (stalest image first)."""
-    ladder = _Ladder(snapshot, policy, capacity, now)
-    decisions = tuple(
-        ladder.decide(family, candidate)
-        for candidate, family in _in_priority_order(snapshot.families)
-    )
-    return Wave(
-        repo=snapshot.repo,
-        at=now,
-        base=snapshot.base,
-        wave=snapshot.wave,
-        decisions=decisions,
-        blocked=snapshot.blocked,
+    order = priority_order(snapshot.families)
+    verdicts = {
+        family.id: verdict(family, candidate, _facts(snapshot, family, candidate), policy, snapshot.wave, now)
+        for candidate, family in order
+        if family.id not in snapshot.settled
+    }
+    return finish(
+        Finishing(
+            repo=snapshot.repo,
+            base=snapshot.base,
+            wave=snapshot.wave,
+            in_flight=len(snapshot.dispatches),
+            blocked=snapshot.blocked,
+            canary=snapshot.canary,
+            settled=snapshot.settled,
+        ),
+        order,
+        verdicts,
+        policy,
+        capacity,
+        now,
     )
 
 
-def _in_priority_order(families: Sequence[Family]) -> list[tuple[str, Family]]:
+def priority_order(families: Iterable[Family]) -> list[tuple[str, Family]]:
     """(candidate id, family) pairs, stalest image first, ties by candidate id.
 
     An image whose last change is unknown may be the oldest of all, so it goes first. The
@@ -89,111 +104,171 @@ def _in_priority_order(families: Sequence[Family]) -> list[tuple[str, Family]]:
     return rows
 
 
-class _Ladder:
-    """The rungs of DESIGN §4 "A wave", tried in order for one family at a time.
+def _facts(snapshot: Snapshot, family: Family, candidate: str) -> Facts:
+    return Facts(
+        hold=snapshot.holds.get(family.id),
+        dispatch=snapshot.dispatches.get(family.id),
+        claim=snapshot.claims.get(family.id),
+        klaud_pr=snapshot.klaud_prs.get(family.id),
+        attempts=snapshot.attempts.get(candidate, ()),
+        retry=snapshot.retries.get(candidate),
+        overlaps=snapshot.overlaps.get(family.id, ()),
+    )
 
-    It counts the candidates it selects, so families must be decided in priority order.
+
+# ---------------------------------------------------------------------------------------
+# One family
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the first rungs read of one family."""
+
+    hold: Hold | None
+    dispatch: Dispatch | None
+    claim: Claim | None
+    klaud_pr: int | None
+    attempts: Sequence[Attempt]  # the candidate's, inside the cooldown window
+    retry: RetryApproval | None
+    overlaps: Sequence[Overlap]
+    # When the first human PR of `overlaps` goes idle (then it stops blocking); None: never.
+    overlaps_until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the rungs before capacity decide for one family, and until when it holds.
+
+    `decision` is None when the family may be selected; `reason` then says why (the
+    cooldown rung's words) and `retry_by` who approved a retry. `valid_until` is the time
+    at which time alone may change the verdict (a cooldown ending, an attempt leaving the
+    window, an overlapping PR going idle); None when only an event can.
     """
 
-    def __init__(
-        self, snapshot: Snapshot, policy: Policy, capacity: CapacityReading, now: datetime
-    ) -> None:
-        self.snapshot = snapshot
-        self.policy = policy
-        self.capacity = capacity
-        self.now = now
-        self.claim_ttl = timedelta(hours=policy.claim_ttl_hours)
-        self.in_flight = len(snapshot.dispatches)
-        self.selected = 0  # selections so far, the canary's and paused ones included
+    decision: Decision | None
+    reason: str = ""
+    retry_by: str | None = None
+    valid_until: datetime | None = None
+    wave_bound: bool = False  # depends on the wave's number: never reused by another wave
 
-    def decide(self, family: Family, candidate: str) -> Decision:
-        snapshot, policy = self.snapshot, self.policy
 
-        def decision(
-            kind: DecisionKind,
-            reason: str,
-            until: datetime | None = None,
-            pull_requests: tuple[int, ...] = (),
-        ) -> Decision:
-            return Decision(
-                family=family.id,
-                candidate=candidate,
-                decision=kind,
-                reason=reason,
-                until=until,
-                pull_requests=pull_requests,
-                clusters=family.clusters,
-            )
+def verdict(family: Family, candidate: str, facts: Facts, policy: Policy, wave: int, now: datetime) -> Verdict:
+    """Held, in flight, claimed, cooling down, overlapped, or eligible: one family's rungs."""
 
-        settled = snapshot.settled.get(family.id)
+    def decided(kind: DecisionKind, reason: str, until: datetime | None = None, prs: tuple[int, ...] = ()) -> Decision:
+        return Decision(family.id, candidate, kind, reason, until, prs, family.clusters)
+
+    if facts.hold is not None:
+        return Verdict(decided("held", _hold_reason(facts.hold)))
+    if facts.dispatch is not None:
+        # In flight until its outcome arrives, or its run is found finished or gone.
+        next_check = (facts.dispatch.checked_at or facts.dispatch.at) + timedelta(hours=policy.claim_ttl_hours)
+        reason = _dispatch_reason(facts.dispatch, now, next_check)
+        return Verdict(decided("in-flight", reason, next_check), valid_until=next_check if now < next_check else None)
+    own_claim = facts.claim is not None and facts.claim.wave == wave
+    claim = None if own_claim else facts.claim  # this wave's own claim does not block it
+    if claim is not None or facts.klaud_pr is not None:
+        prs = (facts.klaud_pr,) if facts.klaud_pr is not None else ()
+        return Verdict(decided("claimed", _claimed_reason(claim, facts.klaud_pr), prs=prs), wave_bound=own_claim)
+    state = cooldown(facts.attempts, candidate, now, policy.cooldown_hours, retry_approved=facts.retry is not None)
+    if not state.eligible:
+        return Verdict(decided("cooldown", state.reason, state.until), valid_until=state.until, wave_bound=own_claim)
+    if facts.overlaps:
+        ordered = sorted(facts.overlaps, key=lambda o: (o.pr, o.kind, o.reason))
+        blocking = tuple(dict.fromkeys(o.pr for o in ordered))
+        reason = "; ".join(o.reason for o in ordered)
+        return Verdict(decided("overlap", reason, prs=blocking), valid_until=facts.overlaps_until, wave_bound=own_claim)
+    window = timedelta(hours=policy.cooldown_hours)
+    leaves = min((a.completed_at + window for a in facts.attempts if a.completed_at + window > now), default=None)
+    return Verdict(
+        None,
+        state.reason,
+        facts.retry.by if facts.retry is not None else None,
+        valid_until=leaves,
+        wave_bound=own_claim,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The whole wave
+
+
+@dataclass(frozen=True, slots=True)
+class Finishing:
+    """What the last rungs share across the wave."""
+
+    repo: str
+    base: str
+    wave: int
+    in_flight: int  # dispatches in flight when the wave began
+    blocked: Blocked | None = None
+    canary: bool = False
+    # Decisions this wave already settled against GitHub (dispatched, a claim lost to
+    # another wave, a failed dispatch): kept as they are; a dispatched one counts as selected.
+    settled: Mapping[str, Decision] = field(default_factory=dict)
+
+
+def finish(
+    wave: Finishing,
+    order: Sequence[tuple[str, Family]],
+    verdicts: Mapping[str, Verdict],
+    policy: Policy,
+    capacity: CapacityReading,
+    now: datetime,
+) -> Wave:
+    """Capacity, the caps and a pause, over every family in priority order."""
+    canary = wave.blocked is not None and wave.blocked.code == "dispatch-paused" and wave.canary
+    capacity_of: dict[tuple[str, ...], tuple[bool, str]] = {}
+    selected = 0  # selections so far, the canary's and paused ones included
+    decisions: list[Decision] = []
+    kind: DecisionKind
+    for candidate, family in order:
+        settled = wave.settled.get(family.id)
         if settled is not None:
-            return settled
-
-        hold = snapshot.holds.get(family.id)
-        if hold is not None:
-            return decision("held", _hold_reason(hold))
-
-        dispatch = snapshot.dispatches.get(family.id)
-        if dispatch is not None:
-            # In flight until its outcome arrives, or its run is found finished or gone.
-            until = (dispatch.checked_at or dispatch.at) + self.claim_ttl
-            return decision("in-flight", _dispatch_reason(dispatch, self.now, until), until=until)
-
-        claim = snapshot.claims.get(family.id)
-        if claim is not None and claim.wave == snapshot.wave:
-            claim = None  # this wave's own claim does not block it
-        klaud_pr = snapshot.klaud_prs.get(family.id)
-        if claim is not None or klaud_pr is not None:
-            prs = (klaud_pr,) if klaud_pr is not None else ()
-            return decision("claimed", _claimed_reason(claim, klaud_pr), pull_requests=prs)
-
-        approval = snapshot.retries.get(candidate)
-        state = cooldown(
-            snapshot.attempts.get(candidate, ()),
-            candidate,
-            self.now,
-            policy.cooldown_hours,
-            retry_approved=approval is not None,
-        )
-        if not state.eligible:
-            return decision("cooldown", state.reason, until=state.until)
-
-        overlaps = snapshot.overlaps.get(family.id, ())
-        if overlaps:
-            ordered = sorted(overlaps, key=lambda o: (o.pr, o.kind, o.reason))
-            blocking = tuple(dict.fromkeys(o.pr for o in ordered))
-            return decision("overlap", "; ".join(o.reason for o in ordered), pull_requests=blocking)
-
-        has_capacity, capacity_reason = target_eligibility(
-            family.clusters, self.capacity, policy.capacity_rule
-        )
+            selected += settled.decision == "selected"
+            decisions.append(settled)
+            continue
+        found = verdicts[family.id]
+        if found.decision is not None:
+            decisions.append(found.decision)
+            continue
+        if family.clusters not in capacity_of:
+            capacity_of[family.clusters] = target_eligibility(family.clusters, capacity, policy.capacity_rule)
+        has_capacity, capacity_reason = capacity_of[family.clusters]
         if not has_capacity:
-            return decision("capacity", capacity_reason)
+            kind, reason = "capacity", capacity_reason
+        elif selected >= policy.max_candidates_per_wave:
+            kind, reason = "cap", _wave_cap_reason(selected, policy)
+        elif wave.in_flight + selected >= policy.max_in_flight:
+            kind, reason = "cap", _in_flight_cap_reason(wave.in_flight, selected, policy)
+        else:
+            selected += 1
+            if wave.blocked is not None and not (canary and selected == 1):
+                kind, reason = "paused", wave.blocked.reason
+            else:
+                kind, reason = "selected", _selected_reason(found, capacity_reason, canary)
+        decisions.append(Decision(family.id, candidate, kind, reason, None, (), family.clusters))
+    return Wave(repo=wave.repo, at=now, base=wave.base, wave=wave.wave, decisions=tuple(decisions), blocked=wave.blocked)
 
-        if self.selected >= policy.max_candidates_per_wave:
-            return decision(
-                "cap",
-                f"this wave already has {self.selected} candidates "
-                f"(max_candidates_per_wave {policy.max_candidates_per_wave})",
-            )
-        if self.in_flight + self.selected >= policy.max_in_flight:
-            return decision(
-                "cap",
-                f"{self.in_flight} candidates in flight and {self.selected} selected in this "
-                f"wave (max_in_flight {policy.max_in_flight})",
-            )
 
-        self.selected += 1
-        blocked = snapshot.blocked
-        canary = blocked is not None and blocked.code == "dispatch-paused" and snapshot.canary
-        if blocked is not None and not (canary and self.selected == 1):
-            return decision("paused", blocked.reason)
-        parts = [state.reason, "no open PR overlaps this family", capacity_reason]
-        if approval is not None:
-            parts.append(f"/klaud retry approved by {approval.by}")
-        if canary:
-            parts.append("the canary of a paused dispatch: its outcome resumes dispatch")
-        return decision("selected", "; ".join(parts))
+def _wave_cap_reason(selected: int, policy: Policy) -> str:
+    return f"this wave already has {selected} candidates (max_candidates_per_wave {policy.max_candidates_per_wave})"
+
+
+def _in_flight_cap_reason(in_flight: int, selected: int, policy: Policy) -> str:
+    return (
+        f"{in_flight} candidates in flight and {selected} selected in this "
+        f"wave (max_in_flight {policy.max_in_flight})"
+    )
+
+
+def _selected_reason(found: Verdict, capacity_reason: str, canary: bool) -> str:
+    parts = [found.reason, "no open PR overlaps this family", capacity_reason]
+    if found.retry_by is not None:
+        parts.append(f"/klaud retry approved by {found.retry_by}")
+    if canary:
+        parts.append("the canary of a paused dispatch: its outcome resumes dispatch")
+    return "; ".join(parts)
 
 
 def _hold_reason(hold: Hold) -> str:

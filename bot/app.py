@@ -29,7 +29,7 @@ from bot.services.responder import CommandResponder
 from bot.services.scheduler import Scheduler
 from bot.services.waves import WaveRunner
 from bot.settings import Settings
-from bot.store.db import Database
+from bot.store import engine_for
 from bot.store.deliveries import Delivery, DeliveryStore
 from bot.store.records import StateStore
 from bot.web.inbox import Inbox
@@ -75,7 +75,7 @@ class Klaud:
         self.settings = settings
         self.clock = clock or Clock()
         self.router = router or default_router
-        self.db = Database(settings.db_path)
+        self.db = engine_for(settings.db)
         self.inbox = Inbox(DeliveryStore(self.db), self.handle, **(inbox_options or {}))
         self.store = StateStore(self.db)
         self.session = aiohttp.ClientSession()

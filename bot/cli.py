@@ -31,6 +31,7 @@ from bot.sandbox import Sandbox, ScenarioError, load_scenario
 from bot.services.doctor import diagnose
 from bot.settings import Settings, SettingsError, load_settings
 from bot.store.deliveries import Delivery
+from bot.store.errors import StoreError
 from bot.web.events import KLAUD_EVENTS
 
 log = structlog.get_logger("klaud.cli")
@@ -279,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except sqlite3.DatabaseError as exc:
         print(f"klaud: KLAUD_DB: cannot use {settings.db}: {exc}", file=sys.stderr)
+        return 1
+    except StoreError as exc:
+        print(f"klaud: KLAUD_DB: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # Whoever read stdout stopped (`klaud plan | head`): nothing is wrong to report.

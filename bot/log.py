@@ -8,9 +8,11 @@ bare traceback in the middle of the JSON stream.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
+import orjson
 import structlog
 from structlog.types import Processor
 
@@ -21,7 +23,7 @@ def configure_logging(fmt: str = "json", level: int | str = logging.INFO) -> Non
     """`level` is a `logging` level or one of LEVELS' names (KLAUD_LOG_LEVEL)."""
     number = LEVELS[level] if isinstance(level, str) else level
     renderer: Processor = (
-        structlog.processors.JSONRenderer()
+        structlog.processors.JSONRenderer(serializer=_orjson_text)
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )
@@ -38,6 +40,14 @@ def configure_logging(fmt: str = "json", level: int | str = logging.INFO) -> Non
         cache_logger_on_first_use=False,
     )
     _route_standard_logging(renderer, number)
+
+
+def _orjson_text(event: object, **_options: object) -> str:
+    # orjson is the one JSON library of the hot path; a log line is written per delivery.
+    try:
+        return orjson.dumps(event, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    except orjson.JSONEncodeError:  # an integer past 64 bits: the standard library takes any
+        return json.dumps(event, default=str)
 
 
 def _stderr_logger(*_args: object) -> structlog.PrintLogger:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -117,6 +118,9 @@ class Klaud:
         await self.inbox.open()
         await self.store.open()
         await self.live.load()
+        # The loaded state lives as long as the process: keep the collector from walking it
+        # on every full collection (each cost a wave ~250 ms at four times today's state).
+        gc.freeze()
         # With local state a restart makes no GitHub call: installations added while the
         # process was down are found by the scheduler's periodic discovery instead.
         if reconcile and not self.live.repos:

@@ -7,6 +7,8 @@ request would let anyone grow /metrics without limit.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterator
 from importlib import metadata
 
 from prometheus_client import (
@@ -17,6 +19,8 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -92,9 +96,35 @@ DISPATCH_PAUSED = Gauge(
     ["repo"],
     registry=REGISTRY,
 )
-FAMILY_IMAGE_AGE_DAYS = Gauge(
-    "klaud_family_image_age_days",
-    "Days since the family's image line last changed on the default branch.",
-    ["repo", "family"],
-    registry=REGISTRY,
-)
+
+
+class ImageAges(Collector):
+    """`klaud_family_image_age_days`: per repository, a histogram of its families' image ages.
+
+    Computed at each scrape from the ages of the last wave, so it shows the current spread
+    (p50 and p90 with `histogram_quantile`) in a dozen series per repository, however many
+    families there are.
+    """
+
+    BUCKETS = (1.0, 3.0, 7.0, 14.0, 30.0, 60.0, 90.0, 180.0, 365.0)
+
+    def __init__(self) -> None:
+        self._ages: dict[str, list[float]] = {}
+
+    def set(self, repo: str, ages: list[float]) -> None:
+        self._ages[repo] = sorted(ages)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "klaud_family_image_age_days",
+            "Days since each family's image line last changed on the default branch (families of known age).",
+            labels=["repo"],
+        )
+        for repo, ages in sorted(self._ages.items()):
+            buckets = [(str(le), bisect.bisect_right(ages, le)) for le in self.BUCKETS]
+            family.add_metric([repo], [*buckets, ("+Inf", len(ages))], sum_value=sum(ages))
+        yield family
+
+
+FAMILY_IMAGE_AGES = ImageAges()
+REGISTRY.register(FAMILY_IMAGE_AGES)

@@ -16,10 +16,11 @@ cannot be part of a family id, a merge key) are skipped and reported in
 
 from __future__ import annotations
 
+import bisect
 import functools
 import glob
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -375,7 +376,35 @@ def _family(
         line_start=start,
         line_end=end,
         unresolved=targets.unresolved,
+        image_line=_image_line(value_node),
     )
+
+
+def image_dates(families: Iterable[Family], ranges: Sequence[tuple[int, int, datetime]]) -> dict[str, datetime]:
+    """When each family's `image:` line last changed, from a blame of its file.
+
+    `ranges` are (first line, last line, commit time); a family whose image line no range
+    covers (or that has none) is left out: its age stays unknown.
+    """
+    dates: dict[str, datetime] = {}
+    ordered = sorted(ranges)
+    starts = [first for first, _, _ in ordered]
+    for family in families:
+        if family.image_line is None:
+            continue
+        at = bisect.bisect_right(starts, family.image_line) - 1
+        if at >= 0 and ordered[at][0] <= family.image_line <= ordered[at][1]:
+            dates[family.id] = ordered[at][2]
+    return dates
+
+
+def _image_line(block: yaml.Node) -> int | None:
+    """The 1-based line of the block's own `image:` key (its blame dates the image)."""
+    if isinstance(block, yaml.MappingNode):
+        for key, _ in block.value:
+            if isinstance(key, yaml.ScalarNode) and key.value == "image":
+                return int(key.start_mark.line) + 1
+    return None
 
 
 def _text(value: object) -> str | None:
@@ -415,6 +444,17 @@ class Catalog:
 
     def paths(self) -> list[str]:
         return sorted(self._by_path)
+
+    def date_unknown_images(self, dates: Mapping[str, datetime]) -> list[Family]:
+        """Give the families whose image age is unknown the dates found; returns them."""
+        dated = []
+        for family_id, when in dates.items():
+            family = self._by_id.get(family_id)
+            if family is not None and family.image_changed_at is None:
+                family = replace(family, image_changed_at=when)
+                self._add(family)
+                dated.append(family)
+        return dated
 
     def families_of(self, path: str) -> list[Family]:
         """Families of one file, in file order."""

@@ -26,6 +26,7 @@ from bot.core.domain import (
     Hold,
     RetryApproval,
     Wave,
+    image_age_days,
     parse_time,
     stamp,
 )
@@ -139,10 +140,8 @@ def _stalest_section(families: Sequence[Family], now: datetime) -> list[str]:
 
 
 def image_age(family: Family, now: datetime) -> str:
-    if family.image_changed_at is None:
-        return "unknown"
-    days = (now - family.image_changed_at).total_seconds() / 86400
-    return f"{days:.0f} days"
+    days = image_age_days(family, now)
+    return "unknown" if days is None else f"{days:.0f} days"
 
 
 def _config_section(errors: Mapping[str, str]) -> list[str]:

@@ -139,6 +139,7 @@ class Family:
     image_changed_at: datetime | None = None
     # Runner names listed under its runner label that name no cluster runners.yaml declares.
     unresolved: tuple[str, ...] = ()
+    image_line: int | None = None  # 1-based line of its own `image:` key
 
     @property
     def normalized_image(self) -> str:
@@ -151,6 +152,13 @@ class Family:
     @property
     def family_hash(self) -> str:
         return family_hash(self.id)
+
+
+def image_age_days(family: Family, now: datetime) -> float | None:
+    """Days since the family's image last changed, to a tenth; None when unknown."""
+    if family.image_changed_at is None:
+        return None
+    return round((now - family.image_changed_at).total_seconds() / 86400, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,8 +348,8 @@ class Wave:
     def selected(self) -> tuple[str, ...]:
         return tuple(d.candidate for d in self.decisions if d.decision == "selected")
 
-    def document(self) -> dict[str, Any]:
-        """The wave document of DESIGN §3.4."""
+    def document_head(self) -> dict[str, Any]:
+        """The wave document without its decisions."""
         return {
             "repo": self.repo,
             "at": stamp(self.at),
@@ -349,6 +357,12 @@ class Wave:
             "wave": self.wave,
             "selected": list(self.selected),
             "blocked": self.blocked.document() if self.blocked is not None else None,
+        }
+
+    def document(self) -> dict[str, Any]:
+        """The wave document of DESIGN §3.4."""
+        return {
+            **self.document_head(),
             "decisions": [
                 {
                     "family": d.family,

@@ -237,6 +237,14 @@ class InstallationRepositoriesEvent(_Model):
     repositories_removed: tuple[Named, ...] = ()
 
 
+class BlameRange(_Model):
+    """Lines `start`..`end` (1-based, inclusive) of a file were last changed by a commit of `committed`."""
+
+    start: int = Field(alias="startingLine")
+    end: int = Field(alias="endingLine")
+    committed: datetime
+
+
 class Repository(_Model):
     """`GET /repos/{owner}/{repo}` and the entries of `GET /installation/repositories`."""
 

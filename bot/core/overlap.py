@@ -417,6 +417,28 @@ class OverlapIndex:
             found[number] = Overlap(number, kind, _reason(pr, kind, family))
         return [found[number] for number in sorted(found)]
 
+    def klaud_pr(self, family: Family) -> int | None:
+        """The family's open Klaud PR (the lowest number if there are several)."""
+        numbers = self._own_by_hash.get(family.family_hash)
+        return min(numbers) if numbers else None
+
+    def overlaps_until(self, family: Family, now: datetime, idle_days: int) -> datetime | None:
+        """When the first human PR overlapping `family` now goes idle (and stops overlapping)."""
+        idle = timedelta(days=idle_days)
+        times = [
+            pr.updated_at + idle
+            for number in self._by_family.get(family.id, {})
+            if not (pr := self._entries[number].pr).klaud_own and pr.updated_at + idle > now
+        ]
+        return min(times, default=None)
+
+    def families_of(self, number: int) -> tuple[set[str], str | None]:
+        """The family ids PR `number` touches, and the family hash its Klaud branch names."""
+        entry = self._entries.get(number)
+        if entry is None:
+            return set(), None
+        return set(entry.touches), entry.pr.own_family_hash if entry.pr.klaud_own else None
+
     def blocking(self, now: datetime, idle_days: int) -> dict[str, list[Overlap]]:
         """Family id -> `overlaps(family, …)`, for the live families some open PR blocks now."""
         found: dict[str, list[Overlap]] = {}

@@ -218,7 +218,7 @@ def finish(
 ) -> Wave:
     """Capacity, the caps and a pause, over every family in priority order."""
     canary = wave.blocked is not None and wave.blocked.code == "dispatch-paused" and wave.canary
-    capacity_of: dict[tuple[str, ...], tuple[bool, str]] = {}
+    capacity_of: dict[tuple[tuple[str, ...], str, tuple[str, ...]], tuple[bool, str]] = {}
     selected = 0  # selections so far, the canary's and paused ones included
     decisions: list[Decision] = []
     kind: DecisionKind
@@ -232,9 +232,13 @@ def finish(
         if found.decision is not None:
             decisions.append(found.decision)
             continue
-        if family.clusters not in capacity_of:
-            capacity_of[family.clusters] = target_eligibility(family.clusters, capacity, policy.capacity_rule)
-        has_capacity, capacity_reason = capacity_of[family.clusters]
+        # Families share a few distinct targets: each is checked against the feed once.
+        target = (family.clusters, family.runner, family.unresolved)
+        if target not in capacity_of:
+            capacity_of[target] = target_eligibility(
+                family.clusters, capacity, policy.capacity_rule, runner=family.runner, unresolved=family.unresolved
+            )
+        has_capacity, capacity_reason = capacity_of[target]
         if not has_capacity:
             kind, reason = "capacity", capacity_reason
         elif selected >= policy.max_candidates_per_wave:

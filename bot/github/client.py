@@ -53,6 +53,23 @@ from bot.metrics import GITHUB_RATE_LIMIT_REMAINING, GITHUB_REQUESTS
 log = structlog.get_logger(__name__)
 
 WRITE_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
+
+
+def graphql_endpoint(base_url: str) -> str:
+    """GitHub's GraphQL endpoint beside a REST base: `/graphql`, or GHE's `/api/graphql`."""
+    base = base_url.rstrip("/")
+    if base.endswith("/api/v3"):
+        return base[: -len("/v3")] + "/graphql"
+    return base + "/graphql"
+
+
+def changes_state(method: str, url: str) -> bool:
+    """Whether a request may change something on GitHub.
+
+    GraphQL is sent as POST, but Klaud only queries it (blame): those POSTs are reads, safe
+    to repeat, and not spaced like writes.
+    """
+    return method in WRITE_METHODS and not urlsplit(url).path.endswith("/graphql")
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 # GitHub rejects a JWT whose `iat` lies in its future; backdating absorbs clock drift.
@@ -396,7 +413,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
     async def _request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
     ) -> tuple[int, Mapping[str, str], bytes]:
-        if self._dry_run and method in WRITE_METHODS:
+        if self._dry_run and changes_state(method, url):
             return self._pretend(method, url, body)
         return await self._exchange(method, url, headers, body, read=_read_all)
 
@@ -425,12 +442,12 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             return _Response(204, {}, b"")
         return _Response(200, {"content-type": "application/json"}, b"{}")
 
-    def _may_repeat(self, method: str) -> bool:
+    def _may_repeat(self, method: str, url: str) -> bool:
         """Whether a request that may have reached GitHub can be sent again blindly."""
-        return method != "POST" or self._creates_are_safe
+        return method != "POST" or self._creates_are_safe or not changes_state(method, url)
 
-    def _turn(self, method: str) -> AbstractAsyncContextManager[None]:
-        return self._writes.turn() if method in WRITE_METHODS else nullcontext()
+    def _turn(self, method: str, url: str) -> AbstractAsyncContextManager[None]:
+        return self._writes.turn() if changes_state(method, url) else nullcontext()
 
     async def _exchange(
         self,
@@ -448,7 +465,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         while True:
             try:
                 await self._gate.wait()
-                async with self._turn(method):
+                async with self._turn(method, url):
                     # Again: the gate may have closed while this call waited for its turn.
                     await self._gate.wait()
                     await self._authorize(headers, url, rejected)
@@ -456,8 +473,8 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
                         method, url, headers, body, read=read, allow_redirects=allow_redirects
                     )
             except (aiohttp.ClientError, TimeoutError) as exc:
-                failure = Unavailable(None, f"{type(exc).__name__}: {exc}", maybe_applied=method in WRITE_METHODS)
-                if not self._may_repeat(method) or attempt >= self._transport.max_attempts:
+                failure = Unavailable(None, f"{type(exc).__name__}: {exc}", maybe_applied=changes_state(method, url))
+                if not self._may_repeat(method, url) or attempt >= self._transport.max_attempts:
                     raise failure from exc
                 await self._clock.sleep(backoff_delay(attempt))
                 attempt += 1
@@ -491,7 +508,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             return attempt < self._transport.max_attempts
         if response.status not in RETRY_STATUSES:
             return False
-        if not self._may_repeat(method):
+        if not self._may_repeat(method, url):
             raise Unavailable(response.status, message, maybe_applied=True)
         if attempt >= self._transport.max_attempts:
             return False
@@ -661,6 +678,23 @@ class InstallationClient:
     async def delete(self, url: str, url_vars: dict[str, Any] | None = None, *, data: Any = None) -> None:
         with _github_errors(self._clock):
             await self._api.delete(url, url_vars or {}, data=b"" if data is None else data)
+
+    async def graphql(self, query: str, **variables: Any) -> Any:
+        """A GraphQL query's `data`; its errors as Klaud's (NOT_FOUND is NotFound)."""
+        try:
+            with _github_errors(self._clock):
+                return await self._api.graphql(query, endpoint=graphql_endpoint(self._api.base_url), **variables)
+        except gidgethub.QueryError as exc:
+            errors = (exc.response or {}).get("errors") or []
+            message = "; ".join(str(e.get("message", "")) for e in errors) or str(exc)
+            if any(e.get("type") == "NOT_FOUND" for e in errors):
+                raise NotFound(200, message) from exc
+            raise BadRequest(200, message) from exc
+        except gidgethub.GraphQLAuthorizationFailure as exc:
+            raise Unauthorized(401, str(exc)) from exc
+        except gidgethub.BadGraphQLRequest as exc:
+            # (A 5xx is GitHubBroken, an HTTPException that _github_errors translates.)
+            raise error_for(int(exc.status_code), {}, str(exc), now=self._clock.timestamp()) from exc
 
     async def download(self, url: str, *, max_bytes: int) -> bytes:
         """The bytes behind `url` (e.g. an artifact zip), at most `max_bytes` of them."""

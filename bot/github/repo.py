@@ -14,6 +14,7 @@ from typing import Any
 
 from bot.core.events import (
     Artifact,
+    BlameRange,
     Comment,
     Issue,
     Job,
@@ -26,6 +27,17 @@ from bot.github.client import GitHubApp, InstallationClient
 from bot.github.errors import Conflict, NotFound
 
 PER_PAGE = "per_page=100"
+BLAME_QUERY = """
+query($owner: String!, $name: String!, $ref: String!, $path: String!) {
+  repository(owner: $owner, name: $name) {
+    object(expression: $ref) {
+      ... on Commit {
+        blame(path: $path) { ranges { startingLine endingLine commit { committedDate } } }
+      }
+    }
+  }
+}
+"""
 
 
 class GitHubRepo:
@@ -261,6 +273,16 @@ class GitHubRepo:
             return "none", None
         return answer.get("permission"), answer.get("role_name")
 
+
+    async def blame(self, path: str, ref: str) -> list[BlameRange]:
+        data = await self.client.graphql(
+            BLAME_QUERY, owner=self._vars["owner"], name=self._vars["repo"], ref=ref, path=path
+        )
+        found = ((data or {}).get("repository") or {}).get("object") or {}
+        ranges = (found.get("blame") or {}).get("ranges") or []
+        return [
+            BlameRange.model_validate({**item, "committed": item["commit"]["committedDate"]}) for item in ranges
+        ]
 
     # -- issues --------------------------------------------------------------------------
 

@@ -176,8 +176,8 @@ def replace_in_block(text: str, key: str, old: str, new: str) -> str:
 
 
 RUNNERS = """\
-# Runner labels used by the master configs. Each entry is one self-hosted runner; the
-# cluster it belongs to is its name without the trailing _<n>.
+# Runner labels used by the master configs. Each entry is one self-hosted runner of a
+# cluster declared under `hardware:`: its name without the trailing _<n>.
 labels:
   b200:
     - b200-nb_0
@@ -210,6 +210,20 @@ labels:
     - mi355x-amds_07
 
 hardware:
+  cluster:b200-nb:
+    gpus-per-node: 8
+  cluster:b200-cw:
+    gpus-per-node: 8
+  cluster:h100-cw:
+    gpus-per-node: 8
+  cluster:h200-nb:
+    gpus-per-node: 8
+  cluster:b300-nv:
+    gpus-per-node: 8
+  cluster:mi300x-amds:
+    gpus-per-node: 8
+  cluster:mi325x-tw:
+    gpus-per-node: 8
   cluster:b200-dgxc:
     available-cpu-dram-mib: 3_095_781
     gpus-per-node: 8
@@ -363,6 +377,40 @@ BASE_FILES = {
     "perf-changelog.yaml": CHANGELOG,
     "README.md": README,
 }
+
+
+# The image bumps of the last months, oldest first: (family key, image before, when). Every
+# other family has had its image since the configs were added, a year before the demo.
+BUMPS = [
+    ("dsr1-fp8-h200-trt", "nvcr.io#nvidia/tensorrt-llm/release:1.2.0rc4", "2026-06-02T10:00:00Z"),
+    ("gptoss-fp4-b200-vllm", "vllm/vllm-openai:v0.11.2", "2026-07-15T14:30:00Z"),
+    ("dsr1-fp4-b200-sglang", "lmsysorg/sglang:v0.5.5-cu130", "2026-08-20T09:10:00Z"),
+    ("dsr1-fp4-b200-sglang-mtp", "lmsysorg/sglang:v0.5.5-cu130", "2026-08-20T09:10:00Z"),
+    ("kimik2.5-fp4-mi355x-vllm", "rocm/vllm:rocm7.0.0_vllm_0.10.1", "2026-09-30T16:00:00Z"),
+    ("dsr1-fp8-b200-vllm", "vllm/vllm-openai:v0.24.0", "2026-11-24T11:00:00Z"),
+]
+CONFIGS_ADDED = "2025-11-30T08:00:00Z"
+
+
+def history() -> list[dict[str, Any]]:
+    """The configs' commits before the head, so a blame dates every family's image."""
+    first = dict(BASE_FILES)
+    for key, before, _ in BUMPS:
+        f = BY_KEY[key]
+        first[f.path] = replace_in_block(first[f.path], key, f.image, before)
+    commits = [{"at": CONFIGS_ADDED, "message": "Add the master configs", "files": first}]
+    current = {path: first[path] for path in (NVIDIA, AMD)}
+    by_time: dict[str, list[tuple[str, str]]] = {}
+    for key, before, at in BUMPS:
+        by_time.setdefault(at, []).append((key, before))
+    for at, bumps in by_time.items():
+        changed = {}
+        for key, before in bumps:
+            f = BY_KEY[key]
+            current[f.path] = replace_in_block(current[f.path], key, before, f.image)
+            changed[f.path] = current[f.path]
+        commits.append({"at": at, "message": "Bump " + ", ".join(key for key, _ in bumps), "files": changed})
+    return commits
 
 
 def bumped(key: str, old: str, new: str) -> str:
@@ -560,6 +608,7 @@ def scenario() -> dict[str, Any]:
             "default_branch": "main",
             "files": BASE_FILES,
             "collaborators": {"alice": "admin", "bob": "write", "carol": "read"},
+            "history": history(),
             "pulls": pulls(),
             "runs": runs(),
         }],

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from bot.core.domain import CapacityReading
 from bot.core.events import (
     Artifact,
+    BlameRange,
     Comment,
     Issue,
     Job,
@@ -83,6 +84,10 @@ class RepoAPI(Protocol):
     async def post_comment(self, number: int, body: str) -> None: ...
 
     async def permission(self, user: str) -> tuple[str | None, str | None]: ...
+
+    async def blame(self, path: str, ref: str) -> list[BlameRange]:
+        """Which commit last changed each line of `path` at `ref` (one GraphQL query)."""
+        ...
 
     async def find_issue(self, title: str, creator: str) -> Issue | None:
         """The open issue titled `title` that `creator` opened, if there is one."""

@@ -15,6 +15,7 @@ import structlog
 from bot.core.catalog import (
     CatalogError,
     Runners,
+    image_dates,
     is_master_config,
     parse_runners,
     read_master,
@@ -23,6 +24,7 @@ from bot.core.domain import Claim
 from bot.core.events import PushEvent
 from bot.core.policy import POLICY_PATH
 from bot.core.setup import workflow_path, workflow_setup_errors
+from bot.github.errors import GitHubError
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
@@ -127,11 +129,28 @@ class CatalogSync:
         for path in {family.path for family in state.catalog} - set(paths):
             change.extend(state.remove_config(path))
         state.retouch()
+        await self.date_images(state, api, change)
+
+    async def date_images(self, state: RepoState, api: RepoAPI, change: Change) -> None:
+        """Image ages still unknown come from the history: one blame per master config.
+
+        GitHub may not answer (a timeout, a file too big to blame): the ages stay unknown
+        and the next light reconcile asks again.
+        """
+        for path in sorted({f.path for f in state.catalog if f.image_changed_at is None}):
+            try:
+                ranges = await api.blame(path, state.meta.head_sha)
+            except GitHubError as exc:
+                log.warning("catalog.blame_failed", path=path, error=str(exc))
+                continue
+            dates = image_dates(state.catalog.families_of(path), [(r.start, r.end, r.committed) for r in ranges])
+            change.extend(state.date_images(dates))
 
     async def catch_up(self, state: RepoState, api: RepoAPI, change: Change) -> None:
         """A missed push shows as a moved head: re-read configs and policy at the new one."""
         head = await api.head_sha(state.meta.default_branch)
         if head == state.meta.head_sha:
+            await self.date_images(state, api, change)  # asks again for what GitHub did not answer
             return
         log.info("catalog.missed_push", old=state.meta.head_sha[:12], new=head[:12])
         state.meta.head_sha = head

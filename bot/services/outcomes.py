@@ -40,6 +40,7 @@ from bot.core.outcomes import (
     unverified_attempt,
 )
 from bot.github.errors import GitHubError, NotFound, TooLarge
+from bot.metrics import DISPATCH_PAUSED
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
@@ -268,6 +269,7 @@ class OutcomeRecorder:
             turn = state.note_finished(ended, attempt, self.live.clock.now())
             if turn is not None:
                 log.warning("dispatch." + turn, repo=state.name, reason=(state.meta.pause or {}).get("reason"))
+                DISPATCH_PAUSED.labels(state.name).set(1 if turn == "paused" else 0)
                 # Every Klaud check run shows a pause: all of them re-render.
                 families |= {f.id for f in state.catalog}
             change.extend(state.save_meta())

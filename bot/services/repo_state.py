@@ -8,6 +8,7 @@ waves through `snapshot()`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,18 +18,30 @@ from bot.core.dispatching import WaveRuns, count_finished, pause_reason
 from bot.core.domain import (
     Attempt,
     Blocked,
+    CapacityReading,
     Claim,
+    Decision,
     Dispatch,
     Family,
     Hold,
     PullRequest,
     RetryApproval,
+    Wave,
+    image_age_days,
     parse_time,
     stamp,
 )
 from bot.core.outcomes import OutcomeLedger
 from bot.core.overlap import OverlapIndex
-from bot.core.planner import Snapshot
+from bot.core.planner import (
+    Facts,
+    Finishing,
+    Snapshot,
+    Verdict,
+    finish,
+    priority_order,
+    verdict,
+)
 from bot.core.policy import Policy, PolicyError, parse_policy
 from bot.core.setup import SetupError
 from bot.store.change import Change
@@ -88,6 +101,11 @@ class RepoState:
         self.claims: dict[str, Claim] = {}
         self.dispatches: dict[str, Dispatch] = {}
         self.pending_artifacts: dict[str, dict[str, Any]] = {}
+        # Incremental planning: each family's verdict (with the candidate and the time it
+        # was made for), dropped when an event touches the family; the priority order,
+        # dropped when the catalog changes.
+        self._verdicts: dict[str, tuple[str, datetime, Verdict]] = {}
+        self._order: list[tuple[str, Family]] | None = None
 
     # -- loading -----------------------------------------------------------------------
 
@@ -134,7 +152,7 @@ class RepoState:
         self.meta.policy_error = None
         change = self.save_meta()
         if changed:
-            self.retouch()
+            self.retouch()  # every verdict depends on the policy: retouch drops them all
         return changed, change
 
     # -- catalog -----------------------------------------------------------------------
@@ -151,6 +169,15 @@ class RepoState:
         self._index_families()
         return change
 
+    def date_images(self, dates: Mapping[str, datetime]) -> Change:
+        """Image ages found in the history (a blame) for families that had none."""
+        change = Change()
+        for family in self.catalog.date_unknown_images(dates):
+            change.put(self.name, "family", family.id, family)
+        if change:
+            self._index_families()  # ages order the families
+        return change
+
     def remove_config(self, path: str) -> Change:
         change = Change()
         for old in self.catalog.remove_file(path):
@@ -161,10 +188,12 @@ class RepoState:
 
     def _index_families(self) -> None:
         self._by_hash = {family.family_hash: family for family in self.catalog}
+        self._forget_every_verdict()
 
     def retouch(self) -> None:
         """Recompute every PR's touches after the catalog or policy changed (no API call)."""
         self.overlap.retouch(self.catalog, self.policy.family_files)
+        self._forget_every_verdict()
 
     def family_by_hash(self, fam16: str) -> Family | None:
         return self._by_hash.get(fam16)
@@ -181,10 +210,13 @@ class RepoState:
     # -- pull requests -----------------------------------------------------------------
 
     def upsert_pull(self, pull: PullRequest) -> Change:
+        before = self._families_of_pull(pull.number)
         self.overlap.upsert(pull)
+        self._forget_verdicts(before | self._families_of_pull(pull.number))
         return Change().put(self.name, "pull", pull.number, pull)
 
     def remove_pull(self, number: int) -> Change:
+        self._forget_verdicts(self._families_of_pull(number))
         self.overlap.remove(number)
         self.meta.check_runs.pop(str(number), None)
         return self.save_meta(Change().delete(self.name, "pull", number))
@@ -197,6 +229,7 @@ class RepoState:
             return False, change
         key = f"{attempt.candidate}:{attempt.run_id}:{attempt.run_attempt}"
         change.put(self.name, "attempt", key, attempt)
+        self._forget_verdicts({self.family_of_candidate(attempt.candidate)})
         return True, change
 
     def release_for(self, attempt: Attempt) -> tuple[Claim | None, Dispatch | None, Change]:
@@ -290,34 +323,42 @@ class RepoState:
 
     def hold(self, hold: Hold) -> Change:
         self.holds[hold.family] = hold
+        self._forget_verdicts({hold.family})
         return Change().put(self.name, "hold", hold.family, hold)
 
     def unhold(self, family: str) -> tuple[Hold | None, Change]:
         previous = self.holds.pop(family, None)
+        self._forget_verdicts({family})
         return previous, Change().delete(self.name, "hold", family)
 
     def approve_retry(self, approval: RetryApproval) -> Change:
         self.retries[approval.candidate] = approval
+        self._forget_verdicts({self.family_of_candidate(approval.candidate)})
         return Change().put(self.name, "retry", approval.candidate, approval)
 
     def consume_retry(self, candidate: str) -> Change:
         self.retries.pop(candidate, None)
+        self._forget_verdicts({self.family_of_candidate(candidate)})
         return Change().delete(self.name, "retry", candidate)
 
     def add_claim(self, claim: Claim) -> Change:
         self.claims[claim.family] = claim
+        self._forget_verdicts({claim.family})
         return Change().put(self.name, "claim", claim.family, claim)
 
     def drop_claim(self, family: str) -> Change:
         self.claims.pop(family, None)
+        self._forget_verdicts({family})
         return Change().delete(self.name, "claim", family)
 
     def add_dispatch(self, dispatch: Dispatch) -> Change:
         self.dispatches[dispatch.family] = dispatch
+        self._forget_verdicts({dispatch.family})
         return Change().put(self.name, "dispatch", dispatch.family, dispatch)
 
     def drop_dispatch(self, family: str) -> Change:
         self.dispatches.pop(family, None)
+        self._forget_verdicts({family})
         return Change().delete(self.name, "dispatch", family)
 
     def link_run(self, family: str, run_id: int) -> Change:
@@ -332,6 +373,82 @@ class RepoState:
     def drop_artifact_retry(self, key: str) -> Change:
         self.pending_artifacts.pop(key, None)
         return Change().delete(self.name, "artifact-retry", key)
+
+    # -- planning ----------------------------------------------------------------------
+
+    def plan(
+        self,
+        wave: int,
+        now: datetime,
+        capacity: CapacityReading,
+        *,
+        settled: Mapping[str, Decision] | None = None,
+        in_flight: int | None = None,
+    ) -> Wave:
+        """The wave `planner.plan(self.snapshot(wave, now), …)` would decide, reusing the
+        verdicts of families no event touched since they were made.
+
+        `settled` and `in_flight` are for planning again inside a wave: the decisions GitHub
+        already settled, and the dispatches in flight when the wave began.
+        """
+        settled = settled or {}
+        order = self._priority_order()
+        since = now - timedelta(hours=self.policy.cooldown_hours)
+        verdicts = {
+            family.id: self._verdict(family, candidate, wave, now, since)
+            for candidate, family in order
+            if family.id not in settled
+        }
+        finishing = Finishing(
+            repo=self.name,
+            base=self.meta.head_sha,
+            wave=wave,
+            in_flight=len(self.dispatches) if in_flight is None else in_flight,
+            blocked=self.blocked(),
+            canary=self.canary_armed,
+            settled=settled,
+        )
+        return finish(finishing, order, verdicts, self.policy, capacity, now)
+
+    def _verdict(self, family: Family, candidate: str, wave: int, now: datetime, since: datetime) -> Verdict:
+        cached = self._verdicts.get(family.id)
+        if cached is not None:
+            made_for, at, found = cached
+            if made_for == candidate and at <= now and (found.valid_until is None or now < found.valid_until):
+                return found
+        facts = Facts(
+            hold=self.holds.get(family.id),
+            dispatch=self.dispatches.get(family.id),
+            claim=self.claims.get(family.id),
+            klaud_pr=self.overlap.klaud_pr(family),
+            attempts=self.ledger.recent(candidate, since),
+            retry=self.retries.get(candidate),
+            overlaps=self.overlap.overlaps(family, now, self.policy.idle_days),
+            overlaps_until=self.overlap.overlaps_until(family, now, self.policy.idle_days),
+        )
+        found = verdict(family, candidate, facts, self.policy, wave, now)
+        if not found.wave_bound:
+            self._verdicts[family.id] = (candidate, now, found)
+        return found
+
+    def _priority_order(self) -> list[tuple[str, Family]]:
+        if self._order is None:
+            self._order = priority_order(self.catalog)
+        return self._order
+
+    def _families_of_pull(self, number: int) -> set[str | None]:
+        touched, own_hash = self.overlap.families_of(number)
+        own = self.family_by_hash(own_hash) if own_hash else None
+        return {*touched, own.id if own is not None else None}
+
+    def _forget_verdicts(self, families: Iterable[str | None]) -> None:
+        for family in families:
+            if family is not None:
+                self._verdicts.pop(family, None)
+
+    def _forget_every_verdict(self) -> None:
+        self._verdicts.clear()
+        self._order = None
 
     # -- reading -----------------------------------------------------------------------
 
@@ -380,7 +497,9 @@ class RepoState:
                     "image": f.image,
                     "runner": f.runner,
                     "clusters": list(f.clusters),
+                    "unresolved_runners": list(f.unresolved),
                     "image_changed_at": stamp(f.image_changed_at),
+                    "image_age_days": image_age_days(f, now),
                 }
                 for f in self.catalog
             ],

@@ -11,17 +11,30 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 import structlog
 
 from bot.core import dispatching
 from bot.core.clock import Clock
-from bot.core.domain import CapacityReading, Claim, Decision, Wave, claim_ref, stamp
-from bot.core.planner import plan
+from bot.core.domain import (
+    CapacityReading,
+    Claim,
+    Decision,
+    Wave,
+    claim_ref,
+    image_age_days,
+    stamp,
+)
 from bot.github.errors import GitHubError
-from bot.metrics import CANDIDATES, WAVE_SECONDS
+from bot.metrics import (
+    CANDIDATES,
+    DISPATCH_PAUSED,
+    FAMILY_IMAGE_AGES,
+    LAST_WAVE_TIMESTAMP,
+    WAVE_SECONDS,
+)
 from bot.services.api import CapacitySource
 from bot.services.dispatch import dispatch_candidate
 from bot.services.live import LiveState
@@ -33,6 +46,14 @@ log = structlog.get_logger("klaud.waves")
 KEEP_WAVES = 100  # about eight days of stored wave documents at the default cadence
 RETRY_TRIGGER = "retry"
 RETRY_WAVE_AFTER = timedelta(minutes=5)
+
+
+def wave_record(wave: Wave) -> dict[str, Any]:
+    """The wave document as stored: its decisions stay dataclasses, which the store's C
+    encoder writes with the same keys and times as `Wave.document()` (one pass, no dicts)."""
+    document = wave.document_head()
+    document["decisions"] = wave.decisions
+    return document
 
 
 class WaveRunner:
@@ -51,7 +72,7 @@ class WaveRunner:
 
     async def preview_state(self, state: RepoState, now: datetime) -> Wave:
         reading = await self.capacity.read()
-        return plan(state.snapshot(state.meta.wave + 1, now), state.policy, reading, now)
+        return state.plan(state.meta.wave + 1, now, reading)
 
     async def run(self, repo: str, *, trigger: str, next_wave_at: datetime | None = None) -> Wave | None:
         """One real wave: plan, claim and dispatch the selected candidates, store the document.
@@ -78,7 +99,7 @@ class WaveRunner:
             wave = await self._plan_and_dispatch(state, number, reading, now, change)
             if not self.dry_run:
                 self._note(state, wave, trigger, now)
-                change.put(repo, "wave", f"{number:08d}", wave.document())
+                change.put(repo, "wave", f"{number:08d}", wave_record(wave))
                 # Wave documents are large (one decision per family): keep the recent ones.
                 change.delete(repo, "wave", f"{number - KEEP_WAVES:08d}")
             if next_wave_at is not None:
@@ -87,6 +108,7 @@ class WaveRunner:
             await self.live.persist(change)
         elapsed = time.perf_counter() - started
         self._report(wave, trigger, elapsed)
+        self._gauge(state, wave)
         # Time moves cooldowns and in-flight states on without any event: each wave lets the
         # check runs of Klaud PRs catch up (only Klaud PRs render, unchanged renders are not sent).
         await self.live.notify(state, {d.family for d in wave.decisions})
@@ -104,6 +126,14 @@ class WaveRunner:
         # A wave whose every dispatch failed (GitHub unwell) is tried again once, soon.
         again = dispatching.retry_soon(wave) and trigger != RETRY_TRIGGER
         state.meta.retry_wave_at = stamp(now + RETRY_WAVE_AFTER) if again else None
+
+    def _gauge(self, state: RepoState, wave: Wave) -> None:
+        """What /metrics shows of the repository after a wave (once per wave, not per family event)."""
+        repo = state.name
+        LAST_WAVE_TIMESTAMP.labels(repo).set(wave.at.timestamp())
+        DISPATCH_PAUSED.labels(repo).set(0 if wave.blocked is None else 1)
+        ages = (image_age_days(f, wave.at) for f in state.catalog)
+        FAMILY_IMAGE_AGES.set(repo, [days for days in ages if days is not None])
 
     def _report(self, wave: Wave, trigger: str, elapsed: float) -> None:
         WAVE_SECONDS.observe(elapsed)
@@ -128,27 +158,25 @@ class WaveRunner:
     ) -> Wave:
         """Plan, then claim and dispatch each selection; a lost claim or a failed dispatch
         is settled and the wave planned again, so the next family takes the freed slot."""
-        snapshot = state.snapshot(number, now)
+        in_flight = len(state.dispatches)
         settled: dict[str, Decision] = {}
-        tried: set[str] = set()
         while True:
-            wave = plan(replace(snapshot, settled=settled), state.policy, reading, now)
-            pending = [d for d in wave.decisions if d.decision == "selected" and d.family not in tried]
+            wave = state.plan(number, now, reading, settled=settled, in_flight=in_flight)
+            pending = [d for d in wave.decisions if d.decision == "selected" and d.family not in settled]
             if not pending:
-                break
+                return wave
             if self.dry_run:
                 return dispatching.settle(
                     wave, {d.family: dispatching.dry_run(d, state.policy.candidate_workflow) for d in pending}
                 )
             for decision in pending:
-                tried.add(decision.family)
                 outcome = await self._claim_and_dispatch(state, decision, number, now, change)
+                # A dispatched family stays selected when the wave is planned again.
+                settled[decision.family] = outcome or decision
                 if outcome is not None:
-                    settled[decision.family] = outcome
                     break  # plan again: the slot goes to the next family
             else:
                 return wave
-        return wave
 
     async def _claim_and_dispatch(
         self, state: RepoState, decision: Decision, number: int, now: datetime, change: Change

@@ -6,9 +6,9 @@ error with its kind and key, never a half-built object.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from bot.core.domain import (
@@ -35,10 +35,15 @@ ADAPTERS: dict[str, TypeAdapter[Any]] = {kind: TypeAdapter(model) for kind, mode
 LIST_ADAPTERS: dict[str, TypeAdapter[Any]] = {kind: TypeAdapter(list[model]) for kind, model in MODELS.items()}  # type: ignore[valid-type]
 
 
+# Plain documents may hold dataclasses (a wave's decisions): orjson writes them in C, and
+# datetimes as ISO text with a Z like `bot.core.domain.stamp`.
+_PLAIN = orjson.OPT_UTC_Z | orjson.OPT_NON_STR_KEYS
+
+
 def encode(kind: str, value: Any) -> str:
     adapter = ADAPTERS.get(kind)
     if adapter is None:
-        return json.dumps(value, separators=(",", ":"))
+        return orjson.dumps(value, option=_PLAIN).decode()
     return adapter.dump_json(value).decode()
 
 
@@ -46,7 +51,7 @@ def decode_many(kind: str, texts: list[str]) -> list[Any]:
     """Every record, or ValueError (pydantic's ValidationError is one) if any is unreadable."""
     adapter = LIST_ADAPTERS.get(kind)
     if adapter is None:
-        return [json.loads(text) for text in texts]
+        return [orjson.loads(text) for text in texts]
     # One validate_json call over a JSON array is far faster than one call per record.
     return adapter.validate_json("[" + ",".join(texts) + "]")
 
@@ -54,7 +59,7 @@ def decode_many(kind: str, texts: list[str]) -> list[Any]:
 def decode_one(kind: str, text: str) -> Any:
     adapter = ADAPTERS.get(kind)
     if adapter is None:
-        return json.loads(text)
+        return orjson.loads(text)
     return adapter.validate_json(text)
 
 

@@ -43,6 +43,7 @@ def family(
     changed_days_ago: float | None = 10,
     clusters: tuple[str, ...] = ("b200-nscale",),
     image: str = "lmsysorg/sglang:v0.5.16-cu130",
+    unresolved: tuple[str, ...] = (),
 ) -> Family:
     return Family(
         id=f"configs/nvidia-master.yaml:{key}",
@@ -59,6 +60,7 @@ def family(
         image_changed_at=(
             None if changed_days_ago is None else NOW - timedelta(days=changed_days_ago)
         ),
+        unresolved=unresolved,
     )
 
 
@@ -290,9 +292,13 @@ def test_capacity_names_the_busy_cluster() -> None:
     assert decision.clusters == ("b200-dgxc",)
 
 
-def test_runner_without_clusters_is_never_selected() -> None:
+def test_runner_without_clusters_is_never_selected_and_says_which_runner() -> None:
     nowhere = family("nowhere", clusters=())
-    assert decide(snapshot([nowhere]))["nowhere"].reason == "runner has no known target cluster"
+    decision = decide(snapshot([nowhere]))["nowhere"]
+    assert decision.decision == "capacity"
+    assert decision.reason == f"runner {nowhere.runner} targets no cluster declared in runners.yaml"
+    unresolved = family("stray", clusters=(), unresolved=("b200-cw_00",))
+    assert "lists b200-cw_00, which names no cluster declared in runners.yaml" in decide(snapshot([unresolved]))["stray"].reason
 
 
 # --- precedence -------------------------------------------------------------------------

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from bot.core.clock import ManualClock
 from bot.core.domain import CapacityReading
+from bot.core.events import BlameRange
 from bot.services.catalog_sync import CatalogSync
 from bot.services.claims import ClaimKeeper
 from bot.services.live import LiveState
@@ -68,6 +69,9 @@ def scenario_repo() -> FakeRepo:
             ".github/workflows/klaud-candidate.yml": sc.CANDIDATE_WORKFLOW,
         }
     )
+    # The configs' history: every line last changed a month ago.
+    for path in ("configs/nvidia-master.yaml", "configs/amd-master.yaml"):
+        repo.blames[path] = [BlameRange(startingLine=1, endingLine=10_000, committed=NOW - timedelta(days=30))]
     return repo
 
 

@@ -21,8 +21,10 @@ from bot.core.events import (
     Account,
     Artifact,
     ArtifactRun,
+    BlameRange,
     Comment,
     HeadOrBase,
+    Issue,
     Job,
     Named,
     PullFile,
@@ -84,6 +86,9 @@ class FakeRepo:
     archives: dict[int, bytes] = field(default_factory=dict)  # artifact id -> zip
     comments_on: dict[int, list[Comment]] = field(default_factory=dict)
     permissions: dict[str, str] = field(default_factory=dict)
+    blames: dict[str, list[BlameRange]] = field(default_factory=dict)  # path -> ranges at any ref
+    issues: dict[int, Issue] = field(default_factory=dict)
+    blames: dict[str, list[BlameRange]] = field(default_factory=dict)  # path -> ranges at any ref
     workflows: set[str] = field(default_factory=lambda: {"klaud-candidate.yml"})
     answer_run_ids: bool = True  # False: dispatch answers like an older server (204)
     calls: list[tuple[Any, ...]] = field(default_factory=list)
@@ -243,12 +248,33 @@ class FakeRepo:
         self._call("permission", user)
         return self.permissions.get(user, "none"), None
 
+    async def blame(self, path: str, ref: str) -> list[BlameRange]:
+        self._call("blame", path, ref)
+        return list(self.blames.get(path, []))
+
+    async def find_issue(self, title: str, creator: str) -> Issue | None:
+        self._call("find_issue", title, creator)
+        return next(
+            (i for i in self.issues.values() if i.title == title and i.user is not None and i.user.login == creator),
+            None,
+        )
+
+    async def create_issue(self, title: str, body: str) -> int:
+        self._call("create_issue", title)
+        number = self._new_id()
+        self.issues[number] = Issue(number=number, title=title, body=body, user=Account(login="klaud-cold[bot]", type="Bot"))
+        return number
+
+    async def update_issue(self, number: int, body: str) -> None:
+        self._call("update_issue", number)
+        self.issues[number] = self.issues[number].model_copy(update={"body": body})
+
 
 READS = frozenset(
     {
         "repository", "head_sha", "file_text", "directory", "changed_paths", "open_pulls", "pull_files",
-        "branches", "workflow_runs", "run", "run_jobs", "run_artifacts", "artifact", "download",
-        "comments", "permission",
+        "branches", "workflow_runs", "run", "run_jobs", "run_artifacts", "artifacts", "artifact", "download",
+        "comments", "permission", "blame", "find_issue",
     }
 )
 

@@ -57,6 +57,7 @@ async def test_install_reconcile_builds_the_catalog(tmp_path):
 async def test_push_rereads_only_changed_configs_and_dates_image_changes(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
         before = family(run.state(), B200)
+        before_h200 = family(run.state(), H200)["image_changed_at"]
         run.reset_requests()
         bumped = sc.NVIDIA.replace("lmsysorg/sglang:v0.5.16-cu130", "lmsysorg/sglang:v0.5.17-cu130")
         await run.act({"action": "push_default", "repo": "acme/bench", "files": {NV: bumped}})
@@ -65,7 +66,8 @@ async def test_push_rereads_only_changed_configs_and_dates_image_changes(tmp_pat
         assert after["image"] == "lmsysorg/sglang:v0.5.17-cu130"
         assert after["candidate"] != before["candidate"] and after["candidate"][:16] == before["candidate"][:16]
         assert after["image_changed_at"] == run.sandbox.state_document()["now"]
-        assert family(state, H200)["image_changed_at"] is None  # its image did not change
+        # Its image did not change: it keeps the date the history gave it at install.
+        assert family(state, H200)["image_changed_at"] == before_h200 == "2025-11-30T08:00:00Z"
         # One compare and one read of the changed file; the AMD config was not read again.
         by_route = routes(run)
         assert by_route.get("GET /repos/{owner}/{repo}/compare/{basehead}") == 1
@@ -313,8 +315,8 @@ async def test_light_reconcile_catches_a_missed_default_branch_push(tmp_path):
         await run.klaud.reconciler.reconcile("acme/bench", 1, light=True)
         state = run.state()
         assert family(state, GPTOSS)["image"] == "vllm/vllm-openai:v0.12.0"
-        assert family(state, GPTOSS)["image_changed_at"] is not None
-        assert family(state, H200)["image_changed_at"] is None
+        assert family(state, GPTOSS)["image_changed_at"] == run.sandbox.state_document()["now"]
+        assert family(state, H200)["image_changed_at"] == "2025-11-30T08:00:00Z"  # from the history
         assert state["head_sha"] == run.github()["head_sha"]
 
 
@@ -387,3 +389,20 @@ async def test_klaud_reconcile_command_against_the_sandbox(tmp_path, monkeypatch
         assert await asyncio.to_thread(main, ["reconcile", "--repo", "acme/other"]) == 2
     finally:
         await runner.cleanup()
+
+
+async def test_image_ages_come_from_the_history_of_the_master_configs(tmp_path):
+    scenario = sc.scenario()
+    repo = scenario["repositories"][0]
+    files = dict(repo["files"])
+    old_image = sc.FAMILIES[H200]
+    first = {**files, "configs/nvidia-master.yaml": sc.NVIDIA.replace(old_image, "nvcr.io/nvidia/tensorrt-llm/release:1.1.0")}
+    repo["history"] = [
+        {"at": "2026-01-10T09:00:00Z", "message": "Add the families", "files": first},
+        {"at": "2026-11-20T09:00:00Z", "message": "Bump dsr1-fp8-h200-trt", "files": {"configs/nvidia-master.yaml": sc.NVIDIA}},
+    ]
+    async with sandbox_stack(tmp_path, scenario) as run:
+        ages = {f["family"]: f["image_changed_at"] for f in run.state()["families"]}
+        assert ages[H200] == "2026-11-20T09:00:00Z"
+        assert ages["configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"] == "2026-01-10T09:00:00Z"
+        assert run.requests["by_route"].get("POST /graphql", 0) == 2  # one blame per master config

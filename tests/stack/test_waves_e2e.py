@@ -287,3 +287,20 @@ async def test_housekeeping_runs_every_six_hours(tmp_path):
     # The real prune runs against the real store.
     async with sandbox_stack(tmp_path / "real", sc.scenario()) as run:
         assert set(await run.klaud.prune()) == {"deliveries", "attempts"}
+
+
+async def test_a_wave_sets_the_repository_gauges(tmp_path):
+    from prometheus_client import generate_latest
+
+    from bot.metrics import REGISTRY
+
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        wave = await run.klaud.waves.run("acme/bench", trigger="test")
+        sample = REGISTRY.get_sample_value
+        assert sample("klaud_dispatch_paused", {"repo": "acme/bench"}) == 0
+        assert sample("klaud_last_wave_timestamp_seconds", {"repo": "acme/bench"}) == wave.at.timestamp()
+        # The head commit is a year old: so is every image (a histogram, by repository).
+        assert sample("klaud_family_image_age_days_count", {"repo": "acme/bench"}) == len(sc.FAMILIES)
+        assert sample("klaud_family_image_age_days_bucket", {"repo": "acme/bench", "le": "180.0"}) == 0
+        assert sample("klaud_family_image_age_days_bucket", {"repo": "acme/bench", "le": "365.0"}) == len(sc.FAMILIES)
+        assert 'klaud_family_image_age_days_bucket{le="+Inf",repo="acme/bench"}' in generate_latest(REGISTRY).decode()

@@ -1,0 +1,53 @@
+"""Image ages from the history of the master configs (DESIGN §4 "Image age")."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from bot.core.events import BlameRange
+from bot.github.errors import Unavailable
+from tests import scenarios as sc
+from tests.services.conftest import NOW, REPO, Kit
+
+NVIDIA = "configs/nvidia-master.yaml"
+H200 = f"{NVIDIA}:dsr1-fp8-h200-trt"
+B200 = f"{NVIDIA}:dsr1-fp4-b200-sglang"
+
+
+def line_of(text: str, key: str) -> int:
+    lines = text.split("\n")
+    start = lines.index(f"{key}:")
+    return next(i for i in range(start, len(lines)) if lines[i].strip().startswith("image:")) + 1
+
+
+async def test_a_full_reconcile_dates_every_image_from_one_blame_per_config(kit: Kit) -> None:
+    h200_image = line_of(sc.NVIDIA, "dsr1-fp8-h200-trt")
+    kit.repo.blames[NVIDIA] = [
+        BlameRange(startingLine=1, endingLine=h200_image - 1, committed=NOW - timedelta(days=90)),
+        BlameRange(startingLine=h200_image, endingLine=h200_image, committed=NOW - timedelta(days=3)),
+        BlameRange(startingLine=h200_image + 1, endingLine=10_000, committed=NOW - timedelta(days=90)),
+    ]
+    await kit.reconciler.reconcile(REPO, 1)
+    assert [c for c in kit.repo.calls if c[0] == "blame"] == [
+        ("blame", "configs/amd-master.yaml", kit.repo.head), ("blame", NVIDIA, kit.repo.head),
+    ]
+    h200, b200 = kit.state.catalog.get(H200), kit.state.catalog.get(B200)
+    assert h200 is not None and b200 is not None
+    assert h200.image_changed_at == NOW - timedelta(days=3)
+    assert b200.image_changed_at == NOW - timedelta(days=90)
+    # Stalest first: the wave's order shows the ages.
+    preview = await kit.waves.preview(REPO)
+    assert preview is not None
+    order = [d.family for d in preview.decisions]
+    assert order.index(B200) < order.index(H200)
+
+
+async def test_an_unanswered_blame_leaves_ages_unknown_until_the_next_light_reconcile(kit: Kit) -> None:
+    kit.repo.fail("blame", Unavailable(502, "Bad Gateway"), times=2)
+    await kit.reconciler.reconcile(REPO, 1)
+    assert all(f.image_changed_at is None for f in kit.state.catalog)
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert all(f.image_changed_at is not None for f in kit.state.catalog)
+    kit.repo.calls.clear()
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert [c for c in kit.repo.calls if c[0] == "blame"] == []  # nothing left to ask

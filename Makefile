@@ -26,6 +26,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/client.py
 	$(BIN)/python bench/state.py
 	$(BIN)/python bench/wave.py
+	$(BIN)/python bench/reconcile.py
+	$(BIN)/python bench/abuse.py
+	$(BIN)/python bench/peers.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -115,6 +115,16 @@ class Klaud:
         self.started = False  # set once start-up (store, state, first reconcile) is done
 
     async def start(self, *, drain: bool = True, schedule: bool = False, reconcile: bool = False) -> None:
+        try:
+            await self._start(drain=drain, schedule=schedule, reconcile=reconcile)
+        except BaseException:
+            # A store that cannot be opened (locked, corrupted) must not leave the HTTP
+            # session and the store's thread behind.
+            await self.session.close()
+            await self.db.close()
+            raise
+
+    async def _start(self, *, drain: bool, schedule: bool, reconcile: bool) -> None:
         await self.inbox.open()
         await self.store.open()
         await self.live.load()

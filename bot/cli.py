@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", type=Path)
 
     sandbox = sub.add_parser("sandbox", help="the sandbox GitHub alone")
-    sandbox.add_argument("--port", type=int, default=8081)
+    # Not 8081: that is the admin listener's default.
+    sandbox.add_argument("--port", type=int, default=8082)
     sandbox.add_argument("--scenario", type=Path)
     sandbox.add_argument("--deliver-to", dest="deliver_to", help="URL that receives the webhooks")
 

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from bot.store.engine import Dialect, Engine, Result, Row, Statement, as_count, as_rows
 
 # Headers worth keeping for processing and audits; the signature is not among them.
@@ -63,7 +65,9 @@ class Delivery:
         )
 
     def payload(self) -> dict[str, Any]:
-        return json.loads(self.body)
+        # orjson, as at the ack: one parser and one depth limit for a delivery's body.
+        document: dict[str, Any] = orjson.loads(self.body)
+        return document
 
     @property
     def ordering_key(self) -> str:
@@ -206,14 +210,26 @@ class DeliveryStore:
             batch, self._writes = self._writes, []
             try:
                 results = await self.db.transaction([statement for statement, _ in batch])
-            # Not swallowed: the whole batch rolled back, and every caller gets the error
-            # (a constraint, a lost connection, a closed store) as "not stored".
+            # Not swallowed: the batch rolled back; each write is tried again on its own, so
+            # one row the store refuses fails only its caller, as "not stored".
             except Exception as exc:  # noqa: BLE001
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                if len(batch) > 1:
+                    await self._one_by_one(batch)
+                elif not batch[0][1].done():
+                    batch[0][1].set_exception(exc)
                 continue
             for (_, future), result in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+
+    async def _one_by_one(self, batch: list[tuple[Statement, asyncio.Future[Result]]]) -> None:
+        for statement, future in batch:
+            try:
+                [result] = await self.db.transaction([statement])
+            except Exception as exc:  # noqa: BLE001 - reaches the caller through its future
+                if not future.done():
+                    future.set_exception(exc)
+            else:
                 if not future.done():
                     future.set_result(result)
 

@@ -14,10 +14,6 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from bot.settings import SettingsError
-from bot.web.webhook import create_webhook_app
-
-# The webhook listener's application under its earlier name, for callers serving it alone.
-create_app = create_webhook_app
 
 
 class ListenError(SettingsError):

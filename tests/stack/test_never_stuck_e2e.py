@@ -15,7 +15,7 @@ from bot.app import Klaud
 from bot.core.domain import claim_ref
 from bot.github.repo import GitHubRepo
 from bot.sandbox import Sandbox
-from bot.web.server import create_app
+from bot.web.webhook import create_webhook_app
 from tests import scenarios as sc
 from tests.harness import SECRET, make_settings, sandbox_stack
 
@@ -51,7 +51,7 @@ async def klaud_on(sandbox: Sandbox, sandbox_url: str, db: Path) -> AsyncIterato
                              KLAUD_CAPACITY_URL=f"{sandbox_url}/_sandbox/capacity")
     klaud = Klaud(settings, clock=sandbox.clock, check_delay_seconds=0.01,
                   inbox_options={"base_delay": 0.005, "max_delay": 0.02})
-    async with served(create_app(klaud)) as url:
+    async with served(create_webhook_app(klaud)) as url:
         sandbox.deliver_to = f"{url}/webhook"
         await klaud.start(drain=True, reconcile=True)
         try:

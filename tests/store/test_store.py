@@ -3,6 +3,7 @@ record the code cannot read is reported in one line and skipped."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from datetime import UTC, datetime, timedelta
@@ -125,3 +126,19 @@ async def test_records_and_deliveries_survive_a_restart(store_url):
         assert not await second.deliveries.put(Delivery("d1", "push", b'{"a":1}', repo="o/r"))
     finally:
         await second.close()
+
+
+async def test_one_row_the_store_refuses_fails_only_its_own_put(stores) -> None:  # type: ignore[no-untyped-def]
+    from bot.store.deliveries import Delivery
+
+    def delivery(n: int, **changes: object) -> Delivery:
+        values: dict[str, object] = {"id": f"d-{n}", "event": "push", "body": b"{}", "repo": "acme/bench", "installation": 1}
+        values.update(changes)
+        return Delivery(**values)  # type: ignore[arg-type]
+
+    puts = [stores.deliveries.put(delivery(n)) for n in range(3)]
+    puts.append(stores.deliveries.put(delivery(99, installation=10**30)))  # no engine stores that
+    results = await asyncio.gather(*puts, return_exceptions=True)
+    assert results[:3] == [True, True, True]
+    assert isinstance(results[3], Exception)
+    assert [d.id for d in await stores.deliveries.pending()] == ["d-0", "d-1", "d-2"]

@@ -28,6 +28,7 @@ from bot.services.pulls import PullSync
 from bot.services.reconcile import Reconciler
 from bot.services.responder import CommandResponder
 from bot.services.scheduler import Scheduler
+from bot.services.status_view import StatusViews
 from bot.services.waves import WaveRunner
 from bot.settings import Settings
 from bot.store import engine_for
@@ -96,6 +97,7 @@ class Klaud:
             self.clock,
         )
         self.waves = WaveRunner(self.live, self.capacity, self.clock, dry_run=settings.dry_run)
+        self.status = StatusViews(self.live, self.waves, self.clock)
         pulls = PullSync(self.live)
         self.outcomes = OutcomeRecorder(self.live)
         catalog = CatalogSync(self.live)

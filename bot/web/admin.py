@@ -1,4 +1,4 @@
-"""The admin listener: the read API, /metrics and health (DESIGN §3.3).
+"""The admin listener: the read API, /metrics, health and the status page (DESIGN §3.3).
 
 It carries private repository data (authors, branches, hold reasons, delivery errors), so it
 binds to loopback by default and, with KLAUD_ADMIN_TOKEN set, wants `Authorization: Bearer
@@ -24,6 +24,7 @@ from bot.web.backend import (
     klaud_of,
 )
 from bot.web.health import add_health_routes
+from bot.web.page import add_status_routes
 
 TOKEN_KEY = web.AppKey("admin_token", bytes)
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -94,4 +95,5 @@ def create_admin_app(klaud: Backend, *, token: str | None = None) -> web.Applica
     app.router.add_get("/api/v1/repos/{owner}/{repo}/state", repo_state)
     app.router.add_get("/api/v1/repos/{owner}/{repo}/plan", repo_plan)
     app.router.add_get("/api/v1/repos/{owner}/{repo}/waves", repo_waves)
+    add_status_routes(app)
     return app

@@ -10,6 +10,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from bot.services.status_view import StatusViews
 from bot.web.inbox import Inbox
 
 log = structlog.get_logger("klaud.http")
@@ -20,6 +21,7 @@ class Backend(Protocol):
 
     inbox: Inbox
     started: bool
+    status: StatusViews  # what the status page shows
 
     @property
     def ready(self) -> bool: ...

@@ -1,0 +1,413 @@
+"""What the status page shows (DESIGN §3.3), as plain data built from a repository's live state.
+
+Three views: every repository at a glance (`overview`), one repository's families with the
+next wave's decisions, its image freshness and its wave history (`repository`), and one
+family with its attempts (`family`). The web layer only renders them.
+
+The next wave's decisions come from the same dry plan as `/plan` (incremental, so cheap).
+The wave history reads the last stored wave documents; those never change once written, so
+each is summarised once and the summaries are kept as long as the repository's state lives.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, get_args
+
+from bot.core.clock import Clock
+from bot.core.commands import with_until
+from bot.core.domain import (
+    NEUTRAL_OUTCOMES,
+    Attempt,
+    Blocked,
+    Claim,
+    Decision,
+    DecisionKind,
+    Dispatch,
+    Family,
+    Hold,
+    Overlap,
+    Wave,
+    image_age_days,
+    parse_time,
+)
+from bot.services.live import LiveState
+from bot.services.repo_state import RepoState
+from bot.services.waves import KEEP_WAVES, WaveRunner
+
+DECISION_KINDS: tuple[str, ...] = get_args(DecisionKind)
+# How a run of a candidate ended, for colours and counts: a verified outcome is validated,
+# neutral (capacity-deferred, handoff, …) or failed; `unverified` covers unreadable artifacts
+# and runs that failed before an outcome; `pending` is a dispatch with no attempt yet.
+OutcomeKind = Literal["validated", "neutral", "failed", "unverified", "pending"]
+OUTCOME_KINDS: tuple[str, ...] = get_args(OutcomeKind)
+SORT_KEYS = ("priority", "family", "decision", "age", "image", "outcome")
+# Stalest first is what people look for; every other column reads best ascending.
+DESCENDING_BY_DEFAULT = frozenset({"age"})
+# Histogram bin widths in days, the smallest that keeps the oldest image within MAX_BINS.
+BIN_WIDTHS = (1, 2, 5, 7, 14, 30, 60, 90, 180, 365)
+MAX_BINS = 30
+
+
+# -- the views --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Freshness:
+    """Image ages of a repository's families, in days."""
+
+    ages: tuple[float, ...]  # the known ages, ascending
+    unknown: int
+
+    @property
+    def p50(self) -> float | None:
+        return percentile(self.ages, 0.5)
+
+    @property
+    def p90(self) -> float | None:
+        return percentile(self.ages, 0.9)
+
+    @property
+    def oldest(self) -> float | None:
+        return self.ages[-1] if self.ages else None
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    width: int  # days per bin; bin i holds ages in [i * width, (i + 1) * width)
+    counts: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WaveSummary:
+    """What the page needs of one stored wave document."""
+
+    number: int
+    at: datetime
+    selected: tuple[str, ...]  # the candidates it dispatched
+    decisions: dict[str, int]  # decision kind -> families
+    blocked: str | None  # the block code, when the wave was paused or had a setup error
+
+
+@dataclass(frozen=True, slots=True)
+class WavePoint:
+    """A wave with how the runs it dispatched ended, as far as the ledger knows."""
+
+    wave: WaveSummary
+    outcomes: dict[str, int]  # OutcomeKind -> dispatched candidates
+
+
+@dataclass(frozen=True, slots=True)
+class LastOutcome:
+    text: str
+    kind: OutcomeKind
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyRow:
+    id: str
+    path: str
+    key: str
+    priority: int  # the family's place in the next wave's order
+    decision: str
+    reason: str  # with its "until" when the reason does not say it already
+    image: str
+    age_days: float | None
+    outcome: LastOutcome | None  # the current candidate's latest attempt
+    pulls: tuple[int, ...]  # open PRs that overlap the family now
+    hold: Hold | None
+
+
+@dataclass(frozen=True, slots=True)
+class RepoSummary:
+    name: str
+    enabled: bool
+    last_wave: WaveSummary | None
+    next_wave_at: datetime | None
+    blocked: Blocked | None
+    decisions: tuple[tuple[str, int], ...]  # of the next wave, in DECISION_KINDS order
+    freshness: Freshness
+    families: int
+    policy_error: str | None
+    config_errors: tuple[tuple[str, str], ...]  # (path, problem)
+
+
+@dataclass(frozen=True, slots=True)
+class RowQuery:
+    """How the families table is sorted and filtered (the page's query parameters)."""
+
+    sort: str = "priority"
+    descending: bool = False
+    decision: str | None = None
+    text: str = ""
+
+    @classmethod
+    def parse(cls, sort: str | None, direction: str | None, decision: str | None, text: str | None) -> RowQuery:
+        """From untrusted parameters; an unknown sort key or direction falls back to the default."""
+        key = sort if sort in SORT_KEYS else "priority"
+        descending = direction == "desc" if direction in ("asc", "desc") else key in DESCENDING_BY_DEFAULT
+        return cls(key, descending, decision or None, (text or "").strip())
+
+
+@dataclass(frozen=True, slots=True)
+class RepoPage:
+    summary: RepoSummary
+    rows: tuple[FamilyRow, ...]  # the ones the query keeps, in its order
+    query: RowQuery
+    histogram: Histogram
+    history: tuple[WavePoint, ...]  # oldest first
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    attempt: Attempt
+    outcome: LastOutcome
+    current: bool  # of the family's current candidate (an older image's otherwise)
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyPage:
+    repo: str
+    family: Family
+    row: FamilyRow
+    overlaps: tuple[Overlap, ...]
+    klaud_pr: int | None
+    claim: Claim | None
+    dispatch: Dispatch | None
+    attempts: tuple[AttemptRow, ...]  # newest first, every candidate of the family
+    now: datetime
+
+
+# -- building them ----------------------------------------------------------------------
+
+
+class StatusViews:
+    def __init__(self, live: LiveState, waves: WaveRunner, clock: Clock) -> None:
+        self.live = live
+        self.waves = waves
+        self.clock = clock
+        # Per live RepoState (a repository installed again gets a new one, numbering its
+        # waves from 1 again): wave number -> summary of its stored document.
+        self._summaries: weakref.WeakKeyDictionary[RepoState, dict[int, WaveSummary]] = weakref.WeakKeyDictionary()
+
+    def repo_name(self, repo: str) -> str | None:
+        """The installed repository's own spelling of `repo` (names are case-insensitive)."""
+        state = self.live.repo(repo)
+        return None if state is None else state.name
+
+    async def overview(self) -> list[RepoSummary]:
+        summaries = []
+        for state in sorted(self.live.repos.values(), key=lambda s: s.name.lower()):
+            plan = await self.waves.preview_state(state, self.clock.now())
+            summaries.append(self._summary(state, plan, await self._waves(state, 1)))
+        return summaries
+
+    async def repository(self, repo: str, query: RowQuery) -> RepoPage | None:
+        state = self.live.repo(repo)
+        if state is None:
+            return None
+        now = self.clock.now()
+        plan = await self.waves.preview_state(state, now)
+        history = await self._waves(state, KEEP_WAVES)
+        summary = self._summary(state, plan, history)
+        return RepoPage(
+            summary=summary,
+            rows=tuple(select_rows(family_rows(state, plan, now), query)),
+            query=query,
+            histogram=histogram(summary.freshness.ages),
+            history=tuple(WavePoint(wave, dispatch_outcomes(state, wave)) for wave in history),
+            now=now,
+        )
+
+    async def family(self, repo: str, family_id: str) -> FamilyPage | None:
+        state = self.live.repo(repo)
+        family = state.catalog.get(family_id) if state is not None else None
+        if state is None or family is None:
+            return None
+        now = self.clock.now()
+        plan = await self.waves.preview_state(state, now)
+        [(priority, decision)] = ((n, d) for n, d in enumerate(plan.decisions, start=1) if d.family == family.id)
+        overlaps = tuple(state.overlap.overlaps(family, now, state.policy.idle_days))
+        return FamilyPage(
+            repo=state.name,
+            family=family,
+            row=family_row(state, family, decision, priority, overlaps, now),
+            overlaps=overlaps,
+            klaud_pr=state.overlap.klaud_pr(family),
+            claim=state.claims.get(family.id),
+            dispatch=state.dispatches.get(family.id),
+            attempts=tuple(attempt_rows(state, family)),
+            now=now,
+        )
+
+    def _summary(self, state: RepoState, plan: Wave, history: Sequence[WaveSummary]) -> RepoSummary:
+        counts: Counter[str] = Counter(d.decision for d in plan.decisions)
+        return RepoSummary(
+            name=state.name,
+            enabled=state.policy.enabled,
+            last_wave=history[-1] if history and history[-1].number == state.meta.wave else None,
+            next_wave_at=parse_time(state.meta.next_wave_at),
+            blocked=plan.blocked,
+            decisions=tuple((kind, counts[kind]) for kind in DECISION_KINDS if counts[kind]),
+            freshness=freshness(state.catalog, plan.at),
+            families=len(state.catalog),
+            policy_error=state.meta.policy_error,
+            config_errors=tuple(
+                (path, problem)
+                for path, problems in sorted(state.meta.config_errors.items())
+                for problem in problems.split("\n")
+                if problem
+            ),
+        )
+
+    async def _waves(self, state: RepoState, count: int) -> list[WaveSummary]:
+        """Summaries of the last `count` stored waves, oldest first."""
+        known = self._summaries.setdefault(state, {})
+        for number in [n for n in known if n <= state.meta.wave - KEEP_WAVES]:
+            del known[number]  # the store no longer keeps it either
+        first = max(1, state.meta.wave - count + 1)
+        found = []
+        for number in range(first, state.meta.wave + 1):
+            if number not in known:
+                # A miss is not remembered: the wave being stored right now may be it.
+                document = await self.live.store.get(state.name, "wave", f"{number:08d}")
+                if document is None:
+                    continue
+                known[number] = summarize_wave(document)
+            found.append(known[number])
+        return found
+
+
+def summarize_wave(document: dict[str, Any]) -> WaveSummary:
+    at = parse_time(document["at"])
+    if at is None:
+        raise ValueError(f"wave {document.get('wave')} has no time")
+    blocked = document.get("blocked")
+    return WaveSummary(
+        number=int(document["wave"]),
+        at=at,
+        selected=tuple(document["selected"]),
+        decisions=dict(Counter(d["decision"] for d in document["decisions"])),
+        blocked=blocked["code"] if blocked else None,
+    )
+
+
+def family_rows(state: RepoState, plan: Wave, now: datetime) -> list[FamilyRow]:
+    """One row per live family, in the plan's priority order."""
+    overlaps = state.overlap.blocking(now, state.policy.idle_days)
+    return [
+        family_row(state, family, decision, priority, overlaps.get(family.id, ()), now)
+        for priority, decision in enumerate(plan.decisions, start=1)
+        if (family := state.catalog.get(decision.family)) is not None
+    ]
+
+
+def family_row(
+    state: RepoState, family: Family, decision: Decision, priority: int, overlaps: Iterable[Overlap], now: datetime
+) -> FamilyRow:
+    latest = state.ledger.for_candidate(family.candidate)
+    return FamilyRow(
+        id=family.id,
+        path=family.path,
+        key=family.key,
+        priority=priority,
+        decision=decision.decision,
+        reason=with_until(decision.reason, decision.until),
+        image=family.image,
+        age_days=image_age_days(family, now),
+        outcome=describe_outcome(latest[0]) if latest else None,
+        pulls=tuple(o.pr for o in overlaps),
+        hold=state.holds.get(family.id),
+    )
+
+
+def select_rows(rows: Iterable[FamilyRow], query: RowQuery) -> list[FamilyRow]:
+    text = query.text.lower()
+    kept = [
+        row
+        for row in rows
+        if (query.decision is None or row.decision == query.decision)
+        and (not text or text in row.id.lower() or text in row.image.lower() or text in row.reason.lower())
+    ]
+    kept.sort(key=_SORT_KEYS[query.sort], reverse=query.descending)
+    return kept
+
+
+def _by_decision(row: FamilyRow) -> tuple[int, int]:
+    order = DECISION_KINDS.index(row.decision) if row.decision in DECISION_KINDS else len(DECISION_KINDS)
+    return order, row.priority
+
+
+def _by_age(row: FamilyRow) -> tuple[float, int]:
+    # An unknown age counts as the stalest, as the wave orders it; ties stay in wave order
+    # whichever way the column is sorted.
+    age = math.inf if row.age_days is None else row.age_days
+    return age, -row.priority
+
+
+_SORT_KEYS: dict[str, Any] = {
+    "priority": lambda row: row.priority,
+    "family": lambda row: row.id,
+    "decision": _by_decision,
+    "age": _by_age,
+    "image": lambda row: (row.image, row.priority),
+    "outcome": lambda row: (row.outcome.text if row.outcome else "", row.priority),
+}
+
+
+def describe_outcome(attempt: Attempt) -> LastOutcome:
+    if attempt.verified and attempt.outcome is not None:
+        if attempt.outcome == "validated":
+            return LastOutcome("validated", "validated")
+        return LastOutcome(attempt.outcome, "neutral" if attempt.outcome in NEUTRAL_OUTCOMES else "failed")
+    if attempt.error == "run-failed":
+        where = " / ".join(part for part in (attempt.failed_job, attempt.failed_step) if part)
+        return LastOutcome(f"run failed ({where})" if where else "run failed", "unverified")
+    return LastOutcome(f"unverified ({attempt.error or 'no outcome'})", "unverified")
+
+
+def attempt_rows(state: RepoState, family: Family) -> list[AttemptRow]:
+    """Every attempt the live ledger holds for the family, whatever image it was of."""
+    return [
+        AttemptRow(attempt, describe_outcome(attempt), attempt.candidate == family.candidate)
+        for attempt in state.ledger.all()
+        if attempt.family == family.id or attempt.candidate.startswith(family.family_hash + "-")
+    ]
+
+
+def dispatch_outcomes(state: RepoState, wave: WaveSummary) -> dict[str, int]:
+    """How the wave's dispatched candidates ended: each one's first attempt after the wave
+    (a candidate in flight is never dispatched again, so that attempt is this dispatch's)."""
+    counts: Counter[str] = Counter()
+    for candidate in wave.selected:
+        after = [a for a in state.ledger.for_candidate(candidate) if a.completed_at >= wave.at]
+        counts[describe_outcome(after[-1]).kind if after else "pending"] += 1
+    return dict(counts)
+
+
+def freshness(families: Iterable[Family], now: datetime) -> Freshness:
+    ages = [image_age_days(family, now) for family in families]
+    known = sorted(age for age in ages if age is not None)
+    return Freshness(tuple(known), len(ages) - len(known))
+
+
+def percentile(ascending: Sequence[float], share: float) -> float | None:
+    """Nearest-rank percentile: the smallest value with at least `share` of them at or below it."""
+    if not ascending:
+        return None
+    return ascending[max(0, math.ceil(share * len(ascending)) - 1)]
+
+
+def histogram(ascending: Sequence[float]) -> Histogram:
+    oldest = ascending[-1] if ascending else 0.0
+    width = next((w for w in BIN_WIDTHS if oldest / w < MAX_BINS), BIN_WIDTHS[-1])
+    counts = [0] * (int(oldest // width) + 1)
+    for age in ascending:
+        counts[int(max(age, 0.0) // width)] += 1
+    return Histogram(width, tuple(counts))

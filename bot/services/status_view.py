@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from bot.core.clock import Clock
 from bot.core.commands import with_until
@@ -83,6 +83,11 @@ class Histogram:
     counts: tuple[int, ...]
 
 
+# (kind, count) pairs in their kinds' order, counts above zero: hashable, so the page can
+# keep what it drew from a wave history until that history changes.
+Counts = tuple[tuple[str, int], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class WaveSummary:
     """What the page needs of one stored wave document."""
@@ -90,7 +95,7 @@ class WaveSummary:
     number: int
     at: datetime
     selected: tuple[str, ...]  # the candidates it dispatched
-    decisions: dict[str, int]  # decision kind -> families
+    decisions: Counts  # families per decision kind
     blocked: str | None  # the block code, when the wave was paused or had a setup error
 
 
@@ -99,17 +104,18 @@ class WavePoint:
     """A wave with how the runs it dispatched ended, as far as the ledger knows."""
 
     wave: WaveSummary
-    outcomes: dict[str, int]  # OutcomeKind -> dispatched candidates
+    outcomes: Counts  # dispatched candidates per OutcomeKind
 
 
-@dataclass(frozen=True, slots=True)
-class LastOutcome:
+class LastOutcome(NamedTuple):
     text: str
     kind: OutcomeKind
 
 
-@dataclass(frozen=True, slots=True)
-class FamilyRow:
+class FamilyRow(NamedTuple):
+    """Tuples, not dataclasses: the page caches each row's HTML by value, so every row of
+    every render is hashed, which a tuple does in C."""
+
     id: str
     path: str
     key: str
@@ -130,7 +136,7 @@ class RepoSummary:
     last_wave: WaveSummary | None
     next_wave_at: datetime | None
     blocked: Blocked | None
-    decisions: tuple[tuple[str, int], ...]  # of the next wave, in DECISION_KINDS order
+    decisions: Counts  # of the next wave
     freshness: Freshness
     families: int
     policy_error: str | None
@@ -204,8 +210,10 @@ class StatusViews:
     async def overview(self) -> list[RepoSummary]:
         summaries = []
         for state in sorted(self.live.repos.values(), key=lambda s: s.name.lower()):
-            plan = await self.waves.preview_state(state, self.clock.now())
-            summaries.append(self._summary(state, plan, await self._waves(state, 1)))
+            now = self.clock.now()
+            plan = await self.waves.preview_state(state, now)
+            ages = [image_age_days(family, now) for family in state.catalog]
+            summaries.append(self._summary(state, plan, await self._waves(state, 1), ages))
         return summaries
 
     async def repository(self, repo: str, query: RowQuery) -> RepoPage | None:
@@ -215,10 +223,11 @@ class StatusViews:
         now = self.clock.now()
         plan = await self.waves.preview_state(state, now)
         history = await self._waves(state, KEEP_WAVES)
-        summary = self._summary(state, plan, history)
+        rows = family_rows(state, plan, now)
+        summary = self._summary(state, plan, history, [row.age_days for row in rows])
         return RepoPage(
             summary=summary,
-            rows=tuple(select_rows(family_rows(state, plan, now), query)),
+            rows=tuple(select_rows(rows, query)),
             query=query,
             histogram=histogram(summary.freshness.ages),
             history=tuple(WavePoint(wave, dispatch_outcomes(state, wave)) for wave in history),
@@ -246,16 +255,17 @@ class StatusViews:
             now=now,
         )
 
-    def _summary(self, state: RepoState, plan: Wave, history: Sequence[WaveSummary]) -> RepoSummary:
-        counts: Counter[str] = Counter(d.decision for d in plan.decisions)
+    def _summary(
+        self, state: RepoState, plan: Wave, history: Sequence[WaveSummary], ages: Sequence[float | None]
+    ) -> RepoSummary:
         return RepoSummary(
             name=state.name,
             enabled=state.policy.enabled,
             last_wave=history[-1] if history and history[-1].number == state.meta.wave else None,
             next_wave_at=parse_time(state.meta.next_wave_at),
             blocked=plan.blocked,
-            decisions=tuple((kind, counts[kind]) for kind in DECISION_KINDS if counts[kind]),
-            freshness=freshness(state.catalog, plan.at),
+            decisions=ordered_counts(Counter(d.decision for d in plan.decisions), DECISION_KINDS),
+            freshness=freshness(ages),
             families=len(state.catalog),
             policy_error=state.meta.policy_error,
             config_errors=tuple(
@@ -293,7 +303,7 @@ def summarize_wave(document: dict[str, Any]) -> WaveSummary:
         number=int(document["wave"]),
         at=at,
         selected=tuple(document["selected"]),
-        decisions=dict(Counter(d["decision"] for d in document["decisions"])),
+        decisions=ordered_counts(Counter(d["decision"] for d in document["decisions"]), DECISION_KINDS),
         blocked=blocked["code"] if blocked else None,
     )
 
@@ -311,7 +321,7 @@ def family_rows(state: RepoState, plan: Wave, now: datetime) -> list[FamilyRow]:
 def family_row(
     state: RepoState, family: Family, decision: Decision, priority: int, overlaps: Iterable[Overlap], now: datetime
 ) -> FamilyRow:
-    latest = state.ledger.for_candidate(family.candidate)
+    latest = state.ledger.for_candidate(decision.candidate)
     return FamilyRow(
         id=family.id,
         path=family.path,
@@ -322,7 +332,7 @@ def family_row(
         image=family.image,
         age_days=image_age_days(family, now),
         outcome=describe_outcome(latest[0]) if latest else None,
-        pulls=tuple(o.pr for o in overlaps),
+        pulls=tuple([o.pr for o in overlaps]),
         hold=state.holds.get(family.id),
     )
 
@@ -381,18 +391,25 @@ def attempt_rows(state: RepoState, family: Family) -> list[AttemptRow]:
     ]
 
 
-def dispatch_outcomes(state: RepoState, wave: WaveSummary) -> dict[str, int]:
+def ordered_counts(counts: Counter[str], kinds: Sequence[str]) -> Counts:
+    """`counts` in the order of `kinds`; a kind it does not know (a document written by
+    another version of Klaud) comes last rather than not at all."""
+    known = [(kind, counts[kind]) for kind in kinds if counts[kind]]
+    return (*known, *sorted((kind, n) for kind, n in counts.items() if kind not in kinds and n))
+
+
+def dispatch_outcomes(state: RepoState, wave: WaveSummary) -> Counts:
     """How the wave's dispatched candidates ended: each one's first attempt after the wave
     (a candidate in flight is never dispatched again, so that attempt is this dispatch's)."""
     counts: Counter[str] = Counter()
     for candidate in wave.selected:
         after = [a for a in state.ledger.for_candidate(candidate) if a.completed_at >= wave.at]
         counts[describe_outcome(after[-1]).kind if after else "pending"] += 1
-    return dict(counts)
+    return ordered_counts(counts, OUTCOME_KINDS)
 
 
-def freshness(families: Iterable[Family], now: datetime) -> Freshness:
-    ages = [image_age_days(family, now) for family in families]
+def freshness(ages: Sequence[float | None]) -> Freshness:
+    """From every family's image age in days (None: unknown)."""
     known = sorted(age for age in ages if age is not None)
     return Freshness(tuple(known), len(ages) - len(known))
 

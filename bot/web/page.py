@@ -15,11 +15,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from aiohttp import web
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 
 from bot.core.commands import GITHUB_WEB
 from bot.core.cooldown import human_time
@@ -27,7 +29,9 @@ from bot.services.status_view import (
     DECISION_KINDS,
     OUTCOME_KINDS,
     SORT_KEYS,
+    Counts,
     FamilyPage,
+    FamilyRow,
     Freshness,
     Histogram,
     RepoPage,
@@ -42,6 +46,8 @@ PLOT_WIDTH = 760
 LEFT, RIGHT, TOP, BOTTOM = 48, 16, 34, 28  # margins around a plot's drawing area (labels above)
 WIDEST_BAR = 24  # a history of a few waves is a few bars, not a wall
 MOST_TICKS = 8
+CACHED_ROWS = 20_000  # rendered family rows kept: ten repositories of 2,000 families
+CACHED_HISTORIES = 16  # rendered wave histories kept, a few per repository
 
 TEMPLATES = Environment(
     loader=PackageLoader("bot.web"),
@@ -87,6 +93,10 @@ def sort_link(query: RowQuery, key: str) -> str:
     return table_link(query, sort=key, dir=None)
 
 
+def counts_text(counts: Counts) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in counts)
+
+
 def when(moment: datetime | None) -> str:
     return "—" if moment is None else human_time(moment)
 
@@ -95,7 +105,7 @@ def days(value: float | None) -> str:
     return "unknown" if value is None else f"{value:.1f}"
 
 
-TEMPLATES.filters.update(when=when, days=days)
+TEMPLATES.filters.update(when=when, days=days, counts=counts_text)
 TEMPLATES.globals.update(
     repo_url=repo_url,
     family_url=family_url,
@@ -112,20 +122,36 @@ TEMPLATES.globals.update(
 
 
 @dataclass(frozen=True, slots=True)
-class Shape:
+class Area:
+    """Every bar of one colour as one SVG path: a few elements, however many bars."""
+
+    cls: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tip:
+    """An invisible rectangle over a bar (a histogram bin, a wave's stacks) with its tooltip."""
+
     x: float
     y: float
     w: float
     h: float
-    cls: str
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """Shapes that share one tooltip (a histogram bin, a wave)."""
-
     title: str
-    shapes: tuple[Shape, ...]
+
+
+class _Painter:
+    """Collects bars by colour class."""
+
+    def __init__(self) -> None:
+        self._paths: dict[str, list[str]] = {}
+
+    def bar(self, cls: str, x: float, y: float, w: float, h: float) -> None:
+        if h > 0:
+            self._paths.setdefault(cls, []).append(f"M{x:.1f} {y:.1f}h{w:.1f}v{h:.1f}h{-w:.1f}z")
+
+    def areas(self) -> tuple[Area, ...]:
+        return tuple(Area(cls, "".join(parts)) for cls, parts in self._paths.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +176,8 @@ class Mark:
 class Plot:
     height: int
     baselines: tuple[float, ...]  # y of each panel's axis
-    columns: tuple[Column, ...] = ()
+    areas: tuple[Area, ...] = ()
+    tips: tuple[Tip, ...] = ()
     dots: tuple[Dot, ...] = ()
     marks: tuple[Mark, ...] = ()
     ticks: tuple[Mark, ...] = ()
@@ -179,14 +206,13 @@ def freshness_plot(histogram: Histogram, freshness: Freshness) -> Plot:
     bins = len(histogram.counts)
     slot = inner_w / bins
     tallest = max(max(histogram.counts), 1)
-    columns = []
+    painter, tips = _Painter(), []
     for index, count in enumerate(histogram.counts):
         h = inner_h * count / tallest
+        painter.bar("bar", LEFT + index * slot + 1, TOP + inner_h - h, max(slot - 2, 1), h)
         low, high = index * histogram.width, (index + 1) * histogram.width
-        columns.append(Column(
-            f"{low}–{high} days: {count} famil{'y' if count == 1 else 'ies'}",
-            (Shape(_px(LEFT + index * slot + 1), _px(TOP + inner_h - h), _px(max(slot - 2, 1)), _px(h), "bar"),),
-        ))
+        title = f"{low}–{high} days: {count} famil{'y' if count == 1 else 'ies'}"
+        tips.append(Tip(_px(LEFT + index * slot), TOP, _px(slot), inner_h, title))
     span = bins * histogram.width
     marks = tuple(
         _marker(LEFT + inner_w * value / span, f"{name} {value:.1f} d", row)
@@ -196,7 +222,8 @@ def freshness_plot(histogram: Histogram, freshness: Freshness) -> Plot:
     return Plot(
         height=height,
         baselines=(TOP + inner_h,),
-        columns=tuple(columns),
+        areas=painter.areas(),
+        tips=tuple(tips),
         marks=marks,
         ticks=_ticks(bins, slot, lambda i: f"{i * histogram.width} d"),
         y_labels=((TOP + 8, str(tallest)), (TOP + inner_h, "0")),
@@ -215,42 +242,38 @@ def history_plot(points: Sequence[WavePoint]) -> Plot:
     slot = min((PLOT_WIDTH - LEFT - RIGHT) / max(len(points), 1), WIDEST_BAR)
     most = max((len(p.wave.selected) for p in points), default=0) or 1
     top_base, bottom_base = TOP + top_h, TOP + top_h + gap + bottom_h
-    columns = []
+    painter, tips = _Painter(), []
     for index, point in enumerate(points):
-        x, w = _px(LEFT + index * slot + 0.5), _px(max(slot - 1, 0.5))
-        shapes = _stack(x, w, top_base, top_h / most, [(f"o-{k}", point.outcomes.get(k, 0)) for k in OUTCOME_KINDS])
-        families = sum(point.wave.decisions.values()) or 1
-        shapes += _stack(
-            x, w, bottom_base, bottom_h / families, [(f"d-{k}", point.wave.decisions.get(k, 0)) for k in DECISION_KINDS]
-        )
-        columns.append(Column(_wave_title(point), tuple(shapes)))
+        x, w = LEFT + index * slot + 0.5, max(slot - 1, 0.5)
+        _stack(painter, x, w, top_base, top_h / most, [(f"o-{kind}", n) for kind, n in point.outcomes])
+        families = sum(n for _, n in point.wave.decisions) or 1
+        _stack(painter, x, w, bottom_base, bottom_h / families, [(f"d-{kind}", n) for kind, n in point.wave.decisions])
+        tips.append(Tip(_px(x), TOP, _px(w), bottom_base - TOP, _wave_title(point)))
     return Plot(
         height=height,
         baselines=(top_base, bottom_base),
-        columns=tuple(columns),
+        areas=painter.areas(),
+        tips=tuple(tips),
         ticks=_ticks(len(points), slot, lambda i: f"#{points[i].wave.number}"),
         y_labels=((TOP + 8, str(most)), (top_base, "0"), (top_base + gap + 8, "100 %"), (bottom_base, "0")),
         titles=((TOP - 8, "dispatched candidates, by how their runs ended"), (top_base + gap - 8, "decisions, as shares of the wave's families")),
     )
 
 
-def _stack(x: float, w: float, base: float, unit: float, parts: list[tuple[str, int]]) -> list[Shape]:
-    shapes, y = [], base
+def _stack(painter: _Painter, x: float, w: float, base: float, unit: float, parts: list[tuple[str, int]]) -> None:
+    """Bars of `unit` pixels per count, each on top of the one before, from `base` up."""
+    y = base
     for cls, count in parts:
-        if count:
-            h = unit * count
-            y -= h
-            shapes.append(Shape(x, _px(y), w, _px(h), cls))
-    return shapes
+        y -= unit * count
+        painter.bar(cls, x, y, w, unit * count)
 
 
 def _wave_title(point: WavePoint) -> str:
     wave = point.wave
-    outcomes = ", ".join(f"{n} {kind}" for kind in OUTCOME_KINDS if (n := point.outcomes.get(kind)))
-    decisions = ", ".join(f"{n} {kind}" for kind in DECISION_KINDS if (n := wave.decisions.get(kind)))
     blocked = f" ({wave.blocked})" if wave.blocked else ""
-    dispatched = f"{len(wave.selected)} dispatched" + (f" ({outcomes})" if outcomes else "")
-    return f"Wave {wave.number} at {human_time(wave.at)}{blocked}: {dispatched}; {decisions}"
+    outcomes = f" ({counts_text(point.outcomes)})" if point.outcomes else ""
+    dispatched = f"{len(wave.selected)} dispatched{outcomes}"
+    return f"Wave {wave.number} at {human_time(wave.at)}{blocked}: {dispatched}; {counts_text(wave.decisions)}"
 
 
 def attempts_plot(page: FamilyPage) -> Plot:
@@ -288,13 +311,30 @@ def render(template: str, **context: Any) -> str:
     return TEMPLATES.get_template(template).render(**context)
 
 
+@lru_cache(maxsize=CACHED_ROWS)
+def family_row_html(repo: str, row: FamilyRow) -> Markup:
+    """One row of the families table. Rendering 2,000 rows is most of a big page's time, and
+    between two loads of it few rows change (a decision, a tenth of a day of age): a row is
+    rendered once per distinct content."""
+    return Markup(render("_family_row.html", repo=repo, row=row))
+
+
+@lru_cache(maxsize=CACHED_HISTORIES)
+def history_html(points: tuple[WavePoint, ...]) -> Markup:
+    """The wave history's plot and table: drawn again only when a wave or an outcome is new."""
+    return Markup(render("_history.html", points=points, plot=history_plot(points)))
+
+
 def render_repository(page: RepoPage) -> str:
+    name = page.summary.name
     return render(
         "repo.html",
         page=page,
+        # Each row is Markup already: a plain join keeps it from being escaped again.
+        rows=Markup("".join(family_row_html(name, row) for row in page.rows)),
         now=page.now,
         freshness=freshness_plot(page.histogram, page.summary.freshness),
-        history=history_plot(page.history),
+        history=history_html(page.history),
     )
 
 

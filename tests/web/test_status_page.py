@@ -95,7 +95,7 @@ async def test_the_repository_page_draws_freshness_and_wave_history_as_svg(run):
     assert 'aria-label="Histogram of image age in days, with p50 and p90 marked"' in body
     assert ">p50 365.0 d<" in body and ">p90 365.0 d<" in body
     assert 'aria-label="Per wave: dispatched candidates by outcome, and decisions per kind"' in body
-    assert '<rect class="o-validated"' in body  # the outcome of the wave's dispatched run
+    assert '<path class="o-validated"' in body  # the outcome of the wave's dispatched run
     assert re.search(r"<title>Wave 1 at 2026-11-30 08:00 UTC: \d dispatched \(1 validated, \d pending\);", body)
 
 

@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/reconcile.py
 	$(BIN)/python bench/abuse.py
 	$(BIN)/python bench/peers.py
+	$(BIN)/python bench/page.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, get_args
@@ -46,7 +46,6 @@ DECISION_KINDS: tuple[str, ...] = get_args(DecisionKind)
 # and runs that failed before an outcome; `pending` is a dispatch with no attempt yet.
 OutcomeKind = Literal["validated", "neutral", "failed", "unverified", "pending"]
 OUTCOME_KINDS: tuple[str, ...] = get_args(OutcomeKind)
-SORT_KEYS = ("priority", "family", "decision", "age", "image", "outcome")
 # Stalest first is what people look for; every other column reads best ascending.
 DESCENDING_BY_DEFAULT = frozenset({"age"})
 # Histogram bin widths in days, the smallest that keeps the oldest image within MAX_BINS.
@@ -129,6 +128,27 @@ class FamilyRow(NamedTuple):
     hold: Hold | None
 
 
+def _by_decision(row: FamilyRow) -> int:
+    return DECISION_KINDS.index(row.decision) if row.decision in DECISION_KINDS else len(DECISION_KINDS)
+
+
+def _by_age(row: FamilyRow) -> float:
+    # An unknown age counts as the stalest, as the wave orders it.
+    return math.inf if row.age_days is None else row.age_days
+
+
+# The columns that sort the families table, each with its key. Rows come in the wave's order
+# and Python's sort is stable (reversed too), so rows that tie stay in the wave's order.
+ROW_ORDERS: dict[str, Callable[[FamilyRow], Any]] = {
+    "priority": lambda row: row.priority,
+    "family": lambda row: row.id,
+    "decision": _by_decision,
+    "age": _by_age,
+    "image": lambda row: row.image,
+    "outcome": lambda row: row.outcome.text if row.outcome else "",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class RepoSummary:
     name: str
@@ -155,7 +175,7 @@ class RowQuery:
     @classmethod
     def parse(cls, sort: str | None, direction: str | None, decision: str | None, text: str | None) -> RowQuery:
         """From untrusted parameters; an unknown sort key or direction falls back to the default."""
-        key = sort if sort in SORT_KEYS else "priority"
+        key = sort if sort in ROW_ORDERS else "priority"
         descending = direction == "desc" if direction in ("asc", "desc") else key in DESCENDING_BY_DEFAULT
         return cls(key, descending, decision or None, (text or "").strip())
 
@@ -213,7 +233,7 @@ class StatusViews:
             now = self.clock.now()
             plan = await self.waves.preview_state(state, now)
             ages = [image_age_days(family, now) for family in state.catalog]
-            summaries.append(self._summary(state, plan, await self._waves(state, 1), ages))
+            summaries.append(repo_summary(state, plan, await self._waves(state, 1), ages))
         return summaries
 
     async def repository(self, repo: str, query: RowQuery) -> RepoPage | None:
@@ -224,7 +244,7 @@ class StatusViews:
         plan = await self.waves.preview_state(state, now)
         history = await self._waves(state, KEEP_WAVES)
         rows = family_rows(state, plan, now)
-        summary = self._summary(state, plan, history, [row.age_days for row in rows])
+        summary = repo_summary(state, plan, history, [row.age_days for row in rows])
         return RepoPage(
             summary=summary,
             rows=tuple(select_rows(rows, query)),
@@ -255,27 +275,6 @@ class StatusViews:
             now=now,
         )
 
-    def _summary(
-        self, state: RepoState, plan: Wave, history: Sequence[WaveSummary], ages: Sequence[float | None]
-    ) -> RepoSummary:
-        return RepoSummary(
-            name=state.name,
-            enabled=state.policy.enabled,
-            last_wave=history[-1] if history and history[-1].number == state.meta.wave else None,
-            next_wave_at=parse_time(state.meta.next_wave_at),
-            blocked=plan.blocked,
-            decisions=ordered_counts(Counter(d.decision for d in plan.decisions), DECISION_KINDS),
-            freshness=freshness(ages),
-            families=len(state.catalog),
-            policy_error=state.meta.policy_error,
-            config_errors=tuple(
-                (path, problem)
-                for path, problems in sorted(state.meta.config_errors.items())
-                for problem in problems.split("\n")
-                if problem
-            ),
-        )
-
     async def _waves(self, state: RepoState, count: int) -> list[WaveSummary]:
         """Summaries of the last `count` stored waves, oldest first."""
         known = self._summaries.setdefault(state, {})
@@ -292,6 +291,29 @@ class StatusViews:
                 known[number] = summarize_wave(document)
             found.append(known[number])
         return found
+
+
+def repo_summary(
+    state: RepoState, plan: Wave, history: Sequence[WaveSummary], ages: Sequence[float | None]
+) -> RepoSummary:
+    """`history`: the last stored waves, oldest first; `ages`: every family's image age."""
+    return RepoSummary(
+        name=state.name,
+        enabled=state.policy.enabled,
+        last_wave=history[-1] if history and history[-1].number == state.meta.wave else None,
+        next_wave_at=parse_time(state.meta.next_wave_at),
+        blocked=plan.blocked,
+        decisions=ordered_counts(Counter(d.decision for d in plan.decisions), DECISION_KINDS),
+        freshness=freshness(ages),
+        families=len(state.catalog),
+        policy_error=state.meta.policy_error,
+        config_errors=tuple(
+            (path, problem)
+            for path, problems in sorted(state.meta.config_errors.items())
+            for problem in problems.split("\n")
+            if problem
+        ),
+    )
 
 
 def summarize_wave(document: dict[str, Any]) -> WaveSummary:
@@ -338,6 +360,7 @@ def family_row(
 
 
 def select_rows(rows: Iterable[FamilyRow], query: RowQuery) -> list[FamilyRow]:
+    """The rows `query` keeps, in its order; `rows` come in the wave's order."""
     text = query.text.lower()
     kept = [
         row
@@ -345,30 +368,8 @@ def select_rows(rows: Iterable[FamilyRow], query: RowQuery) -> list[FamilyRow]:
         if (query.decision is None or row.decision == query.decision)
         and (not text or text in row.id.lower() or text in row.image.lower() or text in row.reason.lower())
     ]
-    kept.sort(key=_SORT_KEYS[query.sort], reverse=query.descending)
+    kept.sort(key=ROW_ORDERS[query.sort], reverse=query.descending)
     return kept
-
-
-def _by_decision(row: FamilyRow) -> tuple[int, int]:
-    order = DECISION_KINDS.index(row.decision) if row.decision in DECISION_KINDS else len(DECISION_KINDS)
-    return order, row.priority
-
-
-def _by_age(row: FamilyRow) -> tuple[float, int]:
-    # An unknown age counts as the stalest, as the wave orders it; ties stay in wave order
-    # whichever way the column is sorted.
-    age = math.inf if row.age_days is None else row.age_days
-    return age, -row.priority
-
-
-_SORT_KEYS: dict[str, Any] = {
-    "priority": lambda row: row.priority,
-    "family": lambda row: row.id,
-    "decision": _by_decision,
-    "age": _by_age,
-    "image": lambda row: (row.image, row.priority),
-    "outcome": lambda row: (row.outcome.text if row.outcome else "", row.priority),
-}
 
 
 def describe_outcome(attempt: Attempt) -> LastOutcome:

@@ -28,7 +28,6 @@ from bot.core.cooldown import human_time
 from bot.services.status_view import (
     DECISION_KINDS,
     OUTCOME_KINDS,
-    SORT_KEYS,
     Counts,
     FamilyPage,
     FamilyRow,
@@ -114,7 +113,6 @@ TEMPLATES.globals.update(
     sort_link=sort_link,
     DECISION_KINDS=DECISION_KINDS,
     OUTCOME_KINDS=OUTCOME_KINDS,
-    SORT_KEYS=SORT_KEYS,
 )
 
 

@@ -298,7 +298,7 @@ def attempts_plot(page: FamilyPage) -> Plot:
         baselines=(height - BOTTOM,),
         dots=dots,
         marks=marks,
-        ticks=(Mark(LEFT, human_time(start)), Mark(_px(LEFT + inner_w - 110), human_time(page.now))),
+        ticks=(Mark(LEFT, human_time(start)), Mark(PLOT_WIDTH - RIGHT, human_time(page.now), anchor="end")),
     )
 
 

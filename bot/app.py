@@ -78,8 +78,10 @@ class Klaud:
         self.clock = clock or Clock()
         self.router = router or default_router
         self.db = engine_for(settings.db)
-        self.inbox = Inbox(DeliveryStore(self.db), self.handle, **(inbox_options or {}))
-        self.store = StateStore(self.db)
+        deliveries = DeliveryStore(self.db)
+        self.inbox = Inbox(deliveries, self.handle, **(inbox_options or {}))
+        # One writer: a delivery's status commits in the transaction of the state it changed.
+        self.store = StateStore(self.db, deliveries.writer)
         self.session = aiohttp.ClientSession()
         self.github = GitHubApp(
             self.session,
@@ -88,6 +90,7 @@ class Klaud:
             private_key=settings.private_key.get_secret_value() if settings.private_key else None,
             clock=self.clock,
             dry_run=settings.dry_run,
+            before_write=self.store.writer.commit_unit,
         )
         self.live = LiveState(self.store, GitHubRepos(self.github), self.clock, settings.bot_logins)
         self.capacity = CapacityFeed(
@@ -172,10 +175,13 @@ class Klaud:
 
     async def handle(self, delivery: Delivery) -> None:
         """Route one stored delivery to its handlers."""
-        event = sansio.Event(delivery.payload(), event=delivery.event, delivery_id=delivery.id)
-        if not self.router.fetch(event):
+        # Handlers are routed by event and action, which the ack stored: a delivery no
+        # handler wants is done without parsing its body.
+        routing = {"action": delivery.action} if delivery.action is not None else {}
+        if not self.router.fetch(sansio.Event(routing, event=delivery.event, delivery_id=delivery.id)):
             log.info("delivery.ignored", reason="no handler for this event")
             return
+        event = sansio.Event(delivery.payload(), event=delivery.event, delivery_id=delivery.id)
         await self.router.dispatch(event, self.services)
 
     async def state_document(self, repo: str) -> dict[str, Any] | None:

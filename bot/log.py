@@ -8,11 +8,10 @@ bare traceback in the middle of the JSON stream.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 
-import orjson
+import msgspec
 import structlog
 from structlog.types import Processor
 
@@ -23,7 +22,7 @@ def configure_logging(fmt: str = "json", level: int | str = logging.INFO) -> Non
     """`level` is a `logging` level or one of LEVELS' names (KLAUD_LOG_LEVEL)."""
     number = LEVELS[level] if isinstance(level, str) else level
     renderer: Processor = (
-        structlog.processors.JSONRenderer(serializer=_orjson_text)
+        structlog.processors.JSONRenderer(serializer=_json_text)
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )
@@ -42,12 +41,13 @@ def configure_logging(fmt: str = "json", level: int | str = logging.INFO) -> Non
     _route_standard_logging(renderer, number)
 
 
-def _orjson_text(event: object, **_options: object) -> str:
-    # orjson is the one JSON library of the hot path; a log line is written per delivery.
-    try:
-        return orjson.dumps(event, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
-    except orjson.JSONEncodeError:  # an integer past 64 bits: the standard library takes any
-        return json.dumps(event, default=str)
+# msgspec is the one JSON library of the hot path; a log line is written per delivery.
+# Whatever it cannot write (an exception object, a path) is written as its str().
+_LINE = msgspec.json.Encoder(enc_hook=str)
+
+
+def _json_text(event: object, **_options: object) -> str:
+    return _LINE.encode(event).decode()
 
 
 def _stderr_logger(*_args: object) -> structlog.PrintLogger:

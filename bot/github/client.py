@@ -378,6 +378,9 @@ class _Transport:
     timeout: aiohttp.ClientTimeout
     max_attempts: int
     write_spacing: float
+    # Awaited before every request of an installation that changes GitHub: the state that
+    # led to it is committed first (a claim is durable before the dispatch it guards).
+    before_write: Callable[[], Awaitable[None]] | None = None
 
 
 class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
@@ -402,6 +405,8 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         self._credential = credential
         self._dry_run = dry_run
         self._creates_are_safe = creates_are_safe
+        # The App's own writes only mint tokens; an installation's act on its repositories.
+        self._acts_on_repositories = label != "app"
         self._gate = _RateGate(transport.clock)
         self._writes = _WriteSpacer(transport.clock, transport.write_spacing)
         self._origin = origin_of(transport.base_url)
@@ -462,6 +467,8 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         headers = dict(headers)
         rejected: str | None = None
         attempt = 1
+        if self._acts_on_repositories and self._transport.before_write is not None and changes_state(method, url):
+            await self._transport.before_write()
         while True:
             try:
                 await self._gate.wait()
@@ -738,6 +745,7 @@ class GitHubApp:
         request_timeout: float = 30.0,
         max_attempts: int = 5,
         write_spacing: float = 1.0,
+        before_write: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if private_key is not None and app_id is None:
             raise ValueError("a private key needs the App id it belongs to")
@@ -753,6 +761,7 @@ class GitHubApp:
             timeout=aiohttp.ClientTimeout(total=request_timeout),
             max_attempts=max(1, max_attempts),
             write_spacing=write_spacing,
+            before_write=before_write,
         )
         self._tokens: cachetools.TLRUCache[int, _Token] = cachetools.TLRUCache(
             maxsize=TOKEN_CACHE_SIZE, ttu=_renew_at, timer=clock.timestamp

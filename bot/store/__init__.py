@@ -52,4 +52,5 @@ async def open_stores(url: str) -> Stores:
     """
     engine = engine_for(url)
     await engine.open()
-    return Stores(engine, StateStore(engine), DeliveryStore(engine), LeaseStore(engine))
+    deliveries = DeliveryStore(engine)
+    return Stores(engine, StateStore(engine, deliveries.writer), deliveries, LeaseStore(engine))

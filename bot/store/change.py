@@ -41,3 +41,10 @@ class Change:
 
     def __bool__(self) -> bool:
         return bool(self.puts or self.deletes or self.clears)
+
+    def repos(self) -> set[str]:
+        """The repositories the change touches, lower-cased (a meta record counts as its repository's)."""
+        touched = {repo or key for repo, _, key, _ in self.puts}
+        touched.update(repo or key for repo, _, key in self.deletes)
+        touched.update(repo for repo, _ in self.clears)
+        return {name.lower() for name in touched}

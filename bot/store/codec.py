@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
+import msgspec
 from pydantic import TypeAdapter, ValidationError
 
 from bot.core.domain import (
@@ -35,15 +35,16 @@ ADAPTERS: dict[str, TypeAdapter[Any]] = {kind: TypeAdapter(model) for kind, mode
 LIST_ADAPTERS: dict[str, TypeAdapter[Any]] = {kind: TypeAdapter(list[model]) for kind, model in MODELS.items()}  # type: ignore[valid-type]
 
 
-# Plain documents may hold dataclasses (a wave's decisions): orjson writes them in C, and
-# datetimes as ISO text with a Z like `bot.core.domain.stamp`.
-_PLAIN = orjson.OPT_UTC_Z | orjson.OPT_NON_STR_KEYS
+# Plain documents may hold dataclasses (a wave's decisions): msgspec writes them in C, and
+# UTC datetimes as ISO text with a Z like `bot.core.domain.stamp`.
+_PLAIN = msgspec.json.Encoder()
+_ANY = msgspec.json.Decoder()
 
 
 def encode(kind: str, value: Any) -> str:
     adapter = ADAPTERS.get(kind)
     if adapter is None:
-        return orjson.dumps(value, option=_PLAIN).decode()
+        return _PLAIN.encode(value).decode()
     return adapter.dump_json(value).decode()
 
 
@@ -51,7 +52,7 @@ def decode_many(kind: str, texts: list[str]) -> list[Any]:
     """Every record, or ValueError (pydantic's ValidationError is one) if any is unreadable."""
     adapter = LIST_ADAPTERS.get(kind)
     if adapter is None:
-        return [orjson.loads(text) for text in texts]
+        return [_ANY.decode(text) for text in texts]
     # One validate_json call over a JSON array is far faster than one call per record.
     return adapter.validate_json("[" + ",".join(texts) + "]")
 
@@ -59,7 +60,7 @@ def decode_many(kind: str, texts: list[str]) -> list[Any]:
 def decode_one(kind: str, text: str) -> Any:
     adapter = ADAPTERS.get(kind)
     if adapter is None:
-        return orjson.loads(text)
+        return _ANY.decode(text)
     return adapter.validate_json(text)
 
 

@@ -9,8 +9,11 @@ machine: the inbox acknowledges a delivery only after its commit returns.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import sqlite3
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -18,7 +21,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from bot.store.engine import Dialect, Result, Row, Statement
+from bot.store.engine import Deflate, Dialect, Result, Row, Statement
 from bot.store.lockfile import PidLock
 from bot.store.migrations import (
     CURRENT_VERSION,
@@ -29,6 +32,8 @@ from bot.store.migrations import (
 )
 
 T = TypeVar("T")
+
+sqlite3.register_adapter(Deflate, lambda value: zlib.compress(value.data, 1))
 log = structlog.get_logger("klaud.store")
 
 MEMORY = ":memory:"
@@ -116,6 +121,11 @@ class Database:
     async def _run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)
+
+    def free_bytes(self) -> int | None:
+        if self.path == MEMORY:
+            return None
+        return shutil.disk_usage(os.path.dirname(os.path.abspath(self.path))).free
 
     async def close(self) -> None:
         if self._conn is not None:

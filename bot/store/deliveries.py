@@ -1,9 +1,9 @@
 """The durable delivery inbox's storage: one row per webhook delivery, on either engine.
 
 A delivery is committed before GitHub gets its 202, because GitHub does not redeliver on
-its own. Writes that arrive while a transaction is running are committed together in the
-next one (group commit), so a burst of deliveries costs one fsync per batch instead of one
-per delivery.
+its own. Its writes go through the store's one `Writer` (group commit, shared with the state
+records), so a burst of deliveries costs one fsync per batch, and a delivery's new status
+commits in the transaction of the state it changed.
 
 With several replicas on one PostgreSQL database, any replica stores a delivery and a
 replica takes work with `claim_deliveries`: the delivery becomes `processing` with its
@@ -13,15 +13,16 @@ again once that claim is old.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+import msgspec
 
-from bot.store.engine import Dialect, Engine, Result, Row, Statement, as_count, as_rows
+from bot.store.engine import Deflate, Dialect, Engine, Row, Statement, as_count, as_rows
+from bot.store.writer import Writer
 
 # Headers worth keeping for processing and audits; the signature is not among them.
 KEPT_HEADERS = (
@@ -38,7 +39,9 @@ KEPT_HEADERS = (
 class Delivery:
     id: str
     event: str
-    body: bytes
+    # None while the delivery waits in a long queue: the inbox keeps a bounded number of
+    # bodies in memory and reads the others from the store when their turn comes.
+    body: bytes | None
     action: str | None = None
     repo: str | None = None
     installation: int | None = None
@@ -65,8 +68,10 @@ class Delivery:
         )
 
     def payload(self) -> dict[str, Any]:
-        # orjson, as at the ack: one parser and one depth limit for a delivery's body.
-        document: dict[str, Any] = orjson.loads(self.body)
+        # The one full parse of the body (the ack decoded only the routing fields).
+        if self.body is None:
+            raise RuntimeError(f"delivery {self.id}: its body was not read from the store")
+        document: dict[str, Any] = msgspec.json.decode(self.body)
         return document
 
     @property
@@ -87,18 +92,25 @@ class Delivery:
         }
 
 
-COLUMNS = "id, event, action, repo, installation, headers, body, status, attempts, error"
+# A delivery's columns; the body (position 6) lives in `delivery_bodies` and is read on its
+# own, so these queries leave it NULL: a long backlog must not be read into memory at once.
+COLUMNS = "id, event, action, repo, installation, headers, NULL, status, attempts, error"
 INSERT = (
-    "INSERT INTO deliveries (id, event, action, repo, installation, headers, body, received_at, updated_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+    "INSERT INTO deliveries (id, event, action, repo, installation, headers, received_at, updated_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
 )
-SELECT_ONE = f"SELECT {COLUMNS} FROM deliveries WHERE id = ?"
+INSERT_BODY = "INSERT INTO delivery_bodies (id, encoding, body) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING"
+SELECT_ONE = (
+    "SELECT d.id, d.event, d.action, d.repo, d.installation, d.headers, b.body, d.status, d.attempts, d.error,"
+    " b.encoding FROM deliveries d LEFT JOIN delivery_bodies b ON b.id = d.id WHERE d.id = ?"
+)
 SELECT_PENDING = f"SELECT {COLUMNS} FROM deliveries WHERE status = 'queued' ORDER BY seq"
+SELECT_BODIES = "SELECT id, encoding, body FROM delivery_bodies WHERE id IN ({marks})"
 UPDATE_STATUS = "UPDATE deliveries SET status = ?, attempts = ?, error = ?, updated_at = ? WHERE id = ?"
-PRUNE = (
-    "DELETE FROM deliveries WHERE (status = 'done' AND updated_at < ?)"
-    " OR (status = 'failed' AND updated_at < ?)"
-)
+PRUNABLE = "(status = 'done' AND updated_at < ?) OR (status = 'failed' AND updated_at < ?)"
+PRUNE_BODIES = f"DELETE FROM delivery_bodies WHERE id IN (SELECT id FROM deliveries WHERE {PRUNABLE})"
+PRUNE = f"DELETE FROM deliveries WHERE {PRUNABLE}"
+ZLIB = "zlib"
 # The oldest unclaimed deliveries, and those whose claim is older than the reclaim time (its
 # owner died); `?` 2 and 3 are a JSON array of lowercase repository names, or NULL for any.
 # PostgreSQL locks the rows it picks and skips those another claimer has locked, so
@@ -129,11 +141,10 @@ CLAIM: dict[Dialect, str] = {
 
 
 class DeliveryStore:
-    def __init__(self, db: Engine) -> None:
+    def __init__(self, db: Engine, writer: Writer | None = None) -> None:
         self.db = db
+        self.writer = writer or Writer(db)
         self._claim = CLAIM[db.dialect].format(now=db.now_sql, columns=COLUMNS)
-        self._writes: list[tuple[Statement, asyncio.Future[Result]]] = []
-        self._writer: asyncio.Task[None] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -144,6 +155,8 @@ class DeliveryStore:
 
     async def put(self, delivery: Delivery) -> bool:
         """Commit `delivery`; False when its id is already stored (a redelivery)."""
+        if delivery.body is None:
+            raise ValueError(f"delivery {delivery.id} has no body to store")
         now = time.time()
         row = (
             delivery.id,
@@ -152,15 +165,23 @@ class DeliveryStore:
             delivery.repo,
             delivery.installation,
             json.dumps(delivery.headers),
-            delivery.body,
             now,
             now,
         )
-        return as_count(await self._write(Statement(INSERT, row))) == 1
+        # SQLite's bodies are compressed (~9x for a webhook) in the store's thread, which
+        # releases the interpreter meanwhile; PostgreSQL compresses large values itself.
+        body = (ZLIB, Deflate(delivery.body)) if self.db.dialect == "sqlite" else (None, delivery.body)
+        [count, _] = await self.writer.write([Statement(INSERT, row), Statement(INSERT_BODY, (delivery.id, *body))])
+        return as_count(count) == 1
 
     async def get(self, delivery_id: str) -> Delivery | None:
         rows = await self.db.fetch(SELECT_ONE, delivery_id)
-        return _row_to_delivery(rows[0]) if rows else None
+        if not rows:
+            return None
+        delivery = _row_to_delivery(rows[0])
+        if rows[0][6] is not None:  # absent only if deleted behind Klaud's back
+            delivery.body = _inflated(rows[0][10], rows[0][6])
+        return delivery
 
     async def prune(self, *, done_before: float, failed_before: float) -> int:
         """Delete finished deliveries last updated before the given epoch times.
@@ -168,15 +189,22 @@ class DeliveryStore:
         GitHub redelivers on request for a few days only, so duplicate detection needs
         no older ids; failed deliveries are kept longer for people to inspect.
         """
-        return as_count(await self._write(Statement(PRUNE, (done_before, failed_before))))
+        before = (done_before, failed_before)
+        [_, count] = await self.writer.write([Statement(PRUNE_BODIES, before), Statement(PRUNE, before)])
+        return as_count(count)
 
     async def pending(self) -> list[Delivery]:
-        """Every delivery acknowledged but not finished (nor claimed), in arrival order."""
+        """Every delivery acknowledged but not finished (nor claimed), in arrival order,
+        without its body (`body` reads it)."""
         return [_row_to_delivery(row) for row in await self.db.fetch(SELECT_PENDING)]
 
+    async def bodies(self, delivery_ids: list[str]) -> dict[str, bytes]:
+        """The bodies of the deliveries still stored, by id (one query for a batch)."""
+        rows = await self.db.fetch(SELECT_BODIES.format(marks=", ".join("?" * len(delivery_ids))), *delivery_ids)
+        return {row[0]: _inflated(row[1], row[2]) for row in rows}
+
     async def save_status(self, delivery: Delivery) -> None:
-        values = (delivery.status, delivery.attempts, delivery.error, time.time(), delivery.id)
-        await self._write(Statement(UPDATE_STATUS, values))
+        await self.writer.write([status_statement(delivery.id, delivery.status, delivery.attempts, delivery.error)])
 
     async def claim_deliveries(
         self, owner: str, repos: set[str] | None, limit: int, *, reclaim_after_seconds: float = 300.0
@@ -195,43 +223,20 @@ class DeliveryStore:
 
     async def flushed(self) -> None:
         """Wait for the writes already asked for."""
-        if self._writer is not None:
-            await self._writer
+        await self.writer.flushed()
 
-    async def _write(self, statement: Statement) -> Result:
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._writes.append((statement, future))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._flush_writes())
-        return await future
 
-    async def _flush_writes(self) -> None:
-        while self._writes:
-            batch, self._writes = self._writes, []
-            try:
-                results = await self.db.transaction([statement for statement, _ in batch])
-            # Not swallowed: the batch rolled back; each write is tried again on its own, so
-            # one row the store refuses fails only its caller, as "not stored".
-            except Exception as exc:  # noqa: BLE001
-                if len(batch) > 1:
-                    await self._one_by_one(batch)
-                elif not batch[0][1].done():
-                    batch[0][1].set_exception(exc)
-                continue
-            for (_, future), result in zip(batch, results, strict=True):
-                if not future.done():
-                    future.set_result(result)
+def status_statement(delivery_id: str, status: str, attempts: int, error: str | None) -> Statement:
+    """The write that records a delivery's status (`Writer.end_unit` commits it with its changes)."""
+    return Statement(UPDATE_STATUS, (status, attempts, error, time.time(), delivery_id))
 
-    async def _one_by_one(self, batch: list[tuple[Statement, asyncio.Future[Result]]]) -> None:
-        for statement, future in batch:
-            try:
-                [result] = await self.db.transaction([statement])
-            except Exception as exc:  # noqa: BLE001 - reaches the caller through its future
-                if not future.done():
-                    future.set_exception(exc)
-            else:
-                if not future.done():
-                    future.set_result(result)
+
+def _inflated(encoding: str | None, stored: bytes) -> bytes:
+    if encoding is None:
+        return bytes(stored)
+    if encoding == ZLIB:
+        return zlib.decompress(stored)
+    raise ValueError(f"unknown delivery body encoding {encoding!r}")
 
 
 def _row_to_delivery(row: Row) -> Delivery:
@@ -242,7 +247,7 @@ def _row_to_delivery(row: Row) -> Delivery:
         repo=row[3],
         installation=row[4],
         headers=json.loads(row[5]),
-        body=bytes(row[6]),
+        body=None,
         status=row[7],
         attempts=row[8],
         error=row[9],

@@ -26,6 +26,14 @@ class Statement:
     rows: bool = False  # the result is the selected (or RETURNING) rows
 
 
+@dataclass(frozen=True, slots=True)
+class Deflate:
+    """Bytes SQLite stores zlib-compressed: compressed in the store's own thread (zlib
+    releases the interpreter), not on the event loop."""
+
+    data: bytes
+
+
 class Engine(Protocol):
     dialect: Dialect
     # The database's clock as epoch seconds, in SQL: leases and claims compare times written
@@ -44,6 +52,10 @@ class Engine(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    def free_bytes(self) -> int | None:
+        """Free space where the store writes; None when Klaud cannot see it (a server's disk)."""
+        ...
 
 
 def as_count(result: Result) -> int:

@@ -94,6 +94,9 @@ class PostgresDatabase:
             raise RuntimeError("database is closed")
         return self._pool
 
+    def free_bytes(self) -> int | None:
+        return None  # the server's disk: its operator watches it
+
     async def close(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None

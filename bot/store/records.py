@@ -21,6 +21,7 @@ from bot.store.change import Change
 from bot.store.codec import decode_many, decode_one, unreadable_reason
 from bot.store.engine import Dialect, Engine, Statement, as_count
 from bot.store.migrations import SQLITE_RECORDS_V1
+from bot.store.writer import Writer
 
 __all__ = ["STATE_SCHEMA", "Change", "StateStore"]
 
@@ -50,8 +51,10 @@ PRUNE_ATTEMPTS = "DELETE FROM records WHERE kind = 'attempt' AND {completed_at} 
 
 
 class StateStore:
-    def __init__(self, db: Engine) -> None:
+    def __init__(self, db: Engine, writer: Writer | None = None) -> None:
         self.db = db
+        # Shared with the delivery store, so a delivery's status commits with its changes.
+        self.writer = writer or Writer(db)
         completed_at = COMPLETED_AT[db.dialect]
         self._load_since = LOAD_SINCE.format(completed_at=completed_at)
         self._prune_attempts = PRUNE_ATTEMPTS.format(completed_at=completed_at)
@@ -66,7 +69,7 @@ class StateStore:
             Statement(PUT, change.puts, many=True),
         ]
         if change:
-            await self.db.transaction([statement for statement in statements if statement.args])
+            await self.writer.apply([statement for statement in statements if statement.args], change.repos())
 
     async def repos(self) -> list[str]:
         return [row[0] for row in await self.db.fetch(REPOS)]
@@ -90,7 +93,7 @@ class StateStore:
 
     async def prune_attempts(self, before: str) -> int:
         """Delete attempts that completed before `before` (ISO text, as stored)."""
-        results = await self.db.transaction([Statement(self._prune_attempts, (before,))])
+        results = await self.writer.write([Statement(self._prune_attempts, (before,))])
         return as_count(results[0])
 
     async def get(self, repo: str, kind: str, key: str) -> Any | None:

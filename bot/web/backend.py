@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import orjson
+import msgspec
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -45,7 +45,7 @@ def klaud_of(request: web.Request) -> Backend:
 
 
 def json_response(document: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(document), status=status, content_type="application/json")
+    return web.Response(body=msgspec.json.encode(document), status=status, content_type="application/json")
 
 
 def error(status: int, code: str, detail: str) -> web.Response:

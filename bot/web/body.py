@@ -24,11 +24,12 @@ ENCODINGS = ("identity", "gzip")
 class Rejected(Exception):
     """The request cannot be taken; the webhook answers `status` with the contract's error body."""
 
-    def __init__(self, status: int, code: str, detail: str) -> None:
+    def __init__(self, status: int, code: str, detail: str, *, retry_after: int | None = None) -> None:
         super().__init__(detail)
         self.status = status
         self.code = code
         self.detail = detail
+        self.retry_after = retry_after  # seconds, sent as `Retry-After`
 
 
 def too_large() -> Rejected:

@@ -19,6 +19,7 @@ async def readyz(request: web.Request) -> web.Response:
         "store": inbox.store.is_open,
         "backlog": inbox.backlog,
         "limit": inbox.backlog_limit,
+        "storage_risk": inbox.storage_risk(),
     }
     return json_response(body, 200 if klaud.ready else 503)
 

@@ -13,21 +13,39 @@ overtake it; after `max_attempts` (or at once, for a permanent error) it is mark
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import structlog
 
 from bot.core.errors import is_permanent
 from bot.metrics import DELIVERIES, INBOX_BACKLOG, PROCESSING_SECONDS
-from bot.store.deliveries import Delivery, DeliveryStore
+from bot.store.deliveries import Delivery, DeliveryStore, status_statement
+from bot.store.engine import Result
 from bot.web.events import event_label
 
 log = structlog.get_logger("klaud.inbox")
 
 Handler = Callable[[Delivery], Awaitable[None]]
+
+MIB = 1024 * 1024
+FREE_SPACE_EVERY = 1.0  # seconds between two looks at the store's free disk space
+
+
+@dataclass(eq=False)
+class Ended:
+    """A delivery whose handler returned or raised, and the commit of what it changed."""
+
+    delivery: Delivery
+    error: Exception | None
+    seconds: float
+    status: str  # "done", "failed", or "queued" (to retry)
+    commit: asyncio.Future[list[Result]] = field(init=False)
+    error_text: str | None = None
 
 
 class Inbox:
@@ -40,7 +58,10 @@ class Inbox:
         base_delay: float = 2.0,
         max_delay: float = 600.0,
         concurrency: int = 8,
-        backlog_limit: int = 10_000,
+        batch_size: int = 32,
+        backlog_limit: int = 100_000,
+        min_free_bytes: int = 256 * MIB,
+        body_budget: int = 64 * MIB,
         handler_timeout: float = 600.0,
     ) -> None:
         self.store = store
@@ -49,7 +70,14 @@ class Inbox:
         self.base_delay = base_delay
         self.max_delay = max_delay
         self.concurrency = concurrency
+        self.batch_size = batch_size
         self.backlog_limit = backlog_limit
+        self.min_free_bytes = min_free_bytes
+        # Bodies of queued deliveries kept in memory; the rest wait in the store only.
+        self.body_budget = body_budget
+        self._held: dict[str, int] = {}  # delivery id -> bytes of its body held in memory
+        self._held_bytes = 0
+        self._free: tuple[float, int | None] = (-1.0, None)  # (when measured, bytes)
         self.handler_timeout = handler_timeout
         self._queues: dict[str, deque[Delivery]] = {}
         self._due: dict[str, float] = {}
@@ -86,7 +114,26 @@ class Inbox:
 
     @property
     def ready(self) -> bool:
-        return self.store.is_open and self._backlog < self.backlog_limit
+        """Open and not at risk: a backlog being worked through is no reason to take a
+        replica out of service, only a store that may not hold the next delivery."""
+        return self.store.is_open and self.storage_risk() is None
+
+    def storage_risk(self) -> str | None:
+        """Why the store should take no more deliveries now, or None."""
+        if self._backlog >= self.backlog_limit:
+            return f"the inbox holds {self._backlog} unprocessed deliveries (limit {self.backlog_limit})"
+        free = self._free_bytes()
+        if free is not None and free < self.min_free_bytes:
+            return f"{free // MIB} MiB free where the store writes (needs {self.min_free_bytes // MIB} MiB)"
+        return None
+
+    def _free_bytes(self) -> int | None:
+        measured_at, free = self._free
+        now = time.monotonic()
+        if now - measured_at >= FREE_SPACE_EVERY:
+            free = self.store.db.free_bytes()
+            self._free = (now, free)
+        return free
 
     # -- draining ----------------------------------------------------------------------
 
@@ -104,6 +151,12 @@ class Inbox:
         return len(recovered)
 
     def _enqueue(self, delivery: Delivery) -> None:
+        size = len(delivery.body or b"")
+        if delivery.body is not None and self._held_bytes + size <= self.body_budget:
+            self._held[delivery.id] = size
+            self._held_bytes += size
+        else:
+            delivery.body = None  # read from the store when its turn comes
         self._queues.setdefault(delivery.ordering_key, deque()).append(delivery)
         self._set_backlog(self._backlog + 1)
         self._wake.set()
@@ -132,7 +185,7 @@ class Inbox:
                 pass
 
     def _launch_ready(self, now: float) -> float | None:
-        """Start the head delivery of every idle, due repository queue; return the next due time."""
+        """Start a batch for every idle, due repository queue; return the next due time."""
         next_due: float | None = None
         for key in list(self._queues):
             queue = self._queues[key]
@@ -148,12 +201,53 @@ class Inbox:
                 continue
             if len(self._active) >= self.concurrency:
                 break
-            task = asyncio.create_task(self._process(key, queue[0]))
-            self._active[key] = task
-            self._running[queue[0].id] = queue[0]
+            self._active[key] = asyncio.create_task(self._process(key, queue))
         return next_due
 
-    async def _process(self, key: str, delivery: Delivery) -> None:
+    async def _process(self, key: str, queue: deque[Delivery]) -> None:
+        """Run up to `batch_size` deliveries of one repository, then commit them together.
+
+        Each delivery's changes and its new status form one group of the store's writer;
+        the next delivery's handler runs without waiting for the fsync, and the batch waits
+        once, at its end, for all of them.
+        """
+        ends: list[Ended] = []
+        try:
+            batch = list(itertools.islice(queue, self.batch_size))
+            if not await self._read_bodies(key, batch):
+                return
+            for delivery in batch:
+                ended = await self._run_one(delivery)
+                ends.append(ended)
+                if ended.status == "queued":  # waits for its retry at the head of the queue
+                    break
+            await self._settle(key, ends)
+        finally:
+            self._active.pop(key, None)
+            for ended in ends:
+                self._running.pop(ended.delivery.id, None)
+            self._wake.set()
+
+    async def _read_bodies(self, key: str, batch: list[Delivery]) -> bool:
+        """Read the bodies the queue did not keep in memory, in one query before the batch
+        (a read per delivery would wait behind the commit of the one before)."""
+        missing = [delivery.id for delivery in batch if delivery.body is None]
+        if not missing:
+            return True
+        try:
+            bodies = await self.store.bodies(missing)
+        # The store could not be read: the batch waits and tries again, like a failed commit.
+        except Exception as exc:  # noqa: BLE001
+            self._wait_for_store(key, batch[0], exc)
+            return False
+        for delivery in batch:
+            if delivery.body is None:
+                # Absent only if deleted behind Klaud's back: an empty body fails its parse.
+                delivery.body = bodies.get(delivery.id, b"")
+        return True
+
+    async def _run_one(self, delivery: Delivery) -> Ended:
+        self._running[delivery.id] = delivery
         structlog.contextvars.bind_contextvars(
             delivery_id=delivery.id,
             github_event=delivery.event,
@@ -161,60 +255,88 @@ class Inbox:
             repository=delivery.repo,
             installation=delivery.installation,
         )
+        # `processing` lives in memory only: after a crash an unfinished delivery is still
+        # `queued` in the store and runs again, which is all the state must say.
+        delivery.attempts += 1
+        delivery.status = "processing"
+        writer = self.store.writer
+        unit = writer.begin_unit()
+        started = time.perf_counter()
+        error: Exception | None = None
         try:
-            # `processing` lives in memory only: after a crash an unfinished delivery is
-            # still `queued` in the store and runs again, which is all the state must say.
-            delivery.attempts += 1
-            delivery.status = "processing"
-            started = time.perf_counter()
-            try:
-                await asyncio.wait_for(self.handler(delivery), self.handler_timeout)
-            except asyncio.CancelledError:
-                raise
-            # The worker is the boundary every handler error reaches: it is logged with its
-            # traceback and recorded on the delivery, then retried or marked failed.
-            except Exception as exc:  # noqa: BLE001
-                await self._handle_error(key, delivery, exc)
-            else:
-                PROCESSING_SECONDS.labels(event_label(delivery.event)).observe(time.perf_counter() - started)
-                delivery.status, delivery.error = "done", None
-                await self._save_status(delivery)
-                DELIVERIES.labels(event_label(delivery.event), "done").inc()
-                log.info("delivery.processed", attempts=delivery.attempts)
-                self._finish(key)
+            # In this task (not wait_for's): the unit collects the handler's changes.
+            async with asyncio.timeout(self.handler_timeout):
+                await self.handler(delivery)
+        except asyncio.CancelledError:
+            writer.end_unit(unit, ())
+            raise
+        # The worker is the boundary every handler error reaches: it is logged with its
+        # traceback and recorded on the delivery, then retried or marked failed.
+        except Exception as exc:  # noqa: BLE001
+            error = exc
         finally:
-            self._active.pop(key, None)
-            self._running.pop(delivery.id, None)
             structlog.contextvars.clear_contextvars()
-            self._wake.set()
+        ended = Ended(delivery, error, time.perf_counter() - started, self._status_after(delivery, error))
+        message = f"{type(error).__name__}: {error}"[:2000] if error is not None else None
+        ended.commit = writer.end_unit(unit, [status_statement(delivery.id, ended.status, delivery.attempts, message)])
+        ended.error_text = message
+        return ended
 
-    async def _handle_error(self, key: str, delivery: Delivery, exc: Exception) -> None:
-        delivery.error = f"{type(exc).__name__}: {exc}"[:2000]
-        if is_permanent(exc) or delivery.attempts >= self.max_attempts:
-            delivery.status = "failed"
-            await self._save_status(delivery)
-            DELIVERIES.labels(event_label(delivery.event), "failed").inc()
-            log.warning(
-                "delivery.failed",
-                attempts=delivery.attempts,
-                error=delivery.error,
-                permanent=is_permanent(exc),
-                exc_info=None if is_permanent(exc) else exc,
-            )
-            self._finish(key)
-            return
-        delay = self.retry_delay(delivery.attempts)
-        delivery.status = "queued"
-        await self._save_status(delivery)
+    def _status_after(self, delivery: Delivery, error: Exception | None) -> str:
+        if error is None:
+            return "done"
+        if is_permanent(error) or delivery.attempts >= self.max_attempts:
+            return "failed"
+        return "queued"
+
+    async def _settle(self, key: str, ends: list[Ended]) -> None:
+        """Wait for the batch's commits; account for each delivery in order."""
+        results = await asyncio.gather(*(ended.commit for ended in ends), return_exceptions=True)
+        for index, (ended, result) in enumerate(zip(ends, results, strict=True)):
+            # The store refused the commit: this delivery and the batch's later ones stay at
+            # the head of the queue and run again (handlers are idempotent).
+            if isinstance(result, BaseException):
+                self._store_failed(key, ends[index:], result)
+                return
+            self._ended(key, ended)
+
+    def _store_failed(self, key: str, unsaved: list[Ended], exc: BaseException) -> None:
+        for ended in unsaved:
+            ended.delivery.status = "queued"
+        self._wait_for_store(key, unsaved[0].delivery, exc, [ended.delivery.id for ended in unsaved])
+
+    def _wait_for_store(self, key: str, head: Delivery, exc: BaseException, ids: list[str] | None = None) -> None:
+        delay = self.retry_delay(max(1, head.attempts))
         self._due[key] = asyncio.get_running_loop().time() + delay
-        DELIVERIES.labels(event_label(delivery.event), "retry").inc()
-        log.warning(
-            "delivery.retry",
-            attempts=delivery.attempts,
+        log.error(
+            "delivery.store_failed",
+            deliveries=ids or [head.id],
             retry_in_s=round(delay, 3),
-            error=delivery.error,
-            exc_info=exc,
+            error=f"{type(exc).__name__}: {exc}",
         )
+
+    def _ended(self, key: str, ended: Ended) -> None:
+        delivery, label = ended.delivery, event_label(ended.delivery.event)
+        delivery.status, delivery.error = ended.status, ended.error_text
+        context = {"delivery_id": delivery.id, "github_event": delivery.event, "repository": delivery.repo,
+                   "action": delivery.action, "attempts": delivery.attempts}
+        if ended.error is None:
+            PROCESSING_SECONDS.labels(label).observe(ended.seconds)
+            DELIVERIES.labels(label, "done").inc()
+            log.info("delivery.processed", **context)
+            self._finish(key)
+        elif ended.status == "failed":
+            DELIVERIES.labels(label, "failed").inc()
+            permanent = is_permanent(ended.error)
+            log.warning("delivery.failed", error=delivery.error, permanent=permanent,
+                        exc_info=None if permanent else ended.error, **context)
+            self._finish(key)
+        else:
+            delay = self.retry_delay(delivery.attempts)
+            self._due[key] = asyncio.get_running_loop().time() + delay
+            DELIVERIES.labels(label, "retry").inc()
+            log.warning("delivery.retry", retry_in_s=round(delay, 3), error=delivery.error, exc_info=ended.error,
+                        **context)
 
     def retry_delay(self, attempts: int) -> float:
         """Exponential backoff with full jitter in its upper half."""
@@ -224,12 +346,9 @@ class Inbox:
     def _finish(self, key: str) -> None:
         queue = self._queues.get(key)
         if queue:
-            queue.popleft()
+            self._held_bytes -= self._held.pop(queue.popleft().id, 0)
         self._due.pop(key, None)
         self._set_backlog(self._backlog - 1)
-
-    async def _save_status(self, delivery: Delivery) -> None:
-        await self.store.save_status(delivery)
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop taking work, let running handlers finish within `grace` seconds.

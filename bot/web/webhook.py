@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-import orjson
+import msgspec
 import structlog
 from aiohttp import web
 
@@ -39,7 +39,7 @@ from bot.web.body import (
     read_body,
     too_large,
 )
-from bot.web.envelope import InvalidEnvelope, envelope_of
+from bot.web.envelope import InvalidEnvelope, NotAnObject, envelope_of
 from bot.web.events import event_label
 from bot.web.health import add_health_routes
 
@@ -55,6 +55,9 @@ READ_BUFFER = 16 * 1024
 # After an early answer (413, 408) the rest of the body is read and dropped this long, so a
 # client still sending sees the answer; then the connection is closed.
 LINGER_SECONDS = 2.0
+
+# What a 503 for a store at risk asks the sender to wait (the inbox drains meanwhile).
+STORAGE_RETRY_AFTER = 60
 
 SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
 # Event names and delivery ids are stored as text and used as keys: printable ASCII only.
@@ -91,6 +94,10 @@ async def webhook(request: web.Request) -> web.Response:
 async def _receive(request: web.Request, klaud: Backend, budget: AsyncExitStack) -> Delivery:
     secrets = klaud.webhook_secrets()
     headers = _checked_headers(request, secrets)
+    # Before the body is read: a store at risk takes nothing more (GitHub can redeliver).
+    risk = klaud.inbox.storage_risk()
+    if risk is not None:
+        raise Rejected(503, "storage-at-risk", risk, retry_after=STORAGE_RETRY_AFTER)
     intake = request.app[INTAKE_KEY]
     deadline = asyncio.get_running_loop().time() + intake.read_timeout
     try:
@@ -99,9 +106,10 @@ async def _receive(request: web.Request, klaud: Backend, budget: AsyncExitStack)
             chunks = await read_body(request)
     except TimeoutError:
         raise Rejected(408, "request-timeout", f"the body did not arrive within {intake.read_timeout:g} s") from None
-    if not _signed(chunks, headers.signature, secrets):
+    body = b"".join(chunks)
+    if not _signed(body, headers.signature, secrets):
         raise Rejected(401, "invalid-signature", "signature does not match")
-    return _delivery(request, headers, b"".join(chunks))
+    return _delivery(request, headers, body)
 
 
 def _checked_headers(request: web.Request, secrets: list[str]) -> Headers:
@@ -126,25 +134,23 @@ def _checked_headers(request: web.Request, secrets: list[str]) -> Headers:
     return Headers(event, delivery_id, signature)
 
 
-def _signed(chunks: list[bytes], signature: str, secrets: list[str]) -> bool:
-    for secret in secrets:
-        mac = hmac.new(secret.encode(), digestmod="sha256")
-        for chunk in chunks:
-            mac.update(chunk)
-        if hmac.compare_digest("sha256=" + mac.hexdigest(), signature):
-            return True
-    return False
+def _signed(body: bytes, signature: str, secrets: list[str]) -> bool:
+    # hmac.digest: OpenSSL's one-shot HMAC, with no Python object per update.
+    return any(
+        hmac.compare_digest("sha256=" + hmac.digest(secret.encode(), body, "sha256").hex(), signature)
+        for secret in secrets
+    )
 
 
 def _delivery(request: web.Request, headers: Headers, body: bytes) -> Delivery:
     try:
-        payload = orjson.loads(body)  # depth-limited: deep nesting is an error, not a RecursionError
-    except orjson.JSONDecodeError as exc:
+        envelope = envelope_of(body)
+    except msgspec.DecodeError as exc:
         raise Rejected(400, "invalid-json", f"body is not JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise Rejected(400, "invalid-json", "body must be a JSON object")
-    try:
-        envelope = envelope_of(payload)
+    except RecursionError:
+        raise Rejected(400, "invalid-json", "body exceeds the JSON nesting depth limit") from None
+    except NotAnObject as exc:
+        raise Rejected(400, "invalid-json", str(exc)) from None
     except InvalidEnvelope as exc:
         raise Rejected(400, "invalid-payload", str(exc)) from None
     return Delivery(
@@ -164,7 +170,10 @@ def _reject(event: str, rejected: Rejected) -> web.Response:
     log.warning(
         "delivery.rejected", status=rejected.status, error=rejected.code, detail=rejected.detail, github_event=event[:64]
     )
-    return error(rejected.status, rejected.code, rejected.detail)
+    response = error(rejected.status, rejected.code, rejected.detail)
+    if rejected.retry_after is not None:
+        response.headers["Retry-After"] = str(rejected.retry_after)
+    return response
 
 
 async def _store(klaud: Backend, delivery: Delivery) -> web.Response:
@@ -189,7 +198,8 @@ async def _store(klaud: Backend, delivery: Delivery) -> web.Response:
         log.info("delivery.duplicate", **context)
         return json_response({"delivery": delivery.id, "duplicate": True})
     DELIVERIES.labels(label, "accepted").inc()
-    log.info("delivery.received", **context)
+    # At debug: the line that says what became of the delivery is `delivery.processed`.
+    log.debug("delivery.received", **context)
     if delivery.event == "ping":
         return json_response({"delivery": delivery.id, "queued": True, "ping": True})
     return json_response({"delivery": delivery.id, "queued": True}, 202)

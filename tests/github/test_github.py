@@ -559,6 +559,23 @@ async def test_dry_run_reads_but_only_logs_writes(make_app: Callable[..., GitHub
     assert dry[0]["route"] == "/repos/{owner}/{repo}/issues/{number}/comments"
 
 
+async def test_state_is_committed_before_each_write_and_never_for_a_read(
+    make_app: Callable[..., GitHubApp], stub: Stub
+) -> None:
+    order: list[str] = []
+
+    async def commit() -> None:  # the store's `Writer.commit_unit` in the running App
+        order.append("commit")
+
+    inst = make_app(before_write=commit).installation(7)
+    await inst.getitem("/repos/acme/bench")
+    order.append("read")
+    await inst.post("/repos/acme/bench/actions/workflows/klaud-candidate.yml/dispatches", data={"ref": "main"})
+    order.append("dispatched")
+    assert order == ["read", "commit", "dispatched"]
+    assert [s.method for s in stub.seen][-1] == "POST", "the commit came before the request was sent"
+
+
 # ----------------------------------------------------------------- ETags and logging
 
 

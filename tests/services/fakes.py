@@ -88,7 +88,6 @@ class FakeRepo:
     permissions: dict[str, str] = field(default_factory=dict)
     blames: dict[str, list[BlameRange]] = field(default_factory=dict)  # path -> ranges at any ref
     issues: dict[int, Issue] = field(default_factory=dict)
-    blames: dict[str, list[BlameRange]] = field(default_factory=dict)  # path -> ranges at any ref
     workflows: set[str] = field(default_factory=lambda: {"klaud-candidate.yml"})
     answer_run_ids: bool = True  # False: dispatch answers like an older server (204)
     calls: list[tuple[Any, ...]] = field(default_factory=list)

@@ -9,7 +9,7 @@ import time
 import asyncpg
 import pytest
 
-from bot.store import open_stores
+from bot.store import Stores, open_stores
 from bot.store.deliveries import Delivery
 
 POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
@@ -127,3 +127,24 @@ async def test_a_claim_skips_deliveries_another_transaction_holds_without_waitin
     finally:
         await holder.close()
     assert [d.id for d in claimed] == ["d2", "d3", "d4"]
+
+
+async def test_a_body_is_stored_apart_compressed_on_sqlite_and_read_back_whole(stores: Stores) -> None:
+    body = b'{"action": "synchronize", "pad": "' + b"x" * 20_000 + b'"}'
+    await stores.deliveries.put(Delivery("big", "pull_request", body, repo="o/r"))
+    await stores.deliveries.save_status(Delivery("big", "pull_request", None, status="done", attempts=1))
+
+    assert (await stores.deliveries.get("big")).body == body  # type: ignore[union-attr]
+    assert await stores.deliveries.bodies(["big", "absent"]) == {"big": body}
+    [(encoding, size)] = await stores.engine.fetch("SELECT encoding, length(body) FROM delivery_bodies")
+    if stores.engine.dialect == "sqlite":
+        assert encoding == "zlib" and size < 1_000
+    else:
+        assert encoding is None and size == len(body)
+
+
+async def test_pruning_a_delivery_prunes_its_body(stores: Stores) -> None:
+    await stores.deliveries.put(Delivery("old", "push", b"{}", repo="o/r"))
+    await stores.deliveries.save_status(Delivery("old", "push", None, status="done", attempts=1))
+    assert await stores.deliveries.prune(done_before=time.time() + 1, failed_before=0) == 1
+    assert await stores.engine.fetch("SELECT id FROM delivery_bodies") == []

@@ -302,12 +302,36 @@ async def test_health_ready_and_metrics(tmp_path):
     assert "klaud_delivery_processing_seconds_bucket" in text
 
 
-async def test_readyz_is_503_when_backlog_reaches_its_limit(tmp_path):
+async def test_a_backlog_being_worked_through_keeps_the_replica_ready(tmp_path):
+    async with running_klaud(make_klaud(tmp_path, Recorder()), drain=False) as run:
+        for number in range(5):
+            await run.post("pull_request", PR_PAYLOAD, delivery=f"busy-{number}")
+        status, body = await run.get_json("/readyz")
+    assert status == 200 and body["backlog"] == 5 and body["storage_risk"] is None
+
+
+async def test_a_full_inbox_refuses_deliveries_with_retry_after_and_is_not_ready(tmp_path):
     klaud = make_klaud(tmp_path, Recorder(), backlog_limit=1)
     async with running_klaud(klaud, drain=False) as run:
-        await run.post("pull_request", PR_PAYLOAD)
+        first, _ = await run.post("pull_request", PR_PAYLOAD, delivery="full-1")
+        body_bytes = json.dumps(PR_PAYLOAD).encode()
+        headers = headers_for("pull_request", body_bytes, delivery="full-2")
+        async with run.session.post(f"{run.url}/webhook", data=body_bytes, headers=headers) as refused:
+            retry_after, refusal = refused.headers.get("Retry-After"), await refused.json()
         status, body = await run.get_json("/readyz")
-    assert status == 503 and body["backlog"] == 1
+        stored = await klaud.inbox.store.get("full-2")
+    assert first == 202
+    assert refused.status == 503 and retry_after == "60"
+    assert refusal["error"] == "storage-at-risk" and "limit 1" in refusal["detail"]
+    assert stored is None
+    assert status == 503 and body["backlog"] == 1 and "limit 1" in body["storage_risk"]
+
+
+async def test_a_disk_about_to_fill_refuses_deliveries(tmp_path):
+    klaud = make_klaud(tmp_path, Recorder(), min_free_bytes=2**62)  # more than any disk has
+    async with running_klaud(klaud, drain=False) as run:
+        status, refusal = await run.post("pull_request", PR_PAYLOAD)
+    assert status == 503 and "MiB free where the store writes" in refusal["detail"]
 
 
 def _fixture_payloads(root: Path):

@@ -1,0 +1,106 @@
+"""The store's one writer: groups commit whole, in the order memory made them, and a unit's
+changes commit with the status of the delivery that made them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.store.change import Change
+from bot.store.deliveries import Delivery, DeliveryStore, status_statement
+from bot.store.records import StateStore
+from tests.store.recording import RecordingDatabase
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[RecordingDatabase]:
+    database = RecordingDatabase(str(tmp_path / "klaud.db"))
+    await database.open()
+    yield database
+    await database.close()
+
+
+def put(repo: str, key: str, value: object) -> Change:
+    return Change().put(repo, "wave", key, {"value": value})
+
+
+async def test_a_units_changes_commit_with_its_status_in_one_transaction(db: RecordingDatabase) -> None:
+    deliveries = DeliveryStore(db)
+    state = StateStore(db, deliveries.writer)
+    await deliveries.put(Delivery("d1", "push", b"{}", repo="o/r"))
+    db.committed.clear()
+
+    unit = deliveries.writer.begin_unit()
+    await state.apply(put("o/r", "f", 1))
+    await state.apply(put("o/r", "g", 2))
+    assert db.committed == [], "the unit holds its changes until it ends"
+    await deliveries.writer.end_unit(unit, [status_statement("d1", "done", 1, None)])
+
+    assert db.committed == [["INSERT", "INSERT", "UPDATE"]]  # both changes and the status, one transaction
+    assert (await deliveries.get("d1")).status == "done"  # type: ignore[union-attr]
+    assert await state.get("o/r", "wave", "g") is not None
+
+
+async def test_another_tasks_write_to_the_same_repository_goes_after_the_units_changes(db: RecordingDatabase) -> None:
+    state = StateStore(db)
+    unit = state.writer.begin_unit()
+    await state.apply(put("o/r", "f", "from the delivery"))
+
+    async def wave() -> None:  # another task: writes at once, after what memory did first
+        await state.apply(Change().delete("o/r", "wave", "f"))
+
+    await asyncio.create_task(wave())
+    await state.writer.end_unit(unit, [])
+
+    assert await state.get("o/r", "wave", "f") is None, "the delete came last in memory, so last on disk"
+
+
+async def test_a_write_to_another_repository_leaves_the_unit_alone(db: RecordingDatabase) -> None:
+    state = StateStore(db)
+    unit = state.writer.begin_unit()
+    await state.apply(put("o/r", "f", 1))
+    await asyncio.create_task(state.apply(put("o/other", "f", 1)))
+    assert unit.statements, "o/r's change still waits for its status"
+    await state.writer.end_unit(unit, [])
+
+
+async def test_commit_unit_makes_the_changes_durable_before_an_action_on_github(db: RecordingDatabase) -> None:
+    state = StateStore(db)
+    unit = state.writer.begin_unit()
+    await state.apply(put("o/r", "claim", 1))
+    await state.writer.commit_unit()  # what the GitHub client awaits before a write
+    assert db.committed == [["INSERT"]]
+    assert not unit.statements
+    await state.writer.end_unit(unit, [])
+
+
+async def test_a_task_started_inside_a_unit_writes_on_its_own(db: RecordingDatabase) -> None:
+    state = StateStore(db)
+    unit = state.writer.begin_unit()
+    await asyncio.create_task(state.apply(put("o/x", "f", 1)))  # inherits the context, not the unit
+    assert db.committed == [["INSERT"]]
+    assert not unit.statements
+    await state.writer.end_unit(unit, [])
+
+
+async def test_a_refused_group_fails_alone_and_its_neighbours_commit(db: RecordingDatabase) -> None:
+    state = StateStore(db)
+    db.refuse = "poison"
+    results = await asyncio.gather(
+        state.apply(put("o/a", "f", 1)),
+        state.apply(put("o/b", "f", "poison")),
+        state.apply(put("o/c", "f", 1)),
+        return_exceptions=True,
+    )
+    assert [type(result).__name__ for result in results] == ["NoneType", "RuntimeError", "NoneType"]
+    assert await state.get("o/a", "wave", "f") is not None
+    assert await state.get("o/c", "wave", "f") is not None
+    assert await state.get("o/b", "wave", "f") is None
+
+
+async def test_a_meta_record_counts_as_its_repositorys_change() -> None:
+    change = Change().put("", "repo", "Acme/Bench", {"installation": 1}).clear("o/r", "pull")
+    assert change.repos() == {"acme/bench", "o/r"}

@@ -1,0 +1,132 @@
+"""The inbox drains a repository's deliveries in small batches: each delivery's state change
+and its status commit in one transaction, and a batch waits for the disk once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.store.change import Change
+from bot.store.deliveries import Delivery, DeliveryStore
+from bot.store.records import StateStore
+from bot.web.inbox import Inbox
+from tests.store.recording import RecordingDatabase
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[RecordingDatabase]:
+    database = RecordingDatabase(str(tmp_path / "klaud.db"))
+    await database.open()
+    yield database
+    await database.close()
+
+
+def delivery(number: int, repo: str = "acme/bench") -> Delivery:
+    return Delivery(f"d{number}", "pull_request", b"{}", action="synchronize", repo=repo, installation=1)
+
+
+class Handler:
+    """Records one state change per delivery, as the pull request handler does."""
+
+    def __init__(self, state: StateStore, fail: set[str] | None = None) -> None:
+        self.state = state
+        self.fail = fail or set()
+        self.seen: list[str] = []
+
+    async def __call__(self, item: Delivery) -> None:
+        self.seen.append(item.id)
+        await self.state.apply(Change().put(item.repo or "", "wave", item.id, {"by": item.id}))
+        if item.id in self.fail:
+            raise ConnectionError(f"{item.id} failed")  # transient: retried
+
+
+async def run(db: RecordingDatabase, deliveries: list[Delivery], **options: object) -> tuple[Inbox, Handler]:
+    store = DeliveryStore(db)
+    handler = Handler(StateStore(db, store.writer), options.pop("fail", None))  # type: ignore[arg-type]
+    inbox = Inbox(store, handler, base_delay=0.01, max_delay=0.02, **options)  # type: ignore[arg-type]
+    await inbox.open()
+    for item in deliveries:  # stored while the worker is down, found by `start`
+        assert await inbox.store.put(item)
+    db.committed.clear()
+    await inbox.start()
+    await inbox.drained()
+    await inbox.stop()
+    return inbox, handler
+
+
+async def test_each_delivery_commits_its_change_and_its_status_together(db: RecordingDatabase) -> None:
+    await run(db, [delivery(n) for n in range(20)], batch_size=8)
+
+    # Each state put is followed, in the same transaction, by the status of its delivery;
+    # 20 deliveries in batches of 8 take at most 3 waits for the disk.
+    assert all(statements.count("INSERT") == statements.count("UPDATE") for statements in db.committed)
+    assert sum(statements.count("UPDATE") for statements in db.committed) == 20
+    assert len(db.committed) <= 3
+    store = StateStore(db)
+    for n in range(20):
+        assert (await DeliveryStore(db).get(f"d{n}")).status == "done"  # type: ignore[union-attr]
+        assert await store.get("acme/bench", "wave", f"d{n}") == {"by": f"d{n}"}
+
+
+async def test_a_failing_delivery_ends_its_batch_and_keeps_its_place(db: RecordingDatabase) -> None:
+    _, handler = await run(db, [delivery(n) for n in range(4)], fail={"d1"}, max_attempts=2)
+
+    # d1 failed, waited for its retry at the head (d2 did not overtake it), failed again.
+    assert handler.seen == ["d0", "d1", "d1", "d2", "d3"]
+    stored = {n: await DeliveryStore(db).get(f"d{n}") for n in range(4)}
+    assert [item.status for item in stored.values()] == ["done", "failed", "done", "done"]  # type: ignore[union-attr]
+    assert stored[1].attempts == 2 and "d1 failed" in (stored[1].error or "")  # type: ignore[union-attr]
+
+
+async def test_a_commit_the_store_refuses_runs_the_deliveries_again(db: RecordingDatabase) -> None:
+    store = DeliveryStore(db)
+    handler = Handler(StateStore(db, store.writer))
+    inbox = Inbox(store, handler, base_delay=0.01, max_delay=0.02)
+    await inbox.open()
+    for n in range(3):
+        await store.put(delivery(n))
+    db.refuse = "'d1'"  # any transaction writing d1's change or status
+    await inbox.start()
+    while handler.seen.count("d1") < 2:  # d1 ran, its commit failed, it runs again
+        await inbox.get("d1")
+        await asyncio.sleep(0.01)
+    db.refuse = None
+    await inbox.drained()
+    await inbox.stop()
+
+    assert [(await store.get(f"d{n}")).status for n in range(3)] == ["done"] * 3  # type: ignore[union-attr]
+    assert handler.seen[:2] == ["d0", "d1"] and handler.seen.count("d0") == 1
+
+
+async def test_a_long_queue_keeps_few_bodies_in_memory_and_reads_the_others_at_their_turn(
+    db: RecordingDatabase,
+) -> None:
+    store = DeliveryStore(db)
+    seen: list[bytes] = []
+
+    async def handler(item: Delivery) -> None:
+        seen.append(item.payload()["n"].to_bytes(1, "big"))
+
+    inbox = Inbox(store, handler, body_budget=100)  # room for about three 30-byte bodies
+    await inbox.open()
+    for n in range(3):  # stored before the start: recovered without their bodies
+        await store.put(Delivery(f"old-{n}", "push", b'{"n": %d, "pad": "..........."}' % n, repo="o/r"))
+    await inbox.start()
+    await inbox.stop()  # nothing runs yet: look at what start queued
+    assert all(item.body is None for queue in inbox._queues.values() for item in queue)
+
+    inbox = Inbox(store, handler, body_budget=100)
+    await inbox.open()
+    await inbox.start()
+    for n in range(3, 10):
+        await inbox.put(Delivery(f"new-{n}", "push", b'{"n": %d, "pad": "..........."}' % n, repo="o/r"))
+    held = inbox._held_bytes
+    await inbox.drained()
+    await inbox.stop()
+
+    assert held <= 100
+    assert seen == [n.to_bytes(1, "big") for n in range(10)], "every body was read, in order"
+    assert inbox._held_bytes == 0 and not inbox._held

@@ -25,7 +25,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/client.py
 	$(BIN)/python bench/state.py
-	$(BIN)/python bench/wave.py
+	$(BIN)/python bench/wave.py --scale 4
 	$(BIN)/python bench/reconcile.py
 	$(BIN)/python bench/abuse.py
 	$(BIN)/python bench/peers.py

@@ -22,7 +22,12 @@ log between its reset and the end of the waves. The GitHub calls the previous po
 planner needs for the same state are computed for comparison (assumptions printed with
 the figures).
 
-Last line: {"wave_ms_median", "github_reads", "poll_design_calls"}.
+`--scale N` (N > 1) runs the same benchmark again on N times the state (families, PRs and
+attempts all times N) and compares the medians.
+
+Last line: {"wave_ms_median", "github_reads", "poll_design_calls"} for today's state, plus
+"scale", "wave_ms_median_scaled" and "scale_ratio" (N-times median / 1-time median) with
+`--scale N`.
 """
 
 from __future__ import annotations
@@ -289,9 +294,21 @@ def main() -> None:
     parser.add_argument("--pulls", type=int, default=1000)
     parser.add_argument("--attempts", type=int, default=100_000)
     parser.add_argument("--waves", type=int, default=15, help="waves per trigger (repository_dispatch, direct)")
+    parser.add_argument("--scale", type=int, default=1, help="also run N times the state and compare (N > 1)")
     args = parser.parse_args()
     configure_logging("json", logging.WARNING)
-    print(json.dumps(asyncio.run(run_benchmark(args))))
+    figures = asyncio.run(run_benchmark(args))
+    if args.scale > 1:
+        scaled = argparse.Namespace(**vars(args))
+        for name in ("families", "pulls", "attempts"):
+            setattr(scaled, name, getattr(args, name) * args.scale)
+        print(f"--- {args.scale} times the state")
+        bigger = asyncio.run(run_benchmark(scaled))
+        ratio = bigger["wave_ms_median"] / figures["wave_ms_median"]
+        print(f"{args.scale}x the state: wave median {bigger['wave_ms_median']} ms, "
+              f"{ratio:.2f} times the 1x median (target <= 4.5)")
+        figures.update(scale=args.scale, wave_ms_median_scaled=bigger["wave_ms_median"], scale_ratio=round(ratio, 2))
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -200,7 +200,7 @@ class Klaud:
         latest = state.meta.wave
         documents = []
         for number in range(latest, max(0, latest - limit), -1):
-            document = await self.store.get(state.name, "wave", f"{number:08d}")
+            document = await self.store.wave(state.name, number)
             if document is not None:  # a dry-run wave numbers nothing it stores
                 documents.append(document)
         return documents

@@ -97,7 +97,7 @@ class DashboardKeeper:
         )
 
     async def _stored_wave(self, state: RepoState) -> Wave | None:
-        document = await self.live.store.get(state.name, "wave", f"{state.meta.wave:08d}")
+        document = await self.live.store.wave(state.name, state.meta.wave)
         return Wave.from_document(document) if document else None
 
     async def _find(self, api: RepoAPI) -> int | None:

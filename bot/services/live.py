@@ -99,8 +99,9 @@ class LiveState:
             state = self.repos.pop(name.lower(), None)
             name = state.name if state is not None else name
             change = Change()
-            for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry", "wave"):
+            for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry"):
                 change.clear(name, kind)
+            change.clear_waves(name)
             change.delete("", "repo", name)
             await self.persist(change)
         log.info("live.forgotten", repo=name)

@@ -285,7 +285,7 @@ class StatusViews:
         for number in range(first, state.meta.wave + 1):
             if number not in known:
                 # A miss is not remembered: the wave being stored right now may be it.
-                document = await self.live.store.get(state.name, "wave", f"{number:08d}")
+                document = await self.live.store.wave(state.name, number)
                 if document is None:
                     continue
                 known[number] = summarize_wave(document)

@@ -99,9 +99,9 @@ class WaveRunner:
             wave = await self._plan_and_dispatch(state, number, reading, now, change)
             if not self.dry_run:
                 self._note(state, wave, trigger, now)
-                change.put(state.name, "wave", f"{number:08d}", wave_record(wave))
+                change.put_wave(state.name, number, wave_record(wave))
                 # Wave documents are large (one decision per family): keep the recent ones.
-                change.delete(state.name, "wave", f"{number - KEEP_WAVES:08d}")
+                change.delete_wave(state.name, number - KEEP_WAVES)
             if next_wave_at is not None:
                 state.meta.next_wave_at = stamp(next_wave_at)
             state.save_meta(change)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.store.codec import encode
+from bot.store.codec import encode, encode_document
 
 
 class Change:
@@ -19,6 +19,10 @@ class Change:
         self.puts: list[tuple[str, str, str, str]] = []
         self.deletes: list[tuple[str, str, str]] = []
         self.clears: list[tuple[str, str]] = []
+        # Wave documents live in a table of their own (`StateStore.wave` reads them).
+        self.wave_puts: list[tuple[str, int, bytes]] = []
+        self.wave_deletes: list[tuple[str, int]] = []
+        self.wave_clears: list[str] = []
 
     def put(self, repo: str, kind: str, key: str | int, value: Any) -> Change:
         self.puts.append((repo, kind, str(key), encode(kind, value)))
@@ -33,18 +37,36 @@ class Change:
         self.clears.append((repo, kind))
         return self
 
+    def put_wave(self, repo: str, number: int, document: Any) -> Change:
+        self.wave_puts.append((repo, number, encode_document(document)))
+        return self
+
+    def delete_wave(self, repo: str, number: int) -> Change:
+        self.wave_deletes.append((repo, number))
+        return self
+
+    def clear_waves(self, repo: str) -> Change:
+        self.wave_clears.append(repo)
+        return self
+
     def extend(self, other: Change) -> Change:
         self.puts.extend(other.puts)
         self.deletes.extend(other.deletes)
         self.clears.extend(other.clears)
+        self.wave_puts.extend(other.wave_puts)
+        self.wave_deletes.extend(other.wave_deletes)
+        self.wave_clears.extend(other.wave_clears)
         return self
 
     def __bool__(self) -> bool:
-        return bool(self.puts or self.deletes or self.clears)
+        return bool(self.puts or self.deletes or self.clears or self.wave_puts or self.wave_deletes or self.wave_clears)
 
     def repos(self) -> set[str]:
         """The repositories the change touches, lower-cased (a meta record counts as its repository's)."""
         touched = {repo or key for repo, _, key, _ in self.puts}
         touched.update(repo or key for repo, _, key in self.deletes)
         touched.update(repo for repo, _ in self.clears)
+        touched.update(repo for repo, _, _ in self.wave_puts)
+        touched.update(repo for repo, _ in self.wave_deletes)
+        touched.update(self.wave_clears)
         return {name.lower() for name in touched}

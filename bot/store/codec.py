@@ -48,6 +48,15 @@ def encode(kind: str, value: Any) -> str:
     return adapter.dump_json(value).decode()
 
 
+def encode_document(value: Any) -> bytes:
+    """A plain document (a wave's) as JSON bytes."""
+    return _PLAIN.encode(value)
+
+
+def decode_document(data: bytes) -> Any:
+    return _ANY.decode(data)
+
+
 def decode_many(kind: str, texts: list[str]) -> list[Any]:
     """Every record, or ValueError (pydantic's ValidationError is one) if any is unreadable."""
     adapter = LIST_ADAPTERS.get(kind)

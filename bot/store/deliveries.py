@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import json
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-from bot.store.engine import Deflate, Dialect, Engine, Row, Statement, as_count, as_rows
+from bot.store.engine import (
+    Dialect,
+    Engine,
+    Row,
+    Statement,
+    as_count,
+    as_rows,
+    inflate,
+    stored_as,
+)
 from bot.store.writer import Writer
 
 # Headers worth keeping for processing and audits; the signature is not among them.
@@ -110,7 +118,6 @@ UPDATE_STATUS = "UPDATE deliveries SET status = ?, attempts = ?, error = ?, upda
 PRUNABLE = "(status = 'done' AND updated_at < ?) OR (status = 'failed' AND updated_at < ?)"
 PRUNE_BODIES = f"DELETE FROM delivery_bodies WHERE id IN (SELECT id FROM deliveries WHERE {PRUNABLE})"
 PRUNE = f"DELETE FROM deliveries WHERE {PRUNABLE}"
-ZLIB = "zlib"
 # The oldest unclaimed deliveries, and those whose claim is older than the reclaim time (its
 # owner died); `?` 2 and 3 are a JSON array of lowercase repository names, or NULL for any.
 # PostgreSQL locks the rows it picks and skips those another claimer has locked, so
@@ -170,7 +177,7 @@ class DeliveryStore:
         )
         # SQLite's bodies are compressed (~9x for a webhook) in the store's thread, which
         # releases the interpreter meanwhile; PostgreSQL compresses large values itself.
-        body = (ZLIB, Deflate(delivery.body)) if self.db.dialect == "sqlite" else (None, delivery.body)
+        body = stored_as(self.db.dialect, delivery.body)
         [count, _] = await self.writer.write([Statement(INSERT, row), Statement(INSERT_BODY, (delivery.id, *body))])
         return as_count(count) == 1
 
@@ -180,7 +187,7 @@ class DeliveryStore:
             return None
         delivery = _row_to_delivery(rows[0])
         if rows[0][6] is not None:  # absent only if deleted behind Klaud's back
-            delivery.body = _inflated(rows[0][10], rows[0][6])
+            delivery.body = inflate(rows[0][10], rows[0][6])
         return delivery
 
     async def prune(self, *, done_before: float, failed_before: float) -> int:
@@ -201,7 +208,7 @@ class DeliveryStore:
     async def bodies(self, delivery_ids: list[str]) -> dict[str, bytes]:
         """The bodies of the deliveries still stored, by id (one query for a batch)."""
         rows = await self.db.fetch(SELECT_BODIES.format(marks=", ".join("?" * len(delivery_ids))), *delivery_ids)
-        return {row[0]: _inflated(row[1], row[2]) for row in rows}
+        return {row[0]: inflate(row[1], row[2]) for row in rows}
 
     async def save_status(self, delivery: Delivery) -> None:
         await self.writer.write([status_statement(delivery.id, delivery.status, delivery.attempts, delivery.error)])
@@ -229,14 +236,6 @@ class DeliveryStore:
 def status_statement(delivery_id: str, status: str, attempts: int, error: str | None) -> Statement:
     """The write that records a delivery's status (`Writer.end_unit` commits it with its changes)."""
     return Statement(UPDATE_STATUS, (status, attempts, error, time.time(), delivery_id))
-
-
-def _inflated(encoding: str | None, stored: bytes) -> bytes:
-    if encoding is None:
-        return bytes(stored)
-    if encoding == ZLIB:
-        return zlib.decompress(stored)
-    raise ValueError(f"unknown delivery body encoding {encoding!r}")
 
 
 def _row_to_delivery(row: Row) -> Delivery:

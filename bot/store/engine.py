@@ -8,6 +8,7 @@ semantics cannot drift apart between the engines. Every statement is written in 
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -32,6 +33,23 @@ class Deflate:
     releases the interpreter), not on the event loop."""
 
     data: bytes
+
+
+ZLIB = "zlib"
+
+
+def stored_as(dialect: Dialect, data: bytes) -> tuple[str | None, bytes | Deflate]:
+    """(encoding, value) for a large blob: SQLite's compressed, PostgreSQL compresses itself."""
+    return (ZLIB, Deflate(data)) if dialect == "sqlite" else (None, data)
+
+
+def inflate(encoding: str | None, stored: bytes) -> bytes:
+    """A blob as written before `stored_as`."""
+    if encoding is None:
+        return bytes(stored)
+    if encoding == ZLIB:
+        return zlib.decompress(stored)
+    raise ValueError(f"unknown encoding {encoding!r}")
 
 
 class Engine(Protocol):

@@ -11,6 +11,7 @@ edited by hand) is reported in one log line and skipped, never a traceback.
 
 from __future__ import annotations
 
+import zlib
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -18,8 +19,8 @@ from typing import Any
 import structlog
 
 from bot.store.change import Change
-from bot.store.codec import decode_many, decode_one, unreadable_reason
-from bot.store.engine import Dialect, Engine, Statement, as_count
+from bot.store.codec import decode_document, decode_many, decode_one, unreadable_reason
+from bot.store.engine import Dialect, Engine, Statement, as_count, inflate, stored_as
 from bot.store.migrations import SQLITE_RECORDS_V1
 from bot.store.writer import Writer
 
@@ -36,6 +37,13 @@ PUT = (
 )
 DELETE = "DELETE FROM records WHERE repo = ? AND kind = ? AND key = ?"
 CLEAR = "DELETE FROM records WHERE repo = ? AND kind = ?"
+PUT_WAVE = (
+    "INSERT INTO waves (repo, number, encoding, body) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (repo, number) DO UPDATE SET encoding = excluded.encoding, body = excluded.body"
+)
+DELETE_WAVE = "DELETE FROM waves WHERE repo = ? AND number = ?"
+CLEAR_WAVES = "DELETE FROM waves WHERE repo = ?"
+GET_WAVE = "SELECT encoding, body FROM waves WHERE repo = ? AND number = ?"
 REPOS = "SELECT key FROM records WHERE repo = '' AND kind = 'repo'"
 LOAD = "SELECT kind, key, data FROM records WHERE repo = ?"
 GET = "SELECT data FROM records WHERE repo = ? AND kind = ? AND key = ?"
@@ -63,10 +71,14 @@ class StateStore:
         await self.db.open()
 
     async def apply(self, change: Change) -> None:
+        waves = [(repo, number, *stored_as(self.db.dialect, data)) for repo, number, data in change.wave_puts]
         statements = [
             Statement(CLEAR, change.clears, many=True),
             Statement(DELETE, change.deletes, many=True),
             Statement(PUT, change.puts, many=True),
+            Statement(CLEAR_WAVES, [(repo,) for repo in change.wave_clears], many=True),
+            Statement(DELETE_WAVE, change.wave_deletes, many=True),
+            Statement(PUT_WAVE, waves, many=True),
         ]
         if change:
             await self.writer.apply([statement for statement in statements if statement.args], change.repos())
@@ -102,6 +114,19 @@ class StateStore:
         if not rows:
             return None
         return _decode(repo, kind, [key], [rows[0][0]]).get(key)
+
+
+    async def wave(self, repo: str, number: int) -> dict[str, Any] | None:
+        """The stored document of wave `number`; None when absent or unreadable (then reported)."""
+        rows = await self.db.fetch(GET_WAVE, repo, number)
+        if not rows:
+            return None
+        try:
+            document: dict[str, Any] = decode_document(inflate(rows[0][0], rows[0][1]))
+        except (ValueError, zlib.error) as exc:
+            log.warning("store.record_unreadable", repo=repo, kind="wave", key=number, reason=f"not JSON: {exc}")
+            return None
+        return document
 
 
 def _decode(repo: str, kind: str, keys: list[str], texts: list[str]) -> dict[str, Any]:

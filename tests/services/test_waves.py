@@ -120,7 +120,7 @@ async def test_a_misnamed_candidate_workflow_is_a_setup_error_with_zero_claims(k
 def test_a_stored_wave_reads_back_as_its_document() -> None:
     from bot.core.domain import Blocked, Decision, Wave, parse_time
     from bot.services.waves import wave_record
-    from bot.store.codec import decode_one, encode
+    from bot.store.codec import decode_document, encode_document
 
     at = parse_time("2026-11-30T08:00:00Z")
     assert at is not None
@@ -128,4 +128,4 @@ def test_a_stored_wave_reads_back_as_its_document() -> None:
         Decision("f", "c", "cooldown", "r", parse_time("2026-12-01T06:05:00.5Z"), (12,), ("b200-nb",)),
         Decision("g", "d", "selected", "s"),
     ), Blocked("dispatch-paused", "why", at))
-    assert decode_one("wave", encode("wave", wave_record(wave))) == wave.document()
+    assert decode_document(encode_document(wave_record(wave))) == wave.document()

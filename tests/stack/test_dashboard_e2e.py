@@ -75,6 +75,6 @@ def _forget_everything(repo: str) -> Any:
     from bot.store.change import Change
 
     change = Change()
-    for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry", "wave"):
+    for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry"):
         change.clear(repo, kind)
-    return change.delete("", "repo", repo)
+    return change.clear_waves(repo).delete("", "repo", repo)

@@ -144,8 +144,9 @@ async def test_under_thirty_percent_5xx_the_document_matches_the_dispatches(tmp_
 
 
 async def stored_waves(run: Any) -> list[dict[str, Any]]:
-    records = await run.klaud.store.load(REPO)
-    return list(records.get("wave", {}).values())
+    state = run.klaud.live.repo(REPO)
+    documents = [await run.klaud.store.wave(state.name, number) for number in range(1, state.meta.wave + 1)]
+    return [document for document in documents if document is not None]
 
 
 def failing_jobs() -> list[dict[str, Any]]:

@@ -50,7 +50,7 @@ async def test_events_then_a_wave_claims_and_dispatches_without_reading_github(t
         assert inputs == {"candidate": sc.candidate(MI355), "family": MI355, "base": github["head_sha"], "wave": "1"}
         assert dispatched[sc.candidate(MI355)]["workflow"] == "klaud-candidate.yml"
         # The wave document is stored and served.
-        stored = await run.klaud.store.get("acme/bench", "wave", "00000001")
+        stored = await run.klaud.store.wave("acme/bench", 1)
         assert stored == wave.document()
         assert [d["family"] for d in stored["decisions"]] == [d.family for d in wave.decisions]
         # The next wave sees the dispatched candidates in flight.
@@ -264,8 +264,8 @@ async def test_only_the_latest_wave_documents_are_kept(tmp_path, monkeypatch):
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
         for _ in range(3):
             await run.klaud.waves.run("acme/bench", trigger="test")
-        stored = (await run.klaud.store.load("acme/bench"))["wave"]
-        assert sorted(stored) == ["00000002", "00000003"]
+        stored = [number for number in range(1, 4) if await run.klaud.store.wave("acme/bench", number) is not None]
+        assert stored == [2, 3]
 
 
 async def test_housekeeping_runs_every_six_hours(tmp_path):

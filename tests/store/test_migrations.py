@@ -63,6 +63,7 @@ def write_unversioned_store(path: str) -> None:
         ("", "repo", "o/r", '{"installation": 1}'),
         ("o/r", "family", FAMILY.id, encode("family", FAMILY)),
         ("o/r", "hold", FAMILY.id, OLD_HOLD),
+        ("o/r", "wave", "00000003", '{"wave": 3, "decisions": []}'),
     ])
     conn.commit()
     conn.close()
@@ -82,6 +83,9 @@ async def test_a_store_written_before_versions_is_adopted_as_version_1_and_upgra
         # The body moved to its own table (migration 3), as it was stored: uncompressed.
         assert (await stores.deliveries.get("old-1")).body == b"{}"  # type: ignore[union-attr]
         assert await stores.deliveries.bodies(["old-1"]) == {"old-1": b"{}"}
+        # Wave documents moved to their table (migration 4), readable as they were.
+        assert await stores.state.wave("o/r", 3) == {"wave": 3, "decisions": []}
+        assert "wave" not in loaded
         # Nothing recreated: the old rows are all there, and the new features work on them.
         assert await stores.state.repos() == ["o/r"] and loaded["family"] == {FAMILY.id: FAMILY}
         assert [d.id for d in await stores.deliveries.claim_deliveries("me", {"o/r"}, 5)] == ["old-1"]

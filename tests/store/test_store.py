@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bot.core.domain import Attempt, Family, FileChange, PullRequest, stamp
-from bot.store import open_stores
+from bot.store import Stores, open_stores
 from bot.store.codec import encode
 from bot.store.records import Change
 
@@ -142,3 +142,17 @@ async def test_one_row_the_store_refuses_fails_only_its_own_put(stores) -> None:
     assert results[:3] == [True, True, True]
     assert isinstance(results[3], Exception)
     assert [d.id for d in await stores.deliveries.pending()] == ["d-0", "d-1", "d-2"]
+
+
+async def test_wave_documents_are_kept_apart_compressed_on_sqlite_and_read_back(stores: Stores) -> None:
+    document = {"repo": "o/r", "wave": 7, "decisions": [{"family": f"f{n}", "reason": "cooling down"} for n in range(500)]}
+    await stores.state.apply(Change().put_wave("o/r", 7, document).put_wave("o/r", 8, {"wave": 8}))
+    await stores.state.apply(Change().delete_wave("o/r", 8))
+
+    assert await stores.state.wave("o/r", 7) == document
+    assert await stores.state.wave("o/r", 8) is None
+    assert "wave" not in await stores.state.load("o/r"), "a repository's load leaves the documents in the store"
+    [(encoding, size)] = await stores.engine.fetch("SELECT encoding, length(body) FROM waves")
+    assert (encoding, size < 2_000) == (("zlib", True) if stores.engine.dialect == "sqlite" else (None, False))
+    await stores.state.apply(Change().clear_waves("O/R".lower()))
+    assert await stores.state.wave("o/r", 7) is None

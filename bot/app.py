@@ -26,6 +26,7 @@ from bot.services.outcomes import OutcomeRecorder
 from bot.services.permissions import Permissions
 from bot.services.pulls import PullSync
 from bot.services.reconcile import Reconciler
+from bot.services.replicas import Replicas
 from bot.services.responder import CommandResponder
 from bot.services.scheduler import Scheduler
 from bot.services.status_view import StatusViews
@@ -33,6 +34,7 @@ from bot.services.waves import WaveRunner
 from bot.settings import Settings
 from bot.store import engine_for
 from bot.store.deliveries import Delivery, DeliveryStore
+from bot.store.leases import LeaseStore
 from bot.store.records import StateStore
 from bot.web.inbox import Inbox
 from handlers import router as default_router
@@ -110,7 +112,16 @@ class Klaud:
         self.live.wave_listeners.append(self.dashboard.wave_done)
         claims = ClaimKeeper(self.live, self.outcomes)
         self.reconciler = Reconciler(self.live, catalog, pulls, self.outcomes, claims, self.dashboard)
-        self.scheduler = Scheduler(self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune)
+        # PostgreSQL: any number of replicas, each owning some repositories (DESIGN §6).
+        self.replicas: Replicas | None = None
+        if self.db.dialect == "postgresql":
+            self.replicas = Replicas(
+                LeaseStore(self.db), deliveries, self.live, busy=self.inbox.busy, release=self.inbox.release
+            )
+        self.scheduler = Scheduler(
+            self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune,
+            leads=self.replicas.leads if self.replicas is not None else lambda: True,
+        )
         self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
         self.commands = CommandResponder(self.live, self.waves, self.permissions, self.clock)
         self.services = Services(
@@ -132,14 +143,23 @@ class Klaud:
     async def _start(self, *, drain: bool, schedule: bool, reconcile: bool) -> None:
         await self.inbox.open()
         await self.store.open()
-        await self.live.load()
-        # The loaded state lives as long as the process: keep the collector from walking it
-        # on every full collection (each cost a wave ~250 ms at four times today's state).
-        gc.freeze()
-        # With local state a restart makes no GitHub call: installations added while the
-        # process was down are found by the scheduler's periodic discovery instead.
-        if reconcile and not self.live.repos:
-            await self.reconciler.reconcile_new_installations()
+        if self.replicas is not None and drain:
+            # A serving replica loads the repositories whose leases it takes, and claims
+            # their deliveries from the shared inbox.
+            self.inbox.ownership = self.replicas
+            await self.replicas.start()
+            first_ever = not await self.store.repos()
+            if reconcile and self.replicas.leads() and first_ever:
+                await self.reconciler.reconcile_new_installations()
+        else:
+            await self.live.load()
+            # The loaded state lives as long as the process: keep the collector from walking
+            # it on every full collection (each cost a wave ~250 ms at four times today's state).
+            gc.freeze()
+            # With local state a restart makes no GitHub call: installations added while the
+            # process was down are found by the scheduler's periodic discovery instead.
+            if reconcile and not self.live.repos:
+                await self.reconciler.reconcile_new_installations()
         if drain:
             await self.inbox.start()
         if schedule:
@@ -157,6 +177,8 @@ class Klaud:
         self.started = False
         await self.scheduler.stop()
         await self.inbox.stop(grace)
+        if self.inbox.ownership is not None and self.replicas is not None:
+            await self.replicas.stop()
         await self.checks.close()
         await self.dashboard.close()
         await self.session.close()

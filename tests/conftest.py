@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from bot.log import configure_logging
+from tests.store.postgres_server import PostgresServer, Unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,3 +36,38 @@ def fixtures() -> Path:
     if not root.is_dir():
         pytest.skip(f"real-data fixtures not found at {root} (set KLAUD_FIXTURES)")
     return root
+
+
+_database_numbers = itertools.count()
+_unavailable: list[str] = []  # why the PostgreSQL tests were skipped, for the summary
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    try:
+        server = PostgresServer.start()
+    except Unavailable as missing:
+        _unavailable.append(str(missing))
+        pytest.skip(f"PostgreSQL store tests skipped: {missing}")
+    yield server
+    server.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    # A skip in a `-q` run is one letter; this one must be seen.
+    for reason in _unavailable[:1]:
+        terminalreporter.write_line(f"PostgreSQL store tests SKIPPED: {reason}", yellow=True, bold=True)
+
+
+@asynccontextmanager
+async def fresh_database(server: PostgresServer) -> AsyncIterator[str]:
+    """A new, empty database on the session's server, dropped afterwards: its URL."""
+    name = f"klaud_test_{next(_database_numbers)}"
+    admin = await asyncpg.connect(server.url("postgres"))
+    try:
+        # FILE_COPY: on a server without fsync, copying the template's files beats logging them.
+        await admin.execute(f"CREATE DATABASE {name} STRATEGY = FILE_COPY")
+        yield server.url(name)
+        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    finally:
+        await admin.close()

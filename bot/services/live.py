@@ -36,6 +36,10 @@ Listener = Callable[[RepoState, set[str], set[int]], Awaitable[None]]
 WaveListener = Callable[[RepoState, Wave], Awaitable[None]]
 
 
+async def _always(_name: str) -> bool:
+    return True
+
+
 class LiveState:
     def __init__(self, store: StateStore, github: ReposAPI | None, clock: Clock, bot_logins: tuple[str, ...]) -> None:
         self.store = store
@@ -48,6 +52,9 @@ class LiveState:
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.listeners: list[Listener] = []
         self.wave_listeners: list[WaveListener] = []
+        # Whether this process may take up a repository it has no state for. With replicas
+        # (`bot.services.replicas`) only the holder of the repository's lease may.
+        self.admit: Callable[[str], Awaitable[bool]] = _always
 
     def lock(self, repo: str) -> asyncio.Lock:
         return self._locks[repo.lower()]
@@ -75,14 +82,23 @@ class LiveState:
 
     async def load(self) -> None:
         """Rebuild every repository's in-memory state from the store (no GitHub call)."""
-        since = stamp(self.clock.now() - ATTEMPT_MEMORY)
         for name in await self.store.repos():
-            records = await self.store.load(name, attempts_since=since)
-            meta = await self.store.get("", "repo", name)
-            if meta is None:
-                continue
-            self.put(RepoState.from_records(name, records, meta))
+            await self.load_repo(name)
         log.info("live.loaded", repositories=len(self.repos))
+
+    async def load_repo(self, name: str) -> RepoState | None:
+        """Rebuild one repository's state from the store; None when the store has none."""
+        meta = await self.store.get("", "repo", name)
+        if meta is None:
+            return None
+        records = await self.store.load(name, attempts_since=stamp(self.clock.now() - ATTEMPT_MEMORY))
+        state = RepoState.from_records(name, records, meta)
+        self.put(state)
+        return state
+
+    def drop(self, name: str) -> None:
+        """Forget a repository's state in memory only (another replica took it over)."""
+        self.repos.pop(name.lower(), None)
 
     async def persist(self, change: Change) -> None:
         await self.store.apply(change)

@@ -80,6 +80,9 @@ class Reconciler:
         """Rebuild a repository from GitHub; `light` re-reads only what may have moved."""
         async with self.live.lock(name):
             known = self.live.repo(name)
+            if known is None and not await self.live.admit(name):
+                log.info("live.reconcile_skipped", repo=name, reason="another replica owns the repository")
+                return {"repo": name, "light": light, "skipped": "another replica owns the repository"}
             state = known or self.live.new_state(name, installation)
             state.meta.installation = installation
             api = self.live.api(state)

@@ -51,6 +51,7 @@ class Scheduler:
         clock: Clock,
         *,
         prune: Callable[[], Awaitable[Any]] | None = None,
+        leads: Callable[[], bool] = lambda: True,
         poll_seconds: float = 1.0,
         rng: random.Random | None = None,
     ) -> None:
@@ -59,6 +60,7 @@ class Scheduler:
         self.claims = reconciler.claims
         self.outcomes = outcomes
         self.prune = prune
+        self.leads = leads  # with replicas, one does the housekeeping
         self._housekeeping_at = clock.now()
         self.waves = waves
         self.clock = clock
@@ -98,7 +100,7 @@ class Scheduler:
             await self._guarded(name, self._light_reconcile_if_due(name, state))
         await self.outcomes.retry_artifacts()
         await self.reconciler.retry_failed()
-        if self.clock.now() - self._housekeeping_at >= LIGHT_RECONCILE_EVERY:
+        if self.leads() and self.clock.now() - self._housekeeping_at >= LIGHT_RECONCILE_EVERY:
             # Housekeeping on the light-reconcile cadence: new installations, retention.
             self._housekeeping_at = self.clock.now()
             await self.reconciler.reconcile_new_installations()

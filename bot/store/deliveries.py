@@ -147,11 +147,49 @@ CLAIM: dict[Dialect, str] = {
 }
 
 
+# The claim of a repository's owner (it holds the repository's lease, so it is the only one
+# allowed to work on it): queued deliveries of its repositories, those another process
+# claimed (a replica that died or lost the lease), and its own claims older than `?` 2
+# seconds (claimed before it lost the lease and took it back; the inbox skips those it
+# still holds). `?` 3 says whether to take deliveries without a repository, `?` 4 is a JSON
+# array of lowercase repository names.
+CLAIM_OWNED: dict[Dialect, str] = {
+    "sqlite": """
+        WITH picked AS (
+            SELECT seq FROM deliveries
+            WHERE (status = 'queued' OR (status = 'processing' AND (claimed_by IS NOT ? OR claimed_at < {now} - ?)))
+              AND ((repo IS NULL AND ?) OR lower(repo) IN (SELECT value FROM json_each(?)))
+            ORDER BY seq LIMIT ?
+        )
+        UPDATE deliveries SET status = 'processing', claimed_by = ?, claimed_at = {now}
+        WHERE seq IN (SELECT seq FROM picked)
+        RETURNING {columns}, seq""",
+    "postgresql": """
+        WITH picked AS MATERIALIZED (
+            SELECT seq FROM deliveries
+            WHERE (status = 'queued'
+                   OR (status = 'processing' AND (claimed_by IS DISTINCT FROM ? OR claimed_at < {now} - ?)))
+              AND ((repo IS NULL AND ?::boolean) OR lower(repo) IN (SELECT json_array_elements_text(?::json)))
+            ORDER BY seq LIMIT ?
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE deliveries SET status = 'processing', claimed_by = ?, claimed_at = {now}
+        WHERE seq IN (SELECT seq FROM picked)
+        RETURNING {columns}, seq""",
+}
+UNCLAIM = (
+    "UPDATE deliveries SET status = 'queued', claimed_by = NULL"
+    " WHERE lower(repo) = ? AND claimed_by = ? AND status = 'processing'"
+)
+WAITING_REPOS = "SELECT DISTINCT repo FROM deliveries WHERE status IN ('queued', 'processing') AND repo IS NOT NULL"
+
+
 class DeliveryStore:
     def __init__(self, db: Engine, writer: Writer | None = None) -> None:
         self.db = db
         self.writer = writer or Writer(db)
         self._claim = CLAIM[db.dialect].format(now=db.now_sql, columns=COLUMNS)
+        self._claim_owned = CLAIM_OWNED[db.dialect].format(now=db.now_sql, columns=COLUMNS)
 
     @property
     def is_open(self) -> bool:
@@ -227,6 +265,30 @@ class DeliveryStore:
         results = await self.db.transaction([Statement(self._claim, args, rows=True)])
         rows = sorted(as_rows(results[0]), key=lambda row: row[-1])
         return [_row_to_delivery(row) for row in rows]
+
+    async def claim_owned(
+        self, owner: str, repos: set[str], *, unrouted: bool, limit: int, own_stale_after: float = 30.0
+    ) -> list[Delivery]:
+        """The claim of the owner of `repos` (and, with `unrouted`, of deliveries without a
+        repository): up to `limit` of their unfinished deliveries not already `owner`'s,
+        oldest first, now `processing` for `owner`."""
+        if not repos and not unrouted:
+            return []
+        wanted = json.dumps(sorted(repo.lower() for repo in repos))
+        args = (owner, own_stale_after, unrouted, wanted, limit, owner)
+        results = await self.db.transaction([Statement(self._claim_owned, args, rows=True)])
+        rows = sorted(as_rows(results[0]), key=lambda row: row[-1])
+        return [_row_to_delivery(row) for row in rows]
+
+    async def unclaim(self, repo: str, owner: str) -> int:
+        """Put `owner`'s unfinished claims of `repo` back in the queue (it takes the repository
+        up again: what it claimed before it let it go is work to do, not work in hand)."""
+        [count] = await self.writer.write([Statement(UNCLAIM, (repo.lower(), owner))])
+        return as_count(count)
+
+    async def waiting_repos(self) -> set[str]:
+        """Repositories (lowercase) with deliveries not yet done."""
+        return {row[0].lower() for row in await self.db.fetch(WAITING_REPOS)}
 
     async def flushed(self) -> None:
         """Wait for the writes already asked for."""

@@ -8,7 +8,7 @@ Times are the database's clock, the one every replica shares.
 
 from __future__ import annotations
 
-from bot.store.engine import Engine, Statement, as_count
+from bot.store.engine import Engine, Statement, as_count, as_rows
 
 ACQUIRE = (
     "INSERT INTO leases (name, owner, expires_at) VALUES (?, ?, {now} + ?)"
@@ -18,6 +18,7 @@ ACQUIRE = (
 # Only while the row still names the owner: once another replica took the lease, or it was
 # released, renewing fails and the owner knows to stop.
 RENEW = "UPDATE leases SET expires_at = {now} + ? WHERE name = ? AND owner = ?"
+RENEW_MANY = "UPDATE leases SET expires_at = {now} + ? WHERE owner = ? AND name IN ({names}) RETURNING name"
 RELEASE = "DELETE FROM leases WHERE name = ? AND owner = ?"
 HOLDERS = "SELECT name, owner FROM leases WHERE expires_at > {now}"
 
@@ -36,6 +37,14 @@ class LeaseStore:
     async def renew(self, name: str, owner: str, ttl_seconds: float) -> bool:
         """Extend `owner`'s lease to `ttl_seconds` from now; False when it is no longer theirs."""
         return await self._changed(self._renew, ttl_seconds, name, owner)
+
+    async def renew_all(self, names: set[str], owner: str, ttl_seconds: float) -> set[str]:
+        """Renew every lease of `names` `owner` still holds, in one statement; answer those."""
+        if not names:
+            return set()
+        sql = RENEW_MANY.format(now=self.db.now_sql, names=", ".join("?" * len(names)))
+        results = await self.db.transaction([Statement(sql, (ttl_seconds, owner, *sorted(names)), rows=True)])
+        return {row[0] for row in as_rows(results[0])}
 
     async def release(self, name: str, owner: str) -> None:
         """Give the lease up at once (a clean shutdown), if `owner` still holds it."""

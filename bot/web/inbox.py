@@ -13,12 +13,14 @@ overtake it; after `max_attempts` (or at once, for a permanent error) it is mark
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
@@ -31,6 +33,20 @@ from bot.web.events import event_label
 log = structlog.get_logger("klaud.inbox")
 
 Handler = Callable[[Delivery], Awaitable[None]]
+
+class Ownership(Protocol):
+    """What this process may work on when replicas share one inbox (`bot.services.replicas`)."""
+
+    owner: str
+
+    def repos(self) -> set[str]:
+        """The repositories (lowercase) whose leases this process holds."""
+        ...
+
+    def unrouted(self) -> bool:
+        """Whether it takes the deliveries without a repository (installation events)."""
+        ...
+
 
 MIB = 1024 * 1024
 FREE_SPACE_EVERY = 1.0  # seconds between two looks at the store's free disk space
@@ -62,6 +78,9 @@ class Inbox:
         backlog_limit: int = 100_000,
         min_free_bytes: int = 256 * MIB,
         body_budget: int = 64 * MIB,
+        ownership: Ownership | None = None,
+        claim_every: float = 0.25,
+        claim_limit: int = 256,
         handler_timeout: float = 600.0,
     ) -> None:
         self.store = store
@@ -77,6 +96,15 @@ class Inbox:
         self.body_budget = body_budget
         self._held: dict[str, int] = {}  # delivery id -> bytes of its body held in memory
         self._held_bytes = 0
+        # With replicas a delivery is stored by whichever replica GitHub reached and
+        # claimed from the store by the owner of its repository.
+        self.ownership = ownership
+        self.claim_every = claim_every
+        self.claim_limit = claim_limit
+        self._claim_soon = asyncio.Event()
+        self._claimer: asyncio.Task[None] | None = None
+        self._queued: set[str] = set()  # ids of the deliveries in the queues
+        self._released: set[str] = set()  # ordering keys whose queues are dropped once idle
         self._free: tuple[float, int | None] = (-1.0, None)  # (when measured, bytes)
         self.handler_timeout = handler_timeout
         self._queues: dict[str, deque[Delivery]] = {}
@@ -99,7 +127,10 @@ class Inbox:
         """Commit `delivery` and queue it; False when its id is already stored (a redelivery)."""
         stored = await self.store.put(delivery)
         if stored:
-            self._enqueue(delivery)
+            if self.ownership is None:
+                self._enqueue(delivery)
+            else:
+                self._claim_soon.set()  # the owner claims it; if that is this process, at once
         return stored
 
     async def get(self, delivery_id: str) -> Delivery | None:
@@ -138,17 +169,70 @@ class Inbox:
     # -- draining ----------------------------------------------------------------------
 
     async def start(self) -> int:
-        """Queue every delivery acknowledged but not finished, then start draining."""
+        """Queue every delivery acknowledged but not finished, then start draining.
 
-        recovered = await self.store.pending()
+        With replicas, deliveries are claimed from the store instead, as leases allow.
+        """
+        self._stopping = False
+        recovered = [] if self.ownership is not None else await self.store.pending()
         for delivery in recovered:
             delivery.status = "queued"
             self._enqueue(delivery)
-        self._stopping = False
         self._runner = asyncio.create_task(self._run(), name="klaud-inbox")
+        if self.ownership is not None:
+            self._claimer = asyncio.create_task(self._claim_loop(self.ownership), name="klaud-inbox-claims")
         if recovered:
             log.info("inbox.recovered", deliveries=len(recovered))
         return len(recovered)
+
+    def busy(self, repo: str) -> bool:
+        """Whether deliveries of `repo` wait or run here."""
+        key = f"repo:{repo.lower()}"
+        return bool(self._queues.get(key)) or key in self._active
+
+    def release(self, repo: str) -> None:
+        """Stop working on `repo` (its lease is gone): what waits here is dropped; its claims
+        pass to the next owner, who takes over deliveries claimed by anyone else."""
+        self._released.add(f"repo:{repo.lower()}")
+        self._wake.set()
+
+    async def _claim_loop(self, ownership: Ownership) -> None:
+        while not self._stopping:
+            self._claim_soon.clear()
+            claimed = 0
+            try:
+                claimed = await self._claim(ownership)
+            # The store is unavailable: logged, and the next round tries again.
+            except Exception:
+                log.exception("inbox.claim_failed")
+            if claimed:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._claim_soon.wait(), self.claim_every)
+
+    async def _claim(self, ownership: Ownership) -> int:
+        room = self.claim_limit - self._backlog
+        if room <= 0:  # enough work in memory; the rest waits in the store
+            return 0
+        claimed = await self.store.claim_owned(
+            ownership.owner, ownership.repos(), unrouted=ownership.unrouted(), limit=room
+        )
+        # Owned still (a lease may have gone while the claim ran; its next owner takes the
+        # claim over) and not already here (a delivery waiting for its retry is `queued`).
+        owned = ownership.repos()
+        fresh = [d for d in claimed if d.id not in self._queued and (d.repo is None or d.repo.lower() in owned)]
+        for delivery in fresh:
+            self._released.discard(delivery.ordering_key)
+            self._enqueue(delivery)
+        return len(fresh)
+
+    def _drop_released(self, key: str) -> None:
+        self._released.discard(key)
+        for delivery in self._queues.pop(key, deque()):
+            self._queued.discard(delivery.id)
+            self._held_bytes -= self._held.pop(delivery.id, 0)
+            self._set_backlog(self._backlog - 1)
+        self._due.pop(key, None)
 
     def _enqueue(self, delivery: Delivery) -> None:
         size = len(delivery.body or b"")
@@ -158,6 +242,7 @@ class Inbox:
         else:
             delivery.body = None  # read from the store when its turn comes
         self._queues.setdefault(delivery.ordering_key, deque()).append(delivery)
+        self._queued.add(delivery.id)
         self._set_backlog(self._backlog + 1)
         self._wake.set()
 
@@ -188,6 +273,9 @@ class Inbox:
         """Start a batch for every idle, due repository queue; return the next due time."""
         next_due: float | None = None
         for key in list(self._queues):
+            if key in self._released and key not in self._active:
+                self._drop_released(key)
+                continue
             queue = self._queues[key]
             if not queue:
                 del self._queues[key]
@@ -346,7 +434,9 @@ class Inbox:
     def _finish(self, key: str) -> None:
         queue = self._queues.get(key)
         if queue:
-            self._held_bytes -= self._held.pop(queue.popleft().id, 0)
+            finished = queue.popleft()
+            self._queued.discard(finished.id)
+            self._held_bytes -= self._held.pop(finished.id, 0)
         self._due.pop(key, None)
         self._set_backlog(self._backlog - 1)
 
@@ -358,6 +448,9 @@ class Inbox:
         """
         self._stopping = True
         self._wake.set()
+        self._claim_soon.set()
+        if self._claimer is not None:
+            await self._claimer
         if self._runner is not None:
             await self._runner
         running = list(self._active.values())

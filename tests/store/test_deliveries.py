@@ -148,3 +148,37 @@ async def test_pruning_a_delivery_prunes_its_body(stores: Stores) -> None:
     await stores.deliveries.save_status(Delivery("old", "push", None, status="done", attempts=1))
     assert await stores.deliveries.prune(done_before=time.time() + 1, failed_before=0) == 1
     assert await stores.engine.fetch("SELECT id FROM delivery_bodies") == []
+
+
+async def test_the_owner_of_a_repository_claims_its_queued_deliveries_and_those_others_claimed(stores):
+    """A repository's lease holder is the only one working on it: it takes its queued
+    deliveries, those a replica that lost the lease had claimed, and not other repositories'."""
+    for n, repo in ((1, "o/a"), (2, "o/b"), (3, "O/A"), (4, None), (5, "o/a")):
+        await stores.deliveries.put(delivery(n, repo))
+    assert [d.id for d in await stores.deliveries.claim_deliveries("dead", {"o/a"}, 1)] == ["d1"]
+    claimed = await stores.deliveries.claim_owned("w1", {"O/a"}, unrouted=False, limit=2)
+    assert [(d.id, d.status) for d in claimed] == [("d1", "processing"), ("d3", "processing")]
+    assert [d.id for d in await stores.deliveries.claim_owned("w1", {"o/a"}, unrouted=False, limit=9)] == ["d5"]
+    # its own fresh claims are work in hand, not taken twice
+    assert await stores.deliveries.claim_owned("w1", {"o/a"}, unrouted=False, limit=9) == []
+    assert await stores.deliveries.claim_owned("w1", set(), unrouted=False, limit=9) == []
+    assert [d.id for d in await stores.deliveries.claim_owned("w2", set(), unrouted=True, limit=9)] == ["d4"]
+    assert await stores.deliveries.waiting_repos() == {"o/a", "o/b"}
+
+
+async def test_an_owner_taking_a_repository_back_requeues_and_reclaims_what_it_had_claimed(stores):
+    for n in (1, 2):
+        await stores.deliveries.put(delivery(n, "o/a"))
+    await stores.deliveries.put(delivery(3, "o/b"))
+    assert len(await stores.deliveries.claim_owned("w1", {"o/a", "o/b"}, unrouted=False, limit=9)) == 3
+    assert await stores.deliveries.unclaim("O/A", "w1") == 2
+    assert await stores.deliveries.unclaim("o/a", "w2") == 0  # not w2's
+    assert [d.id for d in await stores.deliveries.claim_owned("w1", {"o/a"}, unrouted=False, limit=9)] == ["d1", "d2"]
+    # a claim of its own older than the stale time is taken again (it lost and retook the lease)
+    await asyncio.sleep(0.25)
+    again = await stores.deliveries.claim_owned("w1", {"o/b"}, unrouted=False, limit=9, own_stale_after=0.2)
+    assert [d.id for d in again] == ["d3"]
+    for finished in again:
+        finished.status = "done"
+        await stores.deliveries.save_status(finished)
+    assert await stores.deliveries.waiting_repos() == {"o/a"}

@@ -30,3 +30,15 @@ async def test_of_many_concurrent_acquirers_of_a_free_lease_exactly_one_wins(sto
     won = await asyncio.gather(*(stores.leases.acquire(NAME, f"replica-{n}", 30) for n in range(10)))
     assert won.count(True) == 1
     assert await stores.leases.holders() == {NAME: f"replica-{won.index(True)}"}
+
+
+async def test_renewing_many_leases_answers_those_the_owner_still_holds(stores):
+    leases = stores.leases
+    assert await leases.acquire("repo:o/a", "a", 30) and await leases.acquire("repo:o/b", "a", 0.2)
+    assert await leases.acquire("repo:o/c", "b", 30)
+    await asyncio.sleep(0.25)
+    assert await leases.acquire("repo:o/b", "b", 30)  # expired: b took it over
+    renewed = await leases.renew_all({"repo:o/a", "repo:o/b", "repo:o/c"}, "a", 30)
+    assert renewed == {"repo:o/a"}
+    assert await leases.renew_all(set(), "a", 30) == set()
+    assert await leases.holders() == {"repo:o/a": "a", "repo:o/b": "b", "repo:o/c": "b"}

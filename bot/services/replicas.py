@@ -1,0 +1,207 @@
+"""Replicas on one PostgreSQL store: which repositories this process owns (DESIGN §6).
+
+Every replica stores the deliveries GitHub sends it. Each repository is owned by one
+replica at a time through a lease (`bot.store.leases`): the owner claims the repository's
+deliveries, keeps its state in memory and runs its waves. Every few seconds a replica
+renews its leases and takes free ones up to its share (repositories / live replicas), so a
+new replica gets work and a dead one's repositories, whose leases expire, are taken over
+within `lease_seconds` plus one round. A replica above its share gives up repositories it
+is not working on; one that stops releases everything at once.
+
+One more lease, "installations", makes one replica the one that handles deliveries without
+a repository (installation events) and the housekeeping (discovery of new installations,
+retention).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import os
+import socket
+import uuid
+from collections.abc import Callable
+
+import structlog
+
+from bot.services.live import LiveState
+from bot.store.deliveries import DeliveryStore
+from bot.store.leases import LeaseStore
+
+log = structlog.get_logger("klaud.replicas")
+
+INSTALLATIONS = "installations"
+LEASE_SECONDS = 10.0
+ROUND_SECONDS = 2.0
+
+
+def replica_id() -> str:
+    """Unique per process start: a restarted replica takes over its own old claims too."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def repo_lease(repo: str) -> str:
+    return f"repo:{repo.lower()}"
+
+
+class Replicas:
+    def __init__(
+        self,
+        leases: LeaseStore,
+        deliveries: DeliveryStore,
+        live: LiveState,
+        *,
+        busy: Callable[[str], bool],
+        release: Callable[[str], None],
+        owner: str | None = None,
+        lease_seconds: float = LEASE_SECONDS,
+        round_seconds: float = ROUND_SECONDS,
+    ) -> None:
+        self.leases = leases
+        self.deliveries = deliveries
+        self.live = live
+        self.owner = owner or replica_id()
+        self.lease_seconds = lease_seconds
+        self.round_seconds = round_seconds
+        self._busy = busy  # whether the inbox works on a repository right now
+        self._release = release  # tells the inbox to drop a repository's queue
+        self._repos: set[str] = set()
+        self._installations = False
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        live.admit = self.admit
+
+    # -- what the inbox and the scheduler ask ---------------------------------------------
+
+    def repos(self) -> set[str]:
+        return set(self._repos)
+
+    def unrouted(self) -> bool:
+        return self._installations
+
+    def leads(self) -> bool:
+        """Whether this replica does the housekeeping (it holds the installations lease)."""
+        return self._installations
+
+    async def admit(self, repo: str) -> bool:
+        """Take `repo`'s lease to start keeping it (a new installation); False when another
+        replica holds it (that one keeps it)."""
+        name = repo.lower()
+        if name in self._repos:
+            return True
+        if not await self.leases.acquire(repo_lease(name), self.owner, self.lease_seconds):
+            return False
+        await self._own(name)
+        log.info("replica.admitted", repo=name, owner=self.owner)
+        return True
+
+    # -- the rounds ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.round()
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._loop(), name="klaud-replicas")
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.round_seconds)
+            if self._stopping.is_set():
+                return
+            try:
+                await self.round()
+            # The store is unreachable: leases cannot be renewed (they will lapse, and the
+            # repositories move on if this lasts); the next round tries again.
+            except Exception:
+                log.exception("replica.round_failed", owner=self.owner)
+
+    async def round(self) -> None:
+        """Renew, then take or give up repositories until this replica holds its share."""
+        await self.leases.acquire(f"replica:{self.owner}", self.owner, self.lease_seconds)
+        await self._renew()
+        holders = await self.leases.holders()
+        replicas = sum(1 for name in holders if name.startswith("replica:"))
+        # The repositories there is something to keep: state in the store, or deliveries.
+        universe = {name.lower() for name in await self.live.store.repos()} | await self.deliveries.waiting_repos()
+        await self._give_up(sorted(repo for repo in self._repos - universe if not self._busy(repo)), "nothing to keep")
+        share = math.ceil(len(universe) / max(1, replicas))
+        free = [repo for repo in universe if repo not in self._repos and repo_lease(repo) not in holders]
+        for repo in sorted(free, key=self._spread)[: max(0, share - len(self._repos))]:
+            await self._take(repo)
+        idle = sorted((repo for repo in self._repos if not self._busy(repo)), key=self._spread, reverse=True)
+        await self._give_up(idle[: max(0, len(self._repos) - share)], f"above the share of {share}")
+        await self._installations_lease(holders)
+
+    async def _renew(self) -> None:
+        names = {repo_lease(repo) for repo in self._repos}
+        if self._installations:
+            names.add(INSTALLATIONS)
+        kept = await self.leases.renew_all(names, self.owner, self.lease_seconds)
+        for repo in [repo for repo in self._repos if repo_lease(repo) not in kept]:
+            log.warning("replica.lease_lost", repo=repo, owner=self.owner)
+            self._drop(repo)
+        if self._installations and INSTALLATIONS not in kept:
+            log.warning("replica.lease_lost", lease=INSTALLATIONS, owner=self.owner)
+            self._installations = False
+
+    async def _take(self, repo: str) -> None:
+        if not await self.leases.acquire(repo_lease(repo), self.owner, self.lease_seconds):
+            return  # another replica was faster
+        await self._own(repo)
+        async with self.live.lock(repo):
+            state = self.live.repo(repo) or await self.live.load_repo(await self._stored_name(repo))
+        log.info("replica.took", repo=repo, owner=self.owner, state="loaded" if state else "none yet")
+
+    async def _own(self, repo: str) -> None:
+        # Claims this replica made before it last let the repository go would wait for the
+        # stale-claim delay: they are queued again before the inbox claims anew.
+        if not self._busy(repo):
+            await self.deliveries.unclaim(repo, self.owner)
+        self._repos.add(repo)
+
+    async def _stored_name(self, repo: str) -> str:
+        # Records are keyed by the name as GitHub spelled it; leases by its lowercase.
+        for name in await self.live.store.repos():
+            if name.lower() == repo:
+                return name
+        return repo
+
+    async def _give_up(self, repos: list[str], reason: str) -> None:
+        for repo in repos:
+            await self.leases.release(repo_lease(repo), self.owner)
+            self._drop(repo)
+            log.info("replica.gave_up", repo=repo, owner=self.owner, reason=reason)
+
+    async def _installations_lease(self, holders: dict[str, str]) -> None:
+        if self._installations or holders.get(INSTALLATIONS) not in (None, self.owner):
+            return
+        self._installations = await self.leases.acquire(INSTALLATIONS, self.owner, self.lease_seconds)
+        if self._installations:
+            log.info("replica.leads", owner=self.owner)
+
+    def _drop(self, repo: str) -> None:
+        self._repos.discard(repo)
+        self._release(repo)
+        self.live.drop(repo)
+
+    def _spread(self, repo: str) -> str:
+        # Each replica prefers a different order of repositories, so replicas starting at
+        # once mostly reach for different leases.
+        return hashlib.blake2s(f"{self.owner}/{repo}".encode(), digest_size=8).hexdigest()
+
+    async def stop(self) -> None:
+        """Release every lease: the other replicas take the repositories over at once."""
+        self._stopping.set()
+        if self._task is not None:
+            await self._task
+        names = [repo_lease(repo) for repo in self._repos] + ([INSTALLATIONS] if self._installations else [])
+        for name in [*names, f"replica:{self.owner}"]:
+            try:
+                await self.leases.release(name, self.owner)
+            # Whatever the store answers, stopping goes on: an unreleased lease lapses.
+            except Exception as exc:  # noqa: BLE001
+                log.warning("replica.release_failed", lease=name, error=f"{type(exc).__name__}: {exc}")
+        self._repos.clear()
+        self._installations = False

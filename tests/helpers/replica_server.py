@@ -1,0 +1,76 @@
+"""A Klaud replica on a PostgreSQL store whose pull_request handler records what it processed,
+for the replica tests and `bench/ingest.py --replicas`: real listeners, shared inbox,
+leases and claims; no GitHub.
+
+Each processed delivery leaves a record `seen/<delivery id>/<random>` in the state store,
+committed with the delivery's status (one transaction): two records for one delivery would
+mean it was processed twice.
+
+Usage: python replica_server.py STORE_URL URLS_FILE [LEASE_SECONDS]
+Once ready, writes {"url", "admin_url", "owner"} to URLS_FILE; SIGTERM stops it cleanly
+(running handlers finish, leases are released), SIGKILL is a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from gidgethub import routing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bot.app import Klaud
+from bot.log import configure_logging
+from bot.services.replicas import replica_id
+from bot.store.change import Change
+from bot.web.admin import create_admin_app
+from bot.web.server import bind, start_listeners
+from bot.web.webhook import create_webhook_app
+from tests.harness import make_settings
+
+SCRIPT = Path(__file__)
+
+
+async def main(store_url: str, urls_file: str, lease_seconds: float) -> None:
+    owner = replica_id()
+    router = routing.Router()
+
+    @router.register("pull_request")
+    async def record(event, services) -> None:  # type: ignore[no-untyped-def]
+        repo = event.data["repository"]["full_name"]
+        seen = {"n": event.data["number"], "at": time.time_ns(), "by": owner}
+        await services.live.persist(Change().put(repo, "seen", f"{event.delivery_id}/{uuid.uuid4().hex}", seen))
+
+    configure_logging("json", "warning")
+    with tempfile.TemporaryDirectory() as unused:
+        settings = make_settings(Path(unused) / "unused.db", KLAUD_DB=store_url)
+    klaud = Klaud(settings, router=router)
+    assert klaud.replicas is not None, "a replica needs a PostgreSQL store"
+    klaud.replicas.owner = owner
+    klaud.replicas.lease_seconds = lease_seconds
+    klaud.replicas.round_seconds = max(0.2, lease_seconds / 5)
+    await klaud.start()
+    listeners = await start_listeners(
+        (create_webhook_app(klaud), bind("127.0.0.1", 0, "webhook")),
+        (create_admin_app(klaud), bind("127.0.0.1", 0, "admin")),
+        shutdown_timeout=0.5,
+    )
+    partial = Path(urls_file + ".partial")
+    partial.write_text(json.dumps({"url": listeners.url, "admin_url": listeners.admin_url, "owner": owner}))
+    partial.replace(urls_file)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await listeners.stop()
+    await klaud.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 10.0))

@@ -1,0 +1,129 @@
+"""The replica coordinator on a real PostgreSQL store (replicas exist only there): shares,
+takeover of a lost lease, release on stop, admission of a new repository. Rounds are driven
+by hand; the end-to-end run with processes and SIGKILL is tests/stack/test_replicas_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+
+import pytest
+
+from bot.core.clock import ManualClock
+from bot.services.live import LiveState
+from bot.services.replicas import INSTALLATIONS, Replicas, repo_lease
+from bot.store import Stores, open_stores
+from bot.store.deliveries import Delivery
+from tests.conftest import fresh_database
+
+REPOS = ["o/a", "o/b", "O/C", "o/d"]
+
+
+class Node:
+    """One replica: its own connection to the store, its LiveState, its Replicas, and a
+    record of what it was told to drop."""
+
+    def __init__(self, stores: Stores, owner: str, lease_seconds: float = 10.0) -> None:
+        self.stores = stores
+        self.busy: set[str] = set()
+        self.released: list[str] = []
+        self.live = LiveState(stores.state, None, ManualClock(datetime(2026, 12, 1, tzinfo=UTC)), ())
+        self.replicas = Replicas(
+            stores.leases, stores.deliveries, self.live, busy=self.busy.__contains__,
+            release=self.released.append, owner=owner, lease_seconds=lease_seconds,
+        )
+
+
+@pytest.fixture
+async def database(postgres_server) -> AsyncIterator[str]:
+    async with fresh_database(postgres_server) as url:
+        first = await open_stores(url)
+        for n, repo in enumerate(REPOS):
+            body = json.dumps({"n": n}).encode()
+            await first.deliveries.put(Delivery(f"d{n}", "push", body, action=None, repo=repo, installation=7,
+                                                headers={"X-GitHub-Event": "push"}))
+        await first.close()
+        yield url
+
+
+@pytest.fixture
+async def nodes(database) -> AsyncIterator[Callable[..., Awaitable[Node]]]:
+    opened: list[Node] = []
+
+    async def node(owner: str, lease_seconds: float = 10.0) -> Node:
+        opened.append(Node(await open_stores(database), owner, lease_seconds))
+        return opened[-1]
+
+    yield node
+    for each in opened:
+        await each.stores.close()
+
+
+async def test_a_lone_replica_takes_every_repository_then_shares_with_the_next(nodes):
+    a = await nodes("a")
+    await a.replicas.round()
+    assert a.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"} and a.replicas.leads()
+    b = await nodes("b")
+    await b.replicas.round()  # b counts two replicas: it may take 2, but every lease is a's
+    assert b.replicas.repos() == set() and not b.replicas.leads()
+    await a.replicas.round()  # a sees b: above its share of 2, it gives two idle ones up
+    assert len(a.replicas.repos()) == 2 and sorted(a.released) == sorted({"o/a", "o/b", "o/c", "o/d"} - a.replicas.repos())
+    await b.replicas.round()
+    assert a.replicas.repos() | b.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"}
+    assert not a.replicas.repos() & b.replicas.repos()
+    holders = await a.stores.leases.holders()
+    assert {holders[repo_lease(repo)] for repo in a.replicas.repos()} == {"a"}
+    assert holders[INSTALLATIONS] == "a"
+
+
+async def test_a_replica_working_on_a_repository_keeps_it_above_its_share(nodes):
+    a = await nodes("a")
+    await a.replicas.round()
+    a.busy.update({"o/a", "o/b", "o/c"})
+    await nodes("b")
+    b = await nodes("c")
+    await b.replicas.round()
+    await a.replicas.round()  # share is now 2 of 4; three are busy, one idle goes
+    assert a.replicas.repos() == {"o/a", "o/b", "o/c"} and a.released == ["o/d"]
+
+
+async def test_a_lapsed_lease_is_taken_over_and_its_old_holder_lets_the_repository_go(nodes):
+    a = await nodes("a", lease_seconds=0.3)
+    await a.replicas.round()
+    b = await nodes("b")
+    await asyncio.sleep(0.4)  # a is frozen (a long pause, a lost connection): its leases lapse
+    await b.replicas.round()
+    assert b.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"}
+    await a.replicas.round()  # renewing fails: a learns it lost them and drops them
+    assert a.replicas.repos() == set() and sorted(a.released) == ["o/a", "o/b", "o/c", "o/d"]
+    assert not a.replicas.leads() and b.replicas.leads()
+
+
+async def test_a_stopping_replica_releases_every_lease_and_the_others_take_over_at_once(nodes):
+    a, b = await nodes("a"), await nodes("b")
+    await a.replicas.round()
+    await b.replicas.round()
+    await a.replicas.stop()
+    assert not any(owner == "a" for owner in (await b.stores.leases.holders()).values())
+    await b.replicas.round()
+    assert b.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"} and b.replicas.leads()
+
+
+async def test_a_new_repository_is_admitted_by_one_replica_only(nodes):
+    a, b = await nodes("a"), await nodes("b")
+    assert await a.replicas.admit("New/Repo") and await a.replicas.admit("new/repo")
+    assert not await b.replicas.admit("new/repo")
+    assert "new/repo" in a.replicas.repos() and "new/repo" not in b.replicas.repos()
+
+
+async def test_taking_a_repository_back_requeues_the_claims_made_before_letting_it_go(nodes):
+    a = await nodes("a")
+    await a.replicas.round()
+    claimed = await a.stores.deliveries.claim_owned("a", {"o/a"}, unrouted=False, limit=9)
+    assert [d.id for d in claimed] == ["d0"]
+    await a.replicas.stop()
+    await a.replicas.round()  # back, as the same process: its old claim is work to do again
+    again = await a.stores.deliveries.claim_owned("a", {"o/a"}, unrouted=False, limit=9)
+    assert [d.id for d in again] == ["d0"]

@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/ingest.py --db postgresql
 	$(BIN)/python bench/client.py
 	$(BIN)/python bench/state.py
 	$(BIN)/python bench/wave.py --scale 4

@@ -1,12 +1,19 @@
-"""Ingest benchmark: signed deliveries over loopback into a server with the SQLite inbox.
+"""Ingest benchmark: signed deliveries over loopback into Klaud servers, per store.
 
-Starts a Klaud server in a child process (real intake, real durable inbox, real worker; the
-handler returns at once so the figures measure intake and the inbox, not GitHub),
-sends N realistic `pull_request` deliveries from C concurrent clients, waits for the worker
-to drain, then counts what was processed and what was lost.
+For each configuration it starts Klaud in child processes (real intake, real durable inbox,
+real worker; the handler returns at once so the figures measure intake and the inbox, not
+GitHub), sends N realistic `pull_request` deliveries from C concurrent clients spread over
+the replicas, waits until every stored delivery is done, then counts what was processed and
+what was lost. The configurations, side by side in one run:
 
-Last line: {"deliveries_per_s", "p50_ms", "p99_ms", "processed", "lost"} where the
-latencies are acknowledgement latencies (request sent to 202 received).
+- SQLite, one process (always: the reference figure);
+- with `--db postgresql` (a throwaway server this benchmark starts, with PostgreSQL's default
+  fsync'd commits) or `--db postgresql://URL` (a database is created on it and dropped
+  after), one configuration per `--replicas` count (default 1 and 3).
+
+Last line: {"deliveries_per_s", "p50_ms", "p99_ms", "processed", "lost"} of SQLite, then per
+PostgreSQL configuration `postgresql_<n>_…` with the same figures. Latencies are
+acknowledgement latencies (request sent to 202 received).
 """
 
 from __future__ import annotations
@@ -22,19 +29,26 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.harness import SECRET, headers_for
+from tests.helpers import replica_server
 from tests.helpers.slow_server import wait_for_urls
+from tests.store.postgres_server import PostgresServer
 
 # The same server the kill-and-restart test uses, with a handler that returns at once.
 SERVER = ROOT / "tests" / "helpers" / "slow_server.py"
+URLS = "URLS"
+LEASE_SECONDS = 10.0
 
 
 def realistic_payload(number: int) -> dict:
@@ -98,8 +112,9 @@ class Sent:
         return percentile(self.latencies_ms, 0.99)
 
 
-async def send(webhook_url: str, load: Load, clients: int) -> Sent:
-    """POST every delivery of `load` to `webhook_url` from `clients` concurrent clients."""
+async def send(webhook_urls: list[str], load: Load, clients: int) -> Sent:
+    """POST every delivery of `load` from `clients` concurrent clients, the n-th one to the
+    n-th of `webhook_urls` in turn (a load balancer's round robin)."""
     latencies: list[float] = []
     accepted: list[str] = []
     pending = iter(range(len(load.bodies)))
@@ -109,7 +124,8 @@ async def send(webhook_url: str, load: Load, clients: int) -> Sent:
             for index in pending:
                 headers = load.headers[index]
                 started = time.perf_counter()
-                async with session.post(webhook_url, data=load.bodies[index], headers=headers) as response:
+                url = webhook_urls[index % len(webhook_urls)]
+                async with session.post(url, data=load.bodies[index], headers=headers) as response:
                     await response.read()
                     if 200 <= response.status < 300:
                         accepted.append(headers["X-GitHub-Delivery"])
@@ -120,59 +136,149 @@ async def send(webhook_url: str, load: Load, clients: int) -> Sent:
         return Sent(latencies, accepted, time.perf_counter() - started)
 
 
-async def wait_drained(url: str) -> None:
-    """Until Klaud's inbox backlog (on /readyz of either listener) is empty."""
-    async with aiohttp.ClientSession() as session:
-        for _ in range(60_000):
-            async with session.get(f"{url}/readyz") as response:
-                if (await response.json())["backlog"] == 0:
-                    return
-            await asyncio.sleep(0.01)
-    raise RuntimeError("the inbox did not drain within 10 minutes")
-
-
-async def send_and_drain(url: str, load: Load, clients: int) -> Sent:
-    sent = await send(f"{url}/webhook", load, clients)
-    await wait_drained(url)
-    return sent
-
-
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
+@dataclass
+class Result:
+    sent: Sent
+    done: set[str]
+
+    def figures(self) -> dict[str, float | int]:
+        return {
+            "deliveries_per_s": round(self.sent.per_s, 1),
+            "p50_ms": round(self.sent.p50_ms, 2),
+            "p99_ms": round(self.sent.p99_ms, 2),
+            "processed": len(self.done),
+            "lost": len(set(self.sent.accepted) - self.done),
+        }
+
+
+@contextmanager
+def servers(commands: list[list[str]], folder: Path) -> Iterator[list[str]]:
+    """Start one server per command (URLS stands for the file it writes its URLs to); their
+    webhook URLs; stopped with SIGTERM on the way out."""
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        urls = []
+        for number, command in enumerate(commands):
+            urls_file = folder / f"urls-{number}"
+            argv = [str(urls_file) if part == URLS else part for part in command]
+            started.append(subprocess.Popen(argv, stderr=subprocess.DEVNULL))
+            urls.append(wait_for_urls(urls_file, started[-1])[0])
+        yield urls
+    finally:
+        for server in started:
+            server.terminate()
+        for server in started:
+            server.wait()
+
+
+def run_sqlite(load: Load, clients: int) -> Result:
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bench.db"
+
+        def done_ids() -> set[str]:
+            with sqlite3.connect(db) as conn:
+                return {row[0] for row in conn.execute("SELECT id FROM deliveries WHERE status = 'done'")}
+
+        async def drained() -> bool:
+            with sqlite3.connect(db) as conn:
+                return conn.execute("SELECT count(*) FROM deliveries WHERE status <> 'done'").fetchone()[0] == 0
+
+        with servers([[sys.executable, str(SERVER), str(db), URLS, "0"]], Path(tmp)) as urls:
+            sent = asyncio.run(send_and_drain(urls, load, clients, drained))
+        return Result(sent, done_ids())
+
+
+def run_postgresql(server_url: str, replicas: int, load: Load, clients: int) -> Result:
+    """`replicas` replica processes on a new database of the server at `server_url`."""
+    name = f"klaud_bench_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(server_url, f"CREATE DATABASE {name}"))
+    url = f"{server_url.rsplit('/', 1)[0]}/{name}"
+    try:
+        async def drained() -> bool:
+            conn = await asyncpg.connect(url)
+            try:
+                return await conn.fetchval("SELECT count(*) FROM deliveries WHERE status <> 'done'") == 0
+            finally:
+                await conn.close()
+
+        command = [sys.executable, str(replica_server.SCRIPT), url, URLS, str(LEASE_SECONDS), "none"]
+        with tempfile.TemporaryDirectory() as tmp, servers([command] * replicas, Path(tmp)) as urls:
+            sent = asyncio.run(send_and_drain(urls, load, clients, drained))
+        done = asyncio.run(_fetch_done(url))
+    finally:
+        asyncio.run(_admin(server_url, f"DROP DATABASE {name} WITH (FORCE)"))
+    return Result(sent, done)
+
+
+async def _admin(server_url: str, sql: str) -> None:
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def _fetch_done(url: str) -> set[str]:
+    conn = await asyncpg.connect(url)
+    try:
+        return {row[0] for row in await conn.fetch("SELECT id FROM deliveries WHERE status = 'done'")}
+    finally:
+        await conn.close()
+
+
+async def send_and_drain(urls: list[str], load: Load, clients: int, drained) -> Sent:  # type: ignore[no-untyped-def]
+    sent = await send([f"{url}/webhook" for url in urls], load, clients)
+    for _ in range(60_000):
+        if await drained():
+            return sent
+        await asyncio.sleep(0.01)
+    raise RuntimeError("the inbox did not drain within 10 minutes")
+
+
+@contextmanager
+def postgresql(db: str) -> Iterator[str]:
+    """The URL of a server's maintenance database: the one given, or a throwaway server's."""
+    if db != "postgresql":
+        yield db
+        return
+    server = PostgresServer.start(durable=True)
+    try:
+        yield server.url("postgres")
+    finally:
+        server.stop()
+
+
+def report(label: str, result: Result, clients: int, deliveries: int) -> None:
+    figures = result.figures()
+    print(f"{label}: {deliveries} deliveries from {clients} clients: {figures['deliveries_per_s']}/s, "
+          f"p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms; accepted {len(result.sent.accepted)},"
+          f" processed {figures['processed']}, lost {figures['lost']}")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deliveries", type=int, default=5000)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--db", default="sqlite",
+                        help="sqlite (only), postgresql (a throwaway server) or a postgresql:// URL")
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 3])
     args = parser.parse_args()
     load = make_load(args.deliveries)
-    with tempfile.TemporaryDirectory() as tmp:
-        db, urls_file = Path(tmp) / "bench.db", Path(tmp) / "urls"
-        server = subprocess.Popen(
-            [sys.executable, str(SERVER), str(db), str(urls_file), "0"],
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            url, _ = wait_for_urls(urls_file, server)
-            sent = asyncio.run(send_and_drain(url, load, args.clients))
-        finally:
-            server.terminate()
-            server.wait()
-        with sqlite3.connect(db) as conn:
-            done = {row[0] for row in conn.execute("SELECT id FROM deliveries WHERE status = 'done'")}
-    processed = len(done)
-    lost = len(set(sent.accepted) - done)
-    print(f"sent {args.deliveries} deliveries from {args.clients} clients in {sent.elapsed_s:.2f} s; "
-          f"accepted {len(sent.accepted)}; processed {processed}")
-    print(json.dumps({
-        "deliveries_per_s": round(sent.per_s, 1),
-        "p50_ms": round(sent.p50_ms, 2),
-        "p99_ms": round(sent.p99_ms, 2),
-        "processed": processed,
-        "lost": lost,
-    }))
+    sqlite_result = run_sqlite(load, args.clients)
+    report("sqlite", sqlite_result, args.clients, args.deliveries)
+    line = sqlite_result.figures()
+    if args.db != "sqlite":
+        with postgresql(args.db) as server_url:
+            for replicas in args.replicas:
+                result = run_postgresql(server_url, replicas, load, args.clients)
+                report(f"postgresql, {replicas} replica(s)", result, args.clients, args.deliveries)
+                line |= {f"postgresql_{replicas}_{key}": value for key, value in result.figures().items()}
+    print(json.dumps(line))
 
 
 if __name__ == "__main__":

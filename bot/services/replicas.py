@@ -81,6 +81,9 @@ class Replicas:
     def unrouted(self) -> bool:
         return self._installations
 
+    def owns(self, repo: str | None) -> bool:
+        return self._installations if repo is None else repo.lower() in self._repos
+
     def leads(self) -> bool:
         """Whether this replica does the housekeeping (it holds the installations lease)."""
         return self._installations

@@ -149,6 +149,23 @@ MIGRATIONS: tuple[Migration, ...] = (
             "DELETE FROM records WHERE kind = 'wave'",
         ),
     ),
+    # PostgreSQL compresses a stored body with pglz by default, which costs more CPU than
+    # the rest of a delivery's intake (~0.6 ms for a 20 KB webhook); lz4 is several times
+    # faster for a similar size. A server built without lz4 keeps pglz. SQLite's bodies are
+    # compressed by Klaud (zlib), so nothing changes there.
+    Migration(
+        5,
+        "lz4 compression of stored bodies on PostgreSQL",
+        sqlite=(),
+        postgresql=(
+            """DO $$ BEGIN
+                ALTER TABLE delivery_bodies ALTER COLUMN body SET COMPRESSION lz4;
+                ALTER TABLE waves ALTER COLUMN body SET COMPRESSION lz4;
+            EXCEPTION WHEN feature_not_supported THEN
+                RAISE NOTICE 'this server has no lz4: stored bodies stay compressed with pglz';
+            END $$""",
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

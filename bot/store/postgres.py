@@ -56,7 +56,9 @@ class PostgresDatabase:
         if self._pool is not None:
             return
         try:
-            pool = await asyncpg.create_pool(self.url, min_size=1, max_size=self.max_connections)
+            pool = await asyncpg.create_pool(
+                self.url, min_size=1, max_size=self.max_connections, reset=_keep_session
+            )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot connect to {self.where}: {exc}") from exc
         try:
@@ -101,6 +103,13 @@ class PostgresDatabase:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
+
+
+async def _keep_session(conn: Any) -> None:
+    """What the pool does to a connection handed back, instead of asyncpg's `RESET ALL`,
+    `pg_advisory_unlock_all()` and friends (a round trip per transaction): Klaud sets no
+    session state, listens to nothing and takes only transaction-scoped advisory locks, so
+    there is nothing to reset (asyncpg still rolls back a transaction left open)."""
 
 
 @lru_cache(maxsize=256)

@@ -72,6 +72,10 @@ class Writer:
             self._flusher = asyncio.create_task(self._flush())
         return future
 
+    def queued(self) -> int:
+        """Groups waiting for the next transaction, plus one while a transaction runs."""
+        return len(self._queue) + (self._flusher is not None and not self._flusher.done())
+
     async def flushed(self) -> None:
         """Wait for the writes already queued."""
         if self._flusher is not None:

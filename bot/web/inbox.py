@@ -47,6 +47,10 @@ class Ownership(Protocol):
         """Whether it takes the deliveries without a repository (installation events)."""
         ...
 
+    def owns(self, repo: str | None) -> bool:
+        """Whether deliveries of `repo` (None: without a repository) are this process's."""
+        ...
+
 
 MIB = 1024 * 1024
 FREE_SPACE_EVERY = 1.0  # seconds between two looks at the store's free disk space
@@ -129,8 +133,8 @@ class Inbox:
         if stored:
             if self.ownership is None:
                 self._enqueue(delivery)
-            else:
-                self._claim_soon.set()  # the owner claims it; if that is this process, at once
+            elif self.ownership.owns(delivery.repo):
+                self._claim_soon.set()  # claimed at once; another owner finds it on its next round
         return stored
 
     async def get(self, delivery_id: str) -> Delivery | None:

@@ -6,7 +6,8 @@ Each processed delivery leaves a record `seen/<delivery id>/<random>` in the sta
 committed with the delivery's status (one transaction): two records for one delivery would
 mean it was processed twice.
 
-Usage: python replica_server.py STORE_URL URLS_FILE [LEASE_SECONDS]
+Usage: python replica_server.py STORE_URL URLS_FILE [LEASE_SECONDS [record|none]]
+With `none` the handler returns at once (the ingest benchmark measures intake and the inbox).
 Once ready, writes {"url", "admin_url", "owner"} to URLS_FILE; SIGTERM stops it cleanly
 (running handlers finish, leases are released), SIGKILL is a crash.
 """
@@ -38,15 +39,19 @@ from tests.harness import make_settings
 SCRIPT = Path(__file__)
 
 
-async def main(store_url: str, urls_file: str, lease_seconds: float) -> None:
+async def main(store_url: str, urls_file: str, lease_seconds: float, handler: str) -> None:
     owner = replica_id()
     router = routing.Router()
 
-    @router.register("pull_request")
     async def record(event, services) -> None:  # type: ignore[no-untyped-def]
         repo = event.data["repository"]["full_name"]
         seen = {"n": event.data["number"], "at": time.time_ns(), "by": owner}
         await services.live.persist(Change().put(repo, "seen", f"{event.delivery_id}/{uuid.uuid4().hex}", seen))
+
+    async def nothing(event, services) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+    router.add({"record": record, "none": nothing}[handler], "pull_request")
 
     configure_logging("json", "warning")
     with tempfile.TemporaryDirectory() as unused:
@@ -73,4 +78,5 @@ async def main(store_url: str, urls_file: str, lease_seconds: float) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 10.0))
+    lease = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
+    asyncio.run(main(sys.argv[1], sys.argv[2], lease, sys.argv[4] if len(sys.argv) > 4 else "record"))

@@ -65,6 +65,7 @@ async def test_a_lone_replica_takes_every_repository_then_shares_with_the_next(n
     a = await nodes("a")
     await a.replicas.round()
     assert a.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"} and a.replicas.leads()
+    assert a.replicas.owns("O/C") and a.replicas.owns(None) and not a.replicas.owns("o/elsewhere")
     b = await nodes("b")
     await b.replicas.round()  # b counts two replicas: it may take 2, but every lease is a's
     assert b.replicas.repos() == set() and not b.replicas.leads()

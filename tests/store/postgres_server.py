@@ -61,7 +61,9 @@ class PostgresServer:
     run_as: str | None  # a user to run the server as (when we are root), else None
 
     @classmethod
-    def start(cls) -> PostgresServer:
+    def start(cls, *, durable: bool = False) -> PostgresServer:
+        """A server in a new temporary folder; `durable` keeps PostgreSQL's default fsync'd
+        commits (for benchmarks that compare it with SQLite's), else the throwaway settings."""
         bindir = find_bindir()
         run_as = _server_user()
         root = Path(tempfile.mkdtemp(prefix="klaud-pg-"))
@@ -73,7 +75,7 @@ class PostgresServer:
             server._run("initdb", "-D", str(server.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
                         "--no-sync")
             server._run("pg_ctl", "-D", str(server.data), "-l", str(server.log), "-w", "-t", "60",
-                        "-o", f"-c listen_addresses=127.0.0.1 -p {server.port} -k {root} {THROWAWAY}", "start")
+                        "-o", f"-c listen_addresses=127.0.0.1 -p {server.port} -k {root} {'' if durable else THROWAWAY}", "start")
         except BaseException:
             server.stop()
             raise

@@ -170,6 +170,14 @@ class Klaud:
     def ready(self) -> bool:
         return self.started and self.inbox.ready
 
+    async def serving_replicas(self) -> list[str]:
+        """The other processes serving this store now (PostgreSQL replicas holding their
+        heartbeat lease); a SQLite store has none: its lock keeps them out of the file."""
+        if self.replicas is None:
+            return []
+        holders = await self.replicas.leases.holders()
+        return sorted(owner for name, owner in holders.items() if name.startswith("replica:") and owner != self.replicas.owner)
+
     def webhook_secrets(self) -> list[str]:
         return self.settings.secrets()
 

@@ -41,6 +41,14 @@ class UsageError(Exception):
     """Bad arguments: reported on one line, exit status 2."""
 
 
+class Refused(Exception):
+    """The command would write behind a running server's back: one line, exit status 1."""
+
+
+# How long `klaud receive` waits for the serving replicas to process what it handed them.
+RECEIVE_WAIT_SECONDS = 60.0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="klaud", description="Klaud: plans image-refresh waves from webhook-fed state.")
     parser.add_argument("--version", action="version", version=f"klaud {klaud_version()}")
@@ -219,6 +227,12 @@ async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
     klaud = Klaud(settings)
     await klaud.start(drain=False)
     try:
+        serving = await klaud.serving_replicas()
+        if serving:
+            # Their memory would not see what this process writes: they reconcile at start
+            # and every 6 hours; restarting one reconciles the repositories it takes.
+            raise Refused(f"replicas serve this store ({', '.join(serving)}); reconcile refused behind their back:"
+                          " restart a replica to reconcile now")
         for name, installation in await _installed(klaud, args.repo):
             print(json.dumps(await klaud.reconciler.reconcile(name, installation)))
     finally:
@@ -244,11 +258,32 @@ async def _receive(settings: Settings, args: argparse.Namespace) -> int:
     klaud = Klaud(settings)
     await klaud.start(drain=False)
     try:
-        await klaud.handle(delivery)
+        if await klaud.serving_replicas():
+            status, error = await _through_the_inbox(klaud, delivery)
+        else:
+            await klaud.handle(delivery)
+            status, error = "done", None
     finally:
         await klaud.stop()
-    print(json.dumps({"delivery": delivery.id, "event": args.event, "status": "done"}))
-    return 0
+    print(json.dumps({"delivery": delivery.id, "event": args.event, "status": status}
+                     | ({"error": error} if error else {})))
+    return 0 if status == "done" else 1
+
+
+async def _through_the_inbox(klaud: Klaud, delivery: Delivery) -> tuple[str, str | None]:
+    """Hand `delivery` to the serving replicas through the inbox they share (its owner
+    processes it like a webhook, in the repository's order) and wait for its status."""
+    if not await klaud.inbox.store.put(delivery):
+        raise Refused(f"--delivery: {delivery.id} is already stored (a delivery id is processed once)")
+    waited = 0.0
+    while waited < RECEIVE_WAIT_SECONDS:
+        stored = await klaud.inbox.store.get(delivery.id)
+        if stored is not None and stored.status in ("done", "failed"):
+            return stored.status, stored.error
+        await asyncio.sleep(0.1)
+        waited += 0.1
+    raise Refused(f"delivery {delivery.id} is stored; the serving replicas did not finish it within"
+                  f" {RECEIVE_WAIT_SECONDS:.0f} s (`GET /api/v1/deliveries/{delivery.id}` shows it)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -273,6 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"klaud: {exc}", file=sys.stderr)
         return 2
+    except Refused as exc:
+        print(f"klaud: {exc}", file=sys.stderr)
+        return 1
     except (ScenarioError, SettingsError) as exc:
         print(f"klaud: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli import main
+from bot.store import open_stores
 from tests import scenarios as sc
 from tests.harness import SECRET, sandbox_stack
 
@@ -107,3 +108,20 @@ def test_log_level_is_read_in_any_case(tmp_path):
     from bot.settings import load_settings
 
     assert load_settings({"KLAUD_LOG_LEVEL": "WARNING"}).log_level == "warning"
+
+
+async def test_receive_while_a_server_holds_the_sqlite_store_is_refused_in_one_line(tmp_path):
+    """Issue 11's row: `klaud receive` must not write behind a running server's back. On
+    SQLite the server's lock refuses it (replicas on PostgreSQL: tests/stack/test_cli_replicas.py)."""
+    payload = tmp_path / "hold.json"
+    payload.write_text(json.dumps({"action": "created", "comment": {"body": "/klaud hold"}}))
+    serving = await open_stores(f"sqlite:///{tmp_path / 'klaud.db'}")  # what `klaud serve` holds
+    try:
+        done = await asyncio.to_thread(
+            run_klaud, ["receive", "--event", "issue_comment", "--payload", str(payload)], klaud_env(tmp_path)
+        )
+    finally:
+        await serving.close()
+    assert done.returncode == 1 and done.stdout == ""
+    assert one_line(done.stderr) == (f"klaud: KLAUD_DB: {tmp_path / 'klaud.db'} is in use by another Klaud process"
+                                     f" (pid {os.getpid()})")

@@ -1,0 +1,115 @@
+"""`klaud receive` and `klaud reconcile` never write behind serving replicas' backs
+(DESIGN §3.1): a delivery goes through the inbox they share, reconcile is refused in one line;
+with no replica serving, the CLI works on the store directly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from bot.cli import main
+from tests.conftest import fresh_database
+from tests.stack.test_replicas_e2e import Replica, start_replica
+from tests.store.postgres_server import PostgresServer
+
+
+@pytest.fixture
+async def store_url(postgres_server: PostgresServer) -> AsyncIterator[str]:
+    async with fresh_database(postgres_server) as url:
+        yield url
+
+
+@pytest.fixture
+def klaud_env(store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    (tmp_path / "app.pem").write_bytes(key)
+    for name, value in {"KLAUD_DB": store_url, "KLAUD_APP_ID": "1", "KLAUD_PRIVATE_KEY_FILE": str(tmp_path / "app.pem"),
+                        "KLAUD_LOG_FORMAT": "json", "KLAUD_LOG_LEVEL": "warning"}.items():
+        monkeypatch.setenv(name, value)
+    return store_url
+
+
+def payload_file(tmp_path: Path, document: dict) -> str:
+    path = tmp_path / f"payload-{len(list(tmp_path.iterdir()))}.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+async def seen_by(store_url: str, delivery: str) -> list[str]:
+    """Who processed `delivery` (the replica's recording handler leaves one record per run)."""
+    conn = await asyncpg.connect(store_url)
+    try:
+        rows = await conn.fetch("SELECT data FROM records WHERE kind = 'seen' AND key LIKE $1", f"{delivery}/%")
+        return [json.loads(row["data"])["by"] for row in rows]
+    finally:
+        await conn.close()
+
+
+async def stored_delivery(store_url: str, delivery: str) -> str | None:
+    conn = await asyncpg.connect(store_url)
+    try:
+        status: str | None = await conn.fetchval("SELECT status FROM deliveries WHERE id = $1", delivery)
+        return status
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def replica(klaud_env: str, tmp_path: Path) -> Iterator[Replica]:
+    started = start_replica(klaud_env, tmp_path / "replica")
+    yield started
+    started.process.kill()
+    started.process.wait()
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = main(args)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+async def test_receive_while_a_replica_serves_hands_the_delivery_to_it_through_the_shared_inbox(
+    klaud_env, replica, tmp_path, capsys
+):
+    pull = {"action": "synchronize", "number": 7, "repository": {"full_name": "o/cli"}, "installation": {"id": 1}}
+    args = ["receive", "--event", "pull_request", "--payload", payload_file(tmp_path, pull), "--delivery", "cli-1"]
+    status, out, _ = await _in_thread(run, args, capsys)
+    assert status == 0
+    assert json.loads(out) == {"delivery": "cli-1", "event": "pull_request", "status": "done"}
+    assert await seen_by(klaud_env, "cli-1") == [replica.owner]  # the replica processed it, once
+
+    status, out, err = await _in_thread(run, args, capsys)
+    assert (status, out) == (1, "")
+    assert err.strip() == "klaud: --delivery: cli-1 is already stored (a delivery id is processed once)"
+    assert await seen_by(klaud_env, "cli-1") == [replica.owner]
+
+
+async def test_reconcile_while_a_replica_serves_is_refused_in_one_line(klaud_env, replica, capsys):
+    status, out, err = await _in_thread(run, ["reconcile"], capsys)
+    assert (status, out) == (1, "")
+    assert err.strip() == (f"klaud: replicas serve this store ({replica.owner}); reconcile refused behind their back:"
+                           " restart a replica to reconcile now")
+
+
+async def test_with_no_replica_serving_receive_works_on_the_store_directly(klaud_env, replica, tmp_path, capsys):
+    replica.process.send_signal(signal.SIGTERM)  # a clean stop releases its leases
+    assert replica.process.wait(30) == 0
+    args = ["receive", "--event", "ping", "--payload", payload_file(tmp_path, {"zen": "hi"}), "--delivery", "cli-2"]
+    status, out, _ = await _in_thread(run, args, capsys)
+    assert (status, json.loads(out)["status"]) == (0, "done")
+    assert await stored_delivery(klaud_env, "cli-2") is None  # handled here, not queued for anyone
+
+
+async def _in_thread(function, *args):  # type: ignore[no-untyped-def]
+    # `klaud` runs its own event loop (asyncio.run), which cannot start inside the test's.
+    return await asyncio.to_thread(function, *args)

@@ -1,0 +1,69 @@
+"""The deployment files agree with the code: no machine here runs Docker, so what can drift
+(settings names, ports, the health endpoint, what the image copies) is checked as text."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from bot.settings import _ENV_FIELDS, load_settings
+from tests.conftest import ROOT
+
+DEPLOY = ROOT / "deploy"
+KNOWN = set(_ENV_FIELDS) | {"KLAUD_PRIVATE_KEY_FILE"}
+
+
+def env_file(name: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in (DEPLOY / name).read_text().splitlines() if line and line[0] != "#")
+    return {key: value for key, value in pairs}
+
+
+def dockerfile() -> str:
+    return (DEPLOY / "Dockerfile").read_text()
+
+
+def test_the_image_runs_klaud_serve_as_a_user_that_is_not_root_and_checks_healthz() -> None:
+    text = dockerfile()
+    users = re.findall(r"^USER (\S+)", text, re.MULTILINE)
+    assert users and users[-1] not in ("root", "0")
+    assert 'ENTRYPOINT ["klaud"]' in text and 'CMD ["serve"]' in text
+    healthcheck = text.split("\nHEALTHCHECK ", 1)[1].split("\nENTRYPOINT", 1)[0]
+    assert "/healthz" in healthcheck and "KLAUD_PORT" in healthcheck
+
+
+def test_the_image_copies_what_the_package_needs_and_the_context_keeps_secrets_out() -> None:
+    copied = re.findall(r"^COPY (?!--from)(.+) \S+$", dockerfile(), re.MULTILINE)
+    for sources in copied:
+        for source in sources.split():
+            assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which is not in the repository"
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert {"deploy/*.env", "deploy/*.pem", ".git"} <= set(ignored)
+
+
+def test_the_image_settings_are_settings_klaud_knows_and_accepts() -> None:
+    image_env = dict(re.findall(r"(KLAUD_\w+)=(\S+)", dockerfile()))
+    assert set(image_env) <= KNOWN
+    # The store's folder is the image's volume, absent here: the URL is compared as text.
+    assert image_env.pop("KLAUD_DB") == "sqlite:////var/lib/klaud/klaud.db"
+    settings = load_settings(image_env)
+    assert (settings.host, settings.port) == ("0.0.0.0", 8080)
+
+
+def test_compose_runs_klaud_on_its_postgresql_with_secrets_from_files_and_loopback_ports() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    klaud, postgres = compose["services"]["klaud"], compose["services"]["postgres"]
+    assert klaud["depends_on"]["postgres"]["condition"] == "service_healthy" and "healthcheck" in postgres
+    assert klaud["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+    assert all(port.startswith("127.0.0.1:") for port in klaud["ports"])
+    assert klaud["environment"]["KLAUD_PRIVATE_KEY_FILE"] == "/run/secrets/github-app-key"
+    assert set(klaud["environment"]) <= KNOWN
+    assert compose["secrets"]["github-app-key"]["file"] == "github-app.pem"
+    # The example env files: every name a setting, every value one Klaud accepts, and the
+    # database URL pointing at the compose service with the password postgres.env sets.
+    example = env_file("klaud.env.example")
+    assert set(example) <= KNOWN
+    load_settings({**example, **klaud["environment"], "KLAUD_PRIVATE_KEY_FILE": ""})
+    password = env_file("postgres.env.example")["POSTGRES_PASSWORD"]
+    user, database = postgres["environment"]["POSTGRES_USER"], postgres["environment"]["POSTGRES_DB"]
+    assert example["KLAUD_DB"] == f"postgresql://{user}:{password}@postgres:5432/{database}"

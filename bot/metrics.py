@@ -84,6 +84,12 @@ CANDIDATES = Counter(
     ["decision"],
     registry=REGISTRY,
 )
+LAST_WAVE_CANDIDATES = Gauge(
+    "klaud_last_wave_candidates",
+    "Families of the repository's last planning wave, by decision (every decision kind, 0 when none).",
+    ["repo", "decision"],
+    registry=REGISTRY,
+)
 LAST_WAVE_TIMESTAMP = Gauge(
     "klaud_last_wave_timestamp_seconds",
     "Unix time at which the repository's last planning wave finished.",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 import structlog
 
@@ -22,6 +22,7 @@ from bot.core.domain import (
     CapacityReading,
     Claim,
     Decision,
+    DecisionKind,
     Wave,
     claim_ref,
     image_age_days,
@@ -32,6 +33,7 @@ from bot.metrics import (
     CANDIDATES,
     DISPATCH_PAUSED,
     FAMILY_IMAGE_AGES,
+    LAST_WAVE_CANDIDATES,
     LAST_WAVE_TIMESTAMP,
     WAVE_SECONDS,
 )
@@ -131,6 +133,10 @@ class WaveRunner:
         """What /metrics shows of the repository after a wave (once per wave, not per family event)."""
         repo = state.name
         LAST_WAVE_TIMESTAMP.labels(repo).set(wave.at.timestamp())
+        # Every kind, zeros included: a decision that disappears reads 0, not its old count.
+        counts = Counter(d.decision for d in wave.decisions)
+        for kind in get_args(DecisionKind):
+            LAST_WAVE_CANDIDATES.labels(repo, kind).set(counts[kind])
         DISPATCH_PAUSED.labels(repo).set(0 if wave.blocked is None else 1)
         ages = (image_age_days(f, wave.at) for f in state.catalog)
         FAMILY_IMAGE_AGES.set(repo, [days for days in ages if days is not None])

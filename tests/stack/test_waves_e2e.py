@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import get_args
 
 import aiohttp
 
 from bot.cli import main as klaud_main
-from bot.core.domain import claim_ref
+from bot.core.domain import DecisionKind, claim_ref
 from tests import scenarios as sc
 from tests.harness import sandbox_stack
 
@@ -299,6 +300,11 @@ async def test_a_wave_sets_the_repository_gauges(tmp_path):
         sample = REGISTRY.get_sample_value
         assert sample("klaud_dispatch_paused", {"repo": "acme/bench"}) == 0
         assert sample("klaud_last_wave_timestamp_seconds", {"repo": "acme/bench"}) == wave.at.timestamp()
+        # The last wave's decisions, every kind present (0 when none), matching the wave.
+        decided = {kind: sample("klaud_last_wave_candidates", {"repo": "acme/bench", "decision": kind})
+                   for kind in get_args(DecisionKind)}
+        assert decided == {kind: float(sum(d.decision == kind for d in wave.decisions)) for kind in decided}
+        assert sum(decided.values()) == len(wave.decisions) and decided["selected"] == len(wave.selected) > 0
         # The head commit is a year old: so is every image (a histogram, by repository).
         assert sample("klaud_family_image_age_days_count", {"repo": "acme/bench"}) == len(sc.FAMILIES)
         assert sample("klaud_family_image_age_days_bucket", {"repo": "acme/bench", "le": "180.0"}) == 0

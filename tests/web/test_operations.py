@@ -20,7 +20,8 @@ async def test_metrics_carry_build_info_process_and_platform_metrics_and_the_rep
     assert f'klaud_build_info{{version="{metadata.version("klaud")}"}} 1.0' in text
     for sample in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds", "python_info{"):
         assert f"\n{sample}" in text, sample
-    for metric in ("klaud_last_wave_timestamp_seconds", "klaud_dispatch_paused", "klaud_family_image_age_days"):
+    for metric in ("klaud_last_wave_timestamp_seconds", "klaud_last_wave_candidates", "klaud_dispatch_paused",
+                   "klaud_family_image_age_days"):
         assert f"# HELP {metric} " in text, metric
 
 

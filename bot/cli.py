@@ -21,6 +21,7 @@ from pydantic import SecretStr
 
 from bot.app import Klaud
 from bot.core.domain import parse_time
+from bot.core.policy import POLICY_PATH, PolicyError, parse_policy, policy_schema
 from bot.core.report import render_requests, render_wave_table
 from bot.github.errors import GitHubError
 from bot.github.repo import GitHubRepos
@@ -84,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check an installation end to end, one line per check with a fix")
     doctor.add_argument("--repo", help="OWNER/NAME (default: every installed repository)")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+
+    config = sub.add_parser("config", help="the per-repository policy file, .github/klaud.yml")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser("check", help="validate a policy file locally (exit 1 when invalid)")
+    check.add_argument("file", type=Path)
+    check.add_argument("--json", action="store_true", help="print the policy in force, defaults included")
+    config_sub.add_parser("schema", help="print the policy's JSON Schema")
     return parser
 
 
@@ -240,6 +248,24 @@ async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _config(settings: Settings, args: argparse.Namespace) -> int:
+    if args.config_command == "schema":
+        print(json.dumps(policy_schema(), indent=2))
+        return 0
+    try:
+        text = args.file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{args.file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        policy = parse_policy(text)
+    except PolicyError as exc:
+        # The same words a push of this file would show on the check runs, named for this file.
+        print(f"klaud: {args.file}{str(exc).removeprefix(POLICY_PATH)}", file=sys.stderr)
+        return 1
+    print(policy.model_dump_json(indent=2) if args.json else f"{args.file}: valid")
+    return 0
+
+
 async def _receive(settings: Settings, args: argparse.Namespace) -> int:
     if args.event not in KLAUD_EVENTS:
         raise UsageError(f"--event: unknown event name {args.event!r} (known: {', '.join(sorted(KLAUD_EVENTS))})")
@@ -348,6 +374,7 @@ COMMANDS = {
     "receive": _receive,
     "reconcile": _reconcile,
     "doctor": _doctor,
+    "config": _config,
 }
 
 

@@ -52,6 +52,12 @@ class Policy(BaseModel):
         return value
 
 
+def policy_schema() -> dict[str, object]:
+    """The policy file's JSON Schema, for editors and `klaud config schema`."""
+    schema = Policy.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": POLICY_PATH}
+
+
 class PolicyError(ValueError):
     """`.github/klaud.yml` is unreadable or invalid; the message says where and why."""
 

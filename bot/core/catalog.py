@@ -605,3 +605,14 @@ def _char_class(body: str) -> str:
 
 def is_master_config(path: str, config_globs: Iterable[str]) -> bool:
     return any(glob_match(path, pattern) for pattern in config_globs)
+
+
+def config_problems(config_errors: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(path, problem) for every problem of a repository's configuration errors, which are
+    kept as path -> problems, one a line (a runners file may name many unresolved runners)."""
+    return [
+        (path, problem)
+        for path, problems in sorted(config_errors.items())
+        for problem in problems.split("\n")
+        if problem
+    ]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from bot.core.catalog import config_problems
 from bot.core.commands import code_span, describe_hold, with_until
 from bot.core.cooldown import human_time
 from bot.core.domain import (
@@ -147,7 +148,7 @@ def image_age(family: Family, now: datetime) -> str:
 def _config_section(errors: Mapping[str, str]) -> list[str]:
     if not errors:
         return []
-    return ["## Configuration errors", "", *(f"- {code_span(path)}: {detail}" for path, detail in sorted(errors.items())), ""]
+    return ["## Configuration errors", "", *(f"- {code_span(path)}: {detail}" for path, detail in config_problems(errors)), ""]
 
 
 # -- the marker -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from bot.core.catalog import config_problems
 from bot.core.domain import CapacityReading, Family
 from bot.core.setup import SetupError, workflow_path
 
@@ -106,19 +107,38 @@ def policy_check(policy_error: str | None) -> Check:
 
 
 def config_checks(config_errors: Mapping[str, str], runners_file: str, families: int) -> list[Check]:
-    """Master configs and runners.yaml parse; every runner resolves to a declared cluster."""
-    parse = {path: detail for path, detail in config_errors.items() if path != runners_file}
-    runners = config_errors.get(runners_file)
-    checks = [
-        Check("master configs", False, detail, "fix the YAML on the default branch") for detail in parse.values()
-    ] or [Check("master configs", True, f"{families} families parsed")]
-    if runners is not None:
-        checks.append(
-            Check("runners", False, runners, f"declare the cluster in {runners_file} or fix the runner's name")
-        )
-    else:
-        checks.append(Check("runners", True, "every runner resolves to a declared cluster"))
-    return checks
+    """Master configs and runners.yaml parse; every runner resolves to a declared cluster.
+    One line per problem: a runners file may leave many runners unresolved, and a master
+    config lists each family whose runner label resolves to no declared cluster."""
+    problems = config_problems(config_errors)
+    configs = [
+        Check("master configs", False, detail, "fix the YAML on the default branch")
+        for path, detail in problems
+        if not _is_runner_problem(path, detail, runners_file)
+    ]
+    runners = [
+        Check("runners", False, detail, _runner_hint(detail, runners_file))
+        for path, detail in problems
+        if _is_runner_problem(path, detail, runners_file)
+    ]
+    return [
+        *(configs or [Check("master configs", True, f"{families} families parsed")]),
+        *(runners or [Check("runners", True, "every runner resolves to a declared cluster")]),
+    ]
+
+
+def _is_runner_problem(path: str, problem: str, runners_file: str) -> bool:
+    # A master config's problem about a family's runner label reads "… runner `<label>` …".
+    return path == runners_file or "runner `" in problem
+
+
+def _runner_hint(problem: str, runners_file: str) -> str:
+    undeclared = re.search(r"`cluster:([^`]+)`", problem)
+    if undeclared:
+        # `cluster:X` names its cluster outright: only the declaration is missing.
+        return (f"declare {undeclared.group(1)} in {runners_file} (a `clusters:` key, or `cluster:"
+                f"{undeclared.group(1)}` under `hardware:`), or fix the runner's name")
+    return f"declare the cluster in {runners_file} or fix the runner's name"
 
 
 def capacity_check(reading: CapacityReading, families: Iterable[Family]) -> Check:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bot.core.catalog import Catalog
+from bot.core.catalog import Catalog, config_problems
 from bot.core.dispatching import WaveRuns, count_finished, pause_reason
 from bot.core.domain import (
     Attempt,
@@ -481,12 +481,8 @@ class RepoState:
             "head_sha": self.meta.head_sha,
             "policy": self.policy.model_dump(mode="json"),
             "policy_error": self.meta.policy_error,
-            # Kept as path -> problems, one a line; shown as one {path, detail} per problem.
             "config_errors": [
-                {"path": path, "detail": detail}
-                for path, problems in sorted(self.meta.config_errors.items())
-                for detail in problems.split("\n")
-                if detail
+                {"path": path, "detail": detail} for path, detail in config_problems(self.meta.config_errors)
             ],
             "setup_errors": list(self.meta.setup_errors),
             "blocked": blocked.document() if (blocked := self.blocked()) is not None else None,

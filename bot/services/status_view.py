@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, get_args
 
+from bot.core.catalog import config_problems
 from bot.core.clock import Clock
 from bot.core.commands import with_until
 from bot.core.domain import (
@@ -307,12 +308,7 @@ def repo_summary(
         freshness=freshness(ages),
         families=len(state.catalog),
         policy_error=state.meta.policy_error,
-        config_errors=tuple(
-            (path, problem)
-            for path, problems in sorted(state.meta.config_errors.items())
-            for problem in problems.split("\n")
-            if problem
-        ),
+        config_errors=tuple(config_problems(state.meta.config_errors)),
     )
 
 

@@ -78,3 +78,8 @@ def test_ticked_finds_only_the_boxes_a_person_ticked_now() -> None:
     assert ticked(after, after) == []
     both = after.replace(f"- [ ] unhold `{C.id}`", f"- [X] unhold `{C.id}`")
     assert ticked(before, both) == [("retry", B.id), ("unhold", C.id)]
+
+
+def test_each_configuration_problem_is_a_list_item_of_its_own() -> None:
+    body = render_dashboard(view(config_errors={"configs/runners.yaml": "runner x_0 names no cluster\nrunner y_1 names no cluster"}))
+    assert "- `configs/runners.yaml`: runner x_0 names no cluster\n- `configs/runners.yaml`: runner y_1 names no cluster" in body

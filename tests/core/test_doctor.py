@@ -64,3 +64,21 @@ def test_the_capacity_feed_must_report_every_target_cluster() -> None:
     assert not check.ok and "h200-nb" in check.detail
     closed = CapacityReading(eligible=frozenset(), known=frozenset(), at=NOW, error="capacity-feed-not-configured")
     assert "KLAUD_CAPACITY_URL" in capacity_check(closed, families).hint
+
+
+def test_every_config_problem_is_a_line_of_its_own_and_runner_problems_say_how_to_fix_them() -> None:
+    master = "configs/nvidia-master.yaml"
+    errors = {
+        "configs/runners.yaml": "label h100 lists h100-x_0, which names no cluster declared in runners.yaml\n"
+                                "label b200 lists b200-y_1, which names no cluster declared in runners.yaml",
+        master: f"{master}:3: `fam-a` runner `cluster:b300-new` names cluster b300-new, which runners.yaml does not declare\n"
+                f"{master}:9: `fam-b` has no image",
+    }
+    checks = config_checks(errors, "configs/runners.yaml", 5)
+    assert [(c.name, c.ok) for c in checks] == [("master configs", False)] + [("runners", False)] * 3
+    assert all("\n" not in c.line() for c in checks)
+    assert checks[0].detail == f"{master}:9: `fam-b` has no image"
+    undeclared = checks[1]  # sorted by path: the master config first
+    assert undeclared.hint == ("declare b300-new in configs/runners.yaml (a `clusters:` key, or `cluster:b300-new`"
+                               " under `hardware:`), or fix the runner's name")
+    assert [c.hint for c in checks[2:4]] == ["declare the cluster in configs/runners.yaml or fix the runner's name"] * 2

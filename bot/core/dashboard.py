@@ -23,6 +23,7 @@ from bot.core.commands import code_span, describe_hold, with_until
 from bot.core.cooldown import human_time
 from bot.core.domain import (
     Blocked,
+    DecisionKind,
     Family,
     Hold,
     RetryApproval,
@@ -34,6 +35,10 @@ from bot.core.domain import (
 
 TITLE = "Klaud Cold dashboard"
 STALEST_SHOWN = 15
+# Boxes shown per list: at thousands of families, a full cooling list filled the issue's
+# 65,000 characters and cut off the held families and the configuration errors after it
+# (and cost ~20 ms per render). The status page lists them all.
+BOXES_SHOWN = 100
 # GitHub refuses an issue body over 65,536 characters.
 BODY_LIMIT = 65_000
 _MARKER_RE = re.compile(r"<!-- klaud-dashboard:v1:(?P<data>[A-Za-z0-9_=-]+) -->")
@@ -73,8 +78,8 @@ def render_dashboard(view: DashboardView) -> str:
         "",
         *_blocked_section(view.blocked),
         *_wave_section(view.wave),
-        *_cooling_section(view.cooling),
-        *_held_section(view.holds),
+        *_cooling_section(view.repo, view.cooling),
+        *_held_section(view.repo, view.holds),
         *_stalest_section(view.families, view.now),
         *_config_section(view.config_errors),
         _marker(Remembered(tuple(view.holds), tuple(view.retries))),
@@ -112,22 +117,31 @@ def _wave_section(wave: Wave | None) -> list[str]:
     return [*lines, ""]
 
 
-def _cooling_section(cooling: Sequence[tuple[Family, str, datetime | None]]) -> list[str]:
+def _cooling_section(repo: str, cooling: Sequence[tuple[Family, str, datetime | None]]) -> list[str]:
     if not cooling:
         return []
     lines = ["## Cooling down", "", "Tick a box to retry the family's candidate at the next wave.", ""]
-    for family, reason, until in sorted(cooling, key=lambda item: item[0].id):
+    ordered = sorted(cooling, key=lambda item: item[0].id)
+    for family, reason, until in ordered[:BOXES_SHOWN]:
         lines.append(f"- [ ] retry {code_span(family.id)}: {with_until(reason, until)}")
-    return [*lines, ""]
+    return [*lines, *_more(repo, len(ordered), "cooling down", "cooldown"), ""]
 
 
-def _held_section(holds: Sequence[Hold]) -> list[str]:
+def _held_section(repo: str, holds: Sequence[Hold]) -> list[str]:
     if not holds:
         return []
     lines = ["## Held", "", "Tick a box to release the hold.", ""]
-    for hold in sorted(holds, key=lambda h: h.family):
+    ordered = sorted(holds, key=lambda h: h.family)
+    for hold in ordered[:BOXES_SHOWN]:
         lines.append(f"- [ ] unhold {code_span(hold.family)}: {describe_hold(hold)}")
-    return [*lines, ""]
+    return [*lines, *_more(repo, len(ordered), "held", "held"), ""]
+
+
+def _more(repo: str, total: int, what: str, decision: DecisionKind) -> list[str]:
+    if total <= BOXES_SHOWN:
+        return []
+    more = total - BOXES_SHOWN
+    return ["", f"… and {more} more families {what}: the status page lists them all (`/repos/{repo}?decision={decision}`)."]
 
 
 def _stalest_section(families: Sequence[Family], now: datetime) -> list[str]:

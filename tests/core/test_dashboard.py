@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from bot.core.dashboard import (
     BODY_LIMIT,
+    BOXES_SHOWN,
     DashboardView,
     parse_marker,
     render_dashboard,
@@ -83,3 +84,17 @@ def test_ticked_finds_only_the_boxes_a_person_ticked_now() -> None:
 def test_each_configuration_problem_is_a_list_item_of_its_own() -> None:
     body = render_dashboard(view(config_errors={"configs/runners.yaml": "runner x_0 names no cluster\nrunner y_1 names no cluster"}))
     assert "- `configs/runners.yaml`: runner x_0 names no cluster\n- `configs/runners.yaml`: runner y_1 names no cluster" in body
+
+
+def test_long_lists_show_their_first_boxes_and_point_to_the_status_page_so_nothing_after_them_is_cut() -> None:
+    """At 2,000 families a full cooling list filled the body and cut off the held families."""
+    many = [family(f"fam-{n:04d}") for n in range(2500)]
+    cooling = [(f, "cooling down until 2026-12-01 06:00 UTC: last attempt failed (run 3)", NOW) for f in many]
+    holds = [Hold(f.id, "alice", "new weights", NOW) for f in many[:150]]
+    body = render_dashboard(view(cooling=cooling, holds=holds, config_errors={"configs/runners.yaml": "runner x_0 names no cluster"}))
+    assert body.count("- [ ] retry ") == BOXES_SHOWN and body.count("- [ ] unhold ") == BOXES_SHOWN
+    assert f"… and {2500 - BOXES_SHOWN} more families cooling down" in body and "`/repos/acme/bench?decision=cooldown`" in body
+    assert "… and 50 more families held" in body
+    assert "## Configuration errors" in body and "truncated" not in body
+    assert len(body) < BODY_LIMIT
+    assert f"- [ ] retry `{many[0].id}`" in body  # in the order of family ids, as before

@@ -136,6 +136,17 @@ async def send(webhook_urls: list[str], load: Load, clients: int) -> Sent:
         return Sent(latencies, accepted, time.perf_counter() - started)
 
 
+async def wait_drained(url: str) -> None:
+    """Until the inbox backlog one Klaud process reports on /readyz (of either listener) is 0."""
+    async with aiohttp.ClientSession() as session:
+        for _ in range(60_000):
+            async with session.get(f"{url}/readyz") as response:
+                if (await response.json())["backlog"] == 0:
+                    return
+            await asyncio.sleep(0.01)
+    raise RuntimeError("the inbox did not drain within 10 minutes")
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]

@@ -84,7 +84,7 @@ async def store_waves(state: RepoState, store: StateStore, count: int, rng: rand
     for number in range(1, count + 1):
         at = big.NOW - WAVE_EVERY * (count - number)
         wave = state.plan(number, at, reading)
-        change = Change().put(state.name, "wave", f"{number:08d}", wave_record(wave))
+        change = Change().put_wave(state.name, number, wave_record(wave))
         for decision in wave.decisions:
             if decision.decision == "selected" and at + timedelta(hours=1) <= big.NOW:
                 run_id += 1

@@ -85,11 +85,11 @@ class Figures:
 
 
 def measure(name: str, server: Running, load: Load, clients: int, warm_up: Load) -> Figures:
-    asyncio.run(send(server.webhook_url, warm_up, clients))
+    asyncio.run(send([server.webhook_url], warm_up, clients))
     if server.admin_url:
         asyncio.run(wait_drained(server.admin_url))
     cpu_before, started = server.cpu_seconds(), time.perf_counter()
-    sent = asyncio.run(send(server.webhook_url, load, clients))
+    sent = asyncio.run(send([server.webhook_url], load, clients))
     cpu = server.cpu_seconds() - cpu_before
     drain = None
     if server.admin_url:

@@ -5,10 +5,10 @@ its own. Its writes go through the store's one `Writer` (group commit, shared wi
 records), so a burst of deliveries costs one fsync per batch, and a delivery's new status
 commits in the transaction of the state it changed.
 
-With several replicas on one PostgreSQL database, any replica stores a delivery and a
-replica takes work with `claim_deliveries`: the delivery becomes `processing` with its
-owner and the time of the claim, so the deliveries of a replica that dies are claimed
-again once that claim is old.
+With several replicas on one PostgreSQL database, any replica stores a delivery and the
+replica holding the lease of its repository takes it with `claim_owned`: the delivery
+becomes `processing` with its owner and the time of the claim; the next owner of the
+repository takes over the claims of one that died or lost the lease.
 """
 
 from __future__ import annotations
@@ -124,35 +124,6 @@ UPDATE_STATUS = "UPDATE deliveries SET status = ?, attempts = ?, error = ?, upda
 PRUNABLE = "(status = 'done' AND updated_at < ?) OR (status = 'failed' AND updated_at < ?)"
 PRUNE_BODIES = f"DELETE FROM delivery_bodies WHERE id IN (SELECT id FROM deliveries WHERE {PRUNABLE})"
 PRUNE = f"DELETE FROM deliveries WHERE {PRUNABLE}"
-# The oldest unclaimed deliveries, and those whose claim is older than the reclaim time (its
-# owner died); `?` 2 and 3 are a JSON array of lowercase repository names, or NULL for any.
-# PostgreSQL locks the rows it picks and skips those another claimer has locked, so
-# concurrent claimers never pick the same delivery and never wait for each other.
-CLAIM: dict[Dialect, str] = {
-    "sqlite": """
-        WITH picked AS (
-            SELECT seq FROM deliveries
-            WHERE (status = 'queued' OR (status = 'processing' AND claimed_at < {now} - ?))
-              AND (? IS NULL OR lower(repo) IN (SELECT value FROM json_each(?)))
-            ORDER BY seq LIMIT ?
-        )
-        UPDATE deliveries SET status = 'processing', claimed_by = ?, claimed_at = {now}
-        WHERE seq IN (SELECT seq FROM picked)
-        RETURNING {columns}, seq""",
-    "postgresql": """
-        WITH picked AS MATERIALIZED (
-            SELECT seq FROM deliveries
-            WHERE (status = 'queued' OR (status = 'processing' AND claimed_at < {now} - ?))
-              AND (?::text IS NULL OR lower(repo) IN (SELECT json_array_elements_text(?::json)))
-            ORDER BY seq LIMIT ?
-            FOR UPDATE SKIP LOCKED
-        )
-        UPDATE deliveries SET status = 'processing', claimed_by = ?, claimed_at = {now}
-        WHERE seq IN (SELECT seq FROM picked)
-        RETURNING {columns}, seq""",
-}
-
-
 # The claim of a repository's owner (it holds the repository's lease, so it is the only one
 # allowed to work on it): queued deliveries of its repositories, those another process
 # claimed (a replica that died or lost the lease), and its own claims older than `?` 2
@@ -203,7 +174,6 @@ class DeliveryStore:
         self.writer = writer or Writer(db)
         lanes = INTAKE_LANES if db.dialect == "postgresql" else 0
         self._intake = [Writer(db) for _ in range(lanes)] or [self.writer]
-        self._claim = CLAIM[db.dialect].format(now=db.now_sql, columns=COLUMNS)
         self._claim_owned = CLAIM_OWNED[db.dialect].format(now=db.now_sql, columns=COLUMNS)
 
     @property
@@ -268,21 +238,6 @@ class DeliveryStore:
 
     async def save_status(self, delivery: Delivery) -> None:
         await self.writer.write([status_statement(delivery.id, delivery.status, delivery.attempts, delivery.error)])
-
-    async def claim_deliveries(
-        self, owner: str, repos: set[str] | None, limit: int, *, reclaim_after_seconds: float = 300.0
-    ) -> list[Delivery]:
-        """Mark up to `limit` deliveries `processing` for `owner` and return them, oldest first.
-
-        Takes queued deliveries, and deliveries whose claim is older than
-        `reclaim_after_seconds` (their owner crashed). `repos` limits the claim to those
-        repositories (any case); None claims any delivery, with or without a repository.
-        """
-        wanted = None if repos is None else json.dumps(sorted(repo.lower() for repo in repos))
-        args = (reclaim_after_seconds, wanted, wanted, limit, owner)
-        results = await self.db.transaction([Statement(self._claim, args, rows=True)])
-        rows = sorted(as_rows(results[0]), key=lambda row: row[-1])
-        return [_row_to_delivery(row) for row in rows]
 
     async def claim_owned(
         self, owner: str, repos: set[str], *, unrouted: bool, limit: int, own_stale_after: float = 30.0

@@ -75,39 +75,16 @@ async def test_prune_deletes_finished_deliveries_by_age_failed_ones_later(stores
     assert [d.id for d in await stores.deliveries.pending()] == ["d3"]
 
 
-async def test_claims_take_the_oldest_queued_deliveries_of_the_given_repositories(stores):
-    for n, repo in ((1, "o/a"), (2, "o/b"), (3, "O/A"), (4, None)):
-        await stores.deliveries.put(delivery(n, repo))
-    claimed = await stores.deliveries.claim_deliveries("w1", {"O/a"}, 10)
-    assert [(d.id, d.status) for d in claimed] == [("d1", "processing"), ("d3", "processing")]
-    assert await stores.deliveries.claim_deliveries("w2", {"o/a"}, 10) == []
-    assert [d.id for d in await stores.deliveries.claim_deliveries("w2", None, 1)] == ["d2"]
-    assert [d.id for d in await stores.deliveries.claim_deliveries("w2", None, 10)] == ["d4"]
-    assert await stores.deliveries.pending() == []  # claimed deliveries belong to their owner
-
-
-async def test_a_dead_owners_claims_are_taken_again_after_the_reclaim_time(stores):
-    await stores.deliveries.put(delivery(1))
-    assert [d.id for d in await stores.deliveries.claim_deliveries("w1", None, 5)] == ["d1"]
-    assert await stores.deliveries.claim_deliveries("w2", None, 5, reclaim_after_seconds=0.2) == []
-    await asyncio.sleep(0.25)
-    reclaimed = await stores.deliveries.claim_deliveries("w2", None, 5, reclaim_after_seconds=0.2)
-    assert [d.id for d in reclaimed] == ["d1"]
-    reclaimed[0].status = "done"
-    await stores.deliveries.save_status(reclaimed[0])
-    await asyncio.sleep(0.25)
-    assert await stores.deliveries.claim_deliveries("w3", None, 5, reclaim_after_seconds=0.2) == []
-
-
 @POSTGRESQL_ONLY
-async def test_two_replicas_claiming_at_once_never_get_the_same_delivery(stores, store_url):
+async def test_replicas_claiming_at_once_get_exactly_the_deliveries_of_the_repositories_they_own(stores, store_url):
     for n in range(200):
         await stores.deliveries.put(delivery(n, f"o/r{n % 7}"))
     other = await open_stores(store_url)  # a second replica: its own pool of connections
+    leases = {"a": {"o/r0", "o/r1", "o/r2"}, "b": {"o/r3", "o/r4", "o/r5", "o/r6"}}
 
     async def drain(replica, owner):
         got = []
-        while batch := await replica.deliveries.claim_deliveries(owner, None, 7):
+        while batch := await replica.deliveries.claim_owned(owner, leases[owner], unrouted=False, limit=7):
             got.extend(d.id for d in batch)
         return got
 
@@ -115,9 +92,8 @@ async def test_two_replicas_claiming_at_once_never_get_the_same_delivery(stores,
         first, second = await asyncio.gather(drain(stores, "a"), drain(other, "b"))
     finally:
         await other.close()
-    assert not set(first) & set(second)
-    assert sorted(first + second) == sorted(f"d{n}" for n in range(200))
-    assert first and second
+    assert sorted(first) == sorted(f"d{n}" for n in range(200) if n % 7 < 3)
+    assert sorted(second) == sorted(f"d{n}" for n in range(200) if n % 7 >= 3)
 
 
 @POSTGRESQL_ONLY
@@ -128,7 +104,7 @@ async def test_a_claim_skips_deliveries_another_transaction_holds_without_waitin
     try:
         async with holder.transaction():
             await holder.execute("SELECT seq FROM deliveries WHERE id IN ('d0', 'd1') FOR UPDATE")
-            claimed = await asyncio.wait_for(stores.deliveries.claim_deliveries("b", None, 3), 5)
+            claimed = await asyncio.wait_for(stores.deliveries.claim_owned("b", {"o/r"}, unrouted=False, limit=3), 5)
     finally:
         await holder.close()
     assert [d.id for d in claimed] == ["d2", "d3", "d4"]
@@ -160,7 +136,7 @@ async def test_the_owner_of_a_repository_claims_its_queued_deliveries_and_those_
     deliveries, those a replica that lost the lease had claimed, and not other repositories'."""
     for n, repo in ((1, "o/a"), (2, "o/b"), (3, "O/A"), (4, None), (5, "o/a")):
         await stores.deliveries.put(delivery(n, repo))
-    assert [d.id for d in await stores.deliveries.claim_deliveries("dead", {"o/a"}, 1)] == ["d1"]
+    assert [d.id for d in await stores.deliveries.claim_owned("dead", {"o/a"}, unrouted=False, limit=1)] == ["d1"]
     claimed = await stores.deliveries.claim_owned("w1", {"O/a"}, unrouted=False, limit=2)
     assert [(d.id, d.status) for d in claimed] == [("d1", "processing"), ("d3", "processing")]
     assert [d.id for d in await stores.deliveries.claim_owned("w1", {"o/a"}, unrouted=False, limit=9)] == ["d5"]

@@ -88,7 +88,7 @@ async def test_a_store_written_before_versions_is_adopted_as_version_1_and_upgra
         assert "wave" not in loaded
         # Nothing recreated: the old rows are all there, and the new features work on them.
         assert await stores.state.repos() == ["o/r"] and loaded["family"] == {FAMILY.id: FAMILY}
-        assert [d.id for d in await stores.deliveries.claim_deliveries("me", {"o/r"}, 5)] == ["old-1"]
+        assert [d.id for d in await stores.deliveries.claim_owned("me", {"o/r"}, unrouted=False, limit=5)] == ["old-1"]
         assert await stores.leases.acquire("repo:o/r", "me", 30)
     finally:
         await stores.close()

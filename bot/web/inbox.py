@@ -34,6 +34,7 @@ log = structlog.get_logger("klaud.inbox")
 
 Handler = Callable[[Delivery], Awaitable[None]]
 
+
 class Ownership(Protocol):
     """What this process may work on when replicas share one inbox (`bot.services.replicas`)."""
 

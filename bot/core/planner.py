@@ -80,7 +80,7 @@ def plan(snapshot: Snapshot, policy: Policy, capacity: CapacityReading, now: dat
             repo=snapshot.repo,
             base=snapshot.base,
             wave=snapshot.wave,
-            in_flight=len(snapshot.dispatches),
+            in_flight=in_flight_count(snapshot.claims, snapshot.dispatches),
             blocked=snapshot.blocked,
             canary=snapshot.canary,
             settled=snapshot.settled,
@@ -193,6 +193,14 @@ def verdict(family: Family, candidate: str, facts: Facts, policy: Policy, wave: 
 # The whole wave
 
 
+def in_flight_count(claims: Mapping[str, Claim], dispatches: Mapping[str, Dispatch]) -> int:
+    """Families in flight, for the `max_in_flight` cap: dispatched by this Klaud, or claimed
+    without a dispatch it knows of (dispatched by a replica that died before storing it, or
+    a crash between claim and dispatch) until reconcile settles the claim. Counting those
+    errs on the safe side: the cap is a limit on GPU work, not a target."""
+    return len(claims.keys() | dispatches.keys())
+
+
 @dataclass(frozen=True, slots=True)
 class Finishing:
     """What the last rungs share across the wave."""
@@ -200,7 +208,7 @@ class Finishing:
     repo: str
     base: str
     wave: int
-    in_flight: int  # dispatches in flight when the wave began
+    in_flight: int  # families in flight when the wave began (`in_flight_count`)
     blocked: Blocked | None = None
     canary: bool = False
     # Decisions this wave already settled against GitHub (dispatched, a claim lost to

@@ -39,6 +39,7 @@ from bot.core.planner import (
     Snapshot,
     Verdict,
     finish,
+    in_flight_count,
     priority_order,
     verdict,
 )
@@ -341,6 +342,9 @@ class RepoState:
         self._forget_verdicts({self.family_of_candidate(candidate)})
         return Change().delete(self.name, "retry", candidate)
 
+    def in_flight(self) -> int:
+        return in_flight_count(self.claims, self.dispatches)
+
     def add_claim(self, claim: Claim) -> Change:
         self.claims[claim.family] = claim
         self._forget_verdicts({claim.family})
@@ -403,7 +407,7 @@ class RepoState:
             repo=self.name,
             base=self.meta.head_sha,
             wave=wave,
-            in_flight=len(self.dispatches) if in_flight is None else in_flight,
+            in_flight=self.in_flight() if in_flight is None else in_flight,
             blocked=self.blocked(),
             canary=self.canary_armed,
             settled=settled,

@@ -164,7 +164,7 @@ class WaveRunner:
     ) -> Wave:
         """Plan, then claim and dispatch each selection; a lost claim or a failed dispatch
         is settled and the wave planned again, so the next family takes the freed slot."""
-        in_flight = len(state.dispatches)
+        in_flight = state.in_flight()
         settled: dict[str, Decision] = {}
         while True:
             wave = state.plan(number, now, reading, settled=settled, in_flight=in_flight)

@@ -379,6 +379,21 @@ def test_max_in_flight_counts_the_dispatches_in_flight() -> None:
     assert all(decisions[f"run-{i}"].decision == "in-flight" for i in range(3))
 
 
+def test_max_in_flight_also_counts_claims_without_a_known_dispatch() -> None:
+    """A replica that died mid-wave dispatched candidates it never stored: the next owner
+    sees only their claim refs. They count as in flight (once each, with or without a
+    dispatch), so the cap still limits the GPU work GitHub was asked for."""
+    dispatched = family("run-0")
+    foreign = [family(f"elsewhere-{i}") for i in range(2)]
+    waiting = [family(f"new-{i}", changed_days_ago=20 - i) for i in range(3)]
+    claims = {f.id: claim(f, wave=None) for f in foreign} | {dispatched.id: claim(dispatched)}
+    snap = snapshot([dispatched, *foreign, *waiting], claims=claims, dispatches={dispatched.id: dispatch(dispatched, hours_ago=1)})
+    decisions = decide(snap, policy=Policy(max_in_flight=4, max_candidates_per_wave=5))
+    assert [decisions[f"new-{i}"].decision for i in range(3)] == ["selected", "cap", "cap"]
+    assert "3 candidates in flight" in decisions["new-1"].reason
+    assert all(decisions[f"elsewhere-{i}"].decision == "claimed" for i in range(2))
+
+
 # --- cooldown through the planner -------------------------------------------------------
 
 

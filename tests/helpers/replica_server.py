@@ -15,8 +15,6 @@ Once ready, writes {"url", "admin_url", "owner"} to URLS_FILE; SIGTERM stops it 
 from __future__ import annotations
 
 import asyncio
-import json
-import signal
 import sys
 import tempfile
 import time
@@ -31,10 +29,8 @@ from bot.app import Klaud
 from bot.log import configure_logging
 from bot.services.replicas import replica_id
 from bot.store.change import Change
-from bot.web.admin import create_admin_app
-from bot.web.server import bind, start_listeners
-from bot.web.webhook import create_webhook_app
 from tests.harness import make_settings
+from tests.helpers.slow_server import serve_until_terminated
 
 SCRIPT = Path(__file__)
 
@@ -62,19 +58,7 @@ async def main(store_url: str, urls_file: str, lease_seconds: float, handler: st
     klaud.replicas.lease_seconds = lease_seconds
     klaud.replicas.round_seconds = max(0.2, lease_seconds / 5)
     await klaud.start()
-    listeners = await start_listeners(
-        (create_webhook_app(klaud), bind("127.0.0.1", 0, "webhook")),
-        (create_admin_app(klaud), bind("127.0.0.1", 0, "admin")),
-        shutdown_timeout=0.5,
-    )
-    partial = Path(urls_file + ".partial")
-    partial.write_text(json.dumps({"url": listeners.url, "admin_url": listeners.admin_url, "owner": owner}))
-    partial.replace(urls_file)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    await listeners.stop()
-    await klaud.stop()
+    await serve_until_terminated(klaud, urls_file, owner=owner)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -39,6 +40,13 @@ async def main(db: str, urls_file: str, seconds: float) -> None:
     configure_logging("json")
     klaud = Klaud(make_settings(Path(db)), router=router)
     await klaud.start()
+    await serve_until_terminated(klaud, urls_file)
+
+
+async def serve_until_terminated(klaud: Klaud, urls_file: str, **extra: object) -> None:
+    """Serve started `klaud` on both listeners (free ports of 127.0.0.1), write
+    {"url", "admin_url", **extra} to `urls_file` for `wait_for_urls`, then serve until
+    SIGTERM, which stops it cleanly (SIGKILL is a crash)."""
     listeners = await start_listeners(
         (create_webhook_app(klaud), bind("127.0.0.1", 0, "webhook")),
         (create_admin_app(klaud), bind("127.0.0.1", 0, "admin")),
@@ -46,9 +54,13 @@ async def main(db: str, urls_file: str, seconds: float) -> None:
     )
     # Renamed into place, so a reader never sees half of it.
     partial = Path(urls_file + ".partial")
-    partial.write_text(json.dumps({"url": listeners.url, "admin_url": listeners.admin_url}))
+    partial.write_text(json.dumps({"url": listeners.url, "admin_url": listeners.admin_url, **extra}))
     partial.replace(urls_file)
-    await asyncio.Event().wait()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await listeners.stop()
+    await klaud.stop()
 
 
 def wait_for_urls(urls_file: Path, server: subprocess.Popen, timeout: float = 30.0) -> tuple[str, str]:

@@ -139,11 +139,12 @@ class SandboxRun:
         return answer
 
     async def settle(self) -> None:
-        """Until no delivery, background webhook or check-run flush is pending."""
+        """Until no delivery, background webhook, check-run or dashboard flush is pending."""
         for _ in range(20):
             await self.sandbox.drain()
             await self.klaud.inbox.drained()
             await self.klaud.checks.settle()
+            await self.klaud.dashboard.settle()
             if not self.sandbox._tasks and self.klaud.inbox.backlog == 0:
                 return
         raise AssertionError(

@@ -25,7 +25,6 @@ from bot.core.domain import (
     DecisionKind,
     Wave,
     claim_ref,
-    image_age_days,
     stamp,
 )
 from bot.github.errors import GitHubError
@@ -138,8 +137,13 @@ class WaveRunner:
         for kind in get_args(DecisionKind):
             LAST_WAVE_CANDIDATES.labels(repo, kind).set(counts[kind])
         DISPATCH_PAUSED.labels(repo).set(0 if wave.blocked is None else 1)
-        ages = (image_age_days(f, wave.at) for f in state.catalog)
-        FAMILY_IMAGE_AGES.set(repo, [days for days in ages if days is not None])
+        # One pass, no rounding: a histogram's buckets need none (2,000 calls of
+        # image_age_days cost ~6 ms of the event loop after every wave).
+        FAMILY_IMAGE_AGES.set(repo, [
+            (wave.at - changed).total_seconds() / 86400
+            for family in state.catalog
+            if (changed := family.image_changed_at) is not None
+        ])
 
     def _report(self, wave: Wave, trigger: str, elapsed: float) -> None:
         WAVE_SECONDS.observe(elapsed)

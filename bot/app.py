@@ -6,7 +6,7 @@ import gc
 import sys
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -226,8 +226,11 @@ class Klaud:
         state = self.live.repo(repo)
         return None if state is None else state.state_document(self.clock.now())
 
-    async def plan_document(self, repo: str) -> dict[str, Any] | None:
-        wave = await self.waves.preview(repo)
+    def repo_names(self) -> list[str]:
+        return sorted(state.name for state in self.live.repos.values())
+
+    async def plan_document(self, repo: str, at: datetime | None = None) -> dict[str, Any] | None:
+        wave = await self.waves.preview(repo, at)
         return None if wave is None else wave.document()
 
     async def wave_documents(self, repo: str, limit: int) -> list[dict[str, Any]] | None:

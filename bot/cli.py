@@ -13,14 +13,17 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import structlog
 from aiohttp import web
 from pydantic import SecretStr
 
 from bot.app import Klaud
-from bot.core.domain import parse_time
+from bot.core.domain import Wave, parse_time
 from bot.core.policy import POLICY_PATH, PolicyError, parse_policy, policy_schema
 from bot.core.report import render_requests, render_wave_table
 from bot.github.errors import GitHubError
@@ -32,7 +35,7 @@ from bot.sandbox import Sandbox, ScenarioError, load_scenario
 from bot.services.doctor import diagnose
 from bot.settings import Settings, SettingsError, load_settings
 from bot.store.deliveries import Delivery
-from bot.store.errors import StoreError
+from bot.store.errors import StoreError, StoreLocked
 from bot.web.events import KLAUD_EVENTS
 
 log = structlog.get_logger("klaud.cli")
@@ -181,7 +184,11 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
         except ValueError:
             raise UsageError(f"--at: not an ISO time with a timezone: {args.at!r}") from None
     klaud = Klaud(settings)
-    await klaud.start(drain=False)
+    try:
+        await klaud.start(drain=False)
+    except StoreLocked:
+        # A server holds the SQLite file: the same plan, from the running server.
+        return await _plan_from_server(settings, args, at)
     try:
         repos = [args.repo] if args.repo else sorted(klaud.live.repos)
         if args.repo and klaud.live.repo(args.repo) is None:
@@ -198,6 +205,42 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         await klaud.stop()
     return 0
+
+
+async def _plan_from_server(settings: Settings, args: argparse.Namespace, at: datetime | None) -> int:
+    """`klaud plan` through the admin API of the server that holds the store."""
+    base = admin_url(settings)
+    headers = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"} if settings.admin_token else {}
+    query = {"at": at.isoformat()} if at is not None else {}
+    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+        async def get(path: str) -> Any:
+            try:
+                async with session.get(f"{base}{path}", params=query) as answer:
+                    document = await answer.json(content_type=None)
+                    if answer.status == 404 and args.repo:
+                        raise UsageError(f"--repo: {args.repo} has no local state on the running server")
+                    if answer.status != 200:
+                        raise Refused(f"the running server's admin API answered {answer.status} to {path}: {document}")
+                    return document
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                raise Refused(
+                    f"KLAUD_DB is held by a running Klaud server, and its admin API at {base} did not answer"
+                    f" ({type(exc).__name__}: {exc}); set KLAUD_ADMIN_HOST, KLAUD_ADMIN_PORT and KLAUD_ADMIN_TOKEN"
+                    " as the server has them"
+                ) from None
+
+        repos = [args.repo] if args.repo else (await get("/api/v1/repos"))["repos"]
+        for repo in repos:
+            document = await get(f"/api/v1/repos/{repo}/plan")
+            print(json.dumps(document, indent=2) if args.json else render_wave_table(Wave.from_document(document)))
+    return 0
+
+
+def admin_url(settings: Settings) -> str:
+    """Where this machine reaches the admin listener the settings describe."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.admin_host, settings.admin_host)
+    return f"http://[{host}]:{settings.admin_port}" if ":" in host else f"http://{host}:{settings.admin_port}"
 
 
 async def _installed(klaud: Klaud, repo: str | None) -> list[tuple[str, int]]:

@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from bot.core.domain import parse_time
 from bot.metrics import REGISTRY
 from bot.web.backend import (
     KLAUD_KEY,
@@ -72,8 +73,18 @@ async def repo_state(request: web.Request) -> web.Response:
     return _not_installed(request) if document is None else json_response(document)
 
 
+async def repos(request: web.Request) -> web.Response:
+    return json_response({"repos": klaud_of(request).repo_names()})
+
+
 async def repo_plan(request: web.Request) -> web.Response:
-    document = await klaud_of(request).plan_document(_repo_name(request))
+    at = None
+    if "at" in request.query:
+        try:
+            at = parse_time(request.query["at"])
+        except ValueError:
+            return error(400, "invalid-parameter", "at must be an ISO time with a timezone")
+    document = await klaud_of(request).plan_document(_repo_name(request), at)
     return _not_installed(request) if document is None else json_response(document)
 
 
@@ -92,6 +103,7 @@ def create_admin_app(klaud: Backend, *, token: str | None = None) -> web.Applica
     add_health_routes(app)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/v1/deliveries/{id}", delivery_status)
+    app.router.add_get("/api/v1/repos", repos)
     app.router.add_get("/api/v1/repos/{owner}/{repo}/state", repo_state)
     app.router.add_get("/api/v1/repos/{owner}/{repo}/plan", repo_plan)
     app.router.add_get("/api/v1/repos/{owner}/{repo}/waves", repo_waves)

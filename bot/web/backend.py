@@ -3,6 +3,7 @@ that turns an unexpected exception into a logged, JSON 500."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Protocol
 
 import msgspec
@@ -30,7 +31,11 @@ class Backend(Protocol):
 
     async def state_document(self, repo: str) -> dict[str, Any] | None: ...
 
-    async def plan_document(self, repo: str) -> dict[str, Any] | None: ...
+    def repo_names(self) -> list[str]:
+        """The repositories this process keeps, sorted."""
+        ...
+
+    async def plan_document(self, repo: str, at: datetime | None = None) -> dict[str, Any] | None: ...
 
     async def wave_documents(self, repo: str, limit: int) -> list[dict[str, Any]] | None:
         """The last `limit` stored wave documents, newest first; None for an unknown repository."""

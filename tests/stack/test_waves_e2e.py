@@ -310,3 +310,32 @@ async def test_a_wave_sets_the_repository_gauges(tmp_path):
         assert sample("klaud_family_image_age_days_bucket", {"repo": "acme/bench", "le": "180.0"}) == 0
         assert sample("klaud_family_image_age_days_bucket", {"repo": "acme/bench", "le": "365.0"}) == len(sc.FAMILIES)
         assert 'klaud_family_image_age_days_bucket{le="+Inf",repo="acme/bench"}' in generate_latest(REGISTRY).decode()
+
+
+async def test_plan_while_a_server_holds_the_sqlite_store_asks_that_server(tmp_path, capsys, monkeypatch):
+    """The SQLite lock keeps `klaud plan` out of a served store: it asks the server's admin
+    API for the same plan (DESIGN §3.1), with the token and the time asked for."""
+    monkeypatch.setenv("KLAUD_ADMIN_TOKEN", "s3cret")
+    async with sandbox_stack(tmp_path, sc.scenario(), env={"KLAUD_ADMIN_TOKEN": "s3cret"}) as run:
+        host, port = run.admin_url.removeprefix("http://").rsplit(":", 1)
+        for name, value in {"KLAUD_DB": f"sqlite:///{tmp_path / 'klaud.db'}", "KLAUD_ADMIN_HOST": host,
+                            "KLAUD_ADMIN_PORT": port}.items():
+            monkeypatch.setenv(name, value)
+        expected = await run.klaud.plan_document("acme/bench")
+        assert expected is not None
+        assert await asyncio.to_thread(klaud_main, ["plan", "--json"]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert printed["decisions"] == expected["decisions"] and printed["wave"] == expected["wave"]
+        assert await asyncio.to_thread(klaud_main, ["plan", "--repo", "acme/bench", "--json", "--at", "2026-11-30T09:00:00Z"]) == 0
+        assert json.loads(capsys.readouterr().out)["at"] == "2026-11-30T09:00:00Z"
+        assert await asyncio.to_thread(klaud_main, ["plan", "--repo", "acme/bench"]) == 0
+        table = capsys.readouterr().out
+        assert all(d["family"].split(":")[1] in table for d in expected["decisions"])
+        assert await asyncio.to_thread(klaud_main, ["plan", "--repo", "acme/none"]) == 2
+        assert "acme/none has no local state on the running server" in capsys.readouterr().err
+        monkeypatch.setenv("KLAUD_ADMIN_TOKEN", "wrong")
+        assert await asyncio.to_thread(klaud_main, ["plan"]) == 1
+        assert "admin API answered 401" in capsys.readouterr().err
+    monkeypatch.setenv("KLAUD_ADMIN_TOKEN", "s3cret")
+    assert await asyncio.to_thread(klaud_main, ["plan", "--json"]) == 0  # the server is gone: the store again
+    assert json.loads(capsys.readouterr().out)["repo"] == "acme/bench"

@@ -15,6 +15,7 @@ from tests.web.test_ingest import PR_PAYLOAD, Recorder, make_klaud
 ADMIN_ONLY = [
     "/metrics",
     "/api/v1/deliveries/d-1",
+    "/api/v1/repos",
     "/api/v1/repos/acme/bench/state",
     "/api/v1/repos/acme/bench/plan",
     "/api/v1/repos/acme/bench/waves?limit=2",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -16,15 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.cli import main
-from tests.conftest import fresh_database
 from tests.stack.test_replicas_e2e import Replica, start_replica
-from tests.store.postgres_server import PostgresServer
-
-
-@pytest.fixture
-async def store_url(postgres_server: PostgresServer) -> AsyncIterator[str]:
-    async with fresh_database(postgres_server) as url:
-        yield url
 
 
 @pytest.fixture

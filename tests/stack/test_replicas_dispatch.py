@@ -26,7 +26,7 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,20 +34,17 @@ from typing import Any
 
 import aiohttp
 import asyncpg
-import pytest
 from aiohttp import web
 
 from bot.core.domain import claim_ref
 from bot.core.policy import Policy
 from bot.runtime import SANDBOX_APP_ID, generate_app_key
 from bot.sandbox import Sandbox, load_scenario
-from tests.conftest import fresh_database
 from tests.harness import SECRET
 from tests.helpers import sandbox_replica_server
 from tests.helpers.sandbox_replica_server import ShiftedClock
 from tests.helpers.slow_server import wait_for_urls
 from tests.stack.test_replicas_e2e import Replica, owners, stop_all
-from tests.store.postgres_server import PostgresServer
 
 REPOS = [f"acme/fleet-{n}" for n in range(6)]
 TAKEOVER_LIMIT = 30.0  # DESIGN §6: a dead replica's repositories are carried on within 30 s
@@ -66,12 +63,6 @@ def fleet_scenario() -> dict[str, Any]:
     scenario["repositories"] = [{**copy.deepcopy(demo), "full_name": name} for name in REPOS]
     scenario["timeline"] = []
     return scenario
-
-
-@pytest.fixture
-async def store_url(postgres_server: PostgresServer) -> AsyncIterator[str]:
-    async with fresh_database(postgres_server) as url:
-        yield url
 
 
 @dataclass

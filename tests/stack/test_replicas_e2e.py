@@ -17,19 +17,15 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import asyncpg
-import pytest
 
-from tests.conftest import fresh_database
 from tests.harness import headers_for
 from tests.helpers import replica_server
 from tests.helpers.slow_server import wait_for_urls
-from tests.store.postgres_server import PostgresServer
 
 LEASE_SECONDS = 3.0
 
@@ -50,12 +46,6 @@ def start_replica(store_url: str, folder: Path) -> Replica:
     )
     url, _ = wait_for_urls(urls, process)
     return Replica(process, url, json.loads(urls.read_text())["owner"])
-
-
-@pytest.fixture
-async def store_url(postgres_server: PostgresServer) -> AsyncIterator[str]:
-    async with fresh_database(postgres_server) as url:
-        yield url
 
 
 @dataclass

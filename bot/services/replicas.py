@@ -127,12 +127,14 @@ class Replicas:
         holders = await self.leases.holders()
         replicas = sum(1 for name in holders if name.startswith("replica:"))
         # The repositories there is something to keep: state in the store, or deliveries.
-        universe = {name.lower() for name in await self.live.store.repos()} | await self.deliveries.waiting_repos()
+        # Records are keyed by the name as GitHub spelled it, leases by its lowercase.
+        stored = {name.lower(): name for name in await self.live.store.repos()}
+        universe = set(stored) | await self.deliveries.waiting_repos()
         await self._give_up(sorted(repo for repo in self._repos - universe if not self._busy(repo)), "nothing to keep")
         share = math.ceil(len(universe) / max(1, replicas))
         free = [repo for repo in universe if repo not in self._repos and repo_lease(repo) not in holders]
         for repo in sorted(free, key=self._spread)[: max(0, share - len(self._repos))]:
-            await self._take(repo)
+            await self._take(repo, stored.get(repo, repo))
         idle = sorted((repo for repo in self._repos if not self._busy(repo)), key=self._spread, reverse=True)
         await self._give_up(idle[: max(0, len(self._repos) - share)], f"above the share of {share}")
         await self._installations_lease(holders)
@@ -149,12 +151,12 @@ class Replicas:
             log.warning("replica.lease_lost", lease=INSTALLATIONS, owner=self.owner)
             self._installations = False
 
-    async def _take(self, repo: str) -> None:
+    async def _take(self, repo: str, stored_name: str) -> None:
         if not await self.leases.acquire(repo_lease(repo), self.owner, self.lease_seconds):
             return  # another replica was faster
         await self._own(repo)
         async with self.live.lock(repo):
-            state = self.live.repo(repo) or await self.live.load_repo(await self._stored_name(repo))
+            state = self.live.repo(repo) or await self.live.load_repo(stored_name)
         log.info("replica.took", repo=repo, owner=self.owner, state="loaded" if state else "none yet")
 
     async def _own(self, repo: str) -> None:
@@ -163,13 +165,6 @@ class Replicas:
         if not self._busy(repo):
             await self.deliveries.unclaim(repo, self.owner)
         self._repos.add(repo)
-
-    async def _stored_name(self, repo: str) -> str:
-        # Records are keyed by the name as GitHub spelled it; leases by its lowercase.
-        for name in await self.live.store.repos():
-            if name.lower() == repo:
-                return name
-        return repo
 
     async def _give_up(self, repos: list[str], reason: str) -> None:
         for repo in repos:

@@ -108,8 +108,9 @@ class WaveRunner:
             state.save_meta(change)
             await self.live.persist(change)
         elapsed = time.perf_counter() - started
-        self._report(wave, trigger, elapsed)
-        self._gauge(state, wave)
+        counts = Counter(d.decision for d in wave.decisions)
+        self._report(wave, counts, trigger, elapsed)
+        self._gauge(state, wave, counts)
         # Time moves cooldowns and in-flight states on without any event: each wave lets the
         # check runs of Klaud PRs catch up (only Klaud PRs render, unchanged renders are not sent).
         await self.live.notify(state, {d.family for d in wave.decisions})
@@ -128,12 +129,11 @@ class WaveRunner:
         again = dispatching.retry_soon(wave) and trigger != RETRY_TRIGGER
         state.meta.retry_wave_at = stamp(now + RETRY_WAVE_AFTER) if again else None
 
-    def _gauge(self, state: RepoState, wave: Wave) -> None:
+    def _gauge(self, state: RepoState, wave: Wave, counts: Counter[DecisionKind]) -> None:
         """What /metrics shows of the repository after a wave (once per wave, not per family event)."""
         repo = state.name
         LAST_WAVE_TIMESTAMP.labels(repo).set(wave.at.timestamp())
         # Every kind, zeros included: a decision that disappears reads 0, not its old count.
-        counts = Counter(d.decision for d in wave.decisions)
         for kind in get_args(DecisionKind):
             LAST_WAVE_CANDIDATES.labels(repo, kind).set(counts[kind])
         DISPATCH_PAUSED.labels(repo).set(0 if wave.blocked is None else 1)
@@ -145,9 +145,8 @@ class WaveRunner:
             if (changed := family.image_changed_at) is not None
         ])
 
-    def _report(self, wave: Wave, trigger: str, elapsed: float) -> None:
+    def _report(self, wave: Wave, counts: Counter[DecisionKind], trigger: str, elapsed: float) -> None:
         WAVE_SECONDS.observe(elapsed)
-        counts = Counter(d.decision for d in wave.decisions)
         for kind, count in counts.items():
             CANDIDATES.labels(kind).inc(count)
         log.info(

@@ -35,6 +35,7 @@ log = structlog.get_logger("klaud.replicas")
 INSTALLATIONS = "installations"
 LEASE_SECONDS = 10.0
 ROUND_SECONDS = 2.0
+PRUNE_AFTER_SECONDS = 3600.0
 
 
 def replica_id() -> str:
@@ -173,7 +174,12 @@ class Replicas:
             log.info("replica.gave_up", repo=repo, owner=self.owner, reason=reason)
 
     async def _installations_lease(self, holders: dict[str, str]) -> None:
-        if self._installations or holders.get(INSTALLATIONS) not in (None, self.owner):
+        if self._installations:
+            # The leading replica clears what dead processes left (their heartbeat leases
+            # never come back under the same name).
+            await self.leases.prune(expired_for_seconds=PRUNE_AFTER_SECONDS)
+            return
+        if holders.get(INSTALLATIONS) not in (None, self.owner):
             return
         self._installations = await self.leases.acquire(INSTALLATIONS, self.owner, self.lease_seconds)
         if self._installations:

@@ -21,6 +21,9 @@ RENEW = "UPDATE leases SET expires_at = {now} + ? WHERE name = ? AND owner = ?"
 RENEW_MANY = "UPDATE leases SET expires_at = {now} + ? WHERE owner = ? AND name IN ({names}) RETURNING name"
 RELEASE = "DELETE FROM leases WHERE name = ? AND owner = ?"
 HOLDERS = "SELECT name, owner FROM leases WHERE expires_at > {now}"
+# A process that dies leaves its heartbeat lease (`replica:<host>:<pid>:<id>`, a new name at
+# every start) behind, expired; without this, every crash would add a row for good.
+PRUNE = "DELETE FROM leases WHERE expires_at < {now} - ?"
 
 
 class LeaseStore:
@@ -49,6 +52,11 @@ class LeaseStore:
     async def release(self, name: str, owner: str) -> None:
         """Give the lease up at once (a clean shutdown), if `owner` still holds it."""
         await self.db.transaction([Statement(RELEASE, (name, owner))])
+
+    async def prune(self, expired_for_seconds: float) -> int:
+        """Delete the leases expired for longer than `expired_for_seconds`; their count."""
+        results = await self.db.transaction([Statement(PRUNE.format(now=self.db.now_sql), (expired_for_seconds,))])
+        return as_count(results[0])
 
     async def holders(self) -> dict[str, str]:
         """Every unexpired lease: {name: owner}."""

@@ -128,3 +128,16 @@ async def test_taking_a_repository_back_requeues_the_claims_made_before_letting_
     await a.replicas.round()  # back, as the same process: its old claim is work to do again
     again = await a.stores.deliveries.claim_owned("a", {"o/a"}, unrouted=False, limit=9)
     assert [d.id for d in again] == ["d0"]
+
+
+async def test_the_leading_replica_clears_the_heartbeat_leases_dead_processes_left(nodes, monkeypatch):
+    import bot.services.replicas as replicas_module
+
+    monkeypatch.setattr(replicas_module, "PRUNE_AFTER_SECONDS", 0.1)
+    a = await nodes("a")
+    assert await a.stores.leases.acquire("replica:crashed", "crashed", 0.05)
+    await asyncio.sleep(0.3)
+    await a.replicas.round()  # takes the installations lease
+    await a.replicas.round()  # leads: prunes
+    rows = await a.stores.engine.fetch("SELECT name FROM leases WHERE name = 'replica:crashed'")
+    assert rows == []

@@ -42,3 +42,13 @@ async def test_renewing_many_leases_answers_those_the_owner_still_holds(stores):
     assert renewed == {"repo:o/a"}
     assert await leases.renew_all(set(), "a", 30) == set()
     assert await leases.holders() == {"repo:o/a": "a", "repo:o/b": "b", "repo:o/c": "b"}
+
+
+async def test_leases_expired_long_enough_are_pruned_and_live_ones_kept(stores):
+    leases = stores.leases
+    assert await leases.acquire("replica:dead", "dead", 0.1) and await leases.acquire("replica:alive", "alive", 30)
+    await asyncio.sleep(0.3)
+    assert await leases.prune(expired_for_seconds=10) == 0  # expired, but only just
+    assert await leases.prune(expired_for_seconds=0.1) == 1
+    assert await leases.holders() == {"replica:alive": "alive"}
+    assert await leases.acquire("replica:dead", "other", 30)  # the name is free again

@@ -107,22 +107,22 @@ class Runners(Mapping[str, tuple[str, ...]]):
         if runner.startswith(CLUSTER_PREFIX):
             cluster = runner[len(CLUSTER_PREFIX) :]
             if not cluster:
-                return Targets(problem=f"runner `{runner}` names no cluster")
+                return Targets(problem=_runner_problem(runner, "names no cluster"))
             if cluster not in self.declared:
                 return Targets(
                     (cluster,),
-                    problem=f"runner `{runner}` names cluster {cluster}, which runners.yaml does not declare",
+                    problem=_runner_problem(runner, f"names cluster {cluster}, which runners.yaml does not declare"),
                 )
             return Targets((cluster,))
         targets = self._targets.get(runner)
         if targets is not None:
             if not targets.clusters and not targets.unresolved:
-                return replace(targets, problem=f"runner `{runner}` is a label that lists no runner in runners.yaml")
+                return replace(targets, problem=_runner_problem(runner, "is a label that lists no runner in runners.yaml"))
             return targets
         if runner in self.declared:
             return Targets((runner,))
         return Targets(
-            problem=f"runner `{runner}` is not cluster:<id>, a declared cluster or a label in runners.yaml"
+            problem=_runner_problem(runner, "is not cluster:<id>, a declared cluster or a label in runners.yaml")
         )
 
     def clusters_for(self, runner: str) -> tuple[str, ...]:
@@ -616,3 +616,18 @@ def config_problems(config_errors: Mapping[str, str]) -> list[tuple[str, str]]:
         for problem in problems.split("\n")
         if problem
     ]
+
+
+# A family's runner problem, as stored among its master config's problems (text, one a
+# line): written and read here only, so doctor need not know the wording.
+_RUNNER = re.compile(r"runner `(?P<runner>[^`]*)`")
+
+
+def _runner_problem(runner: str, what: str) -> str:
+    return f"runner `{runner}` {what}"
+
+
+def runner_of_problem(problem: str) -> str | None:
+    """The runner label a configuration problem is about, or None for any other problem."""
+    found = _RUNNER.search(problem)
+    return found["runner"] if found else None

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from bot.core.catalog import config_problems
+from bot.core.catalog import CLUSTER_PREFIX, config_problems, runner_of_problem
 from bot.core.domain import CapacityReading, Family
 from bot.core.setup import SetupError, workflow_path
 
@@ -128,16 +128,16 @@ def config_checks(config_errors: Mapping[str, str], runners_file: str, families:
 
 
 def _is_runner_problem(path: str, problem: str, runners_file: str) -> bool:
-    # A master config's problem about a family's runner label reads "… runner `<label>` …".
-    return path == runners_file or "runner `" in problem
+    return path == runners_file or runner_of_problem(problem) is not None
 
 
 def _runner_hint(problem: str, runners_file: str) -> str:
-    undeclared = re.search(r"`cluster:([^`]+)`", problem)
-    if undeclared:
+    runner = runner_of_problem(problem) or ""
+    if runner.startswith(CLUSTER_PREFIX) and runner != CLUSTER_PREFIX:
         # `cluster:X` names its cluster outright: only the declaration is missing.
-        return (f"declare {undeclared.group(1)} in {runners_file} (a `clusters:` key, or `cluster:"
-                f"{undeclared.group(1)}` under `hardware:`), or fix the runner's name")
+        cluster = runner.removeprefix(CLUSTER_PREFIX)
+        return (f"declare {cluster} in {runners_file} (a `clusters:` key, or `{runner}` under `hardware:`),"
+                " or fix the runner's name")
     return f"declare the cluster in {runners_file} or fix the runner's name"
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 import structlog
-from gidgethub import routing, sansio
+from gidgethub import routing
 
 from bot.core.clock import Clock
 from bot.core.domain import stamp
@@ -39,6 +39,7 @@ from bot.store.leases import LeaseStore
 from bot.store.records import StateStore
 from bot.web.inbox import Inbox
 from handlers import router as default_router
+from handlers.context import WebhookEvent
 
 log = structlog.get_logger("klaud.app")
 
@@ -213,13 +214,15 @@ class Klaud:
 
     async def handle(self, delivery: Delivery) -> None:
         """Route one stored delivery to its handlers."""
-        # Handlers are routed by event and action, which the ack stored: a delivery no
-        # handler wants is done without parsing its body.
-        routing = {"action": delivery.action} if delivery.action is not None else {}
-        if not self.router.fetch(sansio.Event(routing, event=delivery.event, delivery_id=delivery.id)):
+        # Handlers are routed by event and action, which the ack stored; each parses the body
+        # itself, once, into the typed model it reads, and a delivery no handler wants is
+        # done without parsing it.
+        if delivery.body is None:
+            raise RuntimeError(f"delivery {delivery.id}: its body was not read from the store")
+        event = WebhookEvent(delivery.body, event=delivery.event, delivery_id=delivery.id, action=delivery.action)
+        if not self.router.fetch(event):
             log.info("delivery.ignored", reason="no handler for this event")
             return
-        event = sansio.Event(delivery.payload(), event=delivery.event, delivery_id=delivery.id)
         await self.router.dispatch(event, self.services)
 
     async def state_document(self, repo: str) -> dict[str, Any] | None:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from gidgethub import routing, sansio
+from gidgethub import routing
 
 from bot.core.events import CheckRunEvent
-from handlers.context import HandlerContext
+from handlers.context import HandlerContext, WebhookEvent
 
 router = routing.Router()
 
 
 @router.register("check_run", action="rerequested")
-async def on_rerequested(event: sansio.Event, ctx: HandlerContext) -> None:
-    payload = CheckRunEvent.model_validate(event.data)
+async def on_rerequested(event: WebhookEvent, ctx: HandlerContext) -> None:
+    payload = event.parsed(CheckRunEvent)
     state = await ctx.repos.state_for(payload)
     if state is not None:
         await ctx.checks.rerequested(state, payload)

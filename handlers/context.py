@@ -6,7 +6,10 @@ A Protocol, so handlers depend on what they use rather than on the composition r
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+from gidgethub import sansio
+from pydantic import BaseModel
 
 from bot.services.catalog_sync import CatalogSync
 from bot.services.checkruns import CheckPublisher
@@ -16,6 +19,25 @@ from bot.services.pulls import PullSync
 from bot.services.reconcile import Reconciler
 from bot.services.responder import CommandResponder
 from bot.services.waves import WaveRunner
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class WebhookEvent(sansio.Event):
+    """A stored delivery as its handlers get it.
+
+    It is routed by event and `action`, which the ack stored, so `data` holds only the
+    action; the handler parses the body once, straight from its bytes into the typed model
+    it reads (pydantic builds no Python object for the fields the model leaves out).
+    """
+
+    def __init__(self, body: bytes, *, event: str, delivery_id: str, action: str | None) -> None:
+        super().__init__({} if action is None else {"action": action}, event=event, delivery_id=delivery_id)
+        self.body = body
+
+    def parsed(self, model: type[M]) -> M:
+        """The body as `model`; pydantic's ValidationError (permanent) when it is not one."""
+        return model.model_validate_json(self.body)
 
 
 class HandlerContext(Protocol):

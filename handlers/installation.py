@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gidgethub import routing, sansio
+from gidgethub import routing
 
 from bot.core.events import InstallationEvent, Named
-from handlers.context import HandlerContext
+from handlers.context import HandlerContext, WebhookEvent
 
 router = routing.Router()
 
@@ -26,8 +26,8 @@ async def forget_all(ctx: HandlerContext, repositories: Iterable[Named]) -> None
 
 
 @router.register("installation")
-async def on_installation(event: sansio.Event, ctx: HandlerContext) -> None:
-    payload = InstallationEvent.model_validate(event.data)
+async def on_installation(event: WebhookEvent, ctx: HandlerContext) -> None:
+    payload = event.parsed(InstallationEvent)
     repositories = payload.repositories or ()
     if payload.action in ADDING:
         await reconcile_all(ctx, payload.installation.id, repositories)

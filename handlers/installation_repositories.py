@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from gidgethub import routing, sansio
+from gidgethub import routing
 
 from bot.core.events import InstallationRepositoriesEvent
-from handlers.context import HandlerContext
+from handlers.context import HandlerContext, WebhookEvent
 from handlers.installation import forget_all, reconcile_all
 
 router = routing.Router()
 
 
 @router.register("installation_repositories")
-async def on_installation_repositories(event: sansio.Event, ctx: HandlerContext) -> None:
-    payload = InstallationRepositoriesEvent.model_validate(event.data)
+async def on_installation_repositories(event: WebhookEvent, ctx: HandlerContext) -> None:
+    payload = event.parsed(InstallationRepositoriesEvent)
     await reconcile_all(ctx, payload.installation.id, payload.repositories_added)
     await forget_all(ctx, payload.repositories_removed)

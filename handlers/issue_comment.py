@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from gidgethub import routing, sansio
+from gidgethub import routing
 
 from bot.core.events import IssueCommentEvent
-from handlers.context import HandlerContext
+from handlers.context import HandlerContext, WebhookEvent
 
 router = routing.Router()
 
 
 @router.register("issue_comment", action="created")
-async def on_comment_created(event: sansio.Event, ctx: HandlerContext) -> None:
-    payload = IssueCommentEvent.model_validate(event.data)
+async def on_comment_created(event: WebhookEvent, ctx: HandlerContext) -> None:
+    payload = event.parsed(IssueCommentEvent)
     state = await ctx.repos.state_for(payload)
     if state is None:
         return

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from gidgethub import routing, sansio
+from gidgethub import routing
 
 from bot.core.events import IssuesEvent
-from handlers.context import HandlerContext
+from handlers.context import HandlerContext, WebhookEvent
 
 router = routing.Router()
 
 
 @router.register("issues", action="edited")
-async def on_issue_edited(event: sansio.Event, ctx: HandlerContext) -> None:
-    payload = IssuesEvent.model_validate(event.data)
+async def on_issue_edited(event: WebhookEvent, ctx: HandlerContext) -> None:
+    payload = event.parsed(IssuesEvent)
     state = await ctx.repos.state_for(payload)
     if state is not None:
         await ctx.dashboard.on_issue_edited(state, payload)

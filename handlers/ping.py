@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import structlog
-from gidgethub import routing, sansio
+from gidgethub import routing
 
-from handlers.context import HandlerContext
+from bot.core.events import PingEvent
+from handlers.context import HandlerContext, WebhookEvent
 
 router = routing.Router()
 log = structlog.get_logger("klaud.handlers.ping")
 
 
 @router.register("ping")
-async def on_ping(event: sansio.Event, ctx: HandlerContext) -> None:
-    hook = event.data.get("hook") or {}
-    log.info("ping", hook_id=event.data.get("hook_id"), events=hook.get("events"))
+async def on_ping(event: WebhookEvent, ctx: HandlerContext) -> None:
+    payload = event.parsed(PingEvent)
+    log.info("ping", hook_id=payload.hook_id, events=payload.hook.events if payload.hook else None)

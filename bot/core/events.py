@@ -224,6 +224,17 @@ class RepositoryDispatchEvent(RepoEvent):
 # -- installations ---------------------------------------------------------------------
 
 
+class Hook(_Model):
+    events: tuple[str, ...] = ()
+
+
+class PingEvent(_Model):
+    """GitHub's check of a hook it just created or edited (an App's ping has no repository)."""
+
+    hook_id: GitHubId | None = None
+    hook: Hook | None = None
+
+
 class InstallationEvent(_Model):
     action: str
     installation: Installation

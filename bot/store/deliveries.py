@@ -13,7 +13,6 @@ repository takes over the claims of one that died or lost the lease.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,13 +73,6 @@ class Delivery:
             installation=installation.get("id") if isinstance(installation, dict) else None,
             headers=headers,
         )
-
-    def payload(self) -> dict[str, Any]:
-        # The one full parse of the body (the ack decoded only the routing fields).
-        if self.body is None:
-            raise RuntimeError(f"delivery {self.id}: its body was not read from the store")
-        document: dict[str, Any] = msgspec.json.decode(self.body)
-        return document
 
     @property
     def ordering_key(self) -> str:
@@ -194,7 +186,7 @@ class DeliveryStore:
             delivery.action,
             delivery.repo,
             delivery.installation,
-            json.dumps(delivery.headers),
+            msgspec.json.encode(delivery.headers).decode(),
             now,
             now,
         )
@@ -247,7 +239,7 @@ class DeliveryStore:
         oldest first, now `processing` for `owner`."""
         if not repos and not unrouted:
             return []
-        wanted = json.dumps(sorted(repo.lower() for repo in repos))
+        wanted = msgspec.json.encode(sorted(repo.lower() for repo in repos)).decode()
         args = (owner, own_stale_after, unrouted, wanted, limit, owner)
         results = await self.db.transaction([Statement(self._claim_owned, args, rows=True)])
         rows = sorted(as_rows(results[0]), key=lambda row: row[-1])
@@ -284,7 +276,7 @@ def _row_to_delivery(row: Row) -> Delivery:
         action=row[2],
         repo=row[3],
         installation=row[4],
-        headers=json.loads(row[5]),
+        headers=msgspec.json.decode(row[5]),
         body=None,
         status=row[7],
         attempts=row[8],

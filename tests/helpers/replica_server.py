@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+import msgspec
 from gidgethub import routing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -40,8 +41,9 @@ async def main(store_url: str, urls_file: str, lease_seconds: float, handler: st
     router = routing.Router()
 
     async def record(event, services) -> None:  # type: ignore[no-untyped-def]
-        repo = event.data["repository"]["full_name"]
-        seen = {"n": event.data["number"], "at": time.time_ns(), "by": owner}
+        payload = msgspec.json.decode(event.body)
+        repo = payload["repository"]["full_name"]
+        seen = {"n": payload["number"], "at": time.time_ns(), "by": owner}
         await services.live.persist(Change().put(repo, "seen", f"{event.delivery_id}/{uuid.uuid4().hex}", seen))
 
     async def nothing(event, services) -> None:  # type: ignore[no-untyped-def]

@@ -21,10 +21,12 @@ from gidgethub import routing
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bot.app import Klaud
+from bot.core.events import PullRequestEvent
 from bot.log import configure_logging
 from bot.web.admin import create_admin_app
 from bot.web.server import bind, start_listeners
 from bot.web.webhook import create_webhook_app
+from handlers.context import WebhookEvent
 from tests.harness import make_settings
 
 SCRIPT = Path(__file__)
@@ -34,7 +36,9 @@ async def main(db: str, urls_file: str, seconds: float) -> None:
     router = routing.Router()
 
     @router.register("pull_request")
-    async def slow(event, ctx) -> None:
+    async def slow(event: WebhookEvent, ctx: object) -> None:
+        # The real handler's one parse of the body, then the wait in place of its work.
+        event.parsed(PullRequestEvent)
         await asyncio.sleep(seconds)
 
     configure_logging("json")

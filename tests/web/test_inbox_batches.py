@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from bot.store.change import Change
@@ -108,7 +109,7 @@ async def test_a_long_queue_keeps_few_bodies_in_memory_and_reads_the_others_at_t
     seen: list[bytes] = []
 
     async def handler(item: Delivery) -> None:
-        seen.append(item.payload()["n"].to_bytes(1, "big"))
+        seen.append(msgspec.json.decode(item.body or b"")["n"].to_bytes(1, "big"))
 
     inbox = Inbox(store, handler, body_budget=100)  # room for about three 30-byte bodies
     await inbox.open()

@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 from gidgethub import routing
 from structlog.testing import capture_logs
@@ -37,6 +38,14 @@ PR_PAYLOAD = {
 }
 
 
+def pull_request_event(number: int) -> dict:
+    """PR_PAYLOAD with the pull request a real handler parses (slow_server's does)."""
+    side = {"ref": "main", "sha": "0" * 40}
+    pull = {"number": number, "user": {"login": "octocat"}, "head": side, "base": side,
+            "created_at": "2026-11-30T08:00:00Z", "updated_at": "2026-11-30T08:00:00Z"}
+    return dict(PR_PAYLOAD, number=number, pull_request=pull)
+
+
 class Recorder:
     """A router whose pull_request handler records calls and can fail on demand."""
 
@@ -51,7 +60,8 @@ class Recorder:
     async def _handle(self, event, ctx) -> None:
         if self.delay:
             await asyncio.sleep(self.delay)
-        self.calls.append((event.data["repository"]["full_name"], event.data["number"]))
+        payload = msgspec.json.decode(event.body)
+        self.calls.append((payload["repository"]["full_name"], payload["number"]))
         if self.failures:
             self.failures -= 1
             raise self.exc("simulated failure")
@@ -263,7 +273,7 @@ async def test_killed_process_resumes_every_acknowledged_delivery(tmp_path):
         ids = [f"kill-{n}" for n in range(10)]
         async with aiohttp.ClientSession() as session:
             for number, delivery in enumerate(ids):
-                body = json.dumps(dict(PR_PAYLOAD, number=number)).encode()
+                body = json.dumps(pull_request_event(number)).encode()
                 async with session.post(url, data=body, headers=headers_for("pull_request", body, delivery=delivery)) as r:
                     assert r.status == 202
         await asyncio.sleep(0.3)  # let one or two finish, then crash mid-work

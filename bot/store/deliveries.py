@@ -14,6 +14,8 @@ repository takes over the claims of one that died or lost the lease.
 from __future__ import annotations
 
 import time
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,7 @@ import msgspec
 from bot.store.engine import (
     Dialect,
     Engine,
+    Result,
     Row,
     Statement,
     as_count,
@@ -95,17 +98,32 @@ class Delivery:
 # A delivery's columns; the body (position 6) lives in `delivery_bodies` and is read on its
 # own, so these queries leave it NULL: a long backlog must not be read into memory at once.
 COLUMNS = "id, event, action, repo, installation, headers, NULL, status, attempts, error"
-INSERT = (
-    "INSERT INTO deliveries (id, event, action, repo, installation, headers, received_at, updated_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
-)
-INSERT_BODY = "INSERT INTO delivery_bodies (id, encoding, body) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING"
-# PostgreSQL takes both rows in one statement (one round trip: a put's cost there is mostly
-# round trips); its count is 1 when the delivery is new. SQLite has no INSERT in a WITH.
-INSERT_WITH_BODY = (
-    "WITH stored AS (" + INSERT + " RETURNING id)"
-    " INSERT INTO delivery_bodies (id, encoding, body) SELECT id, ?, ? FROM stored"
-)
+# New deliveries are written by a few statements per burst (`NewDeliveries`), their rows in
+# arrival order (so `seq` keeps it). SQLite: which ids are stored already, then the rows as
+# VALUES lists (one execution each, where RETURNING would give the interpreter up per row).
+DELIVERY_COLUMNS = "id, event, action, repo, installation, headers, received_at, updated_at"
+SQLITE_STORED_IDS = "SELECT id FROM deliveries WHERE id IN ({marks})"
+SQLITE_INSERT = f"INSERT INTO deliveries ({DELIVERY_COLUMNS}) VALUES {{rows}} ON CONFLICT (id) DO NOTHING"
+SQLITE_INSERT_BODIES = "INSERT INTO delivery_bodies (id, encoding, body) VALUES {rows} ON CONFLICT (id) DO NOTHING"
+# PostgreSQL: one statement of fixed text over arrays (one round trip, one prepared
+# statement whatever the burst's size), which returns the ids it stored.
+POSTGRESQL_INSERT = f"""
+    WITH given AS (
+        SELECT * FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::bigint[], ?::text[],
+                             ?::float8[], ?::float8[], ?::text[], ?::bytea[])
+            WITH ORDINALITY AS given({DELIVERY_COLUMNS}, encoding, body, position)
+    ), stored AS (
+        INSERT INTO deliveries ({DELIVERY_COLUMNS})
+        SELECT {DELIVERY_COLUMNS} FROM given ORDER BY position
+        ON CONFLICT (id) DO NOTHING
+        RETURNING id
+    ), bodies AS (
+        INSERT INTO delivery_bodies (id, encoding, body)
+        SELECT DISTINCT ON (given.id) given.id, given.encoding, given.body
+        FROM given JOIN stored ON stored.id = given.id ORDER BY given.id, given.position
+        ON CONFLICT (id) DO NOTHING
+    )
+    SELECT id FROM stored"""
 SELECT_ONE = (
     "SELECT d.id, d.event, d.action, d.repo, d.installation, d.headers, b.body, d.status, d.attempts, d.error,"
     " b.encoding FROM deliveries d LEFT JOIN delivery_bodies b ON b.id = d.id WHERE d.id = ?"
@@ -167,6 +185,7 @@ class DeliveryStore:
         lanes = INTAKE_LANES if db.dialect == "postgresql" else 0
         self._intake = [Writer(db) for _ in range(lanes)] or [self.writer]
         self._claim_owned = CLAIM_OWNED[db.dialect].format(now=db.now_sql, columns=COLUMNS)
+        self._new = NewDeliveries(db.dialect)
 
     @property
     def is_open(self) -> bool:
@@ -192,12 +211,7 @@ class DeliveryStore:
         )
         # SQLite's bodies are compressed (~9x for a webhook) in the store's thread, which
         # releases the interpreter meanwhile; PostgreSQL compresses large values itself.
-        body = stored_as(self.db.dialect, delivery.body)
-        if self.db.dialect == "postgresql":
-            [count] = await self._lane().write([Statement(INSERT_WITH_BODY, (*row, *body))])
-        else:
-            [count, _] = await self.writer.write([Statement(INSERT, row), Statement(INSERT_BODY, (delivery.id, *body))])
-        return as_count(count) == 1
+        return await self._lane(delivery.id).enqueue_item(self._new, (row, stored_as(self.db.dialect, delivery.body)))
 
     async def get(self, delivery_id: str) -> Delivery | None:
         rows = await self.db.fetch(SELECT_ONE, delivery_id)
@@ -255,13 +269,51 @@ class DeliveryStore:
         """Repositories (lowercase) with deliveries not yet done."""
         return {row[0].lower() for row in await self.db.fetch(WAITING_REPOS)}
 
-    def _lane(self) -> Writer:
-        return min(self._intake, key=Writer.queued)
+    def _lane(self, delivery_id: str) -> Writer:
+        # By id: a redelivery racing its original shares its burst, where the first one wins.
+        return self._intake[zlib.crc32(delivery_id.encode()) % len(self._intake)]
 
     async def flushed(self) -> None:
         """Wait for the writes already asked for."""
         for writer in {self.writer, *self._intake}:
             await writer.flushed()
+
+
+NewDelivery = tuple[tuple[Any, ...], tuple[str | None, Any]]  # (row, (encoding, body))
+
+
+@dataclass(frozen=True)
+class NewDeliveries:
+    """The `Merge` kind of new deliveries: each one's answer says whether it was stored
+    (False: its id was stored already, or earlier in the same burst: a redelivery)."""
+
+    dialect: Dialect
+    limit: int = 256  # SQLite: 8 parameters a row, far below its 32,766
+
+    def statements(self, items: Sequence[NewDelivery]) -> list[Statement]:
+        if self.dialect == "postgresql":
+            columns = [list(column) for column in zip(*(row + body for row, body in items), strict=True)]
+            return [Statement(POSTGRESQL_INSERT, columns, rows=True)]
+        ids = [row[0] for row, _ in items]
+        return [
+            Statement(SQLITE_STORED_IDS.format(marks=", ".join("?" * len(ids))), ids, rows=True),
+            Statement(SQLITE_INSERT.format(rows=", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(items))),
+                      [value for row, _ in items for value in row]),
+            Statement(SQLITE_INSERT_BODIES.format(rows=", ".join(["(?, ?, ?)"] * len(items))),
+                      [value for row, body in items for value in (row[0], *body)]),
+        ]
+
+    def answers(self, items: Sequence[NewDelivery], results: list[Result]) -> list[bool]:
+        if self.dialect == "postgresql":
+            stored = {row[0] for row in as_rows(results[0])}
+        else:
+            already = {row[0] for row in as_rows(results[0])}
+            stored = {row[0] for row, _ in items} - already
+        answers = []
+        for row, _ in items:
+            answers.append(row[0] in stored)
+            stored.discard(row[0])  # a second delivery of the same id in the burst is a redelivery
+        return answers
 
 
 def status_statement(delivery_id: str, status: str, attempts: int, error: str | None) -> Statement:

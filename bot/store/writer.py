@@ -5,6 +5,11 @@ Writes that arrive while a transaction is running are committed together in the 
 *group* of statements that commit together or not at all; when a batch fails, each group is
 tried again in a transaction of its own, so one row the store refuses fails only its caller.
 
+Some writes come in bursts of one kind (new deliveries): such a kind (`Merge`) has the
+items queued while a transaction runs written by a few statements for all of them, so a
+burst of N costs a few statement executions rather than N groups (each execution is a
+round trip to PostgreSQL, and in SQLite's thread a wait for the interpreter).
+
 A delivery's state changes are not written as they are made: the inbox opens a *unit* for
 the delivery, `StateStore.apply` collects the unit's statements, and the unit ends as one
 group with the delivery's new status, so the state a delivery changed and "done" commit in
@@ -22,10 +27,115 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
 from bot.store.engine import Engine, Result, Statement
 
 Group = list[Statement]
+T = TypeVar("T")
+R = TypeVar("R")
+T_contra = TypeVar("T_contra", contravariant=True)
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Merge(Protocol[T_contra, R_co]):
+    """A kind of write whose items, queued together, are written by one group of statements."""
+
+    @property
+    def limit(self) -> int:
+        """Items per group at most (statement parameters are bounded)."""
+        ...
+
+    def statements(self, items: Sequence[T_contra]) -> Group:
+        """The statements that write every item."""
+        ...
+
+    def answers(self, items: Sequence[T_contra], results: list[Result]) -> Sequence[R_co]:
+        """Each item's answer, in order, from the results of `statements(items)`."""
+        ...
+
+
+class _Entry:
+    """A place in the queue: one group of statements, answered once committed or refused."""
+
+    def group(self) -> Group:
+        raise NotImplementedError
+
+    def settle(self, results: list[Result]) -> None:
+        raise NotImplementedError
+
+    def fail(self, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    def alone(self) -> list[_Entry]:
+        """The entries to try one by one when a transaction holding this one failed."""
+        return [self]
+
+
+class _Written(_Entry):
+    def __init__(self, statements: Group, future: asyncio.Future[list[Result]]) -> None:
+        self.statements = statements
+        self.future = future
+
+    def group(self) -> Group:
+        return self.statements
+
+    def settle(self, results: list[Result]) -> None:
+        if not self.future.done():
+            self.future.set_result(results)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+class _Merged(_Entry, Generic[T, R]):
+    def __init__(self, kind: Merge[T, R]) -> None:
+        self.kind = kind
+        self.items: list[T] = []
+        self.futures: list[asyncio.Future[R]] = []
+        self._group: Group | None = None
+
+    def add(self, item: T) -> asyncio.Future[R]:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self.items.append(item)
+        self.futures.append(future)
+        return future
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.kind.limit
+
+    def group(self) -> Group:
+        if self._group is None:  # built once: the results are split by its length
+            self._group = self.kind.statements(self.items)
+        return self._group
+
+    def settle(self, results: list[Result]) -> None:
+        try:
+            answers = self.kind.answers(self.items, results)
+        # A bug of the kind: its callers get the error rather than waiting forever.
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+            return
+        for future, answer in zip(self.futures, answers, strict=True):
+            if not future.done():
+                future.set_result(answer)
+
+    def fail(self, exc: BaseException) -> None:
+        for future in self.futures:
+            if not future.done():
+                future.set_exception(exc)
+
+    def alone(self) -> list[_Entry]:
+        if len(self.items) == 1:
+            return [self]
+        singles: list[_Entry] = []
+        for item, future in zip(self.items, self.futures, strict=True):
+            single = _Merged(self.kind)
+            single.items, single.futures = [item], [future]
+            singles.append(single)
+        return singles
 
 
 @dataclass(eq=False)
@@ -47,7 +157,8 @@ _CURRENT: ContextVar[Unit | None] = ContextVar("klaud_unit", default=None)
 class Writer:
     def __init__(self, db: Engine) -> None:
         self.db = db
-        self._queue: list[tuple[Group, asyncio.Future[list[Result]]]] = []
+        self._queue: list[_Entry] = []
+        self._open: dict[int, _Merged[Any, Any]] = {}  # id(kind) -> its entry still taking items
         self._flusher: asyncio.Task[None] | None = None
         self._units: set[Unit] = set()
 
@@ -65,12 +176,29 @@ class Writer:
     async def write(self, statements: Group, repos: Iterable[str] = ()) -> list[Result]:
         return await self.enqueue(statements, repos)
 
+    def enqueue_item(self, kind: Merge[T, R], item: T) -> asyncio.Future[R]:
+        """Queue one item of `kind`, written with the others of its kind queued before the
+        next transaction starts; the future gets the item's answer once committed.
+
+        Only for items no other queued write depends on (a new delivery's rows): the
+        group may commit before writes queued earlier in the same transaction.
+        """
+        entry = self._open.get(id(kind))
+        if entry is None or entry.full:
+            entry = _Merged(kind)
+            self._open[id(kind)] = entry
+            self._append(entry)
+        return entry.add(item)
+
     def _queue_group(self, statements: Group) -> asyncio.Future[list[Result]]:
         future: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
-        self._queue.append((statements, future))
+        self._append(_Written(statements, future))
+        return future
+
+    def _append(self, entry: _Entry) -> None:
+        self._queue.append(entry)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
-        return future
 
     def queued(self) -> int:
         """Groups waiting for the next transaction, plus one while a transaction runs."""
@@ -84,32 +212,31 @@ class Writer:
     async def _flush(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
-            statements = [statement for group, _ in batch for statement in group]
+            self._open.clear()
+            groups = [entry.group() for entry in batch]
             try:
-                results = await self.db.transaction(statements)
+                results = await self.db.transaction([statement for group in groups for statement in group])
             # Not swallowed: the batch rolled back; each group is tried again on its own.
             except Exception as exc:  # noqa: BLE001
-                if len(batch) > 1:
-                    await self._one_by_one(batch)
-                elif not batch[0][1].done():
-                    batch[0][1].set_exception(exc)
+                alone = [single for entry in batch for single in entry.alone()]
+                if len(alone) > 1:
+                    await self._one_by_one(alone)
+                else:
+                    batch[0].fail(exc)
                 continue
             start = 0
-            for group, future in batch:
-                if not future.done():
-                    future.set_result(results[start : start + len(group)])
+            for entry, group in zip(batch, groups, strict=True):
+                entry.settle(results[start : start + len(group)])
                 start += len(group)
 
-    async def _one_by_one(self, batch: list[tuple[Group, asyncio.Future[list[Result]]]]) -> None:
-        for group, future in batch:
+    async def _one_by_one(self, entries: list[_Entry]) -> None:
+        for entry in entries:
             try:
-                results = await self.db.transaction(group)
+                results = await self.db.transaction(entry.group())
             except Exception as exc:  # noqa: BLE001 - reaches the caller through its future
-                if not future.done():
-                    future.set_exception(exc)
+                entry.fail(exc)
             else:
-                if not future.done():
-                    future.set_result(results)
+                entry.settle(results)
 
     # -- units -------------------------------------------------------------------------
 

@@ -61,6 +61,26 @@ async def test_concurrent_puts_share_transactions_all_commit_and_duplicates_are_
         await reopened.close()
 
 
+async def test_a_burst_is_written_by_a_few_statements_and_a_row_the_store_refuses_fails_alone(stores, monkeypatch):
+    sizes: list[int] = []
+    run_transaction = stores.engine.transaction
+
+    async def counted(statements):
+        sizes.append(len(statements))
+        return await run_transaction(statements)
+
+    monkeypatch.setattr(stores.engine, "transaction", counted)
+    unstorable = Delivery("bad", None, b"{}", headers={})  # type: ignore[arg-type]  # NOT NULL refuses it
+    answers = await asyncio.gather(*(stores.deliveries.put(delivery(n)) for n in range(50)),
+                                   stores.deliveries.put(unstorable), return_exceptions=True)
+    assert answers[:50] == [True] * 50
+    assert isinstance(answers[50], Exception) and "bad" not in {d.id for d in await stores.deliveries.pending()}
+    # The burst went as one transaction of a few statements per intake lane (SQLite: stored
+    # ids, rows, bodies; PostgreSQL: one), then the failed one's deliveries one by one.
+    assert max(sizes[: len(stores.deliveries._intake)]) <= 3
+    assert {d.id for d in await stores.deliveries.pending()} == {f"d{n}" for n in range(50)}
+
+
 async def test_prune_deletes_finished_deliveries_by_age_failed_ones_later(stores):
     for n in (1, 2, 3):
         await stores.deliveries.put(delivery(n))

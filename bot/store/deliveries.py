@@ -14,7 +14,6 @@ repository takes over the claims of one that died or lost the lease.
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,19 +170,16 @@ UNCLAIM = (
 WAITING_REPOS = "SELECT DISTINCT repo FROM deliveries WHERE status IN ('queued', 'processing') AND repo IS NOT NULL"
 
 
-# PostgreSQL: new deliveries are committed by this many writers of their own, so several
-# group commits are in flight at once on the pool's connections (a transaction there costs
-# round trips more than CPU, and a new delivery's row conflicts with no other write). SQLite
-# has one connection: its puts share the one writer.
-INTAKE_LANES = 2
-
-
 class DeliveryStore:
     def __init__(self, db: Engine, writer: Writer | None = None) -> None:
         self.db = db
         self.writer = writer or Writer(db)
-        lanes = INTAKE_LANES if db.dialect == "postgresql" else 0
-        self._intake = [Writer(db) for _ in range(lanes)] or [self.writer]
+        # PostgreSQL: new deliveries have a writer of their own, so their burst commits on its
+        # own connection while the state's writes commit on another (a new delivery's rows
+        # conflict with no other write). Two such writers were measured slower than one once
+        # a burst became one statement: each commit made smaller bursts. SQLite has one
+        # connection: its puts share the one writer.
+        self._intake = Writer(db) if db.dialect == "postgresql" else self.writer
         self._claim_owned = CLAIM_OWNED[db.dialect].format(now=db.now_sql, columns=COLUMNS)
         self._new = NewDeliveries(db.dialect)
 
@@ -211,7 +207,7 @@ class DeliveryStore:
         )
         # SQLite's bodies are compressed (~9x for a webhook) in the store's thread, which
         # releases the interpreter meanwhile; PostgreSQL compresses large values itself.
-        return await self._lane(delivery.id).enqueue_item(self._new, (row, stored_as(self.db.dialect, delivery.body)))
+        return await self._intake.enqueue_item(self._new, (row, stored_as(self.db.dialect, delivery.body)))
 
     async def get(self, delivery_id: str) -> Delivery | None:
         rows = await self.db.fetch(SELECT_ONE, delivery_id)
@@ -269,13 +265,9 @@ class DeliveryStore:
         """Repositories (lowercase) with deliveries not yet done."""
         return {row[0].lower() for row in await self.db.fetch(WAITING_REPOS)}
 
-    def _lane(self, delivery_id: str) -> Writer:
-        # By id: a redelivery racing its original shares its burst, where the first one wins.
-        return self._intake[zlib.crc32(delivery_id.encode()) % len(self._intake)]
-
     async def flushed(self) -> None:
         """Wait for the writes already asked for."""
-        for writer in {self.writer, *self._intake}:
+        for writer in {self.writer, self._intake}:
             await writer.flushed()
 
 

@@ -88,8 +88,13 @@ class PostgresDatabase:
         return rows
 
     async def transaction(self, statements: Sequence[Statement]) -> list[Result]:
-        async with self._open_pool().acquire() as conn, conn.transaction():
-            return [await _execute(conn, statement) for statement in statements]
+        async with self._open_pool().acquire() as conn:
+            if len(statements) == 1:
+                # One statement is a transaction of its own: one round trip, not three
+                # (BEGIN, it, COMMIT). A burst of new deliveries is one (`NewDeliveries`).
+                return [await _execute(conn, statements[0])]
+            async with conn.transaction():
+                return [await _execute(conn, statement) for statement in statements]
 
     def _open_pool(self) -> Any:
         if self._pool is None:

@@ -14,6 +14,7 @@ import pytest
 
 from bot.log import configure_logging
 from tests.store.postgres_server import PostgresServer, Unavailable
+from tests.store.recording import RecordingDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,6 +37,15 @@ def fixtures() -> Path:
     if not root.is_dir():
         pytest.skip(f"real-data fixtures not found at {root} (set KLAUD_FIXTURES)")
     return root
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[RecordingDatabase]:
+    """A SQLite store in the test's folder that records what each transaction committed."""
+    database = RecordingDatabase(str(tmp_path / "klaud.db"))
+    await database.open()
+    yield database
+    await database.close()
 
 
 _database_numbers = itertools.count()

@@ -4,23 +4,11 @@ changes commit with the status of the delivery that made them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore, status_statement
 from bot.store.records import StateStore
 from tests.store.recording import RecordingDatabase
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[RecordingDatabase]:
-    database = RecordingDatabase(str(tmp_path / "klaud.db"))
-    await database.open()
-    yield database
-    await database.close()
 
 
 def put(repo: str, key: str, value: object) -> Change:

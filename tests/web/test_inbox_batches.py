@@ -4,25 +4,14 @@ and its status commit in one transaction, and a batch waits for the disk once.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import msgspec
-import pytest
 
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore
 from bot.store.records import StateStore
 from bot.web.inbox import Inbox
 from tests.store.recording import RecordingDatabase
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[RecordingDatabase]:
-    database = RecordingDatabase(str(tmp_path / "klaud.db"))
-    await database.open()
-    yield database
-    await database.close()
 
 
 def delivery(number: int, repo: str = "acme/bench") -> Delivery:

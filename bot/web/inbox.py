@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
+from cachetools import LRUCache
 
 from bot.core.errors import is_permanent
 from bot.metrics import DELIVERIES, INBOX_BACKLOG, PROCESSING_SECONDS
@@ -54,6 +55,7 @@ class Ownership(Protocol):
 
 
 MIB = 1024 * 1024
+HOLD_LOOP_SECONDS = 0.002  # a batch's longest run on the event loop between two yields
 FREE_SPACE_EVERY = 1.0  # seconds between two looks at the store's free disk space
 
 
@@ -104,6 +106,10 @@ class Inbox:
         # With replicas a delivery is stored by whichever replica GitHub reached and
         # claimed from the store by the owner of its repository.
         self.ownership = ownership
+        # Bodies this replica stored for repositories it owns, until its claim takes them
+        # (a claim reads deliveries without their bodies): the claim comes within moments,
+        # so a quarter of the budget is plenty; the oldest go first past it.
+        self._own_bodies: LRUCache[str, bytes] = LRUCache(maxsize=max(1, body_budget // 4), getsizeof=len)
         self.claim_every = claim_every
         self.claim_limit = claim_limit
         self._claim_soon = asyncio.Event()
@@ -135,6 +141,8 @@ class Inbox:
             if self.ownership is None:
                 self._enqueue(delivery)
             elif self.ownership.owns(delivery.repo):
+                if delivery.body is not None and len(delivery.body) <= self._own_bodies.maxsize:
+                    self._own_bodies[delivery.id] = delivery.body
                 self._claim_soon.set()  # claimed at once; another owner finds it on its next round
         return stored
 
@@ -228,6 +236,7 @@ class Inbox:
         fresh = [d for d in claimed if d.id not in self._queued and (d.repo is None or d.repo.lower() in owned)]
         for delivery in fresh:
             self._released.discard(delivery.ordering_key)
+            delivery.body = self._own_bodies.pop(delivery.id, None)
             self._enqueue(delivery)
         return len(fresh)
 
@@ -309,11 +318,18 @@ class Inbox:
             batch = list(itertools.islice(queue, self.batch_size))
             if not await self._read_bodies(key, batch):
                 return
+            loop = asyncio.get_running_loop()
+            held_since = loop.time()
             for delivery in batch:
                 ended = await self._run_one(delivery)
                 ends.append(ended)
                 if ended.status == "queued":  # waits for its retry at the head of the queue
                     break
+                # Handlers that never wait keep the loop for the whole batch: past a couple
+                # of milliseconds, the webhook's requests get their turn before the next one.
+                if loop.time() - held_since > HOLD_LOOP_SECONDS:
+                    await asyncio.sleep(0)
+                    held_since = loop.time()
             await self._settle(key, ends)
         finally:
             self._active.pop(key, None)

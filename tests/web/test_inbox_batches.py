@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore
@@ -120,3 +121,52 @@ async def test_a_long_queue_keeps_few_bodies_in_memory_and_reads_the_others_at_t
     assert held <= 100
     assert seen == [n.to_bytes(1, "big") for n in range(10)], "every body was read, in order"
     assert inbox._held_bytes == 0 and not inbox._held
+
+
+class Owner:
+    """The `Ownership` of a replica holding the lease of one repository."""
+
+    owner = "replica-a"
+
+    def repos(self) -> set[str]:
+        return {"acme/bench"}
+
+    def unrouted(self) -> bool:
+        return False
+
+    def owns(self, repo: str | None) -> bool:
+        return repo == "acme/bench"
+
+
+async def test_a_replica_claims_what_it_stored_itself_without_reading_the_body_back(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DeliveryStore(db)
+    read_back: list[str] = []
+    read_bodies = store.bodies
+
+    async def bodies(ids: list[str]) -> dict[str, bytes]:
+        read_back.extend(ids)
+        return await read_bodies(ids)
+
+    monkeypatch.setattr(store, "bodies", bodies)
+    seen: dict[str, bytes] = {}
+
+    async def handler(item: Delivery) -> None:
+        seen[item.id] = item.body or b""
+
+    inbox = Inbox(store, handler, ownership=Owner(), claim_every=0.01)
+    await inbox.open()
+    await inbox.start()
+    mine = Delivery("mine", "pull_request", b'{"n": 1}', repo="acme/bench", installation=1)
+    assert await inbox.put(mine)
+    # Stored by another replica: this one finds it in the store, body and all.
+    other = Delivery("other", "pull_request", b'{"n": 2}', repo="acme/bench", installation=1)
+    assert await store.put(other)
+    for _ in range(200):
+        if len(seen) == 2:
+            break
+        await asyncio.sleep(0.01)
+    await inbox.stop()
+    assert seen == {"mine": b'{"n": 1}', "other": b'{"n": 2}'}
+    assert read_back == ["other"]

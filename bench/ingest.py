@@ -217,7 +217,7 @@ def run_postgresql(server_url: str, replicas: int, load: Load, clients: int) -> 
             finally:
                 await conn.close()
 
-        command = [sys.executable, str(replica_server.SCRIPT), url, URLS, str(LEASE_SECONDS), "none"]
+        command = [sys.executable, str(replica_server.SCRIPT), url, URLS, str(LEASE_SECONDS), "parse"]
         with tempfile.TemporaryDirectory() as tmp, servers([command] * replicas, Path(tmp)) as urls:
             sent = asyncio.run(send_and_drain(urls, load, clients, drained))
         done = asyncio.run(_fetch_done(url))

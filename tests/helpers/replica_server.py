@@ -6,8 +6,9 @@ Each processed delivery leaves a record `seen/<delivery id>/<random>` in the sta
 committed with the delivery's status (one transaction): two records for one delivery would
 mean it was processed twice.
 
-Usage: python replica_server.py STORE_URL URLS_FILE [LEASE_SECONDS [record|none]]
-With `none` the handler returns at once (the ingest benchmark measures intake and the inbox).
+Usage: python replica_server.py STORE_URL URLS_FILE [LEASE_SECONDS [record|parse]]
+With `parse` the handler does the real pull_request handler's one parse of the body and
+returns (the ingest benchmark measures intake and the inbox, like slow_server's).
 Once ready, writes {"url", "admin_url", "owner"} to URLS_FILE; SIGTERM stops it cleanly
 (running handlers finish, leases are released), SIGKILL is a crash.
 """
@@ -27,9 +28,11 @@ from gidgethub import routing
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bot.app import Klaud
+from bot.core.events import PullRequestEvent
 from bot.log import configure_logging
 from bot.services.replicas import replica_id
 from bot.store.change import Change
+from handlers.context import WebhookEvent
 from tests.harness import make_settings
 from tests.helpers.slow_server import serve_until_terminated
 
@@ -46,12 +49,12 @@ async def main(store_url: str, urls_file: str, lease_seconds: float, handler: st
         seen = {"n": payload["number"], "at": time.time_ns(), "by": owner}
         await services.live.persist(Change().put(repo, "seen", f"{event.delivery_id}/{uuid.uuid4().hex}", seen))
 
-    async def nothing(event, services) -> None:  # type: ignore[no-untyped-def]
-        return None
+    async def parse(event: WebhookEvent, services: object) -> None:
+        event.parsed(PullRequestEvent)
 
-    router.add({"record": record, "none": nothing}[handler], "pull_request")
+    router.add({"record": record, "parse": parse}[handler], "pull_request")
 
-    configure_logging("json", "warning")
+    configure_logging("json")
     with tempfile.TemporaryDirectory() as unused:
         settings = make_settings(Path(unused) / "unused.db", KLAUD_DB=store_url)
     klaud = Klaud(settings, router=router)

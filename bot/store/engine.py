@@ -25,6 +25,33 @@ class Statement:
     args: Sequence[Any] = ()
     many: bool = False  # `args` is a list of parameter rows, one execution each
     rows: bool = False  # the result is the selected (or RETURNING) rows
+    # Statements of one `Coalesce` in a transaction run as its few statements, at its end;
+    # their result is None. Only for writes no other statement of the transaction reads.
+    coalesce: Coalesce | None = None
+
+
+class Coalesce(Protocol):
+    def statements(self, dialect: Dialect, args: list[Sequence[Any]]) -> list[Statement]:
+        """The statements doing what statements of `sql` with each of `args`, in order, would."""
+        ...
+
+
+def coalesced(dialect: Dialect, statements: Sequence[Statement]) -> tuple[list[Statement], list[int | None]]:
+    """The statements to run for `statements`, and where each one's result is among theirs
+    (None for a coalesced one)."""
+    run: list[Statement] = []
+    positions: list[int | None] = []
+    gathered: dict[Coalesce, list[Sequence[Any]]] = {}
+    for statement in statements:
+        if statement.coalesce is None:
+            positions.append(len(run))
+            run.append(statement)
+        else:
+            positions.append(None)
+            gathered.setdefault(statement.coalesce, []).append(statement.args)
+    for kind, args in gathered.items():
+        run.extend(kind.statements(dialect, args))
+    return run, positions
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from bot.store.engine import Engine, Result, Statement
+from bot.store.engine import Engine, Result, Statement, coalesced
 
 Group = list[Statement]
 T = TypeVar("T")
@@ -215,7 +215,7 @@ class Writer:
             self._open.clear()
             groups = [entry.group() for entry in batch]
             try:
-                results = await self.db.transaction([statement for group in groups for statement in group])
+                results = await self._transaction([statement for group in groups for statement in group])
             # Not swallowed: the batch rolled back; each group is tried again on its own.
             except Exception as exc:  # noqa: BLE001
                 alone = [single for entry in batch for single in entry.alone()]
@@ -232,11 +232,16 @@ class Writer:
     async def _one_by_one(self, entries: list[_Entry]) -> None:
         for entry in entries:
             try:
-                results = await self.db.transaction(entry.group())
+                results = await self._transaction(entry.group())
             except Exception as exc:  # noqa: BLE001 - reaches the caller through its future
                 entry.fail(exc)
             else:
                 entry.settle(results)
+
+    async def _transaction(self, statements: Group) -> list[Result]:
+        run, positions = coalesced(self.db.dialect, statements)
+        results = await self.db.transaction(run)
+        return [None if position is None else results[position] for position in positions]
 
     # -- units -------------------------------------------------------------------------
 

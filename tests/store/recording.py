@@ -14,6 +14,7 @@ class RecordingDatabase(Database):
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self.committed: list[list[str]] = []
+        self.transactions: list[list[Statement]] = []  # the statements of each, as run
         self.refuse: str | None = None  # SQL text that makes a transaction fail
 
     async def transaction(self, statements: Sequence[Statement]) -> list[Result]:
@@ -21,4 +22,5 @@ class RecordingDatabase(Database):
             raise RuntimeError("refused")
         results = await super().transaction(statements)
         self.committed.append([statement.sql.split()[0] for statement in statements])
+        self.transactions.append(list(statements))
         return results

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from bot.store import Stores, open_stores
-from bot.store.deliveries import Delivery
+from bot.store.deliveries import Delivery, status_statement
 
 POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 
@@ -79,6 +79,28 @@ async def test_a_burst_is_written_by_a_few_statements_and_a_row_the_store_refuse
     # bodies; PostgreSQL: one), then its deliveries one by one once it failed.
     assert sizes[0] <= 3 and len(sizes) == 1 + 51
     assert {d.id for d in await stores.deliveries.pending()} == {f"d{n}" for n in range(50)}
+
+
+async def test_the_statuses_of_a_transaction_are_one_statement_and_a_deliverys_last_one_wins(stores, monkeypatch):
+    for n in (1, 2):
+        assert await stores.deliveries.put(delivery(n))
+    sizes: list[int] = []
+    run_transaction = stores.engine.transaction
+
+    async def counted(statements):
+        sizes.append(len(statements))
+        return await run_transaction(statements)
+
+    monkeypatch.setattr(stores.engine, "transaction", counted)
+    results = await stores.deliveries.writer.write([
+        status_statement("d1", "queued", 1, "ConnectionError: boom"),
+        status_statement("d2", "done", 1, None),
+        status_statement("d1", "done", 2, None),
+    ])
+    assert sizes == [1] and results == [None, None, None]
+    one, two = await stores.deliveries.get("d1"), await stores.deliveries.get("d2")
+    assert (one.status, one.attempts, one.error) == ("done", 2, None)
+    assert (two.status, two.attempts) == ("done", 1)
 
 
 async def test_prune_deletes_finished_deliveries_by_age_failed_ones_later(stores):

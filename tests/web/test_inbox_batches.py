@@ -10,6 +10,7 @@ import pytest
 
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore
+from bot.store.engine import Statement
 from bot.store.records import StateStore
 from bot.web.inbox import Inbox
 from tests.store.recording import RecordingDatabase
@@ -42,20 +43,34 @@ async def run(db: RecordingDatabase, deliveries: list[Delivery], **options: obje
     for item in deliveries:  # stored while the worker is down, found by `start`
         assert await inbox.store.put(item)
     db.committed.clear()
+    db.transactions.clear()
     await inbox.start()
     await inbox.drained()
     await inbox.stop()
     return inbox, handler
 
 
+def written_in(statements: list[Statement]) -> tuple[set[str], set[str]]:
+    """(keys of the state records put, ids of the deliveries whose status was written)."""
+    changed = {row[2] for statement in statements if statement.sql.startswith("INSERT INTO records")
+               for row in statement.args}
+    # SQLite's statuses statement: (status, attempts, error, updated_at, id) per delivery.
+    statuses = {arg for statement in statements if statement.sql.startswith("UPDATE deliveries")
+                for arg in statement.args[4::5]}
+    return changed, statuses
+
+
 async def test_each_delivery_commits_its_change_and_its_status_together(db: RecordingDatabase) -> None:
     await run(db, [delivery(n) for n in range(20)], batch_size=8)
 
-    # Each state put is followed, in the same transaction, by the status of its delivery;
-    # 20 deliveries in batches of 8 take at most 3 waits for the disk.
-    assert all(statements.count("INSERT") == statements.count("UPDATE") for statements in db.committed)
-    assert sum(statements.count("UPDATE") for statements in db.committed) == 20
-    assert len(db.committed) <= 3
+    # Each delivery's state change commits in the same transaction as its status (the
+    # statuses of a transaction are one UPDATE); 20 deliveries in batches of 8 take at most
+    # 3 waits for the disk.
+    written = [written_in(statements) for statements in db.transactions]
+    assert all(changed == statuses for changed, statuses in written)
+    assert sorted(id for _, statuses in written for id in statuses) == sorted(f"d{n}" for n in range(20))
+    assert len(db.transactions) <= 3
+    assert all(statements.count("UPDATE") == 1 for statements in db.committed)
     store = StateStore(db)
     for n in range(20):
         assert (await DeliveryStore(db).get(f"d{n}")).status == "done"  # type: ignore[union-attr]

@@ -55,6 +55,9 @@ class Ownership(Protocol):
 
 
 MIB = 1024 * 1024
+# Between two claims that found work. Claiming again at once took 3-4 deliveries a claim
+# under load with three replicas (1,091 claims for 5,000 deliveries, pg_stat_statements).
+CLAIM_GAP_SECONDS = 0.01
 HOLD_LOOP_SECONDS = 0.002  # a batch's longest run on the event loop between two yields
 FREE_SPACE_EVERY = 1.0  # seconds between two looks at the store's free disk space
 
@@ -219,6 +222,9 @@ class Inbox:
             except Exception:
                 log.exception("inbox.claim_failed")
             if claimed:
+                # More may be waiting: claim again, after a moment in which a burst
+                # gathers, so one claim takes many deliveries rather than a few each.
+                await asyncio.sleep(CLAIM_GAP_SECONDS)
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._claim_soon.wait(), self.claim_every)

@@ -101,6 +101,8 @@ class Klaud:
             clock=self.clock,
             dry_run=settings.dry_run,
             before_write=self.store.writer.commit_unit,
+            # Replicas share an installation's pace of writes, each taking its part.
+            writers=lambda: self.replicas.live_replicas if self.replicas is not None else 1,
         )
         self.live = LiveState(self.store, GitHubRepos(self.github), self.clock, settings.bot_logins)
         self.capacity = CapacityFeed(

@@ -310,15 +310,18 @@ class _RateGate:
 
 
 class _WriteSpacer:
-    """Sends one installation's writes one at a time, `spacing` seconds apart.
+    """Sends one installation's writes one at a time, `spacing` seconds apart, times the
+    number of processes writing for it (`writers`: replicas each write for theirs).
 
     GitHub's secondary rate limits punish bursts of writes; serial writes with a pause
-    between them are what its guidelines ask for.
+    between them are what its guidelines ask for, per installation, whichever process
+    sends them.
     """
 
-    def __init__(self, clock: Clock, spacing: float) -> None:
+    def __init__(self, clock: Clock, spacing: float, writers: Callable[[], int] | None) -> None:
         self._clock = clock
         self._spacing = spacing
+        self._writers = writers
         self._lock = asyncio.Lock()
         self._last: float | None = None
 
@@ -326,7 +329,8 @@ class _WriteSpacer:
     async def turn(self) -> AsyncIterator[None]:
         async with self._lock:
             if self._last is not None:
-                left = self._last + self._spacing - self._clock.timestamp()
+                spacing = self._spacing * max(1, self._writers() if self._writers else 1)
+                left = self._last + spacing - self._clock.timestamp()
                 if left > 0:
                     await self._clock.sleep(left)
             try:
@@ -378,6 +382,8 @@ class _Transport:
     timeout: aiohttp.ClientTimeout
     max_attempts: int
     write_spacing: float
+    # How many processes write for an installation (live replicas); None: this one only.
+    writers: Callable[[], int] | None = None
     # Awaited before every request of an installation that changes GitHub: the state that
     # led to it is committed first (a claim is durable before the dispatch it guards).
     before_write: Callable[[], Awaitable[None]] | None = None
@@ -408,7 +414,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         # The App's own writes only mint tokens; an installation's act on its repositories.
         self._acts_on_repositories = label != "app"
         self._gate = _RateGate(transport.clock)
-        self._writes = _WriteSpacer(transport.clock, transport.write_spacing)
+        self._writes = _WriteSpacer(transport.clock, transport.write_spacing, transport.writers)
         self._origin = origin_of(transport.base_url)
         self._base_path = urlsplit(transport.base_url).path.rstrip("/")
 
@@ -745,6 +751,7 @@ class GitHubApp:
         request_timeout: float = 30.0,
         max_attempts: int = 5,
         write_spacing: float = 1.0,
+        writers: Callable[[], int] | None = None,
         before_write: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if private_key is not None and app_id is None:
@@ -761,6 +768,7 @@ class GitHubApp:
             timeout=aiohttp.ClientTimeout(total=request_timeout),
             max_attempts=max(1, max_attempts),
             write_spacing=write_spacing,
+            writers=writers,
             before_write=before_write,
         )
         self._tokens: cachetools.TLRUCache[int, _Token] = cachetools.TLRUCache(

@@ -70,6 +70,7 @@ class Replicas:
         self._release = release  # tells the inbox to drop a repository's queue
         self._repos: set[str] = set()
         self._installations = False
+        self.live_replicas = 1  # replicas holding a heartbeat lease at the last round
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         live.admit = self.admit
@@ -127,6 +128,7 @@ class Replicas:
         await self._renew()
         holders = await self.leases.holders()
         replicas = sum(1 for name in holders if name.startswith("replica:"))
+        self.live_replicas = max(1, replicas)
         # The repositories there is something to keep: state in the store, or deliveries.
         # Records are keyed by the name as GitHub spelled it, leases by its lowercase.
         stored = {name.lower(): name for name in await self.live.store.repos()}

@@ -539,6 +539,18 @@ async def test_writes_of_one_installation_are_spaced_a_second_apart(
     assert clock.slept == [1.0, 1.0, 1.0]
 
 
+async def test_replicas_writing_for_one_installation_each_space_their_writes_by_their_number(
+    make_app: Callable[..., GitHubApp], stub: Stub, clock: ManualClock
+) -> None:
+    replicas = 3
+    inst = make_app(writers=lambda: replicas).installation(7)
+    await inst.getitem("/repos/acme/bench")
+    await asyncio.gather(*(inst.patch(f"/repos/acme/bench/check-runs/{i}", data={"i": i}) for i in range(2)))
+    replicas = 1  # the others are gone: this one takes the whole pace again
+    await inst.patch("/repos/acme/bench/check-runs/9", data={})
+    assert [s.at for s in stub.seen if s.method == "PATCH"] == [T0, T0 + 3, T0 + 4]
+
+
 async def test_dry_run_reads_but_only_logs_writes(make_app: Callable[..., GitHubApp], stub: Stub) -> None:
     inst = make_app(dry_run=True).installation(7)
     with capture_logs() as logs:

@@ -72,6 +72,8 @@ async def test_a_lone_replica_takes_every_repository_then_shares_with_the_next(n
     await a.replicas.round()  # a sees b: above its share of 2, it gives two idle ones up
     assert len(a.replicas.repos()) == 2 and sorted(a.released) == sorted({"o/a", "o/b", "o/c", "o/d"} - a.replicas.repos())
     await b.replicas.round()
+    # Both count two live replicas: each spaces its GitHub writes twice as far apart.
+    assert (a.replicas.live_replicas, b.replicas.live_replicas) == (2, 2)
     assert a.replicas.repos() | b.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"}
     assert not a.replicas.repos() & b.replicas.repos()
     holders = await a.stores.leases.holders()

@@ -213,10 +213,11 @@ class Writer:
         while self._queue:
             batch, self._queue = self._queue, []
             self._open.clear()
-            groups = [entry.group() for entry in batch]
             try:
+                groups = [entry.group() for entry in batch]
                 results = await self._transaction([statement for group in groups for statement in group])
-            # Not swallowed: the batch rolled back; each group is tried again on its own.
+            # Not swallowed: the batch rolled back (or a merged group could not be built);
+            # each group is tried again on its own, and a failing one fails its callers.
             except Exception as exc:  # noqa: BLE001
                 alone = [single for entry in batch for single in entry.alone()]
                 if len(alone) > 1:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore, status_statement
 from bot.store.records import StateStore
@@ -92,3 +94,25 @@ async def test_a_refused_group_fails_alone_and_its_neighbours_commit(db: Recordi
 async def test_a_meta_record_counts_as_its_repositorys_change() -> None:
     change = Change().put("", "repo", "Acme/Bench", {"installation": 1}).clear("o/r", "pull")
     assert change.repos() == {"acme/bench", "o/r"}
+
+
+class Broken:
+    """A merge kind with a bug: its statements cannot be built."""
+
+    limit = 10
+
+    def statements(self, items: object) -> list[object]:
+        raise ValueError("a bug in the kind")
+
+    def answers(self, items: object, results: object) -> list[bool]:
+        return []
+
+
+async def test_a_merge_kind_that_fails_to_build_fails_its_callers_and_the_writer_goes_on(db: RecordingDatabase) -> None:
+    deliveries = DeliveryStore(db)
+    broken = deliveries.writer.enqueue_item(Broken(), "x")  # type: ignore[arg-type]
+    stored = asyncio.ensure_future(deliveries.put(Delivery("d1", "push", b"{}", repo="o/r")))
+    with pytest.raises(ValueError, match="a bug in the kind"):
+        await broken
+    assert await stored, "the delivery queued with it is committed on its own"
+    assert await deliveries.put(Delivery("d2", "push", b"{}", repo="o/r"))

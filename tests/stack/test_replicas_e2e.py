@@ -116,6 +116,11 @@ def assert_once_and_in_order(acknowledged: dict[str, tuple[str, int]], seen: dic
         assert numbers == sorted(numbers), f"{repo}: processed out of order"
 
 
+async def processed_by(store_url: str, owner: str) -> bool:
+    runs = await processings(store_url)
+    return any(run["by"] == owner for each in runs.values() for run in each)
+
+
 async def owners(store_url: str) -> dict[str, str]:
     conn = await asyncpg.connect(store_url)
     try:
@@ -141,10 +146,15 @@ async def test_three_replicas_survive_a_sigkill_mid_stream(store_url: str, tmp_p
         repos = [f"acme/bench-{n}" for n in range(20)]
         async with aiohttp.ClientSession() as session:
             streams = [asyncio.create_task(sender.send_repo(session, repo, 150, n)) for n, repo in enumerate(repos)]
-            while len(sender.acknowledged) < 1000:
+            victim = replicas[0]
+            # Mid-stream, and once the victim has done some of the work (a replica takes its
+            # share of new repositories at its next lease round, which a fast intake can
+            # outrun): the kill then interrupts work in progress.
+            deadline = time.monotonic() + 30
+            while len(sender.acknowledged) < 1000 or not await processed_by(store_url, victim.owner):
+                assert time.monotonic() < deadline, "the victim processed nothing within 30 s"
                 await asyncio.sleep(0.05)
             before = await owners(store_url)
-            victim = replicas[0]
             orphaned = {name for name, owner in before.items() if owner == victim.owner}
             os.kill(victim.process.pid, signal.SIGKILL)
             killed_at = time.time_ns()

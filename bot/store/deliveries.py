@@ -267,6 +267,13 @@ class DeliveryStore:
         rows = sorted(as_rows(results[0]), key=lambda row: row[-1])
         return [_row_to_delivery(row) for row in rows]
 
+    def claim_fence(self, delivery_id: str, owner: str) -> Statement | None:
+        """A statement that fails its transaction unless `owner` still holds the claim of
+        `delivery_id` (PostgreSQL's replicas; None on SQLite, where one process works)."""
+        if self.db.dialect != "postgresql":
+            return None
+        return Statement("SELECT klaud_claim_held(?, ?)", (delivery_id, owner), rows=True)
+
     async def unclaim(self, repo: str, owner: str) -> int:
         """Put `owner`'s unfinished claims of `repo` back in the queue (it takes the repository
         up again: what it claimed before it let it go is work to do, not work in hand)."""

@@ -166,6 +166,26 @@ MIGRATIONS: tuple[Migration, ...] = (
             END $$""",
         ),
     ),
+    # Replicas: a replica that stalled past its lease may still be running deliveries its
+    # repository's new owner has claimed since. Its commit of what they changed checks, in
+    # the same transaction, that the claim is still its own (and locks the row, so a claim
+    # cannot pass between the check and the commit); SQLite has one process and no replicas.
+    Migration(
+        6,
+        "a commit fenced by its delivery's claim",
+        sqlite=(),
+        postgresql=(
+            """CREATE FUNCTION klaud_claim_held(delivery TEXT, replica TEXT) RETURNS BOOLEAN
+            LANGUAGE plpgsql AS $$ BEGIN
+                PERFORM 1 FROM deliveries WHERE id = delivery AND claimed_by = replica FOR SHARE;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'delivery % is no longer claimed by %: its repository has another owner',
+                        delivery, replica;
+                END IF;
+                RETURN TRUE;
+            END $$""",
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -393,7 +393,11 @@ class Inbox:
             structlog.contextvars.clear_contextvars()
         ended = Ended(delivery, error, time.perf_counter() - started, self._status_after(delivery, error))
         message = f"{type(error).__name__}: {error}"[:2000] if error is not None else None
-        ended.commit = writer.end_unit(unit, [status_statement(delivery.id, ended.status, delivery.attempts, message)])
+        status = status_statement(delivery.id, ended.status, delivery.attempts, message)
+        fence = None if self.ownership is None else self.store.claim_fence(delivery.id, self.ownership.owner)
+        # With replicas the commit holds only if the claim is still this replica's: after a
+        # stall past its lease, what it did with a delivery the next owner took is dropped.
+        ended.commit = writer.end_unit(unit, [status] if fence is None else [fence, status])
         ended.error_text = message
         return ended
 

@@ -142,6 +142,24 @@ async def test_a_claim_skips_deliveries_another_transaction_holds_without_waitin
     assert [d.id for d in claimed] == ["d2", "d3", "d4"]
 
 
+@POSTGRESQL_ONLY
+async def test_a_commit_fenced_by_a_claim_that_passed_to_another_replica_fails_and_changes_nothing(stores, store_url):
+    await stores.deliveries.put(delivery(1))
+    assert [d.id for d in await stores.deliveries.claim_owned("a", {"o/r"}, unrouted=False, limit=5)] == ["d1"]
+    other = await open_stores(store_url)  # the repository's next owner, after replica a stalled past its lease
+    try:
+        assert [d.id for d in await other.deliveries.claim_owned("b", {"o/r"}, unrouted=False, limit=5)] == ["d1"]
+        late = [stores.deliveries.claim_fence("d1", "a"), status_statement("d1", "done", 1, None)]
+        with pytest.raises(asyncpg.PostgresError, match="delivery d1 is no longer claimed by a"):
+            await stores.deliveries.writer.write(late)  # type: ignore[arg-type]
+        assert (await stores.deliveries.get("d1")).status == "processing"
+        current = [other.deliveries.claim_fence("d1", "b"), status_statement("d1", "done", 1, None)]
+        await other.deliveries.writer.write(current)  # type: ignore[arg-type]
+        assert (await stores.deliveries.get("d1")).status == "done"
+    finally:
+        await other.close()
+
+
 async def test_a_body_is_stored_apart_compressed_on_sqlite_and_read_back_whole(stores: Stores) -> None:
     body = b'{"action": "synchronize", "pad": "' + b"x" * 20_000 + b'"}'
     await stores.deliveries.put(Delivery("big", "pull_request", body, repo="o/r"))

@@ -269,10 +269,11 @@ class DeliveryStore:
 
     def claim_fence(self, delivery_id: str, owner: str) -> Statement | None:
         """A statement that fails its transaction unless `owner` still holds the claim of
-        `delivery_id` (PostgreSQL's replicas; None on SQLite, where one process works)."""
+        `delivery_id` (PostgreSQL's replicas; None on SQLite, where one process works).
+        The fences of a transaction are one statement (`ClaimFences`)."""
         if self.db.dialect != "postgresql":
             return None
-        return Statement("SELECT klaud_claim_held(?, ?)", (delivery_id, owner), rows=True)
+        return Statement(CLAIMS_HELD, (delivery_id, owner), coalesce=CLAIM_FENCES)
 
     async def unclaim(self, repo: str, owner: str) -> int:
         """Put `owner`'s unfinished claims of `repo` back in the queue (it takes the repository
@@ -347,6 +348,22 @@ class StatusUpdates:
 
 
 STATUS_UPDATES = StatusUpdates()
+CLAIMS_HELD = "SELECT klaud_claims_held(?::text[], ?)"  # migration 6
+
+
+@dataclass(frozen=True)
+class ClaimFences:
+    """The `Coalesce` of claim fences (PostgreSQL): one check, and one round trip, for the
+    deliveries of a transaction, per replica (a process has one)."""
+
+    def statements(self, dialect: Dialect, args: list[Sequence[Any]]) -> list[Statement]:
+        by_owner: dict[str, list[str]] = {}
+        for delivery_id, owner in args:
+            by_owner.setdefault(owner, []).append(delivery_id)
+        return [Statement(CLAIMS_HELD, (ids, owner), rows=True) for owner, ids in by_owner.items()]
+
+
+CLAIM_FENCES = ClaimFences()
 
 
 def status_statement(delivery_id: str, status: str, attempts: int, error: str | None) -> Statement:

@@ -175,12 +175,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         "a commit fenced by its delivery's claim",
         sqlite=(),
         postgresql=(
-            """CREATE FUNCTION klaud_claim_held(delivery TEXT, replica TEXT) RETURNS BOOLEAN
-            LANGUAGE plpgsql AS $$ BEGIN
-                PERFORM 1 FROM deliveries WHERE id = delivery AND claimed_by = replica FOR SHARE;
-                IF NOT FOUND THEN
-                    RAISE EXCEPTION 'delivery % is no longer claimed by %: its repository has another owner',
-                        delivery, replica;
+            """CREATE FUNCTION klaud_claims_held(ids TEXT[], replica TEXT) RETURNS BOOLEAN
+            LANGUAGE plpgsql AS $$
+            DECLARE lost TEXT[];
+            BEGIN
+                PERFORM 1 FROM deliveries WHERE id = ANY(ids) AND claimed_by = replica FOR SHARE;
+                SELECT array_agg(given) INTO lost FROM unnest(ids) AS given
+                WHERE NOT EXISTS (SELECT 1 FROM deliveries WHERE id = given AND claimed_by = replica);
+                IF lost IS NOT NULL THEN
+                    RAISE EXCEPTION 'deliveries % are no longer claimed by %: their repository has another owner',
+                        array_to_string(lost, ', '), replica;
                 END IF;
                 RETURN TRUE;
             END $$""",

@@ -143,16 +143,25 @@ async def test_a_claim_skips_deliveries_another_transaction_holds_without_waitin
 
 
 @POSTGRESQL_ONLY
-async def test_a_commit_fenced_by_a_claim_that_passed_to_another_replica_fails_and_changes_nothing(stores, store_url):
+async def test_a_commit_fenced_by_a_claim_that_passed_to_another_replica_fails_and_changes_nothing(
+    stores, store_url, monkeypatch
+):
     await stores.deliveries.put(delivery(1))
-    assert [d.id for d in await stores.deliveries.claim_owned("a", {"o/r"}, unrouted=False, limit=5)] == ["d1"]
-    other = await open_stores(store_url)  # the repository's next owner, after replica a stalled past its lease
+    await stores.deliveries.put(delivery(2, "o/s"))
+    claimed = await stores.deliveries.claim_owned("a", {"o/r", "o/s"}, unrouted=False, limit=5)
+    assert [d.id for d in claimed] == ["d1", "d2"]
+    other = await open_stores(store_url)  # o/r's next owner, after replica a stalled past its lease
     try:
         assert [d.id for d in await other.deliveries.claim_owned("b", {"o/r"}, unrouted=False, limit=5)] == ["d1"]
-        late = [stores.deliveries.claim_fence("d1", "a"), status_statement("d1", "done", 1, None)]
-        with pytest.raises(asyncpg.PostgresError, match="delivery d1 is no longer claimed by a"):
+        sizes = transaction_sizes(stores, monkeypatch)
+        late = [stores.deliveries.claim_fence(n, "a") for n in ("d1", "d2")]
+        late += [status_statement(n, "done", 1, None) for n in ("d1", "d2")]
+        with pytest.raises(asyncpg.PostgresError, match="deliveries d1 are no longer claimed by a"):
             await stores.deliveries.writer.write(late)  # type: ignore[arg-type]
-        assert (await stores.deliveries.get("d1")).status == "processing"
+        assert sizes == [2], "the fences of a transaction are one statement, its statuses another"
+        assert [(await stores.deliveries.get(n)).status for n in ("d1", "d2")] == ["processing", "processing"]
+        await stores.deliveries.writer.write([stores.deliveries.claim_fence("d2", "a"), late[3]])  # type: ignore[list-item]
+        assert (await stores.deliveries.get("d2")).status == "done"
         current = [other.deliveries.claim_fence("d1", "b"), status_statement("d1", "done", 1, None)]
         await other.deliveries.writer.write(current)  # type: ignore[arg-type]
         assert (await stores.deliveries.get("d1")).status == "done"

@@ -273,7 +273,8 @@ class DeliveryStore:
         The fences of a transaction are one statement (`ClaimFences`)."""
         if self.db.dialect != "postgresql":
             return None
-        return Statement(CLAIMS_HELD, (delivery_id, owner), coalesce=CLAIM_FENCES)
+        # Run alone (outside the writer) it is the same check for the one delivery.
+        return Statement(CLAIMS_HELD, ([delivery_id], owner), rows=True, coalesce=CLAIM_FENCES)
 
     async def unclaim(self, repo: str, owner: str) -> int:
         """Put `owner`'s unfinished claims of `repo` back in the queue (it takes the repository
@@ -358,8 +359,8 @@ class ClaimFences:
 
     def statements(self, dialect: Dialect, args: list[Sequence[Any]]) -> list[Statement]:
         by_owner: dict[str, list[str]] = {}
-        for delivery_id, owner in args:
-            by_owner.setdefault(owner, []).append(delivery_id)
+        for ids, owner in args:
+            by_owner.setdefault(owner, []).extend(ids)
         return [Statement(CLAIMS_HELD, (ids, owner), rows=True) for owner, ids in by_owner.items()]
 
 

@@ -27,6 +27,7 @@ class Statement:
     rows: bool = False  # the result is the selected (or RETURNING) rows
     # Statements of one `Coalesce` in a transaction run as its few statements, at its end;
     # their result is None. Only for writes no other statement of the transaction reads.
+    # `sql` with `args` stays the statement's meaning when it is run on its own.
     coalesce: Coalesce | None = None
 
 

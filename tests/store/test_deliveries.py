@@ -160,6 +160,10 @@ async def test_a_commit_fenced_by_a_claim_that_passed_to_another_replica_fails_a
             await stores.deliveries.writer.write(late)  # type: ignore[arg-type]
         assert sizes == [2], "the fences of a transaction are one statement, its statuses another"
         assert [(await stores.deliveries.get(n)).status for n in ("d1", "d2")] == ["processing", "processing"]
+        # Run on its own, a fence is the same check for its one delivery.
+        await stores.engine.transaction([stores.deliveries.claim_fence("d2", "a")])  # type: ignore[list-item]
+        with pytest.raises(asyncpg.PostgresError, match="deliveries d1 are no longer claimed by a"):
+            await stores.engine.transaction([stores.deliveries.claim_fence("d1", "a")])  # type: ignore[list-item]
         await stores.deliveries.writer.write([stores.deliveries.claim_fence("d2", "a"), late[3]])  # type: ignore[list-item]
         assert (await stores.deliveries.get("d2")).status == "done"
         current = [other.deliveries.claim_fence("d1", "b"), status_statement("d1", "done", 1, None)]

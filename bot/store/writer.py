@@ -145,9 +145,15 @@ class Unit:
     task: asyncio.Task[object] | None
     statements: Group = field(default_factory=list)
     repos: set[str] = field(default_factory=set)
+    # Fails the transaction unless the delivery is still this process's (replicas' claims):
+    # part of every group made of the unit's changes.
+    fence: Statement | None = None
 
-    def take(self) -> Group:
-        statements, self.statements, self.repos = self.statements, [], set()
+    def take(self, extra: Sequence[Statement] = ()) -> Group:
+        """The changes held so far and `extra`, as one group (fenced), and none held after."""
+        statements, self.statements, self.repos = [*self.statements, *extra], [], set()
+        if statements and self.fence is not None:
+            statements.append(self.fence)
         return statements
 
 
@@ -246,9 +252,10 @@ class Writer:
 
     # -- units -------------------------------------------------------------------------
 
-    def begin_unit(self) -> Unit:
-        """Collect the current task's state changes until `end_unit`."""
-        unit = Unit(asyncio.current_task())
+    def begin_unit(self, fence: Statement | None = None) -> Unit:
+        """Collect the current task's state changes until `end_unit`; every group of them
+        carries `fence`."""
+        unit = Unit(asyncio.current_task(), fence=fence)
         _CURRENT.set(unit)
         self._units.add(unit)
         return unit
@@ -258,7 +265,7 @@ class Writer:
         self._units.discard(unit)
         if _CURRENT.get() is unit:
             _CURRENT.set(None)
-        return self._queue_group([*unit.take(), *extra])
+        return self._queue_group(unit.take(extra))
 
     def current_unit(self) -> Unit | None:
         """The unit of the running task; tasks it started write on their own."""

@@ -375,7 +375,10 @@ class Inbox:
         delivery.attempts += 1
         delivery.status = "processing"
         writer = self.store.writer
-        unit = writer.begin_unit()
+        # With replicas what the delivery changed commits only while the claim is still this
+        # replica's: after a stall past its lease, the next owner's processing is the one.
+        fence = None if self.ownership is None else self.store.claim_fence(delivery.id, self.ownership.owner)
+        unit = writer.begin_unit(fence)
         started = time.perf_counter()
         error: Exception | None = None
         try:
@@ -394,10 +397,7 @@ class Inbox:
         ended = Ended(delivery, error, time.perf_counter() - started, self._status_after(delivery, error))
         message = f"{type(error).__name__}: {error}"[:2000] if error is not None else None
         status = status_statement(delivery.id, ended.status, delivery.attempts, message)
-        fence = None if self.ownership is None else self.store.claim_fence(delivery.id, self.ownership.owner)
-        # With replicas the commit holds only if the claim is still this replica's: after a
-        # stall past its lease, what it did with a delivery the next owner took is dropped.
-        ended.commit = writer.end_unit(unit, [status] if fence is None else [fence, status])
+        ended.commit = writer.end_unit(unit, [status])
         ended.error_text = message
         return ended
 

@@ -9,6 +9,7 @@ import pytest
 
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore, status_statement
+from bot.store.engine import Statement
 from bot.store.records import StateStore
 from tests.store.recording import RecordingDatabase
 
@@ -116,3 +117,27 @@ async def test_a_merge_kind_that_fails_to_build_fails_its_callers_and_the_writer
         await broken
     assert await stored, "the delivery queued with it is committed on its own"
     assert await deliveries.put(Delivery("d2", "push", b"{}", repo="o/r"))
+
+
+async def test_every_group_of_a_fenced_units_changes_carries_its_fence(db: RecordingDatabase) -> None:
+    deliveries = DeliveryStore(db)
+    state = StateStore(db, deliveries.writer)
+    await deliveries.put(Delivery("d1", "push", b"{}", repo="o/r"))
+    fence = Statement("SELECT 'the claim holds'", rows=True)  # PostgreSQL's is klaud_claims_held
+    db.transactions.clear()
+
+    unit = deliveries.writer.begin_unit(fence)
+    await state.apply(put("o/r", "f", 1))
+    await deliveries.writer.commit_unit()  # before an action on GitHub
+    await state.apply(put("o/r", "g", 2))
+
+    async def wave() -> None:  # another task's write to the repository hands the unit's changes first
+        await state.apply(put("o/r", "h", 3))
+
+    await asyncio.create_task(wave())
+    await deliveries.writer.end_unit(unit, [status_statement("d1", "done", 1, None)])
+
+    # Three groups of the unit's (at commit_unit, handed over, at its end), each fenced; the
+    # other task's write shares the second transaction, unfenced.
+    assert [statements.count(fence) for statements in db.transactions] == [1, 1, 1]
+    assert db.committed[-2] == ["INSERT", "SELECT", "INSERT"]  # g and its fence, then the wave's h

@@ -1,10 +1,12 @@
 """Ingest benchmark: signed deliveries over loopback into Klaud servers, per store.
 
 For each configuration it starts Klaud in child processes (real intake, real durable inbox,
-real worker; the handler returns at once so the figures measure intake and the inbox, not
-GitHub), sends a warm-up of 300 deliveries and waits until they are processed, then sends N realistic
-`pull_request` deliveries (measured) from C concurrent clients spread over the replicas,
-waits until every stored delivery is done, then counts what was processed and what was lost. The configurations, side by side in one run:
+real worker; the handler parses the body into its model as the real one does, then returns,
+so the figures measure intake and the inbox, not GitHub), sends a warm-up of 300 deliveries
+and waits until they are processed, then sends N realistic `pull_request` deliveries
+(measured) from C concurrent clients spread over the replicas, waits until every stored
+delivery is done, then counts what was processed and what was lost. The configurations,
+side by side in one run:
 
 - SQLite, one process (always: the reference figure);
 - with `--db postgresql` (a throwaway server this benchmark starts, with PostgreSQL's default

@@ -4,7 +4,8 @@ Load (bench/ingest.py's): N signed 24 KB `pull_request` `synchronize` deliveries
 concurrent clients over loopback. Servers, each in a child process on 127.0.0.1:
 
 - klaud: the real listeners, durable SQLite inbox (fsync before the 202) and worker, with the
-  handler stubbed like bench/ingest.py (tests/helpers/slow_server.py);
+  handler stubbed like bench/ingest.py (tests/helpers/slow_server.py: the real handler's
+  one parse of the body, then nothing);
 - probot: a minimal Probot app installed from the npm registry into a temporary folder
   (`probot run`, a no-op `pull_request` handler; Probot verifies the signature), skipped
   with the reason when Node.js or npm is missing or the install fails;

@@ -206,10 +206,6 @@ class Writer:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
 
-    def queued(self) -> int:
-        """Groups waiting for the next transaction, plus one while a transaction runs."""
-        return len(self._queue) + (self._flusher is not None and not self._flusher.done())
-
     async def flushed(self) -> None:
         """Wait for the writes already queued."""
         if self._flusher is not None:

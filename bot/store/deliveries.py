@@ -305,15 +305,12 @@ class NewDeliveries:
 
     def statements(self, items: Sequence[NewDelivery]) -> list[Statement]:
         if self.dialect == "postgresql":
-            columns = [list(column) for column in zip(*(row + body for row, body in items), strict=True)]
-            return [Statement(POSTGRESQL_INSERT, columns, rows=True)]
+            return [Statement(POSTGRESQL_INSERT, _columns([row + body for row, body in items]), rows=True)]
         ids = [row[0] for row, _ in items]
         return [
             Statement(SQLITE_STORED_IDS.format(marks=", ".join("?" * len(ids))), ids, rows=True),
-            Statement(SQLITE_INSERT.format(rows=", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(items))),
-                      [value for row, _ in items for value in row]),
-            Statement(SQLITE_INSERT_BODIES.format(rows=", ".join(["(?, ?, ?)"] * len(items))),
-                      [value for row, body in items for value in (row[0], *body)]),
+            _values_statement(SQLITE_INSERT, [row for row, _ in items]),
+            _values_statement(SQLITE_INSERT_BODIES, [(row[0], *body) for row, body in items]),
         ]
 
     def answers(self, items: Sequence[NewDelivery], results: list[Result]) -> list[bool]:
@@ -342,10 +339,8 @@ class StatusUpdates:
         latest = list({row[4]: row for row in args}.values())
         chunks = [latest[start : start + self.rows_per_statement] for start in range(0, len(latest), self.rows_per_statement)]
         if dialect == "postgresql":
-            return [Statement(POSTGRESQL_UPDATE_STATUSES, [list(column) for column in zip(*chunk, strict=True)])
-                    for chunk in chunks]
-        return [Statement(SQLITE_UPDATE_STATUSES.format(rows=", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))),
-                          [value for row in chunk for value in row]) for chunk in chunks]
+            return [Statement(POSTGRESQL_UPDATE_STATUSES, _columns(chunk)) for chunk in chunks]
+        return [_values_statement(SQLITE_UPDATE_STATUSES, chunk) for chunk in chunks]
 
 
 STATUS_UPDATES = StatusUpdates()
@@ -365,6 +360,17 @@ class ClaimFences:
 
 
 CLAIM_FENCES = ClaimFences()
+
+
+def _columns(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """Rows as one list per column: the arrays PostgreSQL's unnest(...) takes."""
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _values_statement(sql: str, rows: Sequence[Sequence[Any]]) -> Statement:
+    """`sql` with its `{rows}` as a VALUES list of `rows` (SQLite), their values in order."""
+    marks = "(" + ", ".join("?" * len(rows[0])) + ")"
+    return Statement(sql.format(rows=", ".join([marks] * len(rows))), [value for row in rows for value in row])
 
 
 def status_statement(delivery_id: str, status: str, attempts: int, error: str | None) -> Statement:

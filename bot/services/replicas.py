@@ -127,14 +127,13 @@ class Replicas:
         await self.leases.acquire(f"replica:{self.owner}", self.owner, self.lease_seconds)
         await self._renew()
         holders = await self.leases.holders()
-        replicas = sum(1 for name in holders if name.startswith("replica:"))
-        self.live_replicas = max(1, replicas)
+        self.live_replicas = max(1, sum(1 for name in holders if name.startswith("replica:")))
         # The repositories there is something to keep: state in the store, or deliveries.
         # Records are keyed by the name as GitHub spelled it, leases by its lowercase.
         stored = {name.lower(): name for name in await self.live.store.repos()}
         universe = set(stored) | await self.deliveries.waiting_repos()
         await self._give_up(sorted(repo for repo in self._repos - universe if not self._busy(repo)), "nothing to keep")
-        share = math.ceil(len(universe) / max(1, replicas))
+        share = math.ceil(len(universe) / self.live_replicas)
         free = [repo for repo in universe if repo not in self._repos and repo_lease(repo) not in holders]
         for repo in sorted(free, key=self._spread)[: max(0, share - len(self._repos))]:
             await self._take(repo, stored.get(repo, repo))

@@ -13,7 +13,6 @@ import os
 import shutil
 import sqlite3
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -21,7 +20,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from bot.store.engine import Deflate, Dialect, Result, Row, Statement
+from bot.store.engine import Compressed, Dialect, Result, Row, Statement, compress
 from bot.store.lockfile import PidLock
 from bot.store.migrations import (
     CURRENT_VERSION,
@@ -33,7 +32,7 @@ from bot.store.migrations import (
 
 T = TypeVar("T")
 
-sqlite3.register_adapter(Deflate, lambda value: zlib.compress(value.data, 1))
+sqlite3.register_adapter(Compressed, compress)
 log = structlog.get_logger("klaud.store")
 
 MEMORY = ":memory:"

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import zstandard
+
 Dialect = Literal["sqlite", "postgresql"]
 Row = Sequence[Any]
 # A statement's result: the count of changed rows, the selected rows, or None after `many`.
@@ -56,27 +58,39 @@ def coalesced(dialect: Dialect, statements: Sequence[Statement]) -> tuple[list[S
 
 
 @dataclass(frozen=True, slots=True)
-class Deflate:
-    """Bytes SQLite stores zlib-compressed: compressed in the store's own thread (zlib
-    releases the interpreter), not on the event loop."""
+class Compressed:
+    """Bytes SQLite stores compressed (`compress`): compressed in the store's own thread
+    (zstd releases the interpreter), not on the event loop."""
 
     data: bytes
 
 
-ZLIB = "zlib"
+ZSTD = "zstd"
+ZLIB = "zlib"  # how bodies and waves were compressed before zstd; still read
 
 
-def stored_as(dialect: Dialect, data: bytes) -> tuple[str | None, bytes | Deflate]:
+def compress(value: Compressed) -> bytes:
+    """zstd at level 1: a 24 KB webhook body in ~23 µs to ~2.3 KB, where zlib's fastest
+    level took ~64 µs for ~2.8 KB (and reads back in a third of zlib's time)."""
+    return zstandard.compress(value.data, 1)
+
+
+def stored_as(dialect: Dialect, data: bytes) -> tuple[str | None, bytes | Compressed]:
     """(encoding, value) for a large blob: SQLite's compressed, PostgreSQL compresses itself."""
-    return (ZLIB, Deflate(data)) if dialect == "sqlite" else (None, data)
+    return (ZSTD, Compressed(data)) if dialect == "sqlite" else (None, data)
 
 
 def inflate(encoding: str | None, stored: bytes) -> bytes:
-    """A blob as written before `stored_as`."""
-    if encoding is None:
-        return bytes(stored)
-    if encoding == ZLIB:
-        return zlib.decompress(stored)
+    """A blob as written before `stored_as`; ValueError when it cannot be read."""
+    try:
+        if encoding is None:
+            return bytes(stored)
+        if encoding == ZSTD:
+            return zstandard.decompress(stored)
+        if encoding == ZLIB:
+            return zlib.decompress(stored)
+    except (zstandard.ZstdError, zlib.error) as exc:
+        raise ValueError(f"a {encoding} blob that does not decompress: {exc}") from exc
     raise ValueError(f"unknown encoding {encoding!r}")
 
 

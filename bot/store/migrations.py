@@ -111,8 +111,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     # A delivery's status changes several times, its body never: in a row of their own, a
     # status update no longer rewrites ~25 KB (SQLite rewrites a whole row). `encoding` says
-    # how the body is stored: NULL as received, 'zlib' compressed (SQLite; PostgreSQL
-    # compresses large values itself).
+    # how the body is stored: NULL as received, 'zstd' (or before it 'zlib') compressed
+    # (SQLite; PostgreSQL compresses large values itself).
     Migration(
         3,
         "delivery bodies apart from their status",
@@ -152,7 +152,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     # PostgreSQL compresses a stored body with pglz by default, which costs more CPU than
     # the rest of a delivery's intake (~0.6 ms for a 20 KB webhook); lz4 is several times
     # faster for a similar size. A server built without lz4 keeps pglz. SQLite's bodies are
-    # compressed by Klaud (zlib), so nothing changes there.
+    # compressed by Klaud (zstd), so nothing changes there.
     Migration(
         5,
         "lz4 compression of stored bodies on PostgreSQL",

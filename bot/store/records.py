@@ -11,7 +11,6 @@ edited by hand) is reported in one log line and skipped, never a traceback.
 
 from __future__ import annotations
 
-import zlib
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -123,7 +122,7 @@ class StateStore:
             return None
         try:
             document: dict[str, Any] = decode_document(inflate(rows[0][0], rows[0][1]))
-        except (ValueError, zlib.error) as exc:
+        except ValueError as exc:
             log.warning("store.record_unreadable", repo=repo, kind="wave", key=number, reason=f"not JSON: {exc}")
             return None
         return document

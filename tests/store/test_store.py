@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import zlib
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -15,6 +16,7 @@ from structlog.testing import capture_logs
 from bot.core.domain import Attempt, Family, FileChange, PullRequest, stamp
 from bot.store import Stores, open_stores
 from bot.store.codec import encode
+from bot.store.engine import Statement
 from bot.store.records import Change
 
 NOW = datetime(2026, 11, 30, 8, tzinfo=UTC)
@@ -144,6 +146,22 @@ async def test_one_row_the_store_refuses_fails_only_its_own_put(stores) -> None:
     assert sorted(d.id for d in await stores.deliveries.pending()) == ["d-0", "d-1", "d-2"]
 
 
+async def test_a_wave_compressed_by_an_earlier_version_reads_back_and_a_corrupt_one_is_reported(
+        stores: Stores) -> None:
+    """Waves and bodies were zlib-compressed before zstd: those rows stay readable; a blob
+    that does not decompress is one line of report, not a traceback."""
+    document = {"repo": "o/r", "wave": 3, "decisions": []}
+    insert = "INSERT INTO waves (repo, number, encoding, body) VALUES (?, ?, ?, ?)"
+    await stores.engine.transaction([Statement(insert, ("o/r", 3, "zlib", zlib.compress(json.dumps(document).encode()))),
+                                     Statement(insert, ("o/r", 4, "zstd", b"not zstd at all"))])
+
+    with capture_logs() as logs:
+        assert await stores.state.wave("o/r", 3) == document
+        assert await stores.state.wave("o/r", 4) is None
+    [report] = [e for e in logs if e["event"] == "store.record_unreadable"]
+    assert (report["kind"], report["key"]) == ("wave", 4) and "zstd" in report["reason"]
+
+
 async def test_wave_documents_are_kept_apart_compressed_on_sqlite_and_read_back(stores: Stores) -> None:
     document = {"repo": "o/r", "wave": 7, "decisions": [{"family": f"f{n}", "reason": "cooling down"} for n in range(500)]}
     await stores.state.apply(Change().put_wave("o/r", 7, document).put_wave("o/r", 8, {"wave": 8}))
@@ -153,6 +171,6 @@ async def test_wave_documents_are_kept_apart_compressed_on_sqlite_and_read_back(
     assert await stores.state.wave("o/r", 8) is None
     assert "wave" not in await stores.state.load("o/r"), "a repository's load leaves the documents in the store"
     [(encoding, size)] = await stores.engine.fetch("SELECT encoding, length(body) FROM waves")
-    assert (encoding, size < 2_000) == (("zlib", True) if stores.engine.dialect == "sqlite" else (None, False))
+    assert (encoding, size < 2_000) == (("zstd", True) if stores.engine.dialect == "sqlite" else (None, False))
     await stores.state.apply(Change().clear_waves("O/R".lower()))
     assert await stores.state.wave("o/r", 7) is None

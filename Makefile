@@ -22,13 +22,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python bench/ingest.py --db postgresql
+	$(BIN)/python bench/ingest.py --db postgresql --rounds 3
 	$(BIN)/python bench/client.py
 	$(BIN)/python bench/state.py
 	$(BIN)/python bench/wave.py --scale 4
 	$(BIN)/python bench/reconcile.py
 	$(BIN)/python bench/abuse.py
-	$(BIN)/python bench/peers.py
+	$(BIN)/python bench/peers.py --rounds 3
 	$(BIN)/python bench/page.py
 
 clean:

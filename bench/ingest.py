@@ -13,9 +13,13 @@ side by side in one run:
   fsync'd commits) or `--db postgresql://URL` (a database is created on it and dropped
   after), one configuration per `--replicas` count (default 1 and 3).
 
+With `--rounds N` every configuration runs N times, interleaved (this machine's speed moves
+by 20–30 % from one minute to the next), and the round with the median throughput is
+reported.
+
 Last line: {"deliveries_per_s", "p50_ms", "p99_ms", "processed", "lost"} of SQLite, then per
 PostgreSQL configuration `postgresql_<n>_…` with the same figures. Latencies are
-acknowledgement latencies (request sent to 202 received).
+acknowledgement latencies (request sent to 202 received); `lost` counts every round's.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -287,6 +292,13 @@ def report(label: str, result: Result, clients: int, deliveries: int) -> None:
           f" processed {figures['processed']}, lost {figures['lost']}")
 
 
+def median_round(rounds: list[Result]) -> dict[str, float | int]:
+    """The figures of the round with the median throughput (its latencies come with it);
+    `lost` counts every round's losses, so one lost delivery anywhere shows."""
+    figures = sorted(rounds, key=lambda result: result.sent.per_s)[len(rounds) // 2].figures()
+    return figures | {"lost": sum(result.figures()["lost"] for result in rounds)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deliveries", type=int, default=5000)
@@ -294,17 +306,25 @@ def main() -> None:
     parser.add_argument("--db", default="sqlite",
                         help="sqlite (only), postgresql (a throwaway server) or a postgresql:// URL")
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 3])
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="interleaved rounds of every configuration; the median round is reported")
     args = parser.parse_args()
     load = make_load(args.deliveries)
-    sqlite_result = run_sqlite(load, args.clients)
-    report("sqlite", sqlite_result, args.clients, args.deliveries)
-    line = sqlite_result.figures()
-    if args.db != "sqlite":
-        with postgresql(args.db) as server_url:
+    with ExitStack() as stack:
+        server_url = None if args.db == "sqlite" else stack.enter_context(postgresql(args.db))
+        runs: dict[str, Callable[[], Result]] = {"sqlite": lambda: run_sqlite(load, args.clients)}
+        if server_url is not None:
             for replicas in args.replicas:
-                result = run_postgresql(server_url, replicas, load, args.clients)
-                report(f"postgresql, {replicas} replica(s)", result, args.clients, args.deliveries)
-                line |= {f"postgresql_{replicas}_{key}": value for key, value in result.figures().items()}
+                runs[f"postgresql_{replicas}"] = partial(run_postgresql, server_url, replicas, load, args.clients)
+        # Interleaved, so a machine that slows down for a while slows every configuration.
+        results: dict[str, list[Result]] = {name: [] for name in runs}
+        for number in range(args.rounds):
+            for name, run in runs.items():
+                results[name].append(run())
+                report(f"round {number + 1}, {name}", results[name][-1], args.clients, args.deliveries)
+    line = median_round(results.pop("sqlite"))
+    for name, rounds in results.items():
+        line |= {f"{name}_{key}": value for key, value in median_round(rounds).items()}
     print(json.dumps(line))
 
 

@@ -22,8 +22,12 @@ log between its reset and the end of the waves. The GitHub calls the previous po
 planner needs for the same state are computed for comparison (assumptions printed with
 the figures).
 
-`--scale N` (N > 1) runs the same benchmark again on N times the state (families, PRs and
-attempts all times N) and compares the medians.
+`--scale N` (N > 1) also runs the benchmark on N times the state (families, PRs and attempts
+all times N) and compares the medians. The two states are served by two processes, each
+with its own heap, set up side by side; then they take turns, one kind of wave each
+(dispatched, direct, dry), so the two medians are measured within seconds of each other.
+Run one after the other, minutes apart across the N-times setup, the ratio measured this
+machine's speed, which moves by 20-30 % from one minute to the next, as much as the code.
 
 Last line: {"wave_ms_median", "github_reads", "poll_design_calls"} for today's state, plus
 "scale", "wave_ms_median_scaled" and "scale_ratio" (N-times median / 1-time median) with
@@ -37,6 +41,7 @@ import asyncio
 import json
 import logging
 import math
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -44,6 +49,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +236,38 @@ def ms(values: list[float]) -> str:
             f"(min {min(values) * 1000:.1f}, max {max(values) * 1000:.1f}, n={len(values)})")
 
 
-async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+class Turns:
+    """When a wave may run: at once when this process is the only one measuring."""
+
+    async def setup_done(self) -> None:
+        pass
+
+    async def take(self) -> None:
+        pass
+
+    def give_back(self) -> None:
+        pass
+
+
+class PipeTurns(Turns):
+    """Turns given by the parent over a pipe, so two processes' waves never overlap."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    async def setup_done(self) -> None:
+        self.conn.send("ready")
+
+    async def take(self) -> None:
+        if await asyncio.to_thread(self.conn.recv) != "go":
+            raise SystemExit("the parent process ended the benchmark")
+
+    def give_back(self) -> None:
+        self.conn.send("done")
+
+
+async def run_benchmark(args: argparse.Namespace, turns: Turns | None = None) -> dict[str, Any]:
+    turns = turns or Turns()
     fams = big.families(args.families)
     pulls = big.pulls(fams, args.pulls)
     attempts = list(big.attempts(fams, args.attempts))
@@ -252,16 +289,27 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             print(f"reconciled {report['after']} in {time.perf_counter() - started:.1f} s "
                   f"with {run.requests['total']} GitHub requests")
             check_overlap_index(run, pulls)
+            await turns.setup_done()
 
             run.reset_requests()
+            # Each kind of wave is one turn: its waves follow each other, as alone.
+            await turns.take()
             samples = [await dispatched_wave(run) for _ in range(args.waves)]
+            await run.settle()
+            turns.give_back()
             around = []
+            await turns.take()
             for _ in range(args.waves):
                 sample, seconds = await direct_wave(run)
                 samples.append(sample)
                 around.append(seconds)
+            turns.give_back()
             requests = run.requests["requests"]
+            await turns.take()
             dry = [await dry_plan_seconds(run) for _ in range(args.waves)]
+            turns.give_back()
+            await turns.take()  # the report, printed in turn too
+            print(f"--- {len(fams)} families, {len(pulls)} open PRs, {len(attempts)} attempts")
             wave = await run.klaud.waves.preview(big.REPO)
 
         reads = [entry for entry in requests if entry["method"] == "GET"]
@@ -281,11 +329,48 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
               "(open PRs and their files in pages of 100; runs of the last 24 h in pages of 100, "
               "one artifact listing per run, one download per artifact that exists)")
 
-    return {
+    figures = {
         "wave_ms_median": round(statistics.median(s.seconds for s in samples) * 1000, 2),
         "github_reads": len(reads),
         "poll_design_calls": sum(poll.values()),
     }
+    turns.give_back()
+    return figures
+
+
+def measure_in_turn(args: argparse.Namespace, conn: Connection) -> None:
+    """A child process's benchmark, its waves run when the parent says (`PipeTurns`)."""
+    configure_logging("json", logging.WARNING)
+    conn.send(asyncio.run(run_benchmark(args, PipeTurns(conn))))
+
+
+def side_by_side(states: list[argparse.Namespace]) -> list[dict[str, Any]]:
+    """Each state's figures, measured by one process per state, their waves taking turns."""
+    spawn = multiprocessing.get_context("spawn")
+    pipes = [spawn.Pipe() for _ in states]
+    children = [spawn.Process(target=measure_in_turn, args=(state, child)) for state, (_, child) in zip(states, pipes, strict=True)]
+    for child in children:
+        child.start()
+    try:
+        conns = [parent for parent, _ in pipes]
+        for conn in conns:  # every state set up before the first wave: setup is no neighbour to a wave
+            expect(conn, "ready")
+        for _ in range(4):  # dispatched waves, direct waves, dry plans, the report
+            for conn in conns:
+                conn.send("go")
+                expect(conn, "done")
+        return [conn.recv() for conn in conns]
+    finally:
+        for child in children:
+            child.join(timeout=60)
+            if child.is_alive():
+                child.kill()
+
+
+def expect(conn: Connection, word: str) -> None:
+    got = conn.recv()
+    if got != word:
+        raise SystemExit(f"a benchmark process answered {got!r} where {word!r} was expected")
 
 
 def main() -> None:
@@ -297,13 +382,15 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=1, help="also run N times the state and compare (N > 1)")
     args = parser.parse_args()
     configure_logging("json", logging.WARNING)
-    figures = asyncio.run(run_benchmark(args))
-    if args.scale > 1:
+    if args.scale == 1:
+        figures = asyncio.run(run_benchmark(args))
+    else:
         scaled = argparse.Namespace(**vars(args))
         for name in ("families", "pulls", "attempts"):
             setattr(scaled, name, getattr(args, name) * args.scale)
-        print(f"--- {args.scale} times the state")
-        bigger = asyncio.run(run_benchmark(scaled))
+        print(f"the 1x state and {args.scale} times the state, side by side: their setups interleave, "
+              "then each prints its report in turn, 1x first")
+        figures, bigger = side_by_side([args, scaled])
         ratio = bigger["wave_ms_median"] / figures["wave_ms_median"]
         print(f"{args.scale}x the state: wave median {bigger['wave_ms_median']} ms, "
               f"{ratio:.2f} times the 1x median (target <= 4.5)")

@@ -8,6 +8,7 @@ request would let anyone grow /metrics without limit.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterator
 from importlib import metadata
 
@@ -107,18 +108,21 @@ DISPATCH_PAUSED = Gauge(
 class ImageAges(Collector):
     """`klaud_family_image_age_days`: per repository, a histogram of its families' image ages.
 
-    Computed at each scrape from the ages of the last wave, so it shows the current spread
-    (p50 and p90 with `histogram_quantile`) in a dozen series per repository, however many
-    families there are.
+    Computed at each scrape as of the last wave, so it shows the current spread (p50 and
+    p90 with `histogram_quantile`) in a dozen series per repository, however many families
+    there are.
     """
 
     BUCKETS = (1.0, 3.0, 7.0, 14.0, 30.0, 60.0, 90.0, 180.0, 365.0)
+    DAY = 86400.0
 
     def __init__(self) -> None:
-        self._ages: dict[str, list[float]] = {}
+        self._changes: dict[str, tuple[list[float], float]] = {}
 
-    def set(self, repo: str, ages: list[float]) -> None:
-        self._ages[repo] = sorted(ages)
+    def set(self, repo: str, changed: list[float], at: float) -> None:
+        """`changed`: when each family's image last changed (epoch seconds, ascending);
+        `at`: the wave's time, which the ages are counted to."""
+        self._changes[repo] = (changed, at)
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(
@@ -126,9 +130,11 @@ class ImageAges(Collector):
             "Days since each family's image line last changed on the default branch (families of known age).",
             labels=["repo"],
         )
-        for repo, ages in sorted(self._ages.items()):
-            buckets = [(str(le), bisect.bisect_right(ages, le)) for le in self.BUCKETS]
-            family.add_metric([repo], [*buckets, ("+Inf", len(ages))], sum_value=sum(ages))
+        for repo, (changed, at) in sorted(self._changes.items()):
+            # At most `le` days old: changed at or after `at - le` days.
+            buckets = [(str(le), len(changed) - bisect.bisect_left(changed, at - le * self.DAY)) for le in self.BUCKETS]
+            ages = (len(changed) * at - math.fsum(changed)) / self.DAY
+            family.add_metric([repo], [*buckets, ("+Inf", len(changed))], sum_value=ages)
         yield family
 
 

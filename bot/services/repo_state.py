@@ -104,9 +104,10 @@ class RepoState:
         self.pending_artifacts: dict[str, dict[str, Any]] = {}
         # Incremental planning: each family's verdict (with the candidate and the time it
         # was made for), dropped when an event touches the family; the priority order,
-        # dropped when the catalog changes.
+        # dropped when the catalog changes; so are the times of the images' last changes.
         self._verdicts: dict[str, tuple[str, datetime, Verdict]] = {}
         self._order: list[tuple[str, Family]] | None = None
+        self._image_times: list[float] | None = None
 
     # -- loading -----------------------------------------------------------------------
 
@@ -440,6 +441,15 @@ class RepoState:
             self._order = priority_order(self.catalog)
         return self._order
 
+    def image_change_times(self) -> list[float]:
+        """When each family of known image age last changed its image (epoch seconds,
+        ascending): ages at any moment without a pass over the families."""
+        if self._image_times is None:
+            self._image_times = sorted(
+                changed.timestamp() for family in self.catalog if (changed := family.image_changed_at) is not None
+            )
+        return self._image_times
+
     def _families_of_pull(self, number: int) -> set[str | None]:
         touched, own_hash = self.overlap.families_of(number)
         own = self.family_by_hash(own_hash) if own_hash else None
@@ -453,6 +463,7 @@ class RepoState:
     def _forget_every_verdict(self) -> None:
         self._verdicts.clear()
         self._order = None
+        self._image_times = None
 
     # -- reading -----------------------------------------------------------------------
 

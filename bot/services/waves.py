@@ -137,13 +137,9 @@ class WaveRunner:
         for kind in get_args(DecisionKind):
             LAST_WAVE_CANDIDATES.labels(repo, kind).set(counts[kind])
         DISPATCH_PAUSED.labels(repo).set(0 if wave.blocked is None else 1)
-        # One pass, no rounding: a histogram's buckets need none (2,000 calls of
-        # image_age_days cost ~6 ms of the event loop after every wave).
-        FAMILY_IMAGE_AGES.set(repo, [
-            (wave.at - changed).total_seconds() / 86400
-            for family in state.catalog
-            if (changed := family.image_changed_at) is not None
-        ])
+        # The change times are kept until the catalog changes: no pass over the families
+        # here (one cost ~4 ms of the event loop after every wave at 2,000 families).
+        FAMILY_IMAGE_AGES.set(repo, state.image_change_times(), wave.at.timestamp())
 
     def _report(self, wave: Wave, counts: Counter[DecisionKind], trigger: str, elapsed: float) -> None:
         WAVE_SECONDS.observe(elapsed)

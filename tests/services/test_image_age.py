@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from bot.core.events import BlameRange
 from bot.github.errors import Unavailable
+from bot.metrics import REGISTRY
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
 
@@ -51,3 +54,32 @@ async def test_an_unanswered_blame_leaves_ages_unknown_until_the_next_light_reco
     kit.repo.calls.clear()
     await kit.reconciler.reconcile(REPO, 1, light=True)
     assert [c for c in kit.repo.calls if c[0] == "blame"] == []  # nothing left to ask
+
+
+def image_age_sample(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(f"klaud_family_image_age_days_{name}", {"repo": REPO, **labels})
+
+
+async def test_the_image_age_histogram_counts_each_wave_and_follows_a_newly_dated_image(kit: Kit) -> None:
+    kit.repo.fail("blame", Unavailable(502, "Bad Gateway"), times=1)  # the amd config stays undated
+    everything_old = [BlameRange(startingLine=1, endingLine=10_000, committed=NOW - timedelta(days=90))]
+    kit.repo.blames[NVIDIA] = everything_old
+    await kit.reconciler.reconcile(REPO, 1)
+    dated = [f for f in kit.state.catalog if f.image_changed_at is not None]
+    assert 0 < len(dated) < len(kit.state.catalog)
+
+    await kit.waves.run(REPO, trigger="test")
+    assert image_age_sample("count") == len(dated)
+    assert image_age_sample("bucket", le="60.0") == 0 and image_age_sample("bucket", le="90.0") == len(dated)
+    assert image_age_sample("sum") == pytest.approx(90 * len(dated))
+
+    # The light reconcile dates the rest (2 days old): the next wave counts them too.
+    kit.repo.blames["configs/amd-master.yaml"] = [
+        BlameRange(startingLine=1, endingLine=10_000, committed=NOW - timedelta(days=2))]
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    kit.clock.advance(86400)
+    await kit.waves.run(REPO, trigger="test")
+    total, recent = len(kit.state.catalog), len(kit.state.catalog) - len(dated)
+    assert image_age_sample("count") == total
+    assert image_age_sample("bucket", le="3.0") == recent and image_age_sample("bucket", le="1.0") == 0
+    assert image_age_sample("sum") == pytest.approx(91 * len(dated) + 3 * recent)

@@ -21,6 +21,7 @@ import hashlib
 import math
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 
@@ -36,6 +37,8 @@ INSTALLATIONS = "installations"
 LEASE_SECONDS = 10.0
 ROUND_SECONDS = 2.0
 PRUNE_AFTER_SECONDS = 3600.0
+# How often the leader looks for them: leases an hour dead need no search every round.
+PRUNES_PER_EXPIRY = 12
 
 
 def replica_id() -> str:
@@ -70,6 +73,7 @@ class Replicas:
         self._release = release  # tells the inbox to drop a repository's queue
         self._repos: set[str] = set()
         self._installations = False
+        self._next_prune = 0.0  # monotonic time of the leader's next search for dead leases
         self.live_replicas = 1  # replicas holding a heartbeat lease at the last round
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -178,7 +182,9 @@ class Replicas:
         if self._installations:
             # The leading replica clears what dead processes left (their heartbeat leases
             # never come back under the same name).
-            await self.leases.prune(expired_for_seconds=PRUNE_AFTER_SECONDS)
+            if time.monotonic() >= self._next_prune:
+                await self.leases.prune(expired_for_seconds=PRUNE_AFTER_SECONDS)
+                self._next_prune = time.monotonic() + PRUNE_AFTER_SECONDS / PRUNES_PER_EXPIRY
             return
         if holders.get(INSTALLATIONS) not in (None, self.owner):
             return

@@ -136,6 +136,7 @@ async def test_the_leading_replica_clears_the_heartbeat_leases_dead_processes_le
     import bot.services.replicas as replicas_module
 
     monkeypatch.setattr(replicas_module, "PRUNE_AFTER_SECONDS", 0.1)
+    monkeypatch.setattr(replicas_module, "PRUNES_PER_EXPIRY", 1)  # a search at most every 0.1 s
     a = await nodes("a")
     assert await a.stores.leases.acquire("replica:crashed", "crashed", 0.05)
     await asyncio.sleep(0.3)
@@ -143,3 +144,18 @@ async def test_the_leading_replica_clears_the_heartbeat_leases_dead_processes_le
     await a.replicas.round()  # leads: prunes
     rows = await a.stores.engine.fetch("SELECT name FROM leases WHERE name = 'replica:crashed'")
     assert rows == []
+
+    searches: list[float] = []
+    prune = a.replicas.leases.prune
+
+    async def counted(*, expired_for_seconds: float) -> int:
+        searches.append(expired_for_seconds)
+        return await prune(expired_for_seconds=expired_for_seconds)
+
+    monkeypatch.setattr(a.replicas.leases, "prune", counted)
+    await a.replicas.round()
+    await a.replicas.round()
+    assert searches == [], "not at every round: the last search was a moment ago"
+    await asyncio.sleep(0.1)
+    await a.replicas.round()
+    assert searches == [0.1]

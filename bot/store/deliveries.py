@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import structlog
 
 from bot.store.engine import (
     Dialect,
@@ -33,6 +34,8 @@ from bot.store.engine import (
 )
 from bot.store.writer import Writer
 
+log = structlog.get_logger("klaud.store")
+
 # Headers worth keeping for processing and audits; the signature is not among them.
 KEPT_HEADERS = (
     "X-GitHub-Event",
@@ -42,6 +45,16 @@ KEPT_HEADERS = (
     "X-GitHub-Hook-Installation-Target-ID",
     "User-Agent",
 )
+
+
+def _readable_body(delivery_id: str, encoding: str | None, stored: bytes) -> bytes | None:
+    """A stored body, or None (reported in one line) when it does not decompress: the
+    delivery then fails on its empty body, where a raise would hold its batch for ever."""
+    try:
+        return inflate(encoding, stored)
+    except ValueError as exc:
+        log.warning("store.record_unreadable", kind="delivery-body", key=delivery_id, reason=str(exc))
+        return None
 
 
 @dataclass(slots=True)
@@ -227,7 +240,7 @@ class DeliveryStore:
             return None
         delivery = _row_to_delivery(rows[0])
         if rows[0][6] is not None:  # absent only if deleted behind Klaud's back
-            delivery.body = inflate(rows[0][10], rows[0][6])
+            delivery.body = _readable_body(delivery_id, rows[0][10], rows[0][6])
         return delivery
 
     async def prune(self, *, done_before: float, failed_before: float) -> int:
@@ -248,7 +261,8 @@ class DeliveryStore:
     async def bodies(self, delivery_ids: list[str]) -> dict[str, bytes]:
         """The bodies of the deliveries still stored, by id (one query for a batch)."""
         rows = await self.db.fetch(SELECT_BODIES.format(marks=", ".join("?" * len(delivery_ids))), *delivery_ids)
-        return {row[0]: inflate(row[1], row[2]) for row in rows}
+        bodies = {row[0]: _readable_body(row[0], row[1], row[2]) for row in rows}
+        return {delivery_id: body for delivery_id, body in bodies.items() if body is not None}
 
     async def save_status(self, delivery: Delivery) -> None:
         await self.writer.write([status_statement(delivery.id, delivery.status, delivery.attempts, delivery.error)])

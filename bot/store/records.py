@@ -120,10 +120,11 @@ class StateStore:
         rows = await self.db.fetch(GET_WAVE, repo, number)
         if not rows:
             return None
+        # ValueError: a blob that does not decompress, or text that is not JSON (its message says which).
         try:
             document: dict[str, Any] = decode_document(inflate(rows[0][0], rows[0][1]))
         except ValueError as exc:
-            log.warning("store.record_unreadable", repo=repo, kind="wave", key=number, reason=f"not JSON: {exc}")
+            log.warning("store.record_unreadable", repo=repo, kind="wave", key=number, reason=str(exc))
             return None
         return document
 

@@ -9,6 +9,7 @@ import zlib
 
 import asyncpg
 import pytest
+from structlog.testing import capture_logs
 
 from bot.store import Stores, open_stores
 from bot.store.deliveries import Delivery, status_statement
@@ -197,6 +198,17 @@ async def test_a_body_compressed_by_an_earlier_version_reads_back(stores: Stores
 
     assert (await stores.deliveries.get("old")).body == body  # type: ignore[union-attr]
     assert await stores.deliveries.bodies(["old"]) == {"old": body}
+
+
+async def test_a_body_that_does_not_decompress_reads_as_absent_and_is_reported(stores: Stores) -> None:
+    await stores.deliveries.put(Delivery("bad", "pull_request", b'{"action": "opened"}', repo="o/r"))
+    await stores.engine.transaction([Statement("UPDATE delivery_bodies SET encoding = ?, body = ? WHERE id = ?",
+                                               ("zstd", b"not zstd at all", "bad"))])
+    with capture_logs() as logs:
+        assert (await stores.deliveries.get("bad")).body is None  # type: ignore[union-attr]
+        assert await stores.deliveries.bodies(["bad"]) == {}
+    reports = [(e["kind"], e["key"]) for e in logs if e["event"] == "store.record_unreadable"]
+    assert reports == [("delivery-body", "bad")] * 2
 
 
 async def test_pruning_a_delivery_prunes_its_body(stores: Stores) -> None:

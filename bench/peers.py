@@ -113,8 +113,11 @@ def stop(process: subprocess.Popen) -> None:
 
 @contextmanager
 def klaud(tmp: Path) -> Iterator[Running]:
-    urls_file = tmp / "klaud-urls"
-    process = subprocess.Popen([sys.executable, str(KLAUD_SERVER), str(tmp / "klaud.db"), str(urls_file), "0"],
+    # A folder per start: each round's Klaud begins with an empty store, and the URLs file
+    # read is the one this server wrote (a previous round's names a closed port).
+    folder = Path(tempfile.mkdtemp(prefix="klaud-", dir=tmp))
+    urls_file = folder / "urls"
+    process = subprocess.Popen([sys.executable, str(KLAUD_SERVER), str(folder / "klaud.db"), str(urls_file), "0"],
                                stderr=subprocess.DEVNULL)
     try:
         url, admin_url = wait_for_urls(urls_file, process)
@@ -160,7 +163,7 @@ def probot(folder: Path) -> Iterator[Running]:
 
 @contextmanager
 def bedevere(tmp: Path) -> Iterator[Running]:
-    urls_file = tmp / "bedevere-url"
+    urls_file = Path(tempfile.mkdtemp(prefix="bedevere-", dir=tmp)) / "urls"  # one per start, as Klaud's
     process = subprocess.Popen([sys.executable, __file__, "--serve-bedevere", str(urls_file)],
                                stderr=subprocess.DEVNULL)
     try:

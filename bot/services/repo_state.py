@@ -9,7 +9,7 @@ waves through `snapshot()`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -84,9 +84,6 @@ class RepoMeta:
     # The dashboard issue: {issue: number, digest: of its last render}.
     dashboard: dict[str, Any] = field(default_factory=dict)
 
-    def document(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class RepoState:
     def __init__(self, name: str, meta: RepoMeta) -> None:
@@ -137,7 +134,9 @@ class RepoState:
 
     def save_meta(self, change: Change | None = None) -> Change:
         change = change or Change()
-        return change.put("", "repo", self.name, self.meta.document())
+        # Encoded as it is put (msgspec writes the dataclass in C): the stored record is
+        # this moment's, and no deep copy is made (asdict took 1.5 ms with 70 Klaud PRs).
+        return change.put("", "repo", self.name, self.meta)
 
     # -- policy ------------------------------------------------------------------------
 

@@ -11,10 +11,11 @@ Fields GitHub adds are ignored.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from bot.core.domain import UtcTime
 
 # GitHub's ids are 64-bit; anything larger is not an id GitHub made.
 MAX_ID = 2**63 - 1
@@ -69,8 +70,8 @@ class PullRequest(_Model):
     user: Account
     head: HeadOrBase
     base: HeadOrBase
-    created_at: datetime
-    updated_at: datetime
+    created_at: UtcTime
+    updated_at: UtcTime
 
     @field_validator("draft", mode="before")
     @classmethod
@@ -126,8 +127,8 @@ class WorkflowRun(_Model):
     status: str | None = None
     conclusion: str | None = None
     event: str | None = None
-    created_at: datetime | None = None
-    updated_at: datetime | None = None
+    created_at: UtcTime | None = None
+    updated_at: UtcTime | None = None
 
 
 class WorkflowRunEvent(RepoEvent):
@@ -144,7 +145,7 @@ class Artifact(_Model):
     name: str = ""
     expired: bool = True  # a missing flag counts as expired (domain §4.2)
     archive_download_url: str | None = None
-    created_at: datetime | None = None
+    created_at: UtcTime | None = None
     workflow_run: ArtifactRun | None = None
 
 
@@ -166,7 +167,7 @@ class Comment(_Model):
     id: GitHubId
     body: str | None = None
     user: Account
-    created_at: datetime | None = None
+    created_at: UtcTime | None = None
 
 
 class Issue(_Model):
@@ -253,7 +254,7 @@ class BlameRange(_Model):
 
     start: int = Field(alias="startingLine")
     end: int = Field(alias="endingLine")
-    committed: datetime
+    committed: UtcTime
 
 
 class Repository(_Model):

@@ -35,11 +35,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import aiohttp
 import asyncpg
@@ -292,11 +293,21 @@ def report(label: str, result: Result, clients: int, deliveries: int) -> None:
           f" processed {figures['processed']}, lost {figures['lost']}")
 
 
-def median_round(rounds: list[Result]) -> dict[str, float | int]:
-    """The figures of the round with the median throughput (its latencies come with it);
-    `lost` counts every round's losses, so one lost delivery anywhere shows."""
-    figures = sorted(rounds, key=lambda result: result.sent.per_s)[len(rounds) // 2].figures()
-    return figures | {"lost": sum(result.figures()["lost"] for result in rounds)}
+class Round(Protocol):
+    sent: Sent
+
+
+RoundT = TypeVar("RoundT", bound=Round)
+
+
+def median_round(rounds: Sequence[RoundT]) -> RoundT:
+    """The round with the median throughput: its latencies (and other figures) come with it."""
+    return sorted(rounds, key=lambda each: each.sent.per_s)[len(rounds) // 2]
+
+
+def median_figures(rounds: list[Result]) -> dict[str, float | int]:
+    """The median round's figures; `lost` counts every round's, so one lost delivery shows."""
+    return median_round(rounds).figures() | {"lost": sum(result.figures()["lost"] for result in rounds)}
 
 
 def main() -> None:
@@ -322,9 +333,9 @@ def main() -> None:
             for name, run in runs.items():
                 results[name].append(run())
                 report(f"round {number + 1}, {name}", results[name][-1], args.clients, args.deliveries)
-    line = median_round(results.pop("sqlite"))
+    line = median_figures(results.pop("sqlite"))
     for name, rounds in results.items():
-        line |= {f"{name}_{key}": value for key, value in median_round(rounds).items()}
+        line |= {f"{name}_{key}": value for key, value in median_figures(rounds).items()}
     print(json.dumps(line))
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.ingest import Load, Sent, make_load, send, wait_drained
+from bench.ingest import Load, Sent, make_load, median_round, send, wait_drained
 from tests.harness import SECRET
 from tests.helpers.slow_server import SCRIPT as KLAUD_SERVER
 from tests.helpers.slow_server import wait_for_urls
@@ -227,11 +227,6 @@ def wait_until_serving(url: str, process: subprocess.Popen, timeout: float = 60.
 # -- the run -------------------------------------------------------------------------------
 
 
-def median_figures(rounds: list[Figures]) -> Figures:
-    """The round with the median throughput (its latencies and CPU come with it)."""
-    return sorted(rounds, key=lambda figures: figures.sent.per_s)[len(rounds) // 2]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deliveries", type=int, default=5000)
@@ -268,7 +263,7 @@ def main() -> None:
                     continue
                 print(f"round {round_number + 1}: {figures.line()}")
                 results[name].append(figures)
-    report({name: median_figures(rounds) for name, rounds in results.items() if rounds})
+    report({name: median_round(rounds) for name, rounds in results.items() if rounds})
 
 
 def report(best: dict[str, Figures]) -> None:

@@ -69,6 +69,7 @@ ERROR_CODES: dict[str, bool] = {
     "artifact-expired": False,
     "artifact-not-found": False,
     "download-failed": True,  # network error, timeout or 5xx
+    "download-refused": False,  # a 4xx other than 404, e.g. blob storage's 403 on a bad signature
     "download-too-large": False,  # archive over MAX_ARCHIVE_BYTES
     "artifact-missing": False,  # a run Klaud dispatched finished without the artifact
     "run-failed": False,  # a run Klaud dispatched failed before producing the artifact

@@ -71,6 +71,13 @@ def run_info(run: WorkflowRun, now: datetime) -> RunInfo:
     )
 
 
+def download_error(exc: GitHubError) -> tuple[str, bool]:
+    """The artifact error code for a failed lookup or download, and whether to retry it."""
+    if isinstance(exc, NotFound):
+        return "artifact-not-found", False
+    return ("download-failed", True) if exc.transient else ("download-refused", False)
+
+
 def is_outcome_workflow(state: RepoState, run: WorkflowRun) -> bool:
     return posixpath.basename(run.path) in state.policy.outcome_workflows
 
@@ -229,13 +236,11 @@ class OutcomeRecorder:
             data = await api.download(artifact, max_bytes=MAX_ARCHIVE_BYTES)
         except TooLarge:
             return unverified("download-too-large")
-        except NotFound:
-            return unverified("artifact-not-found")
         except GitHubError as exc:
-            if not exc.transient:
-                raise
+            # A refusal is recorded too: re-raised, it failed the delivery and, from the
+            # claim TTL on, every scheduler tick of this repository, and its wave with it.
             log.warning("outcome.download_failed", candidate=candidate, run_id=info.run_id, error=str(exc))
-            return unverified("download-failed", transient=True)
+            return unverified(*download_error(exc))
         try:
             # Off the event loop: a hostile archive must not stall every other delivery.
             outcome = await asyncio.to_thread(read_outcome_artifact, data)
@@ -325,9 +330,8 @@ class OutcomeRecorder:
         try:
             artifact = await api.artifact(artifact_id)
         except GitHubError as exc:
-            if not exc.transient:
-                raise
-            read = unread("download-failed", True)
+            log.warning("outcome.artifact_lookup_failed", candidate=candidate, run_id=run.id, error=str(exc))
+            read = unread(*download_error(exc))
         else:
             if artifact is None:
                 read = unread("artifact-not-found", False)

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from bot.core.domain import claim_ref
 from bot.core.events import Account, Artifact, Comment, Job, Step, WorkflowRunEvent
-from bot.github.errors import Unavailable
+from bot.github.errors import BadRequest, Unavailable
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import artifact_zip
@@ -62,6 +62,38 @@ async def test_a_transient_download_error_is_retried_later(kit: Kit) -> None:
     assert await kit.outcomes.retry_artifacts() == 1
     [attempt] = kit.state.ledger.for_candidate(CAND)
     assert attempt.verified and kit.state.pending_artifacts == {}
+
+
+# What blob storage answers for a signed URL it will not honour: a 4xx that retrying
+# cannot fix, so the client raises a permanent error.
+REFUSED = BadRequest(403, "AuthenticationFailed")
+
+
+async def test_a_refused_download_records_an_unverified_attempt_and_releases_the_claim(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    await kit.waves.run(REPO, trigger="test")
+    with_artifact(kit, 303)
+    kit.repo.fail("download", REFUSED)
+    # Raised, it failed the delivery, and from the claim TTL on every scheduler tick.
+    await kit.outcomes.on_workflow_run(kit.state, completed(303))
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.verified, attempt.error) == (False, "download-refused")
+    assert kit.state.pending_artifacts == {}  # the same request would be refused again
+    assert H200 not in kit.state.dispatches and claim_ref(H200) not in kit.repo.branches_at
+
+
+async def test_a_retried_artifact_that_is_then_refused_is_recorded_and_dropped(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    with_artifact(kit, 304)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, completed(304))
+    kit.clock.advance(timedelta(hours=1).total_seconds())
+    kit.repo.fail("artifact", REFUSED)
+    assert await kit.outcomes.retry_artifacts() == 1  # did not raise out of the scheduler's tick
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.verified, attempt.error) == (False, "download-refused")
+    assert kit.state.pending_artifacts == {}
+    assert await kit.outcomes.retry_artifacts() == 0
 
 
 async def test_receipts_count_only_from_bot_accounts(kit: Kit) -> None:

@@ -83,7 +83,10 @@ class Reconciler:
             if known is None and not await self.live.admit(name):
                 log.info("live.reconcile_skipped", repo=name, reason="another replica owns the repository")
                 return {"repo": name, "light": light, "skipped": "another replica owns the repository"}
-            state = known or self.live.new_state(name, installation)
+            # A repository just taken over may have stored state that is not in memory yet:
+            # rebuilt from GitHub alone, its wave counter, pause and dispatches would be lost.
+            stored = known or await self.live.load_repo(name)
+            state = stored or self.live.new_state(name, installation)
             state.meta.installation = installation
             api = self.live.api(state)
             before = _counts(state)
@@ -98,7 +101,7 @@ class Reconciler:
             else:
                 await self.claims.sync_refs(state, api, change, self.live.clock.now())
                 await self.outcomes.recent_runs(state, api, change)
-                if known is None and self.dashboard is not None:
+                if stored is None and self.dashboard is not None:
                     # No local state: holds and retries come back from the dashboard issue.
                     await self.dashboard.restore(state, api, change)
             state.meta.reconciled_at = stamp(self.live.clock.now())

@@ -160,9 +160,17 @@ class Replicas:
     async def _take(self, repo: str, stored_name: str) -> None:
         if not await self.leases.acquire(repo_lease(repo), self.owner, self.lease_seconds):
             return  # another replica was faster
+        try:
+            async with self.live.lock(repo):
+                state = self.live.repo(repo) or await self.live.load_repo(stored_name)
+        # Owned without its state, the repository would have no waves until a delivery
+        # came: the lease goes back, a later round (here or elsewhere) loads it again, and
+        # this round goes on with the other repositories and the installations lease.
+        except Exception:
+            log.exception("replica.load_failed", repo=repo, owner=self.owner)
+            await self.leases.release(repo_lease(repo), self.owner)
+            return
         await self._own(repo)
-        async with self.live.lock(repo):
-            state = self.live.repo(repo) or await self.live.load_repo(stored_name)
         log.info("replica.took", repo=repo, owner=self.owner, state="loaded" if state else "none yet")
 
     async def _own(self, repo: str) -> None:

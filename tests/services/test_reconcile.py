@@ -68,3 +68,16 @@ async def test_state_for_reconciles_a_repository_first_heard_of(kit: Kit) -> Non
     kit.repo.calls.clear()
     assert await kit.reconciler.state_for(event) is state
     assert kit.repo.calls == []
+
+
+async def test_a_stored_repository_not_in_memory_is_reconciled_from_its_stored_state(kit: Kit) -> None:
+    # A replica takes a repository over through `admit` (the leader's housekeeping) before
+    # a round loaded it: its wave counter, pause and dispatches are in the store only.
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and H200 in kit.state.dispatches
+    kit.live.drop(REPO)
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.state.meta.wave == 1 and H200 in kit.state.dispatches
+    stored = await kit.live.load_repo(REPO)
+    assert stored is not None and stored.meta.wave == 1  # not written over with a fresh record

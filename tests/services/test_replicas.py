@@ -14,6 +14,7 @@ import pytest
 from bot.core.clock import ManualClock
 from bot.services.live import LiveState
 from bot.services.replicas import INSTALLATIONS, Replicas, repo_lease
+from bot.services.repo_state import RepoState
 from bot.store import Stores, open_stores
 from bot.store.deliveries import Delivery
 from tests.conftest import fresh_database
@@ -159,3 +160,26 @@ async def test_the_leading_replica_clears_the_heartbeat_leases_dead_processes_le
     await asyncio.sleep(0.1)
     await a.replicas.round()
     assert searches == [0.1]
+
+
+async def test_a_repository_whose_state_fails_to_load_at_takeover_is_loaded_by_a_later_round(nodes, monkeypatch):
+    a = await nodes("a")
+    stored = a.live.new_state("o/a", 7)
+    stored.meta.wave = 12
+    await a.live.persist(stored.save_meta())
+    load_repo = a.live.load_repo
+
+    async def dropped_connection(name: str) -> RepoState | None:
+        if name == "o/a":
+            raise ConnectionError("connection was closed in the middle of operation")
+        return await load_repo(name)
+
+    monkeypatch.setattr(a.live, "load_repo", dropped_connection)
+    await a.replicas.round()
+    # Owned without its state, o/a would have had no waves until a delivery came.
+    assert not a.replicas.owns("o/a") and repo_lease("o/a") not in await a.stores.leases.holders()
+    assert a.replicas.repos() == {"o/b", "o/c", "o/d"} and a.replicas.leads()  # the round went on
+    monkeypatch.setattr(a.live, "load_repo", load_repo)
+    await a.replicas.round()
+    state = a.live.repo("o/a")
+    assert a.replicas.owns("o/a") and state is not None and state.meta.wave == 12

@@ -548,7 +548,7 @@ def test_error_codes_and_transience() -> None:
     assert set(ERROR_CODES) == {
         "not-a-zip", "member-missing", "member-too-large", "unsafe-path", "invalid-json",
         "outcome-missing", "outcome-invalid", "artifact-expired", "artifact-not-found",
-        "download-failed", "download-too-large", "artifact-missing", "run-failed",
+        "download-failed", "download-refused", "download-too-large", "artifact-missing", "run-failed",
         "too-many-entries",
     }
     assert [code for code, transient in ERROR_CODES.items() if transient] == ["download-failed"]

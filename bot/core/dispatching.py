@@ -34,6 +34,12 @@ def dispatch_failed(decision: Decision, error: str) -> Decision:
     return replace(decision, decision="dispatch-failed", reason=reason)
 
 
+def answer_lost(decision: Decision, error: str) -> Decision:
+    """GitHub may have started the run though its answer was lost: still selected, in flight."""
+    reason = f"{decision.reason}; the dispatch's answer was lost ({error}): its run is looked up by title"
+    return replace(decision, reason=reason)
+
+
 def dry_run(decision: Decision, workflow: str) -> Decision:
     return replace(decision, reason=f"{decision.reason} (dry run: would claim the family and dispatch {workflow})")
 

@@ -5,6 +5,10 @@ Every claim and dispatch has an end that does not depend on a webhook arriving:
   keeps the family in flight until the next check (it is never dispatched again meanwhile);
   a completed run is recorded as if its `workflow_run` event had arrived; a run GitHub no
   longer knows releases the claim;
+- a dispatch not linked to its run (an older server's 204, or an answer lost to a timeout)
+  whose `workflow_run` events did not link it either is looked up by the candidate id in
+  run titles UNLINKED_CHECK_AFTER after it was made, among the runs in flight and the
+  completed ones: found, it is linked (or its outcome recorded); absent, the claim goes;
 - a claim ref without a dispatch (a crash between claim and dispatch, a failed delete,
   another planner's leftover) is deleted once it is older than one wave and no run of its
   candidate is in flight; a run in flight is adopted as the family's dispatch instead;
@@ -32,6 +36,9 @@ from bot.store.change import Change
 log = structlog.get_logger("klaud.claims")
 
 CLAIM_BRANCH_PREFIX = "klaud/claim-"
+# GitHub lists a dispatched run within seconds; until then an unlinked dispatch is kept.
+UNLINKED_CHECK_AFTER = timedelta(minutes=10)
+CLOCK_SKEW = timedelta(minutes=1)  # between this host's clock and GitHub's run times
 CANDIDATE_IN_TEXT = re.compile(r"\b[0-9a-f]{16}-[0-9a-f]{16}\b")
 
 
@@ -77,7 +84,10 @@ class ClaimKeeper:
 
     def _due_dispatches(self, state: RepoState, now: datetime) -> list[Dispatch]:
         ttl = timedelta(hours=state.policy.claim_ttl_hours)
-        return [d for d in state.dispatches.values() if now - (d.checked_at or d.at) >= ttl]
+        return [
+            d for d in state.dispatches.values()
+            if now - (d.checked_at or d.at) >= (ttl if d.run_id is not None else UNLINKED_CHECK_AFTER)
+        ]
 
     def _orphans(self, state: RepoState, now: datetime) -> list[Claim]:
         one_wave = timedelta(minutes=state.policy.wave_every_minutes)
@@ -88,27 +98,32 @@ class ClaimKeeper:
         orphans = self._orphans(state, now)
         families: set[str] = set()
         unlinked = [d for d in dispatches if d.run_id is None]
-        in_flight = await self._runs_in_flight(state, api, since=min((d.at for d in unlinked), default=now)) if (
-            unlinked or orphans
-        ) else {}
+        since = min((d.at for d in unlinked), default=now)
+        in_flight = await self._runs_by_candidate(state, api, since=since, active=True) if unlinked or orphans else {}
+        titled = in_flight
+        if any(d.candidate not in in_flight for d in unlinked):
+            # Its run may have finished with every `workflow_run` delivery lost.
+            titled = await self._runs_by_candidate(state, api, since=since, active=False) | in_flight
         for dispatch in dispatches:
-            run = await self._run_of(api, dispatch, in_flight)
+            run = await self._run_of(api, dispatch, titled)
             families |= await self._settle_dispatch(state, api, dispatch, run, now, change)
         for claim in orphans:
             families |= await self._settle_orphan(state, api, claim, in_flight.get(claim.candidate), change)
         return families
 
-    async def _run_of(self, api: RepoAPI, dispatch: Dispatch, in_flight: dict[str, WorkflowRun]) -> WorkflowRun | None:
+    async def _run_of(self, api: RepoAPI, dispatch: Dispatch, titled: dict[str, WorkflowRun]) -> WorkflowRun | None:
         if dispatch.run_id is not None:
             return await api.run(dispatch.run_id)
-        # An older server answered the dispatch without the run's id and no `workflow_run`
-        # event named it since: only a run titled with the candidate can be found.
-        return in_flight.get(dispatch.candidate)
+        # No answer named the run and no `workflow_run` event did since: only a run titled
+        # with the candidate can be found.
+        return titled.get(dispatch.candidate)
 
     async def _settle_dispatch(
         self, state: RepoState, api: RepoAPI, dispatch: Dispatch, run: WorkflowRun | None, now: datetime, change: Change
     ) -> set[str]:
         if run is None:
+            if dispatch.run_id is None and now - dispatch.at < UNLINKED_CHECK_AFTER:
+                return set()  # a light reconcile right after the dispatch: GitHub may not list it yet
             log.info("claim.released", family=dispatch.family, reason="its run does not exist", run_id=dispatch.run_id)
             return await self._release(state, api, dispatch.family, change)
         if run.status in ACTIVE_RUN_STATUSES:
@@ -146,11 +161,16 @@ class ClaimKeeper:
         change.extend(state.drop_dispatch(family))
         return {family}
 
-    async def _runs_in_flight(self, state: RepoState, api: RepoAPI, *, since: datetime) -> dict[str, WorkflowRun]:
-        """Candidate id -> its run of the candidate workflow that is queued or running."""
+    async def _runs_by_candidate(
+        self, state: RepoState, api: RepoAPI, *, since: datetime, active: bool
+    ) -> dict[str, WorkflowRun]:
+        """Candidate id -> its newest run of the candidate workflow that is queued or running
+        (`active`), or that completed, created since `since` (an older one is an earlier attempt)."""
         found: dict[str, WorkflowRun] = {}
         cutoff = since - timedelta(days=1)
-        async for run in api.workflow_runs(state.policy.candidate_workflow, created_since=cutoff.date(), active=True):
+        async for run in api.workflow_runs(state.policy.candidate_workflow, created_since=cutoff.date(), active=active):
+            if not active and run.created_at is not None and run.created_at < since - CLOCK_SKEW:
+                continue
             for candidate in CANDIDATE_IN_TEXT.findall(run.display_title or ""):
                 found.setdefault(candidate, run)
         return found

@@ -175,18 +175,17 @@ class WaveRunner:
                     wave, {d.family: dispatching.dry_run(d, state.policy.candidate_workflow) for d in pending}
                 )
             for decision in pending:
-                outcome = await self._claim_and_dispatch(state, decision, number, now, change)
                 # A dispatched family stays selected when the wave is planned again.
-                settled[decision.family] = outcome or decision
-                if outcome is not None:
+                settled[decision.family] = outcome = await self._claim_and_dispatch(state, decision, number, now, change)
+                if outcome.decision != "selected":
                     break  # plan again: the slot goes to the next family
             else:
-                return wave
+                return dispatching.settle(wave, settled)  # with what a lost answer added to a reason
 
     async def _claim_and_dispatch(
         self, state: RepoState, decision: Decision, number: int, now: datetime, change: Change
-    ) -> Decision | None:
-        """None when the candidate was dispatched; else the decision GitHub's answer made."""
+    ) -> Decision:
+        """The decision as GitHub's answers left it: still `selected` when dispatched."""
         family = state.catalog.get(decision.family)
         if family is None:
             raise RuntimeError(f"the planner selected {decision.family}, which is not a live family")
@@ -209,9 +208,10 @@ class WaveRunner:
             # its orphan deleted) like any claim made elsewhere.
             change.extend(state.add_claim(Claim(family.id, family.candidate, None, claim_ref(family.id), now)))
             return dispatching.claim_lost(decision)
-        claim, dispatch = result
-        change.extend(state.add_claim(claim))
-        change.extend(state.add_dispatch(dispatch))
+        change.extend(state.add_claim(result.claim))
+        change.extend(state.add_dispatch(result.dispatch))
         if decision.candidate in state.retries:
             change.extend(state.consume_retry(decision.candidate))
-        return None
+        if result.answer_lost is not None:
+            return dispatching.answer_lost(decision, result.answer_lost)
+        return decision

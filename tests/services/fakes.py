@@ -3,7 +3,8 @@
 Tests give it files, pull requests, runs and artifacts, run a service, and read back what
 was asked (`calls`, one `(operation, *arguments)` per call) and what was written
 (`branches`, `dispatched`, `comments`, `check_runs`, …). Failures are injected per
-operation with `fail(operation, error, times)`.
+operation with `fail(operation, error, times)`; `dispatches_unanswered` dispatches are
+applied and then answered with a timeout, as when GitHub's answer is lost.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from bot.core.events import (
     Repository,
     WorkflowRun,
 )
-from bot.github.errors import GitHubError
+from bot.github.errors import GitHubError, Unavailable
 
 DEFAULT_BRANCH = "main"
 
@@ -90,6 +91,7 @@ class FakeRepo:
     issues: dict[int, Issue] = field(default_factory=dict)
     workflows: set[str] = field(default_factory=lambda: {"klaud-candidate.yml"})
     answer_run_ids: bool = True  # False: dispatch answers like an older server (204)
+    dispatches_unanswered: int = 0  # the next N dispatches start their run, then time out
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     dispatched: list[dict[str, Any]] = field(default_factory=list)
     check_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -184,6 +186,9 @@ class FakeRepo:
             display_title=f"Klaud Cold candidate {inputs.get('candidate')}", event="workflow_dispatch",
         )
         self.dispatched.append({"workflow": workflow, "branch": branch, "inputs": inputs, "run_id": run_id})
+        if self.dispatches_unanswered:
+            self.dispatches_unanswered -= 1
+            raise Unavailable(None, "ServerTimeoutError: answer lost", maybe_applied=True)
         return run_id if self.answer_run_ids else None
 
     async def workflow_runs(self, workflow: str, *, created_since: date, active: bool = False) -> AsyncIterator[WorkflowRun]:

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from bot.core.domain import claim_ref
 from bot.core.events import Artifact, WorkflowRun
+from bot.services.claims import UNLINKED_CHECK_AFTER
 from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
 from tests.services.fakes import artifact_zip
@@ -128,7 +129,35 @@ async def test_without_a_run_id_in_the_answer_the_run_is_found_by_its_title(kit:
     kit.repo.answer_run_ids = False  # an older GitHub answers 204
     family, _, _ = await dispatched(kit)
     assert kit.state.dispatches[family].run_id is None
-    kit.clock.advance(TTL.total_seconds())
+    kit.clock.advance((UNLINKED_CHECK_AFTER - timedelta(seconds=1)).total_seconds())
     await kit.claims.check_due(kit.state)
+    assert kit.state.dispatches[family].run_id is None  # its workflow_run event may still link it
+    kit.clock.advance(1)
+    await kit.claims.check_due(kit.state)  # it did not: looked up, not left until the TTL
     dispatch = kit.state.dispatches[family]
     assert dispatch.run_id is not None and dispatch.run_status == "queued"
+
+
+async def test_an_unlinked_dispatch_whose_run_completed_unseen_gets_its_outcome(kit: Kit) -> None:
+    kit.repo.answer_run_ids = False
+    family, cand, _ = await dispatched(kit)
+    [run_id] = [d["run_id"] for d in kit.repo.dispatched]
+    set_run(kit, run_id, status="completed", conclusion="success", updated_at=kit.clock.now())
+    kit.repo.artifacts_of[run_id] = [Artifact(id=5, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
+    kit.repo.archives[5] = artifact_zip(OUTCOME)
+    kit.clock.advance(UNLINKED_CHECK_AFTER.total_seconds())
+    await kit.claims.check_due(kit.state)  # every workflow_run delivery of it was lost
+    [attempt] = kit.state.ledger.for_candidate(cand)
+    assert (attempt.verified, attempt.outcome, attempt.run_id) == (True, "incompatible", run_id)
+    assert family not in kit.state.dispatches and claim_ref(family) not in kit.repo.branches_at
+
+
+async def test_an_unlinked_dispatch_without_a_run_is_kept_a_while_then_released(kit: Kit) -> None:
+    kit.repo.answer_run_ids = False
+    family, _, _ = await dispatched(kit)
+    kit.repo.runs.clear()  # the dispatch never started a run
+    await kit.reconciler.reconcile(REPO, 1, light=True)  # seconds later: GitHub may not list it yet
+    assert family in kit.state.dispatches and claim_ref(family) in kit.repo.branches_at
+    kit.clock.advance(UNLINKED_CHECK_AFTER.total_seconds())
+    await kit.claims.check_due(kit.state)
+    assert family not in kit.state.dispatches and claim_ref(family) not in kit.repo.branches_at

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from bot.core.domain import claim_ref
 from bot.github.errors import Unavailable
 from tests import scenarios as sc
@@ -129,3 +131,25 @@ def test_a_stored_wave_reads_back_as_its_document() -> None:
         Decision("g", "d", "selected", "s"),
     ), Blocked("dispatch-paused", "why", at))
     assert decode_document(encode_document(wave_record(wave))) == wave.document()
+
+
+async def test_a_dispatch_whose_answer_was_lost_keeps_its_claim_and_is_not_dispatched_again(kit: Kit) -> None:
+    # A timeout or a 502 after GitHub queued the run: released, the family would run twice.
+    kit.repo.put_files({".github/klaud.yml": "max_candidates_per_wave: 1\n"})
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.dispatches_unanswered = 1
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and len(kit.repo.dispatched) == 1  # the slot is not given to another family
+    [cand] = wave.selected
+    decision = next(d for d in wave.decisions if d.candidate == cand)
+    assert "answer was lost" in decision.reason
+    dispatch = kit.state.dispatches[decision.family]
+    assert dispatch.run_id is None and claim_ref(decision.family) in kit.repo.branches_at
+    assert kit.state.meta.retry_wave_at is None
+    kit.clock.advance(timedelta(minutes=11).total_seconds())
+    await kit.claims.check_due(kit.state)  # found by the candidate id in its title
+    assert kit.state.dispatches[decision.family].run_id == kit.repo.dispatched[0]["run_id"]
+    kit.clock.advance(timedelta(hours=2).total_seconds())
+    again = await kit.waves.run(REPO, trigger="test")
+    assert again is not None and cand not in again.selected
+    assert [d["inputs"]["candidate"] for d in kit.repo.dispatched].count(cand) == 1

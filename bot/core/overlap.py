@@ -38,11 +38,14 @@ from bot.core.domain import (
 
 _HUNK_HEADER_RE = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@ ?(.*)$")
 # A top-level mapping key: column 0, plain or quoted, followed by `:` and space or nothing.
+# A plain key is matched greedily with its trailing blanks (callers strip them): a lazy
+# `[^:]*?\s*:` backtracks quadratically on a long blank-padded line, and any PR author
+# could stall the event loop for seconds with four of them.
 _TOP_LEVEL_KEY_RE = re.compile(
-    r"""^(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)'|(?P<plain>[^\s#'"\-?:,\[\]{}&*!|>%@`][^:]*?))"""
-    r"""\s*:(?:\s|$)"""
+    r"""^(?:"(?P<dq>[^"]*)"\s*|'(?P<sq>[^']*)'\s*|(?P<plain>[^\s#'"\-?:,\[\]{}&*!|>%@`][^:]*))"""
+    r""":(?:\s|$)"""
 )
-_INDENTED_KEY_RE = re.compile(r"^(?P<indent>[ ]+)(?P<key>[^\s#:][^:]*?)\s*:(?:\s|$)")
+_INDENTED_KEY_RE = re.compile(r"^(?P<indent>[ ]+)(?P<key>[^\s#:][^:]*):(?:\s|$)")
 # YAML's usual indentation; used until a hunk shows a key's first child line.
 _DEFAULT_INDENT = 2
 
@@ -120,7 +123,7 @@ def _image_line(block: tuple[str, ...] | None) -> str | None:
     indent = len(block[1]) - len(block[1].lstrip(" "))
     for line in block[1:]:
         child = _INDENTED_KEY_RE.match(line)
-        if child and child["key"] == "image" and len(child["indent"]) == indent:
+        if child and child["key"].rstrip() == "image" and len(child["indent"]) == indent:
             return line
     return None
 
@@ -186,7 +189,7 @@ class _SideState:
         if _is_blank_or_comment(text):
             return None
         child = _INDENTED_KEY_RE.match(text)
-        if child and child["key"] == "image" and len(child["indent"]) == self.child_indent:
+        if child and child["key"].rstrip() == "image" and len(child["indent"]) == self.child_indent:
             return "image"
         return "flags"
 
@@ -196,7 +199,8 @@ def top_level_key(text: str) -> str | None:
     match = _TOP_LEVEL_KEY_RE.match(text)
     if match is None:
         return None
-    return match["plain"] or match["dq"] or match["sq"]
+    plain = match["plain"]
+    return (plain.rstrip() if plain else None) or match["dq"] or match["sq"]
 
 
 def _is_blank_or_comment(text: str) -> bool:

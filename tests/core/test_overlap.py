@@ -239,6 +239,23 @@ def test_blank_and_comment_lines_touch_nothing() -> None:
     assert touched_keys(patch) == {}
 
 
+def test_blank_padded_keys_read_as_their_names_and_long_padded_lines_parse_at_once() -> None:
+    # Any PR author controls these lines. With a lazy `[^:]*?\s*:` key pattern, four such
+    # 40,000-blank lines stalled the event loop for 12 s; matched greedily they cost ms.
+    pad = " " * 200_000
+    patch = (
+        "@@ -1,3 +1,6 @@\n"
+        " alpha   :\n"
+        "-  image   : a:1\n"
+        "+  image   : a:2\n"
+        f"+  x{pad}\n"
+        f"+y{pad}\n"
+        f'+"gamma" {pad}: 1\n'
+    )
+    assert touched_keys(patch) == {"alpha": "image", "gamma": "flags"}  # `y…` opens no key
+    assert top_level_key(f"key{pad}: v") == "key" and top_level_key(f"key{pad}") is None
+
+
 def test_old_and_new_sides_keep_their_own_key() -> None:
     # `beta` is renamed to `gamma`; the next changed lines belong to beta (old) and gamma (new).
     patch = (

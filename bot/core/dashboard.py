@@ -42,7 +42,9 @@ BOXES_SHOWN = 100
 # GitHub refuses an issue body over 65,536 characters.
 BODY_LIMIT = 65_000
 _MARKER_RE = re.compile(r"<!-- klaud-dashboard:v1:(?P<data>[A-Za-z0-9_=-]+) -->")
-_BOX_RE = re.compile(r"^\s*- \[(?P<mark>[ xX])\] (?P<verb>retry|unhold) `(?P<family>[^`]+)`", re.MULTILINE)
+# `[ \t]*`, not `\s*`: in multiline mode `\s*` crosses newlines, and a body of 65,000
+# blank lines took 8 s of the event loop to scan.
+_BOX_RE = re.compile(r"^[ \t]*- \[(?P<mark>[ xX])\] (?P<verb>retry|unhold) `(?P<family>[^`]+)`", re.MULTILINE)
 
 BoxVerb = Literal["retry", "unhold"]
 

@@ -81,6 +81,14 @@ def test_ticked_finds_only_the_boxes_a_person_ticked_now() -> None:
     assert ticked(before, both) == [("retry", B.id), ("unhold", C.id)]
 
 
+def test_a_body_of_blank_lines_is_scanned_at_once_and_indented_boxes_still_count() -> None:
+    # Anyone who may edit the issue can send this; it is read before permissions are asked.
+    blank = "\n" * 200_000
+    assert ticked("", blank + f"  - [x] retry `{B.id}`\n\t- [x] unhold `{C.id}`" + blank) == [
+        ("retry", B.id), ("unhold", C.id),
+    ]
+
+
 def test_each_configuration_problem_is_a_list_item_of_its_own() -> None:
     body = render_dashboard(view(config_errors={"configs/runners.yaml": "runner x_0 names no cluster\nrunner y_1 names no cluster"}))
     assert "- `configs/runners.yaml`: runner x_0 names no cluster\n- `configs/runners.yaml`: runner y_1 names no cluster" in body

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from bot.core.domain import Family
+from bot.core.yamltext import UNREADABLE_YAML, where
 
 # libyaml parses a 10,000-line master config about ten times faster than pure Python.
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -289,20 +290,15 @@ def read_master(path: str, text: str, runners: Runners | None) -> MasterConfig:
 def _load_yaml(name: str, text: str) -> Any:
     try:
         return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{name}: not valid YAML{_where(exc)}") from None
+    except UNREADABLE_YAML as exc:
+        raise CatalogError(f"{name}: not valid YAML{where(exc)}") from None
 
 
 def _compose(path: str, text: str) -> yaml.Node | None:
     try:
         return yaml.compose(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{path}: not valid YAML{_where(exc)}") from None
-
-
-def _where(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    return f" at line {mark.line + 1}" if mark is not None else ""
+    except UNREADABLE_YAML as exc:
+        raise CatalogError(f"{path}: not valid YAML{where(exc)}") from None
 
 
 def _construct(node: yaml.Node) -> Any:
@@ -336,33 +332,33 @@ def _family(
     runners: Runners | None,
     problems: list[str],
 ) -> Family | None:
-    where = f"{path}:{start}"
+    at = f"{path}:{start}"
     key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
     if key == "<<":
-        problems.append(f"{where}: a merge key at the top level is not a family")
+        problems.append(f"{at}: a merge key at the top level is not a family")
         return None
     if not isinstance(key, str) or not _FAMILY_KEY_RE.match(key):
-        problems.append(f"{where}: top-level key {key!r} cannot name a family")
+        problems.append(f"{at}: top-level key {key!r} cannot name a family")
         return None
     try:
         block = _construct(value_node)
-    except yaml.YAMLError as exc:
-        problems.append(f"{where}: `{key}` cannot be read{_where(exc)}")
+    except UNREADABLE_YAML as exc:
+        problems.append(f"{at}: `{key}` cannot be read{where(exc)}")
         return None
     if not isinstance(block, dict):
-        problems.append(f"{where}: `{key}` is not a mapping")
+        problems.append(f"{at}: `{key}` is not a mapping")
         return None
     image, runner = block.get("image"), block.get("runner")
     if not isinstance(image, str) or not image.strip():
-        problems.append(f"{where}: `{key}` has no image")
+        problems.append(f"{at}: `{key}` has no image")
         return None
     if not isinstance(runner, str) or not runner.strip():
-        problems.append(f"{where}: `{key}` has no runner")
+        problems.append(f"{at}: `{key}` has no runner")
         return None
     # (Not `runners or ...`: a Runners without labels is an empty mapping, and falsy.)
     targets = (runners if runners is not None else _NO_RUNNERS).targets(runner)
     if targets.problem is not None and runners is not None:
-        problems.append(f"{where}: `{key}` {targets.problem}")
+        problems.append(f"{at}: `{key}` {targets.problem}")
     return Family(
         id=f"{path}:{key}",
         path=path,

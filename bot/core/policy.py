@@ -11,6 +11,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from bot.core.yamltext import UNREADABLE_YAML, where
+
 POLICY_PATH = ".github/klaud.yml"
 
 # What Klaud can send a candidate workflow.
@@ -68,10 +70,8 @@ def parse_policy(text: str | None) -> Policy:
         return Policy()
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise PolicyError(f"{POLICY_PATH}: not valid YAML{where}") from None
+    except UNREADABLE_YAML as exc:
+        raise PolicyError(f"{POLICY_PATH}: not valid YAML{where(exc)}") from None
     if data is None:
         return Policy()
     if not isinstance(data, dict):

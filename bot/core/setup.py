@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from bot.core.yamltext import UNREADABLE_YAML
+
 WORKFLOWS_DIR = ".github/workflows"
 
 
@@ -41,7 +43,7 @@ def workflow_setup_errors(workflow: str, text: str | None, inputs: Iterable[str]
         return [SetupError("candidate-workflow-missing", f"{path} does not exist on the default branch")]
     try:
         document = yaml.safe_load(text)
-    except yaml.YAMLError:
+    except UNREADABLE_YAML:
         return [SetupError("candidate-workflow-invalid", f"{path} is not valid YAML")]
     if not isinstance(document, dict):
         return [SetupError("candidate-workflow-invalid", f"{path} is not a workflow (no mapping at the top)")]

@@ -126,6 +126,18 @@ def test_runners_with_invalid_structure_are_rejected(text: str) -> None:
 def test_runners_that_are_not_yaml_name_the_line() -> None:
     with pytest.raises(CatalogError, match=r"^runners.yaml: not valid YAML at line 3$"):
         parse_runners("labels:\n  h100:\n\t- h100-cw_00\n")
+    with pytest.raises(CatalogError, match=r"^runners.yaml: not valid YAML"):
+        parse_runners("clusters:\n  h100: " + "1" * 5000 + "\n")  # PyYAML's int() raised ValueError
+
+
+def test_a_block_that_cannot_be_read_is_a_problem_and_the_next_block_still_counts() -> None:
+    text = (
+        "a-fp8-h100-vllm:\n  image: x\n  runner: h100\n  model-prefix: " + "1" * 5000 + "\n"
+        "b-fp8-h100-vllm:\n  image: y\n  runner: h100\n"
+    )
+    parsed = read_master("configs/x-master.yaml", text, runners())
+    assert [f.key for f in parsed.families] == ["b-fp8-h100-vllm"]
+    assert parsed.problems == ("configs/x-master.yaml:1: `a-fp8-h100-vllm` cannot be read",)
 
 
 def test_clusters_for_cluster_runner_and_labels() -> None:

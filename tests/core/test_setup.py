@@ -58,4 +58,5 @@ def test_an_adapted_mapping_fits_a_workflow_with_one_input() -> None:
 
 def test_unreadable_text_is_reported_not_raised() -> None:
     assert codes("on: [unclosed\n") == ["candidate-workflow-invalid"]
+    assert codes("on: " + "[" * 600 + "]" * 600 + "\n") == ["candidate-workflow-invalid"]  # RecursionError
     assert codes("- a list\n") == ["candidate-workflow-invalid"]

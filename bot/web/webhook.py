@@ -55,6 +55,10 @@ READ_BUFFER = 16 * 1024
 # After an early answer (413, 408) the rest of the body is read and dropped this long, so a
 # client still sending sees the answer; then the connection is closed.
 LINGER_SECONDS = 2.0
+# A connection with no request in progress (idle between requests, or with its headers
+# still unfinished) is closed after this long; aiohttp's default keeps it an hour, and a
+# few thousand half-sent headers would use up the process's file descriptors.
+IDLE_SECONDS = 15.0
 
 # What a 503 for a store at risk asks the sender to wait (the inbox drains meanwhile).
 STORAGE_RETRY_AFTER = 60
@@ -210,6 +214,7 @@ def create_webhook_app(
     *,
     read_timeout: float = READ_TIMEOUT,
     body_budget: int = BODY_BUDGET,
+    idle_timeout: float = IDLE_SECONDS,
     extra_routes: Callable[[web.Application], None] | None = None,
 ) -> web.Application:
     """The listener GitHub reaches. `extra_routes` mounts the sandbox in `serve --sandbox`."""
@@ -218,7 +223,12 @@ def create_webhook_app(
         # /webhook reads its own body; this bounds the sandbox's routes when it is mounted.
         client_max_size=MAX_BODY + 1,
         # aiohttp would inflate a gzip body before the cap could count it: /webhook does it.
-        handler_args={"auto_decompress": False, "lingering_time": LINGER_SECONDS, "read_bufsize": READ_BUFFER},
+        handler_args={
+            "auto_decompress": False,
+            "lingering_time": LINGER_SECONDS,
+            "read_bufsize": READ_BUFFER,
+            "keepalive_timeout": idle_timeout,
+        },
     )
     app[KLAUD_KEY] = klaud
     app[INTAKE_KEY] = Intake(read_timeout, BodyBudget(body_budget))

@@ -84,6 +84,18 @@ async def test_a_body_that_stalls_after_its_headers_is_408_and_the_connection_cl
         assert not await stored(run, "stalled")
 
 
+@pytest.mark.parametrize("sent", [b"", b"POST /webhook HTTP/1.1\r\nHost: k\r\nX-GitHub-Event: pu"])
+async def test_a_connection_idle_or_stalled_in_its_headers_is_closed(tmp_path, sent):
+    async with running_klaud(make_klaud(tmp_path), idle_timeout=0.3) as run:
+        where = urlsplit(run.url)
+        reader, writer = await asyncio.open_connection(where.hostname, where.port)
+        writer.write(sent)
+        await writer.drain()
+        # aiohttp's default kept it open for an hour: a few thousand use up the descriptors.
+        assert await asyncio.wait_for(reader.read(), timeout=30) == b""
+        writer.close()
+
+
 # -- unsigned 24 MiB bodies, stalled, many connections --------------------------------------
 
 

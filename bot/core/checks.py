@@ -145,11 +145,7 @@ def _omitted(count: int) -> str:
 
 def _clip(summary: str) -> str:
     """Last resort when even the parts around the attempts table are too big."""
-    if _size(summary) <= SUMMARY_LIMIT:
-        return summary
-    room = SUMMARY_LIMIT - _size(_CLIPPED)
-    head = summary.encode("utf-8")[:room].decode("utf-8", errors="ignore")
-    return head + _CLIPPED
+    return commands.clip(summary, SUMMARY_LIMIT, _CLIPPED)
 
 
 def _size(text: str) -> int:

@@ -219,6 +219,9 @@ def _parse_command_line(line: str, number: int) -> Command | None:
         target, text = words[0], words[1] if len(words) > 1 else ""
     else:
         target, text = None, rest
+    if len(text) > MAX_TEXT:
+        # A hold's reason is kept with the hold and shown on every check run and dashboard.
+        text = text[: MAX_TEXT - 1] + "…"
     return Command(
         verb=typed_verb if unknown else verb,
         target=target,
@@ -226,6 +229,9 @@ def _parse_command_line(line: str, number: int) -> Command | None:
         line=number,
         unknown=unknown,
     )
+
+
+MAX_TEXT = 300  # characters of free text after a command's target (a hold's reason)
 
 
 def _looks_like_target(word: str) -> bool:
@@ -345,6 +351,12 @@ def _family_of_candidate(candidate: str, families: Mapping[str, Family]) -> Reso
 # ---------------------------------------------------------------------------- markers
 
 _MARKER_RE = re.compile(r"<!-- klaud-command:(\d+) -->")
+# A comment body GitHub accepts (it answers 422 above 65,536 characters).
+COMMENT_LIMIT = 65_536
+CLIPPED = "\n\n… (reply truncated: GitHub's comment size limit)"
+# Each command may write (a hold, an approval) and look things up: a comment of thousands
+# of `/klaud` lines, which anyone may post, must not run thousands.
+MAX_COMMANDS_PER_COMMENT = 10
 
 
 def reply_marker(comment_id: int) -> str:
@@ -356,18 +368,37 @@ def answered_comments(comment_bodies: Iterable[str]) -> set[int]:
     return {int(match[1]) for body in comment_bodies if (match := _MARKER_RE.search(body))}
 
 
-def compose_reply(comment_id: int, answers: Sequence[tuple[Command, str]]) -> str:
+def compose_reply(comment_id: int, answers: Sequence[tuple[Command, str]], *, not_run: int = 0) -> str:
     """One reply to a comment, answering each of its commands in order.
 
     Commands are idempotent (a hold, a retry approval, …), so a comment is answered once,
     after all its commands ran: a redelivery finds the marker and posts nothing more.
+    `not_run` counts the commands past MAX_COMMANDS_PER_COMMENT. The reply is clipped to
+    GitHub's comment limit, which refuses a longer one (422) and the person would get no
+    answer at all; the marker comes first, so it survives the cut.
     """
-    if len(answers) == 1:
-        return _answer(reply_marker(comment_id), answers[0][1])
+    if len(answers) == 1 and not not_run:
+        return clip(_answer(reply_marker(comment_id), answers[0][1]), COMMENT_LIMIT, CLIPPED)
     parts = [reply_marker(comment_id)]
     for command, answer in answers:
         parts += [f"**{code_span(command.as_typed())}**", "", answer, ""]
-    return _answer(*parts).rstrip()
+    if not_run:
+        parts.append(
+            f"{not_run} more `/klaud` command{'s were' if not_run > 1 else ' was'} not run: "
+            f"at most {MAX_COMMANDS_PER_COMMENT} are run per comment."
+        )
+    return clip(_answer(*parts).rstrip(), COMMENT_LIMIT, CLIPPED)
+
+
+def clip(text: str, limit: int, note: str) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, `note` included, at a character boundary.
+
+    Bytes, not characters: within any limit GitHub counts in characters, whatever it counts.
+    """
+    if len(text.encode("utf-8")) <= limit:
+        return text
+    room = limit - len(note.encode("utf-8"))
+    return text.encode("utf-8")[:room].decode("utf-8", errors="ignore") + note
 
 
 def help_text() -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,13 @@ STALEST_SHOWN = 15
 BOXES_SHOWN = 100
 # GitHub refuses an issue body over 65,536 characters.
 BODY_LIMIT = 65_000
-_MARKER_RE = re.compile(r"<!-- klaud-dashboard:v1:(?P<data>[A-Za-z0-9_=-]+) -->")
+# The marker's share of the body. What does not fit is left out, reasons first (a hold
+# restored without its reason still holds), then the oldest entries: 400 holds once made a
+# 145,000-character marker, and GitHub refused every later update of the dashboard.
+MARKER_BUDGET = 32_000
+# v2 is deflated JSON (v1, plain JSON, is still read); what a decoded marker may grow to.
+MARKER_MAX_JSON = 1024 * 1024
+_MARKER_RE = re.compile(r"<!-- klaud-dashboard:v(?P<version>[12]):(?P<data>[A-Za-z0-9_=-]+) -->")
 # `[ \t]*`, not `\s*`: in multiline mode `\s*` crosses newlines, and a body of 65,000
 # blank lines took 8 s of the event loop to scan.
 _BOX_RE = re.compile(r"^[ \t]*- \[(?P<mark>[ xX])\] (?P<verb>retry|unhold) `(?P<family>[^`]+)`", re.MULTILINE)
@@ -171,12 +178,28 @@ def _config_section(errors: Mapping[str, str]) -> list[str]:
 
 
 def _marker(remembered: Remembered) -> str:
+    holds, retries, reasons = list(remembered.holds), list(remembered.retries), True
+    while True:
+        marker = _encoded_marker(holds, retries, reasons=reasons)
+        if len(marker) <= MARKER_BUDGET or not (holds or retries):
+            return marker
+        if reasons:
+            reasons = False
+        else:
+            holds = sorted(holds, key=lambda h: h.at, reverse=True)[: len(holds) // 2]
+            retries = sorted(retries, key=lambda r: r.at, reverse=True)[: len(retries) // 2]
+
+
+def _encoded_marker(holds: Sequence[Hold], retries: Sequence[RetryApproval], *, reasons: bool) -> str:
     document = {
-        "holds": [{"family": h.family, "by": h.by, "reason": h.reason, "at": stamp(h.at)} for h in remembered.holds],
-        "retries": [{"candidate": r.candidate, "by": r.by, "at": stamp(r.at)} for r in remembered.retries],
+        "holds": [
+            {"family": h.family, "by": h.by, "at": stamp(h.at), **({"reason": h.reason} if reasons else {})}
+            for h in holds
+        ],
+        "retries": [{"candidate": r.candidate, "by": r.by, "at": stamp(r.at)} for r in retries],
     }
-    data = base64.urlsafe_b64encode(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).decode()
-    return f"<!-- klaud-dashboard:v1:{data} -->"
+    packed = zlib.compress(json.dumps(document, sort_keys=True, separators=(",", ":")).encode(), 9)
+    return f"<!-- klaud-dashboard:v2:{base64.urlsafe_b64encode(packed).decode()} -->"
 
 
 def parse_marker(body: str) -> Remembered | None:
@@ -185,17 +208,24 @@ def parse_marker(body: str) -> Remembered | None:
     if match is None:
         return None
     try:
-        document = json.loads(base64.urlsafe_b64decode(match["data"]))
+        data = base64.urlsafe_b64decode(match["data"])
+        if match["version"] == "2":
+            # Anyone who may edit the issue may write a marker: a bomb is refused, not inflated.
+            inflater = zlib.decompressobj()
+            data = inflater.decompress(data, MARKER_MAX_JSON)
+            if inflater.unconsumed_tail:
+                return None
+        document = json.loads(data)
         return Remembered(
             holds=tuple(_hold(item) for item in document.get("holds", [])),
             retries=tuple(_retry(item) for item in document.get("retries", [])),
         )
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, zlib.error):
         return None
 
 
 def _hold(item: dict[str, Any]) -> Hold:
-    return Hold(str(item["family"]), str(item["by"]), str(item["reason"]), _time(item["at"]))
+    return Hold(str(item["family"]), str(item["by"]), str(item.get("reason", "")), _time(item["at"]))
 
 
 def _retry(item: dict[str, Any]) -> RetryApproval:

@@ -622,6 +622,10 @@ def check_inputs(trigger: dict[str, Any], inputs: dict[str, Any]) -> None:
 # --- check runs ------------------------------------------------------------------------
 
 
+# GitHub refuses a longer check-run output summary or text with 422.
+CHECK_OUTPUT_MAX_CHARACTERS = 65_535
+
+
 def apply_check_fields(call: Call, check: CheckRun) -> None:
     status, conclusion = call.field("status"), call.field("conclusion")
     if status is not None and status not in CHECK_STATUSES:
@@ -634,6 +638,12 @@ def apply_check_fields(call: Call, check: CheckRun) -> None:
     if output is not None:
         if not isinstance(output, dict) or not output.get("summary") or not output.get("title"):
             raise validation_failed("Invalid request.\n\n\"title\" and \"summary\" are required in \"output\".")
+        for name in ("summary", "text"):
+            size = len(str(output.get(name) or ""))
+            if size > CHECK_OUTPUT_MAX_CHARACTERS:
+                raise validation_failed(
+                    f"Invalid request.\n\nOnly {CHECK_OUTPUT_MAX_CHARACTERS} characters are allowed; {size} were supplied."
+                )
         check.output = dict(output)
     for name in ("name", "details_url", "external_id"):
         if isinstance(call.field(name), str):

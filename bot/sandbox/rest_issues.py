@@ -58,12 +58,25 @@ def create_issue(call: Call) -> Reply:
             {"resource": "Issue", "code": "missing_field", "field": "title"}])
     if body is not None and not isinstance(body, str):
         raise validation_failed("Invalid request.\n\nFor 'properties/body', is not a string.")
+    refuse_long_body(body, "Issue")
     issue = call.world.open_issue(repo, title, BOT_LOGIN)
     issue.body = body
     issue.labels = label_names(labels)
     call.announce.append(Payloads(call.world).issues(repo, issue.number, "opened", BOT_LOGIN))
     shaped = call.shapes.issue(repo, issue.number)
     return Reply(201, shaped, headers={"location": shaped["url"]})
+
+
+# GitHub refuses a longer issue or comment body with 422.
+BODY_MAX_CHARACTERS = 65_536
+
+
+def refuse_long_body(body: Any, resource: str) -> None:
+    if isinstance(body, str) and len(body) > BODY_MAX_CHARACTERS:
+        raise validation_failed("Validation Failed", errors=[{
+            "resource": resource, "code": "custom", "field": "body",
+            "message": f"body is too long (maximum is {BODY_MAX_CHARACTERS} characters)",
+        }])
 
 
 def label_names(labels: Any) -> list[str]:
@@ -113,6 +126,7 @@ def issue_edit(call: Call) -> IssueEdit:
         raise validation_failed("Invalid request.\n\nFor 'properties/title', is not a string.")
     if body is not None and not isinstance(body, str):
         raise validation_failed("Invalid request.\n\nFor 'properties/body', is not a string.")
+    refuse_long_body(body, "Issue")
     if state not in (None, "open", "closed"):
         raise validation_failed("Validation Failed", errors=[
             {"resource": "Issue", "code": "invalid", "field": "state"}])
@@ -163,6 +177,7 @@ def create_comment(call: Call) -> Reply:
     body = call.field("body")
     if not isinstance(body, str) or not body:
         raise validation_failed('Invalid request.\n\n"body" wasn\'t supplied.')
+    refuse_long_body(body, "IssueComment")
     comment = call.world.add_comment(repo, number, BOT_LOGIN, body, via_app=True)
     call.announce.append(Payloads(call.world).issue_comment(repo, comment))
     shaped = call.shapes.comment(repo, comment)
@@ -187,6 +202,7 @@ def update_comment(call: Call) -> Reply:
     body = call.field("body")
     if not isinstance(body, str) or not body:
         raise validation_failed('Invalid request.\n\n"body" wasn\'t supplied.')
+    refuse_long_body(body, "IssueComment")
     comment.body = body
     comment.updated_at = call.now
     return Reply(body=call.shapes.comment(repo, comment))

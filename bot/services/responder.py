@@ -13,6 +13,7 @@ import structlog
 
 from bot.core.clock import Clock
 from bot.core.commands import (
+    MAX_COMMANDS_PER_COMMENT,
     Command,
     StatusView,
     answered_comments,
@@ -60,8 +61,9 @@ class CommandResponder:
             log.info("commands.already_answered", comment_id=comment.id)
             return 0
         author = comment.user.login or ""
-        answers = [(command, await self._answer(api, state, command, author, number)) for command in commands]
-        await api.post_comment(number, compose_reply(comment.id, answers))
+        run = commands[:MAX_COMMANDS_PER_COMMENT]
+        answers = [(command, await self._answer(api, state, command, author, number)) for command in run]
+        await api.post_comment(number, compose_reply(comment.id, answers, not_run=len(commands) - len(run)))
         log.info("commands.answered", comment_id=comment.id, commands=len(commands))
         return 1
 

@@ -7,6 +7,10 @@ from datetime import UTC, datetime
 import pytest
 
 from bot.core.commands import (
+    CLIPPED,
+    COMMENT_LIMIT,
+    MAX_COMMANDS_PER_COMMENT,
+    MAX_TEXT,
     VERBS,
     Command,
     StatusView,
@@ -339,6 +343,20 @@ def test_one_reply_answers_every_command_of_a_comment_after_its_marker() -> None
     assert reply.index("Held") < reply.index("Klaud commands:")
     single = compose_reply(5, [(commands[1], render_help())])
     assert single.splitlines()[0] == "<!-- klaud-command:5 -->" and "**`/klaud help`**" not in single
+
+
+def test_a_reply_fits_githubs_comment_limit_with_its_marker_first() -> None:
+    # 5,000 `/klaud help` lines fit in a legal comment; their answers made a 4.4 MB reply.
+    commands = parse_commands("\n".join(["/klaud help"] * 5000))
+    reply = compose_reply(5, [(c, render_help()) for c in commands])
+    assert len(reply.encode()) <= COMMENT_LIMIT and reply.startswith(reply_marker(5)) and reply.endswith(CLIPPED)
+    short = compose_reply(5, [(commands[0], render_help())], not_run=4999)
+    assert short.endswith(f"4999 more `/klaud` commands were not run: at most {MAX_COMMANDS_PER_COMMENT} are run per comment.")
+
+
+def test_free_text_after_a_command_is_cut_to_a_few_hundred_characters() -> None:
+    [command] = parse_commands(f"/klaud hold {FAMILY_ID} " + "because " * 5000)
+    assert command.target == FAMILY_ID and len(command.text) == MAX_TEXT and command.text.endswith("…")
 
 
 def test_help_lists_every_verb_and_who_may_use_it() -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import os
+import zlib
 from datetime import UTC, datetime, timedelta
 
 from bot.core.dashboard import (
@@ -70,6 +74,40 @@ def test_a_body_too_long_for_github_keeps_its_marker() -> None:
     many = [family(f"fam-{i:04d}-{'x' * 60}") for i in range(2000)]
     body = render_dashboard(view(cooling=[(f, "cooling down", None) for f in many]))
     assert len(body) <= BODY_LIMIT and parse_marker(body) is not None
+
+
+def test_hundreds_of_holds_fit_the_body_and_all_come_back_from_the_marker() -> None:
+    # 400 holds once made a 145,000-character marker: GitHub refused every later update.
+    many = [family(f"fam-{i:04d}-fp8-h100-vllm") for i in range(400)]
+    holds = [Hold(f.id, f"user{i}", f"waiting for driver {i} on the cluster " * 7, NOW) for i, f in enumerate(many)]
+    body = render_dashboard(view(holds=holds, families=many))
+    remembered = parse_marker(body)
+    assert len(body) <= BODY_LIMIT and remembered is not None
+    assert [h.family for h in remembered.holds] == [f.id for f in many]
+
+
+def test_a_marker_over_its_budget_drops_reasons_then_the_oldest_entries() -> None:
+    long_reasons = [Hold(f"configs/x-master.yaml:f{i}", "alice", os.urandom(600).hex(), NOW) for i in range(60)]
+    body = render_dashboard(view(holds=long_reasons))
+    remembered = parse_marker(body)
+    assert len(body) <= BODY_LIMIT and remembered is not None
+    assert [h.family for h in remembered.holds] == [h.family for h in long_reasons]  # every hold kept
+    assert {h.reason for h in remembered.holds} == {""}  # restored as "no reason given"
+    many = [Hold(f"configs/x-master.yaml:{os.urandom(40).hex()}", "alice", "", NOW + timedelta(seconds=i))
+            for i in range(1000)]
+    remembered = parse_marker(render_dashboard(view(holds=many)))
+    assert remembered is not None and 0 < len(remembered.holds) < 1000
+    assert max(h.at for h in remembered.holds) == many[-1].at  # the newest are kept
+
+
+def test_markers_of_the_first_format_still_read_and_a_deflate_bomb_does_not() -> None:
+    plain = {"holds": [{"family": C.id, "by": "alice", "reason": "new weights", "at": "2026-11-30T08:00:00Z"}],
+             "retries": []}
+    v1 = base64.urlsafe_b64encode(json.dumps(plain).encode()).decode()
+    remembered = parse_marker(f"<!-- klaud-dashboard:v1:{v1} -->")
+    assert remembered is not None and remembered.holds == (Hold(C.id, "alice", "new weights", NOW),)
+    bomb = base64.urlsafe_b64encode(zlib.compress(b" " * (64 * 1024 * 1024), 9)).decode()
+    assert parse_marker(f"<!-- klaud-dashboard:v2:{bomb} -->") is None
 
 
 def test_ticked_finds_only_the_boxes_a_person_ticked_now() -> None:

@@ -466,6 +466,23 @@ async def test_comments_create_list_update(hub: Hub) -> None:
     await hub.sandbox.drain()
 
 
+async def test_bodies_and_check_outputs_over_githubs_limits_are_422(hub: Hub) -> None:
+    longest = "x" * 65_536
+    made = await hub.api("POST", f"{REPO}/issues/12/comments", json={"body": longest})
+    assert made.status == 201
+    too_long = await hub.api("POST", f"{REPO}/issues/12/comments", json={"body": longest + "x"})
+    assert too_long.status == 422 and "body is too long" in (await too_long.json())["errors"][0]["message"]
+    comment = await made.json()
+    assert (await hub.api("PATCH", f"{REPO}/issues/comments/{comment['id']}", json={"body": longest + "x"})).status == 422
+    assert (await hub.api("POST", f"{REPO}/issues", json={"title": "t", "body": longest + "x"})).status == 422
+    head = hub.state()["pulls"][0]["head_sha"]
+    for summary, status in (("s" * 65_535, 201), ("s" * 65_536, 422)):
+        output = {"title": "t", "summary": summary}
+        check = await hub.api("POST", f"{REPO}/check-runs", json={"name": "x", "head_sha": head, "output": output})
+        assert check.status == status
+    await hub.sandbox.drain()
+
+
 async def test_reactions_201_then_200_for_the_same(hub: Hub) -> None:
     acted = await hub.act(action="comment", repo="acme/bench", number=12, user="alice",
                           body="/klaud retry")

@@ -126,3 +126,12 @@ async def test_thirty_percent_401_during_waves_loses_no_command(tmp_path):
         for delivery in ids:
             stored = await run.klaud.inbox.get(delivery)
             assert stored is not None and stored.status == "done", stored
+
+
+async def test_a_comment_of_thousands_of_commands_gets_one_reply_github_accepts(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(9)])) as run:
+        body = "\n".join([f"/klaud hold {H200} flood"] + ["/klaud help"] * 5000)  # a legal 60,000-character comment
+        await run.act({"action": "comment", "repo": REPO, "number": 9, "user": "mallory", "body": body})
+        await run.settle()
+        [reply] = [c["body"] for c in run.github()["comments"] if c["user"] == "klaud-cold[bot]"]
+        assert len(reply) <= 65_536 and "4991 more `/klaud` commands were not run" in reply

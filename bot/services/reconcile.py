@@ -37,6 +37,11 @@ MAX_RETRY = timedelta(hours=1)
 DISCOVERY = "installations"
 
 
+def retry_delay(attempts: int) -> timedelta:
+    """How long to wait before trying again work that failed `attempts` times in a row."""
+    return min(FIRST_RETRY * 2 ** (attempts - 1), MAX_RETRY)
+
+
 @dataclass(frozen=True, slots=True)
 class ReconcileFailure:
     installation: int
@@ -164,8 +169,7 @@ class Reconciler:
     def _note_failure(self, name: str, installation: int, exc: GitHubError) -> None:
         previous = self.failures.get(name)
         attempts = previous.attempts + 1 if previous is not None else 1
-        wait = min(FIRST_RETRY * 2 ** (attempts - 1), MAX_RETRY)
-        failure = ReconcileFailure(installation, str(exc), attempts, self.live.clock.now() + wait)
+        failure = ReconcileFailure(installation, str(exc), attempts, self.live.clock.now() + retry_delay(attempts))
         self.failures[name] = failure
         log.warning("reconcile.failed", repo=name, error=failure.error, attempts=attempts, retry_at=stamp(failure.next_at))
 

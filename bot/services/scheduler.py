@@ -22,7 +22,7 @@ from bot.core.domain import parse_time, stamp
 from bot.github.errors import GitHubError
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
-from bot.services.reconcile import Reconciler
+from bot.services.reconcile import Reconciler, retry_delay
 from bot.services.repo_state import RepoState
 from bot.services.waves import RETRY_TRIGGER, WaveRunner
 
@@ -68,6 +68,9 @@ class Scheduler:
         self.rng = rng or random.Random()
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        # (repository, kind of work) -> failures in a row and when to try again: a 404 for
+        # a repository the App lost, or a refused read, must not be asked every second.
+        self._failing: dict[tuple[str, str], tuple[int, datetime]] = {}
 
     def start(self) -> None:
         self._stopping.clear()
@@ -94,10 +97,15 @@ class Scheduler:
     async def tick(self) -> list[str]:
         """Run whatever is due now; returns the repositories that got a wave."""
         waved = []
+        for key in [key for key in self._failing if key[0] not in self.live.repos]:
+            del self._failing[key]  # a repository given up or removed: nothing left to back off from
         for name, state in list(self.live.repos.items()):
-            if await self._guarded(name, self._wave_if_due(name, state)):
+            # Claims and runs whose time came are settled first, so the wave sees what is
+            # free; when that fails the wave still runs (their families stay in flight).
+            await self._guarded(name, "claims", self._check_claims, state)
+            if await self._guarded(name, "wave", self._wave_if_due, name, state):
                 waved.append(name)
-            await self._guarded(name, self._light_reconcile_if_due(name, state))
+            await self._guarded(name, "reconcile", self._light_reconcile_if_due, name, state)
         await self.outcomes.retry_artifacts()
         await self.reconciler.retry_failed()
         if self.leads() and self.clock.now() - self._housekeeping_at >= LIGHT_RECONCILE_EVERY:
@@ -108,18 +116,32 @@ class Scheduler:
                 await self.prune()
         return waved
 
-    @staticmethod
-    async def _guarded(name: str, work: Awaitable[bool]) -> bool:
-        # One repository's GitHub trouble must not hold up the other repositories' work.
-        try:
-            return await work
-        except GitHubError as exc:
-            log.warning("scheduler.repo_failed", repo=name, error=str(exc), transient=exc.transient)
+    async def _guarded(self, name: str, kind: str, work: Callable[..., Awaitable[bool]], *args: Any) -> bool:
+        """Run one repository's `work` unless it is backing off; its GitHub trouble is logged
+        and backed off from, and holds up neither its other work nor other repositories'."""
+        key = (name, kind)
+        failing = self._failing.get(key)
+        if failing is not None and self.clock.now() < failing[1]:
             return False
+        try:
+            done = await work(*args)
+        except GitHubError as exc:
+            attempts = failing[0] + 1 if failing is not None else 1
+            retry_at = self.clock.now() + retry_delay(attempts)
+            self._failing[key] = (attempts, retry_at)
+            log.warning(
+                "scheduler.repo_failed", repo=name, work=kind, error=str(exc), transient=exc.transient,
+                attempts=attempts, retry_at=stamp(retry_at),
+            )
+            return False
+        self._failing.pop(key, None)
+        return done
+
+    async def _check_claims(self, state: RepoState) -> bool:
+        await self.claims.check_due(state)
+        return True
 
     async def _wave_if_due(self, name: str, state: RepoState) -> bool:
-        # Claims and runs whose time came are settled first, so the wave sees what is free.
-        await self.claims.check_due(state)
         now = self.clock.now()
         retry_at = parse_time(state.meta.retry_wave_at)
         if retry_at is not None and retry_at <= now:

@@ -1,0 +1,52 @@
+"""The scheduler's tick against an in-memory repository: one repository's GitHub trouble is
+backed off from and holds up neither its other work nor the tick's later steps."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from bot.core.domain import stamp
+from bot.github.errors import BadRequest, NotFound
+from bot.services.reconcile import FIRST_RETRY
+from bot.services.scheduler import LIGHT_RECONCILE_EVERY, Scheduler
+from tests.services.conftest import REPO, Kit
+from tests.services.test_claims import TTL, dispatched
+
+
+def scheduler(kit: Kit) -> Scheduler:
+    return Scheduler(kit.live, kit.waves, kit.reconciler, kit.outcomes, kit.clock)
+
+
+async def test_a_failing_light_reconcile_backs_off_instead_of_running_every_tick(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.clock.advance((LIGHT_RECONCILE_EVERY + timedelta(minutes=1)).total_seconds())
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() + timedelta(hours=1))
+    # The App lost the repository and the event saying so was lost.
+    kit.repo.fail("head_sha", NotFound(404, "Not Found"), times=1000)
+    kit.repo.calls.clear()
+    ticks = scheduler(kit)
+    for _ in range(30):  # thirty seconds of ticks
+        await ticks.tick()
+        kit.clock.advance(1)
+    assert [c[0] for c in kit.repo.calls].count("head_sha") == 1
+    kit.clock.advance(FIRST_RETRY.total_seconds())
+    await ticks.tick()
+    assert [c[0] for c in kit.repo.calls].count("head_sha") == 2  # tried again after the backoff
+
+
+async def test_a_failing_claim_check_does_not_stop_the_due_wave(kit: Kit) -> None:
+    family, _, _ = await dispatched(kit)
+    kit.clock.advance(TTL.total_seconds())
+    kit.repo.fail("run", BadRequest(403, "Resource not accessible by integration"), times=1000)
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() - timedelta(minutes=1))
+    kit.state.meta.reconciled_at = stamp(kit.clock.now())
+    kit.repo.calls.clear()
+    ticks = scheduler(kit)
+    assert await ticks.tick() == [REPO]
+    wave = await kit.live.store.wave(REPO, kit.state.meta.wave)
+    assert wave is not None
+    decision = next(d for d in wave["decisions"] if d["family"] == family)
+    assert decision["decision"] == "in-flight"  # unresolved, the family stays out of waves
+    for _ in range(5):
+        await ticks.tick()
+    assert [c[0] for c in kit.repo.calls].count("run") == 1

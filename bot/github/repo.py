@@ -27,6 +27,7 @@ from bot.github.client import GitHubApp, InstallationClient
 from bot.github.errors import Conflict, NotFound
 
 PER_PAGE = "per_page=100"
+COMPARE_MAX_FILES = 300  # GitHub lists at most this many files of a comparison
 BLAME_QUERY = """
 query($owner: String!, $name: String!, $ref: String!, $path: String!) {
   repository(owner: $owner, name: $name) {
@@ -98,15 +99,21 @@ class GitHubRepo:
         return [str(item["path"]) for item in items if item.get("type") == "file"]
 
     async def changed_paths(self, base: str, head: str) -> set[str] | None:
-        """Paths changed between two commits (renames give both); None when `base` is unknown."""
+        """Paths changed from `base` to `head` (renames give both); None when a comparison
+        cannot say: `base` unknown; `head` not built on `base` (a force-push: GitHub diffs
+        from their merge base, so what only the dropped commits changed is not listed); or
+        as many files as GitHub lists of a comparison (at most 300, the rest unsaid)."""
         try:
             compare = await self.client.getitem(
                 "/repos/{owner}/{repo}/compare/{base}...{head}", self._at(base=base, head=head)
             )
         except NotFound:
             return None
+        files = compare.get("files") or []
+        if compare.get("status") not in ("ahead", "identical") or len(files) >= COMPARE_MAX_FILES:
+            return None
         changed: set[str] = set()
-        for item in compare.get("files") or []:
+        for item in files:
             changed.add(item["filename"])
             if item.get("previous_filename"):
                 changed.add(item["previous_filename"])

@@ -156,10 +156,13 @@ def start_run(world: World, action: sc.StartRun) -> Outcome:
 
 def push_default(world: World, action: sc.PushDefault) -> Outcome:
     repo = world.repo(action.repo)
-    tree = apply_files(repo.head.tree, action.files)
+    if action.onto is not None and action.onto not in repo.commits:
+        raise SandboxError(f"{repo.full_name} has no commit {action.onto}", 404)
+    base = repo.commits[action.onto] if action.onto is not None else repo.head
+    tree = apply_files(base.tree, action.files)
     author = action.user or repo.first_admin()
     message = action.message or "Update " + ", ".join(sorted(action.files))
-    before, after = repo.advance_default(tree, message, author, world.now())
+    before, after = repo.advance_default(tree, message, author, world.now(), onto=action.onto)
     return {"sha": after.sha, "before": before.sha}, [
         Payloads(world).push(repo, before, after, author)
     ]

@@ -60,7 +60,7 @@ class Payloads:
             "after": after.sha,
             "created": False,
             "deleted": False,
-            "forced": False,
+            "forced": before.sha not in repo.ancestors(after.sha),
             "base_ref": None,
             "compare": (
                 f"{self.shapes.web}/{repo.full_name}/compare/{before.sha[:12]}...{after.sha[:12]}"

@@ -300,6 +300,9 @@ class PushDefault(Model):
     files: dict[str, str | None]
     user: str | None = None
     message: str | None = None
+    # A force-push: the new commit goes on top of this earlier commit, and what the default
+    # branch had after it is dropped (the push event says `forced: true`).
+    onto: str | None = Field(default=None, pattern=SHA_PATTERN)
 
 
 class RepositoryDispatch(Model):

@@ -406,10 +406,11 @@ class RepoState:
         return made
 
     def advance_default(self, tree: dict[str, str], message: str, author: str, at: datetime,
-                        extra_parent: str | None = None) -> tuple[Commit, Commit]:
-        """A new commit on the default branch; answers (previous head, new head)."""
+                        extra_parent: str | None = None, onto: str | None = None) -> tuple[Commit, Commit]:
+        """A new commit on the default branch (on `onto` for a force-push); answers
+        (previous head, new head)."""
         before = self.head
-        parents = (before.sha,) + ((extra_parent,) if extra_parent else ())
+        parents = (onto or before.sha,) + ((extra_parent,) if extra_parent else ())
         after = self.commit(tree, parents, message, author, at)
         self.refs[self.default_ref] = after.sha
         return before, after

@@ -75,11 +75,13 @@ class CatalogSync:
             changed = None if before == ZERO_SHA else await api.changed_paths(before, after)
             if changed is None:
                 log.info("catalog.compare_unavailable", before=before[:12], after=after[:12])
-            state.meta.head_sha = after
             change = Change()
             pushed_at = push_time(event) or self.live.clock.now()
             health = _health(state)
             touched = await self.apply_change(state, api, changed, after, pushed_at, change)
+            # Only once read: a push that failed halfway leaves the old head, so the light
+            # reconcile sees it moved and reads everything again.
+            state.meta.head_sha = after
             if state.arm_canary():
                 # A push may fix what paused dispatch: the next wave tries one candidate.
                 log.info("dispatch.canary_armed", repo=state.name, by="push", head=after[:12])
@@ -153,9 +155,9 @@ class CatalogSync:
             await self.date_images(state, api, change)  # asks again for what GitHub did not answer
             return
         log.info("catalog.missed_push", old=state.meta.head_sha[:12], new=head[:12])
-        state.meta.head_sha = head
         # When the push happened is unknown; changed images are dated when we noticed.
         await self.apply_change(state, api, None, head, self.live.clock.now(), change)
+        state.meta.head_sha = head
 
     async def apply_change(
         self,

@@ -241,6 +241,21 @@ async def test_push_default_adds_changes_and_deletes(wired: Hub, receiver: Recei
     assert old.status == 200
 
 
+async def test_push_default_onto_an_earlier_commit_is_a_force_push(wired: Hub, receiver: Receiver) -> None:
+    start = wired.state()["head_sha"]
+    bumped = await wired.act(action="push_default", repo="acme/bench", files={"configs/nvidia-master.yaml": BUMPED})
+    forced = await wired.act(action="push_default", repo="acme/bench", onto=start, files={"docs/a.md": "a\n"})
+    [(_, first), (_, second)] = events(receiver)
+    assert first["forced"] is False
+    assert second["forced"] is True and (second["before"], second["after"]) == (bumped["sha"], forced["sha"])
+    compare = await wired.json("GET", f"{REPO}/compare/{bumped['sha']}...{forced['sha']}")
+    assert compare["status"] == "diverged"
+    assert [f["filename"] for f in compare["files"]] == ["docs/a.md"]  # from the merge base: the bump is unsaid
+    unknown = await wired.client.post("/_sandbox/act", json={
+        "action": "push_default", "repo": "acme/bench", "onto": "0" * 40, "files": {"a.md": "a\n"}})
+    assert unknown.status == 404 and "has no commit" in await unknown.text()
+
+
 async def test_repository_dispatch(wired: Hub, receiver: Receiver) -> None:
     await wired.act(action="dispatch", repo="acme/bench", event_type="klaud-plan",
                     client_payload={"reason": "manual"})

@@ -329,6 +329,29 @@ async def test_push_whose_compare_is_gone_rereads_every_config(tmp_path):
         assert family(run.state(), "configs/amd-master.yaml:llama70b-fp8-mi300x-vllm")["image"] == "rocm/vllm:rocm7.1.0_vllm_0.11.0"
 
 
+async def test_a_force_push_dropping_a_bump_rereads_every_config(tmp_path):
+    # GitHub diffs a comparison from the merge base: the config only the dropped commit
+    # changed is not listed, and the catalog kept the image the branch no longer has.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        start = run.sandbox.world.repo("acme/bench").head_sha
+        bumped = sc.NVIDIA.replace("lmsysorg/sglang:v0.5.16-cu130", "lmsysorg/sglang:v0.5.17-cu130")
+        await run.act({"action": "push_default", "repo": "acme/bench", "files": {NV: bumped}})
+        assert family(run.state(), B200)["image"] == "lmsysorg/sglang:v0.5.17-cu130"
+        answer = await run.act({"action": "push_default", "repo": "acme/bench", "onto": start,
+                                "files": {"README.md": "unrelated\n"}})
+        assert answer["statuses"] == [202]
+        assert family(run.state(), B200)["image"] == "lmsysorg/sglang:v0.5.16-cu130"
+
+
+async def test_a_push_of_more_files_than_a_comparison_lists_rereads_every_config(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        files = {f"benchmarks/page-{n:03d}.md": f"page {n}\n" for n in range(320)}
+        # Listed after the 300 files a comparison shows: unseen, its bump was missed.
+        files[NV] = sc.NVIDIA.replace("lmsysorg/sglang:v0.5.16-cu130", "lmsysorg/sglang:v0.5.18-cu130")
+        await run.act({"action": "push_default", "repo": "acme/bench", "files": files})
+        assert family(run.state(), B200)["image"] == "lmsysorg/sglang:v0.5.18-cu130"
+
+
 async def test_light_reconcile_reads_files_only_for_changed_heads(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12), sc.image_bump(13, "gptoss-fp4-b200-vllm")])) as run:
         run.reset_requests()

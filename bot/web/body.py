@@ -3,21 +3,25 @@
 Bodies arrive before anyone knows whether they are signed, so three bounds hold for every
 request: the time it may take to arrive (`deadline`), the bytes it may hold once decoded
 (MAX_BODY, counted while a gzip body inflates, so a small bomb never expands past it), and
-the bytes all bodies in flight may hold together (`BodyBudget`). A request that does not
-fit the budget waits, unread: the kernel's socket buffers hold its bytes, not this process.
+the bytes all bodies in flight may hold together (`BodyBudget`). Each request is charged
+for the bytes it really holds, as they arrive and decode: charged for what it announced,
+two stalled senders announcing 25 and 15 MiB and sending 6 bytes held the whole budget,
+and GitHub's deliveries waited past its 10 s. A request whose next bytes do not fit waits,
+unread: the kernel's socket buffers hold them, not this process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 from aiohttp import web
 
 MAX_BODY = 25 * 1024 * 1024  # GitHub caps payloads at 25 MB
 READ_CHUNK = 256 * 1024
+FIRST_READ = 16 * 1024  # the room a body's first read is charged for
 ENCODINGS = ("identity", "gzip")
 
 
@@ -49,16 +53,15 @@ class BodyBudget:
         return len(self._waiters)
 
     @asynccontextmanager
-    async def held(self, size: int) -> AsyncIterator[None]:
-        """Hold `size` bytes (at most the whole budget) while the block runs; wait for them first."""
-        size = min(size, self.limit)
-        await self._acquire(size)
+    async def account(self) -> AsyncIterator[Account]:
+        """What one request holds of the budget; all of it is given back when the block ends."""
+        account = Account(self)
         try:
-            yield
+            yield account
         finally:
-            self._release(size)
+            self._release(account.held)
 
-    async def _acquire(self, size: int) -> None:
+    async def acquire(self, size: int) -> None:
         while self.in_use + size > self.limit:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -76,38 +79,68 @@ class BodyBudget:
                 waiter.set_result(None)
 
 
+class Account:
+    """The bytes of one body, charged to the budget as they come."""
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self.budget = budget
+        self.held = 0
+
+    async def charge(self, size: int) -> int:
+        """Wait until `size` more bytes fit; what was charged (a body is never charged more
+        than the whole budget)."""
+        size = min(size, self.budget.limit - self.held)
+        await self.budget.acquire(size)
+        self.held += size
+        return size
+
+    def refund(self, size: int) -> None:
+        self.held -= size
+        self.budget._release(size)
+
+
 def encoding_of(request: web.Request) -> str:
     return request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
 
 
-def expected_size(request: web.Request) -> int:
-    """What a body may grow to in memory: its announced length, or the cap when the length
-    is unknown (chunked) or says nothing of the decoded size (gzip)."""
-    length = request.content_length
-    if length is None or encoding_of(request) != "identity":
-        return MAX_BODY
-    return min(length, MAX_BODY)
-
-
-async def read_body(request: web.Request) -> list[bytes]:
-    """The decoded body as chunks (joined only once it is known to be wanted).
+async def read_body(request: web.Request, account: Account) -> list[bytes]:
+    """The decoded body as chunks (joined only once it is known to be wanted), each charged
+    to `account` before it is kept.
 
     The caller bounds the time (`asyncio.timeout_at`); raises Rejected.
     """
     inflater = Inflater(MAX_BODY) if encoding_of(request) == "gzip" else None
     chunks: list[bytes] = []
     received = decoded = 0
+    length = request.content_length
     try:
-        async for chunk in request.content.iter_chunked(READ_CHUNK):
+        step = FIRST_READ
+        while True:
+            # Room for the next read is charged before it is read, so a sender waiting for
+            # room leaves its bytes in the kernel's buffers. It starts small and doubles
+            # while the sender fills it: a stalled sender holds about what it really sent.
+            wanted = step if length is None else max(1, min(step, length - received))
+            room = await account.charge(wanted)
+            chunk = await request.content.read(wanted)
+            if not chunk:
+                account.refund(room)
+                break
+            if len(chunk) == wanted:
+                step = min(2 * step, READ_CHUNK)
             received += len(chunk)
             if received > MAX_BODY:
                 raise too_large()
-            pieces = inflater.feed(chunk) if inflater else [chunk]
-            for piece in pieces:
+            if inflater is None:
+                account.refund(room - min(room, len(chunk)))
+                chunks.append(chunk)
+                continue
+            for piece in inflater.pieces(chunk):
                 decoded += len(piece)
                 if decoded > MAX_BODY:
                     raise too_large()
+                await account.charge(len(piece))
                 chunks.append(piece)
+            account.refund(room)  # the compressed bytes are dropped once inflated
     except (web.RequestPayloadError, ConnectionError) as exc:  # the sender went away mid-body
         raise Rejected(400, "incomplete-body", f"the body did not arrive whole: {exc}") from None
     if inflater is not None:
@@ -123,8 +156,9 @@ class Inflater:
         self.produced = 0
         self._zlib = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
 
-    def feed(self, data: bytes) -> list[bytes]:
-        pieces: list[bytes] = []
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        """What `data` decodes to, one piece of at most READ_CHUNK bytes at a time (a bomb's
+        output is charged piece by piece, never held whole first)."""
         while True:
             try:
                 # One byte past the limit is enough to know the body is too large.
@@ -135,11 +169,11 @@ class Inflater:
             if self.produced > self.limit:
                 raise too_large()
             if piece:
-                pieces.append(piece)
+                yield piece
             data = self._zlib.unconsumed_tail
             # Output held back by max_length comes out of later calls, even with no new input.
             if not data and not piece:
-                return pieces
+                return
 
     def finish(self) -> None:
         if not self._zlib.eof:

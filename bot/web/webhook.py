@@ -35,7 +35,6 @@ from bot.web.body import (
     BodyBudget,
     Rejected,
     encoding_of,
-    expected_size,
     read_body,
     too_large,
 )
@@ -106,8 +105,8 @@ async def _receive(request: web.Request, klaud: Backend, budget: AsyncExitStack)
     deadline = asyncio.get_running_loop().time() + intake.read_timeout
     try:
         async with asyncio.timeout_at(deadline):
-            await budget.enter_async_context(intake.budget.held(expected_size(request)))
-            chunks = await read_body(request)
+            account = await budget.enter_async_context(intake.budget.account())
+            chunks = await read_body(request, account)
     except TimeoutError:
         raise Rejected(408, "request-timeout", f"the body did not arrive within {intake.read_timeout:g} s") from None
     body = b"".join(chunks)

@@ -14,7 +14,7 @@ import pytest
 
 from bot.log import configure_logging
 from bot.metrics import REGISTRY
-from bot.web.body import MAX_BODY, Inflater, Rejected
+from bot.web.body import FIRST_READ, MAX_BODY, Inflater, Rejected
 from bot.web.webhook import INTAKE_KEY
 from tests.harness import headers_for, running_klaud
 from tests.web.test_ingest import PR_PAYLOAD, Recorder, make_klaud, raw_post
@@ -99,19 +99,32 @@ async def test_a_connection_idle_or_stalled_in_its_headers_is_closed(tmp_path, s
 # -- unsigned 24 MiB bodies, stalled, many connections --------------------------------------
 
 
-async def test_stalled_uploads_share_a_bounded_body_budget_and_the_rest_wait_unread(tmp_path):
+async def test_stalled_uploads_hold_only_the_bytes_they_sent_and_a_delivery_goes_through(tmp_path):
     async with running_klaud(make_klaud(tmp_path), body_budget=1 * MIB) as run:
         budget = run.webhook_app[INTAKE_KEY].budget
+        # Charged for what they announced, two of these held the whole budget for 30 s.
         uploads = [await open_upload(run.url, upload_headers(MIB // 2, delivery=f"u{n}"), b"x" * 65536) for n in range(5)]
-        await until(lambda: budget.waiting == 3, "three uploads wait for the budget")
-        assert budget.in_use == budget.limit == MIB  # two bodies in flight, never more
-        # A small signed delivery waits too, then goes through once the stalled senders give up.
-        small = asyncio.create_task(run.post("pull_request", PR_PAYLOAD, delivery="small"))
-        await until(lambda: budget.waiting == 4, "the small delivery waits")
+        # What each sent, plus the room for its next read (16 KiB, doubling while filled).
+        await until(lambda: budget.in_use >= 5 * (65536 + FIRST_READ), "each upload holds the 64 KiB it sent")
+        assert budget.in_use <= 5 * 2 * 65536 and budget.waiting == 0
+        assert (await run.post("pull_request", PR_PAYLOAD, delivery="small"))[0] == 202
         for _, writer in uploads:
             writer.close()
-        assert (await small)[0] == 202
         await until(lambda: budget.in_use == 0 and budget.waiting == 0, "the budget is free again")
+
+
+async def test_bodies_that_fill_the_budget_make_the_next_wait_unread_until_bytes_are_freed(tmp_path):
+    async with running_klaud(make_klaud(tmp_path), body_budget=1 * MIB) as run:
+        budget = run.webhook_app[INTAKE_KEY].budget
+        uploads = [await open_upload(run.url, upload_headers(MIB // 2, delivery=f"u{n}"), b"x" * (400 * 1024))
+                   for n in range(3)]
+        await until(lambda: budget.waiting == 1, "the third upload waits for bytes to be freed")
+        assert budget.in_use <= budget.limit == MIB
+        for _, writer in uploads[:2]:
+            writer.close()
+        await until(lambda: budget.in_use >= 400 * 1024 and budget.waiting == 0, "the third one's bytes are read")
+        uploads[2][1].close()
+        await until(lambda: budget.in_use == 0, "the budget is free again")
 
 
 async def test_an_upload_without_a_signature_is_refused_before_its_body_is_read(tmp_path):
@@ -167,7 +180,7 @@ def test_inflating_stops_one_byte_past_the_cap_whatever_the_ratio():
     bomb = gzip.compress(b"\0" * (64 * MIB))  # about 64 KB
     inflater = Inflater(MIB)
     with pytest.raises(Rejected) as refused:
-        inflater.feed(bomb)
+        list(inflater.pieces(bomb))
     assert refused.value.status == 413
     assert inflater.produced <= MIB + 1
 
@@ -176,7 +189,7 @@ def test_inflating_a_body_fed_in_small_pieces_gives_it_back_whole():
     original = json.dumps({"n": list(range(50_000))}).encode()
     compressed = gzip.compress(original)
     inflater = Inflater(MAX_BODY)
-    pieces = [p for i in range(0, len(compressed), 1000) for p in inflater.feed(compressed[i : i + 1000])]
+    pieces = [p for i in range(0, len(compressed), 1000) for p in inflater.pieces(compressed[i : i + 1000])]
     inflater.finish()
     assert b"".join(pieces) == original
 

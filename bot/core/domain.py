@@ -99,6 +99,9 @@ def candidate_branch(candidate: str) -> str:
     return f"klaud/auto-{candidate}"
 
 
+TIME_RANGE = (1970, 9000)  # years
+
+
 def parse_time(value: str | None) -> datetime | None:
     """Parse GitHub's ISO timestamps (`Z` suffix) into aware datetimes."""
     if value is None:
@@ -106,6 +109,10 @@ def parse_time(value: str | None) -> datetime | None:
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
         raise ValueError(f"timestamp without a timezone: {value!r}")
+    # Near year 1 or 9999, converting to UTC or adding a cooldown overflows (a 500 from
+    # `/plan?at=`, a traceback from `klaud plan --at`): no time Klaud plans with is there.
+    if not TIME_RANGE[0] <= parsed.year <= TIME_RANGE[1]:
+        raise ValueError(f"timestamp outside {TIME_RANGE[0]}-{TIME_RANGE[1]}: {value!r}")
     return parsed.astimezone(UTC)
 
 

@@ -236,6 +236,10 @@ async def test_plan_endpoint_and_cli_show_the_next_wave(tmp_path, capsys, monkey
         assert set(document) == {"repo", "at", "base", "wave", "selected", "blocked", "decisions"}
         assert len(document["decisions"]) == 5 and len(document["selected"]) == 5
         assert run.github()["dispatches"] == []
+        for year_one in ("0001-01-01T00:00:00+01:00", "0001-01-01T00:00:00Z"):  # a 500 before
+            async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/bench/plan",
+                                             params={"at": year_one}) as response:
+                assert response.status == 400
     monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'klaud.db'}")
     monkeypatch.setenv("KLAUD_CAPACITY_URL", "http://127.0.0.1:9/none")
     assert await asyncio.to_thread(klaud_main, ["plan", "--repo", "acme/bench", "--json", "--at", "2026-11-30T09:00:00Z"]) == 0
@@ -243,6 +247,7 @@ async def test_plan_endpoint_and_cli_show_the_next_wave(tmp_path, capsys, monkey
     assert printed["at"] == "2026-11-30T09:00:00Z"
     assert {d["decision"] for d in printed["decisions"]} == {"capacity"}
     assert await asyncio.to_thread(klaud_main, ["plan", "--repo", "acme/none"]) == 2
+    assert await asyncio.to_thread(klaud_main, ["plan", "--repo", "acme/bench", "--at", "0001-01-01T00:00:00+01:00"]) == 2
 
 
 async def test_scheduler_survives_a_repository_whose_github_fails(tmp_path):

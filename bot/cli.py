@@ -36,6 +36,7 @@ from bot.services.doctor import diagnose
 from bot.settings import Settings, SettingsError, load_settings
 from bot.store.deliveries import Delivery
 from bot.store.errors import StoreError, StoreLocked
+from bot.web.envelope import UnreadableBody, envelope_of
 from bot.web.events import KLAUD_EVENTS
 
 log = structlog.get_logger("klaud.cli")
@@ -314,15 +315,15 @@ async def _receive(settings: Settings, args: argparse.Namespace) -> int:
         raise UsageError(f"--event: unknown event name {args.event!r} (known: {', '.join(sorted(KLAUD_EVENTS))})")
     try:
         body = args.payload.read_bytes()
-        payload = json.loads(body)
+        # The webhook's own checks: a payload it would refuse is refused here in one line.
+        envelope = envelope_of(body)
     except OSError as exc:
         raise UsageError(f"--payload: cannot read {args.payload}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"--payload: not JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise UsageError("--payload: must hold a JSON object")
-    delivery = Delivery.from_payload(
-        args.delivery or f"receive-{uuid.uuid4()}", args.event, body, payload, {}
+    except UnreadableBody as exc:
+        raise UsageError(f"--payload: {exc.detail}") from None
+    delivery = Delivery(
+        id=args.delivery or f"receive-{uuid.uuid4()}", event=args.event, body=body, action=envelope.action,
+        repo=envelope.repo, installation=envelope.installation, headers={},
     )
     klaud = Klaud(settings)
     await klaud.start(drain=False)

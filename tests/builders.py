@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from bot.core.domain import Family
+from bot.store.deliveries import Delivery
+from bot.web.envelope import envelope_of
 
 
 def family(
@@ -23,3 +25,10 @@ def family(
     }
     values.update(fields)
     return Family(**values)  # type: ignore[arg-type]
+
+
+def delivery(delivery_id: str, event: str, body: bytes) -> Delivery:
+    """A delivery as the webhook stores it: routed by the fields its body carries."""
+    envelope = envelope_of(body)
+    return Delivery(delivery_id, event, body, action=envelope.action, repo=envelope.repo,
+                    installation=envelope.installation)

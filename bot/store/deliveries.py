@@ -72,23 +72,6 @@ class Delivery:
     attempts: int = 0
     error: str | None = None
 
-    @classmethod
-    def from_payload(
-        cls, delivery_id: str, event: str, body: bytes, payload: dict[str, Any], headers: dict[str, str]
-    ) -> Delivery:
-        repository = payload.get("repository")
-        installation = payload.get("installation")
-        action = payload.get("action")
-        return cls(
-            id=delivery_id,
-            event=event,
-            body=body,
-            action=action if isinstance(action, str) else None,
-            repo=repository.get("full_name") if isinstance(repository, dict) else None,
-            installation=installation.get("id") if isinstance(installation, dict) else None,
-            headers=headers,
-        )
-
     @property
     def ordering_key(self) -> str:
         # Deliveries without a repository (installation events) are ordered per installation.

@@ -20,12 +20,19 @@ FULL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
 MAX_INSTALLATION_ID = 2**63 - 1  # SQLite's INTEGER
 
 
-class InvalidEnvelope(ValueError):
-    """A routing field has the wrong type or shape; the message names the field."""
+# GitHub's actions are words joined by '_' ("ready_for_review"); a repository_dispatch's is
+# the sender's event_type, which GitHub caps at 100 characters.
+MAX_ACTION = 100
 
 
-class NotAnObject(ValueError):
-    """The body is JSON, but not an object."""
+class UnreadableBody(ValueError):
+    """The body is not a JSON object (`code` invalid-json) or a routing field has the wrong
+    type or shape (invalid-payload, the message names the field)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,23 +61,30 @@ _ROUTING = msgspec.json.Decoder(_Routing)
 
 
 def envelope_of(body: bytes) -> Envelope:
-    """The routing fields of `body`.
-
-    Raises msgspec.DecodeError for text that is not JSON (or nested too deep: RecursionError),
-    NotAnObject, and InvalidEnvelope naming the field that has the wrong shape.
-    """
+    """The routing fields of `body`; UnreadableBody says why there are none."""
     try:
         routing = _ROUTING.decode(body)
     except msgspec.ValidationError as exc:
         if " - at `$" not in str(exc):
-            raise NotAnObject("body must be a JSON object") from None
-        raise InvalidEnvelope(str(exc).replace("`", "")) from None
+            raise UnreadableBody("invalid-json", "body must be a JSON object") from None
+        raise invalid(str(exc).replace("`", "")) from None
+    except msgspec.DecodeError as exc:
+        raise UnreadableBody("invalid-json", f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise UnreadableBody("invalid-json", "body exceeds the JSON nesting depth limit") from None
     return Envelope(_action(routing.action), _repo(routing.repository), _installation(routing.installation))
+
+
+def invalid(detail: str) -> UnreadableBody:
+    return UnreadableBody("invalid-payload", detail)
 
 
 def _action(action: object) -> str | None:
     if action is not None and not isinstance(action, str):
-        raise InvalidEnvelope(f"action must be a string, not {_kind(action)}")
+        raise invalid(f"action must be a string, not {_kind(action)}")
+    # Stored, shown by the API and logged: a 5 MB action was echoed whole into one log line.
+    if action is not None and not (0 < len(action) <= MAX_ACTION and action.isprintable()):
+        raise invalid(f"action must be 1-{MAX_ACTION} printable characters")
     return action
 
 
@@ -79,9 +93,9 @@ def _repo(repository: _Repository | None) -> str | None:
         return None
     name = repository.full_name
     if not isinstance(name, str):
-        raise InvalidEnvelope(f"repository.full_name must be a string, not {_kind(name)}")
+        raise invalid(f"repository.full_name must be a string, not {_kind(name)}")
     if not FULL_NAME.fullmatch(name):
-        raise InvalidEnvelope("repository.full_name must read OWNER/NAME")
+        raise invalid("repository.full_name must read OWNER/NAME")
     return name
 
 
@@ -91,9 +105,9 @@ def _installation(installation: _Installation | None) -> int | None:
     number = installation.id
     # bool is an int to Python; a JSON number past 64 bits fails the range check.
     if not isinstance(number, int) or isinstance(number, bool):
-        raise InvalidEnvelope(f"installation.id must be an integer, not {_kind(number)}")
+        raise invalid(f"installation.id must be an integer, not {_kind(number)}")
     if not 0 <= number <= MAX_INSTALLATION_ID:
-        raise InvalidEnvelope(f"installation.id must be within 0..{MAX_INSTALLATION_ID}")
+        raise invalid(f"installation.id must be within 0..{MAX_INSTALLATION_ID}")
     return number
 
 

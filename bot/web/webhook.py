@@ -15,7 +15,6 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-import msgspec
 import structlog
 from aiohttp import web
 
@@ -38,7 +37,7 @@ from bot.web.body import (
     read_body,
     too_large,
 )
-from bot.web.envelope import InvalidEnvelope, NotAnObject, envelope_of
+from bot.web.envelope import UnreadableBody, envelope_of
 from bot.web.events import event_label
 from bot.web.health import add_health_routes
 
@@ -148,14 +147,8 @@ def _signed(body: bytes, signature: str, secrets: list[str]) -> bool:
 def _delivery(request: web.Request, headers: Headers, body: bytes) -> Delivery:
     try:
         envelope = envelope_of(body)
-    except msgspec.DecodeError as exc:
-        raise Rejected(400, "invalid-json", f"body is not JSON: {exc}") from None
-    except RecursionError:
-        raise Rejected(400, "invalid-json", "body exceeds the JSON nesting depth limit") from None
-    except NotAnObject as exc:
-        raise Rejected(400, "invalid-json", str(exc)) from None
-    except InvalidEnvelope as exc:
-        raise Rejected(400, "invalid-payload", str(exc)) from None
+    except UnreadableBody as exc:
+        raise Rejected(400, exc.code, exc.detail) from None
     return Delivery(
         id=headers.delivery_id,
         event=headers.event,

@@ -366,9 +366,9 @@ async def test_installation_removed_forgets_the_repository(tmp_path):
                    "repositories_added": [], "sender": {"login": "alice"}}
         import json
 
-        from bot.web.inbox import Delivery
+        from tests.builders import delivery
 
-        await run.klaud.handle(Delivery.from_payload("x", "installation_repositories", json.dumps(payload).encode(), payload, {}))
+        await run.klaud.handle(delivery("x", "installation_repositories", json.dumps(payload).encode()))
         assert run.klaud.live.repo("acme/bench") is None
     # The next process on the store (one at a time: the store is locked) knows nothing of it.
     fresh = Klaud(make_settings(tmp_path / "klaud.db"))

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bot.web.inbox import Delivery
 from tests import scenarios as sc
+from tests.builders import delivery
 from tests.harness import sandbox_stack
 
 NV = "configs/nvidia-master.yaml"
@@ -94,7 +94,7 @@ async def test_redelivered_comment_is_answered_once(tmp_path):
         # GitHub redelivers the same event under a new delivery id.
         original = next(d for d in run.sandbox.deliveries if d.id == answer["deliveries"][0])
         body = json.dumps(original.payload).encode()
-        await run.klaud.handle(Delivery.from_payload("redelivery-1", "issue_comment", body, original.payload, {}))
+        await run.klaud.handle(delivery("redelivery-1", "issue_comment", body))
         assert len(replies(run, 12)) == 1
 
 
@@ -121,7 +121,7 @@ async def test_bot_comments_and_edits_are_ignored(tmp_path):
         assert run.klaud.live.repo("acme/bench").holds == {}
         payload = {"action": "edited", "comment": {"id": 5, "body": f"/klaud hold {H200}", "user": {"login": "bob"}},
                    "issue": {"number": 12}, "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}}
-        await run.klaud.handle(Delivery.from_payload("edit-1", "issue_comment", json.dumps(payload).encode(), payload, {}))
+        await run.klaud.handle(delivery("edit-1", "issue_comment", json.dumps(payload).encode()))
         assert run.klaud.live.repo("acme/bench").holds == {}
 
 
@@ -215,11 +215,11 @@ async def test_rerequested_rerenders_and_own_check_events_are_ignored(tmp_path):
         for action in ("created", "completed"):
             payload = {"action": action, "check_run": {"id": check["id"], "name": "Klaud Cold", "head_sha": check["head_sha"]},
                        "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}}
-            await run.klaud.handle(Delivery.from_payload(action, "check_run", json.dumps(payload).encode(), payload, {}))
+            await run.klaud.handle(delivery(action, "check_run", json.dumps(payload).encode()))
         assert run.requests["total"] == 0
         payload = {"action": "rerequested", "check_run": {"id": check["id"], "name": "Klaud Cold", "head_sha": check["head_sha"]},
                    "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}}
-        await run.klaud.handle(Delivery.from_payload("rr", "check_run", json.dumps(payload).encode(), payload, {}))
+        await run.klaud.handle(delivery("rr", "check_run", json.dumps(payload).encode()))
         assert run.requests["by_route"].get("PATCH /repos/{owner}/{repo}/check-runs/{check_run_id}") == 1
 
 

@@ -259,6 +259,9 @@ BAD_BODIES = {
     "number-for-full_name": '{"action":"opened","number":0,"repository":{"full_name":12345},"installation":{"id":7}}',
     "list-for-action": '{"action":["opened"],"number":0,"repository":{"full_name":"acme/bench"},"installation":{"id":7}}',
     "negative-installation-id": '{"action":"opened","number":0,"repository":{"full_name":"acme/bench"},"installation":{"id":-1}}',
+    # Stored, shown by the API and logged: 5 MB of it made one 5 MB log line.
+    "101-character-action": '{"action":"' + "a" * 101 + '","repository":{"full_name":"acme/bench"},"installation":{"id":7}}',
+    "control-character-in-action": '{"action":"opened\\n","repository":{"full_name":"acme/bench"},"installation":{"id":7}}',
 }
 
 

@@ -19,7 +19,6 @@ from structlog.testing import capture_logs
 
 from bot.app import Klaud
 from bot.core.errors import PermanentError
-from bot.web.inbox import Delivery
 from tests.harness import (
     PREVIOUS_SECRET,
     SECRET,
@@ -427,20 +426,26 @@ def test_receive_runs_one_payload_through_the_handlers(tmp_path, monkeypatch, ca
     assert json.loads(capsys.readouterr().out) == {"delivery": "r-1", "event": "ping", "status": "done"}
 
 
-def test_receive_rejects_a_payload_that_is_not_json(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"{nope", "body is not JSON"),
+        (b"\xff\xfe{}", "body is not JSON"),  # not UTF-8: a traceback before
+        (b"[" * 100_000 + b"]" * 100_000, "JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"repository": {"full_name": 12345}}', "repository.full_name must be a string"),  # crashed ordering_key
+        (b'{"action": "' + b"a" * 101 + b'"}', "action must be 1-100 printable characters"),
+    ],
+)
+def test_receive_refuses_in_one_line_what_the_webhook_refuses(tmp_path, monkeypatch, capsys, content, says):
     from bot.cli import main
 
     payload = tmp_path / "bad.json"
-    payload.write_text("{nope")
+    payload.write_bytes(content)
     monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'r.db'}")
     assert main(["receive", "--event", "push", "--payload", str(payload)]) == 2
-    assert "--payload" in capsys.readouterr().err
-
-
-def test_delivery_records_repository_and_installation():
-    delivery = Delivery.from_payload("x", "pull_request", b"{}", PR_PAYLOAD, {})
-    assert (delivery.repo, delivery.installation, delivery.action) == ("acme/bench", 7, "opened")
-    assert delivery.ordering_key == "repo:acme/bench"
+    error = capsys.readouterr().err
+    assert error.startswith("klaud: --payload: ") and says in error and error.count("\n") == 1
 
 
 @pytest.mark.parametrize(

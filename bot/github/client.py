@@ -85,6 +85,10 @@ TOKEN_CACHE_SIZE = 4096
 DOWNLOAD_CHUNK = 64 * 1024
 ERROR_BODY_LIMIT = 64 * 1024
 ITEMS_KEY = "items"
+# What one listing may yield: 200 full pages. A Link header that always names a next page
+# (a broken proxy, a paging bug) would otherwise be followed for ever. Listing fails rather
+# than end early: callers act on what a listing leaves out (a PR not listed is closed).
+MAX_LISTED = 20_000
 
 
 def translate(exc: gidgethub.HTTPException, *, now: float) -> GitHubError:
@@ -644,11 +648,15 @@ class InstallationClient:
     async def getiter(
         self, url: str, url_vars: dict[str, Any] | None = None, *, iterable_key: str | None = None
     ) -> AsyncIterator[Any]:
-        """Every item of every page, following `Link: rel="next"`."""
+        """Every item of every page, following `Link: rel="next"`, at most MAX_LISTED."""
+        listed = 0
         with _github_errors(self._clock):
             async for item in self._api.getiter(
                 url, url_vars or {}, iterable_key=iterable_key or ITEMS_KEY
             ):
+                listed += 1
+                if listed > MAX_LISTED:
+                    raise BadRequest(None, f"{url} lists more than {MAX_LISTED} items; stopped")
                 yield item
 
     async def post(

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from structlog.testing import capture_logs
 
+import bot.github.client as client_module
 from bot.core.clock import ManualClock
 from bot.core.domain import stamp
 from bot.github.client import (
@@ -665,6 +666,25 @@ async def test_pagination_follows_absolute_next_links_under_the_prefix(inst: Ins
     numbers = [pull["number"] async for pull in inst.getiter("/repos/{owner}/{repo}/pulls", {"owner": "acme", "repo": "bench"})]
     assert numbers == [10, 11, 20, 21, 30, 31]
     assert [s.query.get("page") for s in stub.calls("GET", "/repos/acme/bench/pulls")] == [None, "2", "3"]
+
+
+async def test_a_listing_whose_next_page_never_ends_fails_instead_of_paging_for_ever(
+    inst: InstallationClient, stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "MAX_LISTED", 30)
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        page = int(request.query.get("page", "1"))
+        link = f'<{stub.url}{PREFIX}/repos/acme/bench/pulls?page={page + 1}>; rel="next"'
+        return web.json_response([{"number": page * 10 + i} for i in range(10)], headers={"Link": link})
+
+    stub.route("GET", "/repos/acme/bench/pulls", endless)
+    listed = []
+    with pytest.raises(BadRequest, match="lists more than 30 items"):
+        async for pull in inst.getiter("/repos/{owner}/{repo}/pulls", {"owner": "acme", "repo": "bench"}):
+            listed.append(pull["number"])
+    # Failed, not cut short: a caller would take the PRs it was not shown for closed.
+    assert len(listed) == 30 and len(stub.calls("GET", "/repos/acme/bench/pulls")) == 4
 
 
 async def test_iterable_key_unwraps_paged_objects(make_app: Callable[..., GitHubApp], stub: Stub) -> None:

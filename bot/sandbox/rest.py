@@ -39,6 +39,7 @@ MAX_PULL_FILES = 3000
 MAX_COMPARE_FILES = 300
 LARGE_FILE = 1024 * 1024
 CHECK_STATUSES = ("queued", "in_progress", "completed", "waiting", "requested", "pending")
+ACTIONS_ONLY_STATUSES = ("waiting", "requested", "pending")
 CHECK_CONCLUSIONS = ("action_required", "cancelled", "failure", "neutral", "success",
                      "skipped", "stale", "timed_out")
 # Route parameters that may contain slashes.
@@ -551,7 +552,9 @@ def dispatch_workflow(call: Call) -> Reply:
     ref = call.field("ref")
     if not isinstance(ref, str) or not ref:
         raise validation_failed('Invalid request.\n\n"ref" wasn\'t supplied.')
-    sha = repo.resolve(ref)
+    # A branch or a tag: GitHub answers a commit SHA with the same 422.
+    names = (ref,) if ref.startswith(("refs/heads/", "refs/tags/")) else (f"refs/heads/{ref}", f"refs/tags/{ref}")
+    sha = next((repo.refs[name] for name in names if name in repo.refs), None)
     if sha is None:
         raise validation_failed(f"No ref found for: {ref}")
     workflow, text = dispatched_workflow(repo, sha, call.params["workflow_id"])
@@ -630,8 +633,12 @@ def apply_check_fields(call: Call, check: CheckRun) -> None:
     status, conclusion = call.field("status"), call.field("conclusion")
     if status is not None and status not in CHECK_STATUSES:
         raise validation_failed(f"Invalid status: {status}")
+    if status in ACTIONS_ONLY_STATUSES:
+        raise validation_failed(f"Only GitHub Actions can set a status of {status}")
     if conclusion is not None and conclusion not in CHECK_CONCLUSIONS:
         raise validation_failed(f"Invalid conclusion: {conclusion}")
+    if conclusion == "stale":
+        raise validation_failed("Only GitHub can set a conclusion of stale")
     if status == "completed" and conclusion is None and check.conclusion is None:
         raise validation_failed("Conclusion must be given when the status is completed")
     output = call.field("output")
@@ -650,6 +657,8 @@ def apply_check_fields(call: Call, check: CheckRun) -> None:
             setattr(check, name, call.field(name))
     if status is not None:
         check.status = status
+        if status != "completed":
+            check.conclusion, check.completed_at = None, None  # back in progress: no conclusion
     if conclusion is not None:
         check.conclusion, check.status = conclusion, "completed"
     if check.status == "completed" and check.completed_at is None:

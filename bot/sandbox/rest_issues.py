@@ -152,15 +152,9 @@ def edit_pull_as_issue(world: World, repo: RepoState, number: int,
 # --- issues: comments and reactions ----------------------------------------------------
 
 
-def issue_exists(repo: RepoState, number: int) -> bool:
-    return number in repo.pulls or number in repo.issues
-
-
 def list_comments(call: Call) -> Reply:
     repo = call.repo()
-    number = call.number("issue_number")
-    if not issue_exists(repo, number):
-        raise ApiError(404, "Not Found")
+    number = issue_number_or_404(call, repo, ISSUES_READ)
     comments = sorted((c for c in repo.comments.values() if c.issue_number == number),
                       key=lambda c: c.id)
     if "since" in call.query:
@@ -171,9 +165,7 @@ def list_comments(call: Call) -> Reply:
 
 def create_comment(call: Call) -> Reply:
     repo = call.repo()
-    number = call.number("issue_number")
-    if not issue_exists(repo, number):
-        raise ApiError(404, "Not Found")
+    number = issue_number_or_404(call, repo, ISSUES_WRITE)
     body = call.field("body")
     if not isinstance(body, str) or not body:
         raise validation_failed('Invalid request.\n\n"body" wasn\'t supplied.')
@@ -184,21 +176,24 @@ def create_comment(call: Call) -> Reply:
     return Reply(201, shaped, headers={"location": shaped["url"]})
 
 
-def comment_or_404(call: Call, repo: RepoState) -> IssueComment:
+def comment_or_404(call: Call, repo: RepoState, needs: Needs) -> IssueComment:
+    """The comment; on a plain issue the App needs `issues` (`needs`), as for the issue."""
     comment = repo.comments.get(call.number("comment_id"))
     if comment is None:
         raise ApiError(404, "Not Found")
+    if comment.issue_number in repo.issues:
+        call.require(repo, needs)
     return comment
 
 
 def get_comment(call: Call) -> Reply:
     repo = call.repo()
-    return Reply(body=call.shapes.comment(repo, comment_or_404(call, repo)))
+    return Reply(body=call.shapes.comment(repo, comment_or_404(call, repo, ISSUES_READ)))
 
 
 def update_comment(call: Call) -> Reply:
     repo = call.repo()
-    comment = comment_or_404(call, repo)
+    comment = comment_or_404(call, repo, ISSUES_WRITE)
     body = call.field("body")
     if not isinstance(body, str) or not body:
         raise validation_failed('Invalid request.\n\n"body" wasn\'t supplied.')
@@ -210,7 +205,7 @@ def update_comment(call: Call) -> Reply:
 
 def create_reaction(call: Call) -> Reply:
     repo = call.repo()
-    comment = comment_or_404(call, repo)
+    comment = comment_or_404(call, repo, ISSUES_WRITE)
     content = call.field("content")
     if content not in REACTIONS:
         raise validation_failed("Validation Failed", errors=[
@@ -227,5 +222,5 @@ def create_reaction(call: Call) -> Reply:
 
 def list_reactions(call: Call) -> Reply:
     repo = call.repo()
-    comment = comment_or_404(call, repo)
+    comment = comment_or_404(call, repo, ISSUES_READ)
     return Reply(items=[call.shapes.reaction(r) for r in repo.comment_reactions(comment.id)])

@@ -172,3 +172,22 @@ def test_repositories_of_one_installation_share_its_permissions() -> None:
     scenario["repositories"].append(other)
     with pytest.raises(SandboxError, match="installation 1"):
         Sandbox(scenario)
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("POST", f"{REPO}/issues/40/comments", {"body": "hi"}),
+    ("GET", f"{REPO}/issues/40/comments", None),
+    ("PATCH", f"{REPO}/issues/comments/COMMENT", {"body": "edited"}),
+    ("POST", f"{REPO}/issues/comments/COMMENT/reactions", {"content": "eyes"}),
+])
+async def test_comments_on_a_plain_issue_need_the_issues_permission(
+    method: str, path: str, body: dict[str, Any] | None,
+) -> None:
+    # pull_requests covers the issue side of a pull request only (it commented on one before).
+    scenario = scenario_with(permissions=without("issues", pull_requests="write"),
+                             issues=[{"number": 40, "title": "t", "user": "alice"}])
+    async for hub in serve(Sandbox(scenario)):
+        comment = hub.sandbox.world.add_comment(hub.sandbox.world.repo("acme/bench"), 40, "alice", "hello", via_app=False)
+        response = await hub.api(method, path.replace("COMMENT", str(comment.id)), json=body)
+        assert response.status == 403, await response.text()
+        await hub.sandbox.drain()

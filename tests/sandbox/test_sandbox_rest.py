@@ -403,6 +403,9 @@ async def test_workflow_dispatch_records_and_queues_a_run(hub: Hub) -> None:
         ("klaud-candidate.yml", {"ref": "main", "inputs": {"candidate": "x"}},
          422, "Required input 'family' not provided"),
         ("klaud-candidate.yml", {"ref": "nope", "inputs": {}}, 422, "No ref found for: nope"),
+        # A commit SHA is not a ref GitHub dispatches on (github/docs#590).
+        ("klaud-candidate.yml", {"ref": "HEAD", "inputs": {"candidate": "x", "family": "f", "base": "b"}},
+         422, "No ref found for: HEAD"),
         ("run-sweep.yml", {"ref": "main"}, 422,
          "Workflow does not have 'workflow_dispatch' trigger"),
         ("missing.yml", {"ref": "main"}, 404, "Not Found"),
@@ -411,6 +414,9 @@ async def test_workflow_dispatch_records_and_queues_a_run(hub: Hub) -> None:
 async def test_workflow_dispatch_errors(
     hub: Hub, workflow: str, body: dict[str, object], status: int, message: str
 ) -> None:
+    if body.get("ref") == "HEAD":
+        body = dict(body, ref=hub.state()["head_sha"])
+        message = message.replace("HEAD", str(body["ref"]))
     response = await hub.api("POST", f"{REPO}/actions/workflows/{workflow}/dispatches", json=body)
     assert response.status == status
     assert (await response.json())["message"] == message
@@ -442,6 +448,10 @@ async def test_check_runs_create_update_and_list(hub: Hub) -> None:
     assert invalid.status == 422
     bad_status = await hub.api("PATCH", f"{REPO}/check-runs/{second['id']}", json={"status": "done"})
     assert bad_status.status == 422
+    for refused in ({"status": "waiting"}, {"status": "pending"}, {"conclusion": "stale"}):  # GitHub's or Actions' own
+        assert (await hub.api("PATCH", f"{REPO}/check-runs/{second['id']}", json=refused)).status == 422
+    reopened = await hub.json("PATCH", f"{REPO}/check-runs/{created['id']}", json={"status": "in_progress"})
+    assert (reopened["status"], reopened["conclusion"], reopened["completed_at"]) == ("in_progress", None, None)
     assert (await hub.api("PATCH", f"{REPO}/check-runs/1", json={})).status == 404
     await hub.sandbox.drain()
 

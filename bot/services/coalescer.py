@@ -23,8 +23,9 @@ class Coalescer(Generic[K]):
     The first mark of a key starts a `delay_seconds` window; marks inside it add nothing.
     A mark while that key's flush runs asks for exactly one more flush, a window after the
     running one ends, so the last change is never lost. Exceptions listed in `errors` are
-    logged with the key and the key stays usable; any other exception ends that key's task
-    and surfaces through asyncio like any task failure.
+    logged with the key and the key stays usable; any other exception (a bug) ends that
+    key's task and is logged at once with its traceback: nobody awaits these tasks, so
+    asyncio would report it only when the task is collected, or never.
     """
 
     def __init__(
@@ -52,9 +53,9 @@ class Coalescer(Generic[K]):
         if self._closed:
             raise RuntimeError("Coalescer is closed")
         if key not in self._tasks:
-            self._tasks[key] = asyncio.get_running_loop().create_task(
-                self._run(key), name=f"check-flush:{key}"
-            )
+            task = asyncio.get_running_loop().create_task(self._run(key), name=f"check-flush:{key}")
+            task.add_done_callback(_report_crash)
+            self._tasks[key] = task
         elif key in self._running:
             self._again.add(key)
 
@@ -99,3 +100,8 @@ class Coalescer(Generic[K]):
                 await self._hurry.wait()
         except TimeoutError:
             pass  # the window ended normally
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("flush_crashed", task=task.get_name(), exc_info=exc)

@@ -60,6 +60,11 @@ class Stack:
         return self.listeners.admin_url
 
     async def stop(self) -> None:
+        if self.sandbox is not None:
+            # The sandbox GitHub goes with the listeners: what is pending for it (a check
+            # run, the dashboard) is published first, or it fails against a closed port.
+            await self.klaud.checks.settle()
+            await self.klaud.dashboard.settle()
         await self.listeners.stop()
         await self.klaud.stop()
 

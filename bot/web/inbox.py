@@ -191,6 +191,9 @@ class Inbox:
         """
         self._stopping = False
         recovered = [] if self.ownership is not None else await self.store.pending()
+        # The webhook listener is up while the state loads: what it stored meanwhile is
+        # queued already, and queued again it would run twice.
+        recovered = [delivery for delivery in recovered if delivery.id not in self._queued]
         for delivery in recovered:
             delivery.status = "queued"
             self._enqueue(delivery)

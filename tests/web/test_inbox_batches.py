@@ -107,6 +107,19 @@ async def test_a_commit_the_store_refuses_runs_the_deliveries_again(db: Recordin
     assert handler.seen[:2] == ["d0", "d1"] and handler.seen.count("d0") == 1
 
 
+async def test_a_delivery_acknowledged_while_the_state_loads_runs_once(db: RecordingDatabase) -> None:
+    store = DeliveryStore(db)
+    handler = Handler(StateStore(db, store.writer))
+    inbox = Inbox(store, handler)
+    await inbox.open()
+    assert await store.put(delivery(0))  # left from before a restart
+    assert await inbox.put(delivery(1))  # the webhook listener serves before `start`
+    await inbox.start()
+    await inbox.drained()
+    await inbox.stop()
+    assert sorted(handler.seen) == ["d0", "d1"]
+
+
 async def test_a_long_queue_keeps_few_bodies_in_memory_and_reads_the_others_at_their_turn(
     db: RecordingDatabase,
 ) -> None:

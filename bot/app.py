@@ -105,6 +105,7 @@ class Klaud:
             writers=lambda: self.replicas.live_replicas if self.replicas is not None else 1,
         )
         self.live = LiveState(self.store, GitHubRepos(self.github), self.clock, settings.bot_logins)
+        self.inbox.reload = self.live.reload
         self.capacity = CapacityFeed(
             self.session,
             settings.capacity_url,

@@ -55,6 +55,8 @@ class LiveState:
         # Whether this process may take up a repository it has no state for. With replicas
         # (`bot.services.replicas`) only the holder of the repository's lease may.
         self.admit: Callable[[str], Awaitable[bool]] = _always
+        # Repositories whose changes the store refused outside a delivery, to read back.
+        self.stale: set[str] = set()
 
     def lock(self, repo: str) -> asyncio.Lock:
         return self._locks[repo.lower()]
@@ -101,7 +103,27 @@ class LiveState:
         self.repos.pop(name.lower(), None)
 
     async def persist(self, change: Change) -> None:
-        await self.store.apply(change)
+        try:
+            await self.store.apply(change)
+        except BaseException:
+            # Memory now holds what the store does not: what reads it next (a retried
+            # wave, a reconcile) would find nothing to write. Read back at the next tick.
+            self.stale |= change.repos()
+            raise
+
+    async def reload(self, name: str) -> None:
+        """Replace a repository's state in memory with what the store holds (a commit of its
+        changes failed); one the store has nothing of leaves memory, to be reconciled anew.
+        One no longer in memory stays out (with replicas, another may own it now)."""
+        async with self.lock(name):
+            if self.repo(name) is not None and await self.load_repo(name) is None:
+                self.drop(name)
+            self.stale.discard(name)
+        log.info("live.reloaded", repo=name)
+
+    async def reload_stale(self) -> None:
+        for name in sorted(self.stale):
+            await self.reload(name)
 
     async def notify(self, state: RepoState, families: set[str], pulls: set[int] | None = None) -> None:
         """Tell listeners (check runs) which families' state changed and which PRs moved."""

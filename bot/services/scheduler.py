@@ -97,6 +97,7 @@ class Scheduler:
     async def tick(self) -> list[str]:
         """Run whatever is due now; returns the repositories that got a wave."""
         waved = []
+        await self.live.reload_stale()
         for key in [key for key in self._failing if key[0] not in self.live.repos]:
             del self._failing[key]  # a repository given up or removed: nothing left to back off from
         for name, state in list(self.live.repos.items()):

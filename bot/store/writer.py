@@ -145,6 +145,9 @@ class Unit:
     task: asyncio.Task[object] | None
     statements: Group = field(default_factory=list)
     repos: set[str] = field(default_factory=set)
+    # Every repository the unit wrote, kept after its statements are taken: when a commit
+    # fails, these are the repositories whose memory is ahead of the store.
+    touched: set[str] = field(default_factory=set)
     # Fails the transaction unless the delivery is still this process's (replicas' claims):
     # part of every group made of the unit's changes.
     fence: Statement | None = None
@@ -281,6 +284,7 @@ class Writer:
                 self._queue_group(other.take())
         unit.statements.extend(statements)
         unit.repos |= repos
+        unit.touched |= repos
 
     async def commit_unit(self) -> None:
         """Commit what the running unit holds, before Klaud acts on GitHub."""

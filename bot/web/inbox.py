@@ -34,6 +34,12 @@ from bot.web.events import event_label
 log = structlog.get_logger("klaud.inbox")
 
 Handler = Callable[[Delivery], Awaitable[None]]
+# Replaces a repository's state in memory with what the store holds.
+Reload = Callable[[str], Awaitable[None]]
+
+
+async def _no_state(_repo: str) -> None:
+    """An inbox with no state kept in memory has nothing to read back."""
 
 
 class Ownership(Protocol):
@@ -72,6 +78,7 @@ class Ended:
     status: str  # "done", "failed", or "queued" (to retry)
     commit: asyncio.Future[list[Result]] = field(init=False)
     error_text: str | None = None
+    repos: set[str] = field(default_factory=set)  # the repositories its handler wrote
 
 
 class Inbox:
@@ -92,9 +99,11 @@ class Inbox:
         claim_every: float = 0.25,
         claim_limit: int = 256,
         handler_timeout: float = 600.0,
+        reload: Reload = _no_state,
     ) -> None:
         self.store = store
         self.handler = handler
+        self.reload = reload
         self.max_attempts = max_attempts
         self.base_delay = base_delay
         self.max_delay = max_delay
@@ -118,6 +127,8 @@ class Inbox:
         self._claim_soon = asyncio.Event()
         self._claimer: asyncio.Task[None] | None = None
         self._queued: set[str] = set()  # ids of the deliveries in the queues
+        # Ordering key -> repositories to read back from the store before its next batch.
+        self._stale: dict[str, set[str]] = {}
         self._released: set[str] = set()  # ordering keys whose queues are dropped once idle
         self._free: tuple[float, int | None] = (-1.0, None)  # (when measured, bytes)
         self.handler_timeout = handler_timeout
@@ -325,7 +336,7 @@ class Inbox:
         ends: list[Ended] = []
         try:
             batch = list(itertools.islice(queue, self.batch_size))
-            if not await self._read_bodies(key, batch):
+            if not await self._reload_stale(key, batch[0]) or not await self._read_bodies(key, batch):
                 return
             loop = asyncio.get_running_loop()
             held_since = loop.time()
@@ -345,6 +356,21 @@ class Inbox:
             for ended in ends:
                 self._running.pop(ended.delivery.id, None)
             self._wake.set()
+
+    async def _reload_stale(self, key: str, head: Delivery) -> bool:
+        """Read back from the store the repositories whose last commit it refused."""
+        stale = self._stale.get(key)
+        if not stale:
+            return True
+        try:
+            for repo in sorted(stale):
+                await self.reload(repo)
+        # The store still cannot be read: the queue waits and tries again, like a failed commit.
+        except Exception as exc:  # noqa: BLE001
+            self._wait_for_store(key, head, exc)
+            return False
+        del self._stale[key]
+        return True
 
     async def _read_bodies(self, key: str, batch: list[Delivery]) -> bool:
         """Read the bodies the queue did not keep in memory, in one query before the batch
@@ -400,6 +426,7 @@ class Inbox:
         ended = Ended(delivery, error, time.perf_counter() - started, self._status_after(delivery, error))
         message = f"{type(error).__name__}: {error}"[:2000] if error is not None else None
         status = status_statement(delivery.id, ended.status, delivery.attempts, message)
+        ended.repos = set(unit.touched)
         ended.commit = writer.end_unit(unit, [status])
         ended.error_text = message
         return ended
@@ -425,6 +452,9 @@ class Inbox:
     def _store_failed(self, key: str, unsaved: list[Ended], exc: BaseException) -> None:
         for ended in unsaved:
             ended.delivery.status = "queued"
+            # Memory holds what the store refused: the handlers would find nothing left to
+            # write when they run again, so those repositories are read back first.
+            self._stale.setdefault(key, set()).update(ended.repos)
         self._wait_for_store(key, unsaved[0].delivery, exc, [ended.delivery.id for ended in unsaved])
 
     def _wait_for_store(self, key: str, head: Delivery, exc: BaseException, ids: list[str] | None = None) -> None:

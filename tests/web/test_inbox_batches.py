@@ -4,16 +4,25 @@ and its status commit in one transaction, and a batch waits for the disk once.""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import msgspec
 import pytest
 
+from bot.core.clock import Clock
+from bot.core.domain import Attempt
+from bot.services.live import LiveState
+from bot.services.outcomes import OutcomeRecorder
+from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore
 from bot.store.engine import Statement
 from bot.store.records import StateStore
 from bot.web.inbox import Inbox
 from tests.store.recording import RecordingDatabase
+
+ATTEMPT = Attempt("c" * 33, None, 7, 1, None, datetime(2030, 1, 1, tzinfo=UTC), False, None, None, None, None,
+                  "artifact-expired", source="run")
 
 
 def delivery(number: int, repo: str = "acme/bench") -> Delivery:
@@ -198,3 +207,54 @@ async def test_a_replica_claims_what_it_stored_itself_without_reading_the_body_b
     await inbox.stop()
     assert seen == {"mine": b'{"n": 1}', "other": b'{"n": 2}'}
     assert read_back == ["other"]
+
+
+async def test_a_delivery_whose_commit_was_refused_writes_its_change_when_it_runs_again(db: RecordingDatabase) -> None:
+    # A real handler writes only what differs from memory. Run again on the memory of its
+    # refused first run, it found the attempt there, wrote nothing, and the store lost it.
+    deliveries = DeliveryStore(db)
+    store = StateStore(db, deliveries.writer)
+    live = LiveState(store, None, Clock(), ())
+    live.put(RepoState("o/r", RepoMeta(installation=1)))
+    await store.apply(Change().put("", "repo", "o/r", RepoMeta(installation=1)))
+    outcomes = OutcomeRecorder(live)
+    runs: list[str] = []
+
+    async def handler(item: Delivery) -> None:  # what OutcomeRecorder.on_receipt does
+        runs.append(item.id)
+        state = live.repo("o/r")
+        assert state is not None
+        async with live.lock(state.name):
+            change = Change()
+            await outcomes.apply_attempt(state, None, ATTEMPT, change)  # type: ignore[arg-type]
+            await live.persist(change)
+
+    inbox = Inbox(deliveries, handler, base_delay=0.01, max_delay=0.02, reload=live.reload)
+    await inbox.open()
+    await deliveries.put(Delivery("d1", "issue_comment", b"{}", action="created", repo="o/r", installation=1))
+    db.refuse = "'d1'"
+    await inbox.start()
+    while not runs:
+        await asyncio.sleep(0.005)
+    db.refuse = None
+    await inbox.drained()
+    await inbox.stop()
+    assert runs == ["d1", "d1"] and (await deliveries.get("d1")).status == "done"  # type: ignore[union-attr]
+    assert f"{ATTEMPT.candidate}:7:1" in (await store.load("o/r")).get("attempt", {})
+
+
+async def test_a_change_the_store_refused_outside_a_delivery_is_read_back_from_the_store(db: RecordingDatabase) -> None:
+    store = StateStore(db, DeliveryStore(db).writer)
+    live = LiveState(store, None, Clock(), ())
+    await store.apply(Change().put("", "repo", "o/r", RepoMeta(installation=1, wave=3)))
+    state = await live.load_repo("o/r")
+    assert state is not None
+    state.meta.wave = 4  # a wave's record, refused by the store
+    db.refuse = "o/r"
+    with pytest.raises(Exception, match="refused"):
+        await live.persist(state.save_meta())
+    db.refuse = None
+    assert live.stale == {"o/r"}
+    await live.reload_stale()  # the scheduler's next tick
+    reloaded = live.repo("o/r")
+    assert reloaded is not None and reloaded.meta.wave == 3 and live.stale == set()

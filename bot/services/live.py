@@ -94,7 +94,14 @@ class LiveState:
         if meta is None:
             return None
         records = await self.store.load(name, attempts_since=stamp(self.clock.now() - ATTEMPT_MEMORY))
-        state = RepoState.from_records(name, records, meta)
+        try:
+            state = RepoState.from_records(name, records, meta)
+        except ValueError as exc:
+            # Written by another version, or damaged: reported, and the repository is
+            # rebuilt from GitHub as if new (a traceback would stop start-up, or a replica's
+            # every takeover of it).
+            log.warning("store.record_unreadable", repo=name, kind="repo", key=name, reason=str(exc))
+            return None
         self.put(state)
         return state
 

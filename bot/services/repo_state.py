@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
+
 from bot.core.catalog import Catalog, config_problems
 from bot.core.dispatching import WaveRuns, count_finished, pause_reason
 from bot.core.domain import (
@@ -117,8 +119,10 @@ class RepoState:
             return Policy()
 
     @classmethod
-    def from_records(cls, name: str, records: dict[str, dict[str, Any]], meta: dict[str, Any]) -> RepoState:
-        state = cls(name, RepoMeta(**meta))
+    def from_records(cls, name: str, records: dict[str, dict[str, Any]], meta: Any) -> RepoState:
+        """The state the store holds; ValueError when the repository's record cannot be read
+        (a field missing or of the wrong type; fields a newer version added are ignored)."""
+        state = cls(name, msgspec.convert(meta, RepoMeta))
         state.catalog = Catalog(records.get("family", {}).values())
         state.overlap = OverlapIndex(state.catalog, state.policy.family_files)
         state._index_families()

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
+from structlog.testing import capture_logs
+
+from bot.core.clock import Clock
+from bot.services.live import LiveState
 from bot.services.repo_state import RepoMeta, RepoState
+from bot.store.change import Change
+from bot.store.db import Database
+from bot.store.records import StateStore
 
 
 def meta() -> RepoMeta:
@@ -28,3 +35,18 @@ def test_the_record_is_the_meta_as_it_was_when_put_and_reads_back_whole() -> Non
     [(repo, kind, key, text)] = change.puts
     assert (repo, kind, key) == ("", "repo", "o/r")
     assert RepoState.from_records("o/r", {}, json.loads(text)).meta == meta()
+
+
+async def test_a_record_this_version_cannot_read_is_reported_and_the_repository_starts_anew(tmp_path) -> None:
+    db = Database(str(tmp_path / "k.db"))
+    await db.open()
+    store = StateStore(db)
+    live = LiveState(store, None, Clock(), ())
+    # A newer version's extra field is read past; a record missing `installation` is not.
+    await store.apply(Change().put("", "repo", "o/new", {"installation": 7, "from_a_newer_version": 1}))
+    await store.apply(Change().put("", "repo", "o/bad", {"wave": 3}))
+    with capture_logs() as logs:
+        await live.load()
+    assert sorted(live.repos) == ["o/new"] and live.repos["o/new"].meta.installation == 7
+    assert [(e["event"], e["key"]) for e in logs if e["log_level"] == "warning"] == [("store.record_unreadable", "o/bad")]
+    await db.close()

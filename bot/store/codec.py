@@ -41,11 +41,28 @@ _PLAIN = msgspec.json.Encoder()
 _ANY = msgspec.json.Decoder()
 
 
+_NUL = "\\u0000"  # how JSON writes U+0000
+
+
 def encode(kind: str, value: Any) -> str:
     adapter = ADAPTERS.get(kind)
-    if adapter is None:
-        return _PLAIN.encode(value).decode()
-    return adapter.dump_json(value).decode()
+    text = _PLAIN.encode(value).decode() if adapter is None else adapter.dump_json(value).decode()
+    if _NUL in text:
+        # PostgreSQL's json operators (the queries that load and prune attempts read
+        # completed_at with ->>) refuse a document holding U+0000, and text from GitHub (a
+        # job's or a step's name) may hold one: it is dropped, on both engines alike.
+        text = _PLAIN.encode(_without_nul(_ANY.decode(text))).decode()
+    return text
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, list):
+        return [_without_nul(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_nul(key): _without_nul(item) for key, item in value.items()}
+    return value
 
 
 def encode_document(value: Any) -> bytes:

@@ -4,6 +4,7 @@ record the code cannot read is reported in one line and skipped."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sqlite3
 import zlib
@@ -59,6 +60,17 @@ async def test_old_attempts_stay_in_the_store_but_are_not_loaded(stores):
     recent = await stores.state.load("o/r", attempts_since=stamp(NOW - timedelta(days=14)))
     assert sorted(a.run_id for a in recent["attempt"].values()) == [1, 2]
     assert len((await stores.state.load("o/r"))["attempt"]) == 4
+
+
+async def test_text_holding_u0000_from_github_is_stored_without_it_and_attempts_still_load(stores):
+    # A step's name comes verbatim from GitHub's jobs API. PostgreSQL's ->> (loading and
+    # pruning attempts) refused the whole document, so the repository could not be loaded.
+    failed = dataclasses.replace(attempt(1, 1), failed_job="build\x00", failed_step="step\x00one")
+    await stores.state.apply(Change().put("o/r", "attempt", "1", failed).put("", "repo", "o/r", {"note": "a\\u0000b"}))
+    [loaded] = (await stores.state.load("o/r", attempts_since=stamp(NOW - timedelta(days=14))))["attempt"].values()
+    assert (loaded.failed_job, loaded.failed_step) == ("build", "stepone")
+    assert await stores.state.get("", "repo", "o/r") == {"note": "a\\u0000b"}  # a backslash and u0000: kept
+    assert await stores.state.prune_attempts(stamp(NOW)) == 1
 
 
 async def test_a_failing_change_leaves_nothing_behind(stores):

@@ -161,6 +161,7 @@ class Replicas:
         if not await self.leases.acquire(repo_lease(repo), self.owner, self.lease_seconds):
             return  # another replica was faster
         try:
+            await self._take_back_claims(repo)
             async with self.live.lock(repo):
                 state = self.live.repo(repo) or await self.live.load_repo(stored_name)
         # Owned without its state, the repository would have no waves until a delivery
@@ -170,15 +171,25 @@ class Replicas:
             log.exception("replica.load_failed", repo=repo, owner=self.owner)
             await self.leases.release(repo_lease(repo), self.owner)
             return
-        await self._own(repo)
+        self._repos.add(repo)
         log.info("replica.took", repo=repo, owner=self.owner, state="loaded" if state else "none yet")
 
     async def _own(self, repo: str) -> None:
-        # Claims this replica made before it last let the repository go would wait for the
-        # stale-claim delay: they are queued again before the inbox claims anew.
-        if not self._busy(repo):
-            await self.deliveries.unclaim(repo, self.owner)
+        await self._take_back_claims(repo)
         self._repos.add(repo)
+
+    async def _take_back_claims(self, repo: str) -> None:
+        """Queue again the repository's deliveries claimed but not finished, whoever claimed
+        them, before its state is read.
+
+        A stalled last owner's commit in flight holds its deliveries' rows: this waits for
+        it, and the state read next includes it; or this comes first, and that commit fails
+        its claim fence. Without it, such a commit landed after the state was read, and the
+        new owner's memory missed what it changed. This replica's own claims from before it
+        last let the repository go are work to do again, not work in hand.
+        """
+        if not self._busy(repo):
+            await self.deliveries.unclaim(repo)
 
     async def _give_up(self, repos: list[str], reason: str) -> None:
         for repo in repos:

@@ -173,7 +173,7 @@ CLAIM_OWNED: dict[Dialect, str] = {
 }
 UNCLAIM = (
     "UPDATE deliveries SET status = 'queued', claimed_by = NULL"
-    " WHERE lower(repo) = ? AND claimed_by = ? AND status = 'processing'"
+    " WHERE lower(repo) = ? AND status = 'processing'"
 )
 WAITING_REPOS = "SELECT DISTINCT repo FROM deliveries WHERE status IN ('queued', 'processing') AND repo IS NOT NULL"
 
@@ -273,10 +273,9 @@ class DeliveryStore:
         # Run alone (outside the writer) it is the same check for the one delivery.
         return Statement(CLAIMS_HELD, ([delivery_id], owner), rows=True, coalesce=CLAIM_FENCES)
 
-    async def unclaim(self, repo: str, owner: str) -> int:
-        """Put `owner`'s unfinished claims of `repo` back in the queue (it takes the repository
-        up again: what it claimed before it let it go is work to do, not work in hand)."""
-        [count] = await self.writer.write([Statement(UNCLAIM, (repo.lower(), owner))])
+    async def unclaim(self, repo: str) -> int:
+        """Put every unfinished claim of `repo` back in the queue (its new owner takes it up)."""
+        [count] = await self.writer.write([Statement(UNCLAIM, (repo.lower(),))])
         return as_count(count)
 
     async def waiting_repos(self) -> set[str]:

@@ -16,7 +16,8 @@ from bot.services.live import LiveState
 from bot.services.replicas import INSTALLATIONS, Replicas, repo_lease
 from bot.services.repo_state import RepoState
 from bot.store import Stores, open_stores
-from bot.store.deliveries import Delivery
+from bot.store.change import Change
+from bot.store.deliveries import Delivery, status_statement
 from tests.conftest import fresh_database
 
 REPOS = ["o/a", "o/b", "O/C", "o/d"]
@@ -183,3 +184,23 @@ async def test_a_repository_whose_state_fails_to_load_at_takeover_is_loaded_by_a
     await a.replicas.round()
     state = a.live.repo("o/a")
     assert a.replicas.owns("o/a") and state is not None and state.meta.wave == 12
+
+
+async def test_a_stalled_owners_commit_after_the_takeover_fails_its_fence(nodes):
+    a = await nodes("a", lease_seconds=0.3)
+    await a.replicas.round()
+    [claimed] = await a.stores.deliveries.claim_owned("a", {"o/a"}, unrouted=False, limit=9)
+    await asyncio.sleep(0.4)  # a stalls past its lease
+    b = await nodes("b")
+    await b.replicas.round()  # b takes o/a up and reads its state
+    assert b.replicas.owns("o/a")
+    # a wakes and commits what o/a's delivery changed, fenced by its claim, as its inbox does
+    writer = a.stores.deliveries.writer
+    unit = writer.begin_unit(a.stores.deliveries.claim_fence(claimed.id, "a"))
+    await a.stores.state.apply(Change().put("", "repo", "o/a", {"installation": 7, "wave": 99}))
+    with pytest.raises(Exception, match="no longer claimed"):
+        await writer.end_unit(unit, [status_statement(claimed.id, "done", 1, None)])
+    # Landed after b read the state, b's memory would have missed it and written over it.
+    assert await b.stores.state.get("", "repo", "o/a") is None
+    [again] = await b.stores.deliveries.claim_owned("b", {"o/a"}, unrouted=False, limit=9)
+    assert again.id == claimed.id  # b does that delivery's work itself

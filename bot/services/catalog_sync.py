@@ -187,7 +187,11 @@ class CatalogSync:
         if (changed is None or state.policy.runners_file in changed) and await self.refresh_runners(state, api, ref):
             reload_all = True
         if reload_all:
-            paths = {f.path for f in state.catalog} | set(await self.config_paths(state, api, ref))
+            paths = set(await self.config_paths(state, api, ref))
+            # Deleted, or no longer matched by `config_globs`: read again, a file the globs
+            # dropped kept all its families live and planned until a full reconcile.
+            for path in {f.path for f in state.catalog} - paths:
+                change.extend(state.remove_config(path))
         else:
             paths = {p for p in changed or () if is_master_config(p, state.policy.config_globs)}
         for path in sorted(paths):

@@ -24,6 +24,8 @@ from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
 
+YAML_SUFFIXES = (".yaml", ".yml")
+
 log = structlog.get_logger("klaud.pulls")
 
 MAX_PR_FILES = 3000  # GitHub lists at most 3,000 files of a pull request
@@ -91,8 +93,15 @@ class PullSync:
         # A copy leaves its source untouched; only a rename changes two paths.
         previous = item.previous_filename if item.status == "renamed" else None
         globs = state.policy.config_globs
-        if not (is_master_config(item.filename, globs) or (previous and is_master_config(previous, globs))):
-            return FileChange(filename=item.filename, previous_filename=previous)
+        paths = (item.filename, previous) if previous else (item.filename,)
+        if not any(is_master_config(path, globs) for path in paths):
+            # Files are read once per head. A YAML file's keys are kept anyway: should a push
+            # widen `config_globs` to it, the PR must overlap its families without a re-read
+            # (else it blocks nothing until its next push).
+            if not any(path.endswith(YAML_SUFFIXES) for path in paths):
+                return FileChange(filename=item.filename, previous_filename=previous)
+            if item.patch is None:
+                return FileChange(filename=item.filename, previous_filename=previous, unavailable=True)
         if item.patch is not None:
             return file_change_from_patch(item.filename, item.patch, previous, item.status)
         # GitHub omits the patch of a large diff: compare the base and head contents here.

@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from bot.core.domain import claim_ref
-from bot.core.events import PushEvent
+from bot.core.events import PullFile, PullRequestEvent, PushEvent
 from tests import scenarios as sc
-from tests.services.conftest import REPO, Kit
+from tests.services.conftest import NOW, REPO, Kit
+from tests.services.fakes import pull
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 PUSHED_AT = datetime(2026, 11, 30, 7, 30, tzinfo=UTC)
@@ -61,3 +62,34 @@ async def test_pushes_to_other_branches_read_nothing(kit: Kit) -> None:
     kit.repo.calls.clear()
     await kit.catalog.on_push(kit.state, push("refs/heads/topic", "1" * 40, "2" * 40))
     assert kit.repo.calls == []
+
+
+NVIDIA_ONLY = 'config_globs: ["configs/nvidia-master.yaml"]\n'
+MI355X = "configs/amd-master.yaml:dsr1-fp8-mi355x-sglang"
+
+
+async def test_a_push_narrowing_config_globs_drops_the_families_of_the_files_left_out(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.state.catalog.get(MI355X) is not None
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {**kit.repo.files[before], ".github/klaud.yml": NVIDIA_ONLY}
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    # They stayed live, and planned, until a full reconcile.
+    assert {f.path for f in kit.state.catalog} == {"configs/nvidia-master.yaml"}
+
+
+async def test_a_push_widening_config_globs_makes_open_prs_overlap_the_families_it_adds(kit: Kit) -> None:
+    kit.repo.put_files({".github/klaud.yml": NVIDIA_ONLY})
+    await kit.reconciler.reconcile(REPO, 1)
+    bump = "@@ -1,3 +1,3 @@\n dsr1-fp8-mi355x-sglang:\n-  image: lmsysorg/sglang:v0.5.5-rocm700-mi35x\n+  image: lmsysorg/sglang:v0.5.6-rocm700-mi35x\n"
+    kit.repo.pull_files_of[12] = [PullFile(filename="configs/amd-master.yaml", patch=bump)]
+    await kit.pulls.on_pull_request(kit.state, PullRequestEvent.model_validate({
+        "action": "opened", "pull_request": pull(12, updated_at=NOW).model_dump(mode="json"),
+        "repository": {"full_name": REPO}, "installation": {"id": 1},
+    }))
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {k: v for k, v in kit.repo.files[before].items() if k != ".github/klaud.yml"}
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    # The PR's files are read once per head: read while the file was no config, it blocked
+    # nothing until its next push.
+    assert kit.state.overlap.touches(12) == {MI355X: "image"}

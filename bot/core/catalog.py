@@ -461,11 +461,16 @@ class Catalog:
     ) -> set[str]:
         """Make `families` the whole content of `path`; returns ids with a new or changed image.
 
-        A family whose image is unchanged keeps its `image_changed_at`. A new or changed
-        image gets `changed_at` (the push time), or keeps the time the caller put on the
-        family when there is no push (a backfill from blame).
+        A family whose image is unchanged keeps its `image_changed_at`, and so does a key
+        renamed with its image line untouched (it takes the date of the key that left the
+        file with that image, as git blame dates the line). A new or changed image gets
+        `changed_at` (the push time), or keeps the time the caller put on the family when
+        there is no push (a backfill from blame).
         """
         previous = self._by_path.get(path, {})
+        families = list(families)
+        staying = {family.key for family in families}
+        left = {f.image: f.image_changed_at for f in previous.values() if f.key not in staying}
         self.remove_file(path)
         changed: set[str] = set()
         for family in families:
@@ -474,6 +479,9 @@ class Catalog:
             before = previous.get(family.key)
             if before is not None and before.image == family.image:
                 family = replace(family, image_changed_at=before.image_changed_at)
+            elif before is None and family.image in left:
+                changed.add(family.id)
+                family = replace(family, image_changed_at=left[family.image])
             else:
                 changed.add(family.id)
                 if changed_at is not None:

@@ -330,6 +330,18 @@ def test_replace_file_keeps_image_time_unless_image_changed() -> None:
     assert catalog.get("configs/x-master.yaml:n").image_changed_at == T2  # type: ignore[union-attr]
 
 
+def test_a_key_renamed_with_its_image_line_untouched_keeps_its_image_age() -> None:
+    # Dated by the push, it went to the back of the staleness order, and a rebuild from
+    # blame (which dates the untouched line) disagreed with the state built from events.
+    catalog = Catalog([family("a", "x:1", image_changed_at=T1), family("b", "y:1", image_changed_at=T1)])
+    changed = catalog.replace_file(
+        "configs/x-master.yaml", [family("a-v2", "x:1"), family("b", "y:1"), family("c", "y:1")], changed_at=T2
+    )
+    assert changed == {"configs/x-master.yaml:a-v2", "configs/x-master.yaml:c"}
+    assert catalog.get("configs/x-master.yaml:a-v2").image_changed_at == T1  # type: ignore[union-attr]
+    assert catalog.get("configs/x-master.yaml:c").image_changed_at == T2  # type: ignore[union-attr]  # a new key
+
+
 def test_replace_file_drops_families_no_longer_in_the_file() -> None:
     catalog = Catalog([family("a"), family("b"), family("c", path="configs/y-master.yaml")])
     catalog.replace_file("configs/x-master.yaml", [family("b")])

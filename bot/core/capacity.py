@@ -151,6 +151,8 @@ def target_eligibility(
 def _unresolved_reason(runner: str | None, unresolved: Sequence[str]) -> str | None:
     if not unresolved:
         return None
+    if runner is not None and tuple(unresolved) == (runner,):
+        return f"runner {runner} names a cluster runners.yaml does not declare"
     names = ", ".join(unresolved)
     verb = "names" if len(unresolved) == 1 else "name"
     label = f"runner label {runner}" if runner else "its runner label"

@@ -110,8 +110,11 @@ class Runners(Mapping[str, tuple[str, ...]]):
             if not cluster:
                 return Targets(problem=_runner_problem(runner, "names no cluster"))
             if cluster not in self.declared:
+                # Kept as the target (the feed may know it), and as unresolved: the family's
+                # decisions name the configuration error, as for a label's unknown runner.
                 return Targets(
                     (cluster,),
+                    unresolved=(runner,),
                     problem=_runner_problem(runner, f"names cluster {cluster}, which runners.yaml does not declare"),
                 )
             return Targets((cluster,))

@@ -115,8 +115,8 @@ def test_every_real_family_resolves_to_declared_ids_or_is_listed_as_an_error(fix
     ]
 
     clean = [f for f in families if f.clusters and set(f.clusters) <= REAL_DECLARED and not f.unresolved]
-    partly = [f for f in families if f.unresolved]
     undeclared = [f for f in families if not set(f.clusters) <= REAL_DECLARED]
+    partly = [f for f in families if f.unresolved and f not in undeclared]
     assert (len(clean), len(partly), len(undeclared)) == (192, 14, 2)
     # Every family is one of the three: no family targets nothing, none is left unexplained.
     assert all(f.clusters for f in families)
@@ -127,6 +127,13 @@ def test_every_real_family_resolves_to_declared_ids_or_is_listed_as_an_error(fix
     for family in undeclared:
         assert family.runner == "cluster:mi325x-tw" and family.clusters == ("mi325x-tw",)
         assert any(f"`{family.key}` runner `{family.runner}`" in p for p in problems)
+        # Its decisions name the configuration error, whatever the feed says of the cluster.
+        assert family.unresolved == ("cluster:mi325x-tw",)
+        for known in (frozenset(), frozenset({"mi325x-tw"})):
+            reading = CapacityReading(eligible=known, known=known, at=datetime(2026, 11, 30, tzinfo=UTC))
+            _, reason = target_eligibility(family.clusters, reading, "all", runner=family.runner,
+                                           unresolved=family.unresolved)
+            assert "runner cluster:mi325x-tw names a cluster runners.yaml does not declare" in reason
 
     # No family waits on an id the old rule made up (`h100-dgxc-slurm`, `b200-nscale-slurm`, ...).
     targeted = Counter(c for f in families for c in f.clusters)

@@ -49,13 +49,33 @@ class Payloads:
         }
         return Event("pull_request", self.envelope(repo, sender, fields))
 
-    def push(self, repo: RepoState, before: Commit, after: Commit, pusher: str) -> Event:
+    def ref_push(self, repo: RepoState, ref: str, before: str | None, after: str | None, pusher: str) -> Event:
+        """The `push` GitHub sends when a ref is created (`before` None) or deleted (`after`
+        None) through the API, as Klaud does with its claim refs: no commits are new."""
+        zero = "0" * 40
+        head = repo.commits[after] if after is not None else None
+        fields = {
+            "ref": ref,
+            "before": before or zero,
+            "after": after or zero,
+            "created": before is None,
+            "deleted": after is None,
+            "forced": False,
+            "base_ref": None,
+            "compare": f"{self.shapes.web}/{repo.full_name}/compare/{(before or zero)[:12]}...{(after or zero)[:12]}",
+            "commits": [],
+            "head_commit": self.shapes.push_commit(repo, head, []) if head is not None else None,
+            "pusher": {"name": pusher, "email": f"{pusher}@users.noreply.github.com"},
+        }
+        return Event("push", self.envelope(repo, pusher, fields, push=True))
+
+    def push(self, repo: RepoState, before: Commit, after: Commit, pusher: str, *, ref: str | None = None) -> Event:
         known = set(repo.ancestors(before.sha))
         new = [sha for sha in repo.ancestors(after.sha) if sha not in known]
         commits = sorted((repo.commits[sha] for sha in new), key=lambda c: c.seq)
         listed = [self.shapes.push_commit(repo, c, repo.commit_changes(c)) for c in commits]
         fields = {
-            "ref": repo.default_ref,
+            "ref": ref or repo.default_ref,
             "before": before.sha,
             "after": after.sha,
             "created": False,

@@ -349,6 +349,8 @@ def create_ref(call: Call) -> Reply:
     if name in repo.refs:
         raise validation_failed("Reference already exists")
     repo.refs[name] = sha
+    # GitHub sends a push for a branch made through the API too (Klaud gets its claims back).
+    call.announce.append(Payloads(call.world).ref_push(repo, name, None, sha, BOT_LOGIN))
     made = call.shapes.ref(repo, name, sha)
     return Reply(201, made, headers={"location": made["url"]})
 
@@ -363,7 +365,9 @@ def update_ref(call: Call) -> Reply:
         raise validation_failed("Object does not exist")
     if not call.field("force") and repo.refs[name] not in repo.ancestors(sha):
         raise validation_failed("Update is not a fast forward")
-    repo.refs[name] = sha
+    before, repo.refs[name] = repo.refs[name], sha
+    if before != sha:
+        call.announce.append(Payloads(call.world).push(repo, repo.commits[before], repo.commits[sha], BOT_LOGIN, ref=name))
     return Reply(body=call.shapes.ref(repo, name, sha))
 
 
@@ -374,7 +378,7 @@ def delete_ref(call: Call) -> Reply:
         raise validation_failed("Reference does not exist")
     if name == repo.default_ref:
         raise validation_failed("Cannot delete the default branch")
-    del repo.refs[name]
+    call.announce.append(Payloads(call.world).ref_push(repo, name, repo.refs.pop(name), None, BOT_LOGIN))
     return Reply(204)
 
 

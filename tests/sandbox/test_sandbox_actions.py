@@ -360,3 +360,15 @@ def test_sandbox_validates_the_scenario_it_is_given() -> None:
     twice["repositories"].append(twice["repositories"][0])
     with pytest.raises(SandboxError, match="twice"):
         Sandbox(twice)
+
+
+async def test_refs_written_through_the_api_send_their_push_as_github_does(wired: Hub, receiver: Receiver) -> None:
+    head = wired.state()["head_sha"]
+    ref = "refs/heads/klaud/claim-0123456789abcdef"
+    await wired.json("POST", f"{REPO}/git/refs", status=201, json={"ref": ref, "sha": head})
+    assert (await wired.api("DELETE", f"{REPO}/git/{ref}")).status == 204
+    await wired.sandbox.drain()
+    made, gone = [payload for name, payload in events(receiver) if name == "push"]
+    assert (made["ref"], made["before"], made["after"], made["created"], made["deleted"]) == (ref, "0" * 40, head, True, False)
+    assert (gone["ref"], gone["before"], gone["after"], gone["created"], gone["deleted"]) == (ref, head, "0" * 40, False, True)
+    assert made["sender"]["login"] == "klaud-cold[bot]" and made["commits"] == []

@@ -423,7 +423,8 @@ def render_help(*, unknown_verb: str | None = None) -> str:
 
 
 def render_refusal(command: Command, why: str) -> str:
-    return _answer(f"Not done: {code_span(command.as_typed())}: {why}.")
+    stop = "" if why.endswith(("?", ".")) else "."  # "did you mean `x`?" ends the sentence
+    return _answer(f"Not done: {code_span(command.as_typed())}: {why}{stop}")
 
 
 def render_retry(

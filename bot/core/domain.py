@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator
 
 CANDIDATE_RE = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{16}$")
-FAMILY_RE = re.compile(r"^configs/[^/:]+-master\.yaml:[^\s:]+$")
+# A family id: the path of a master config (anywhere `config_globs` reaches), ':', its key.
+FAMILY_RE = re.compile(r"^[^\s:]+\.ya?ml:[^\s:]+$")
 ARTIFACT_RE = re.compile(r"^klaud-candidate-([0-9a-f]{16}-[0-9a-f]{16})$")
 # Klaud's own PR branches; the older `klaude/` spelling still occurs on live repositories.
 OWN_BRANCH_RE = re.compile(r"^klaude?/auto-([0-9a-f]{16})-([0-9a-f]{16})$")

@@ -283,7 +283,19 @@ def test_mistyped_target_of_retry_is_refused_not_defaulted() -> None:
     resolved = resolve_command(command, families=FAMILIES, default_family=FAMILY_ID)
     assert resolved.family is None
     assert resolved.error is not None
-    assert resolved.error.startswith("`configs/nvidia.yaml:typo` is not a family, family key or candidate id")
+    assert resolved.error.startswith("unknown family `configs/nvidia.yaml:typo`")
+
+
+def test_a_family_id_is_a_target_wherever_config_globs_reach() -> None:
+    # `configs/<name>-master.yaml:<key>` only, a hold on another path's family held the
+    # Klaud PR's own family, with the id taken for the reason.
+    extra = family("extra/more-master.yaml:qwen-fp8-h200-vllm")
+    [command] = parse_commands(f"/klaud hold {extra.id} new weights")
+    assert (command.target, command.text) == (extra.id, "new weights")
+    resolved = resolve_command(command, families={**FAMILIES, extra.id: extra}, default_family=FAMILY_ID)
+    assert resolved.family == extra.id
+    [nested] = parse_commands("/klaud status configs/sub/x-master.yml:k")
+    assert nested.target == "configs/sub/x-master.yml:k"
 
 
 def test_a_family_key_alone_names_its_family_when_unique() -> None:

@@ -111,7 +111,7 @@ async def test_a_family_key_alone_works_and_a_typo_gets_suggestions(tmp_path):
         assert run.klaud.live.repo("acme/bench").holds[H200].reason == "new weights"
         await comment(run, 12, "carol", "/klaud status dsr1-fp8-h200-trtllm")
         reply = replies(run, 12)[-1]
-        assert "did you mean `dsr1-fp8-h200-trt`" in reply
+        assert "did you mean `dsr1-fp8-h200-trt`" in reply and reply.rstrip().endswith("`?")  # no "?."
 
 
 async def test_bot_comments_and_edits_are_ignored(tmp_path):

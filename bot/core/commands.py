@@ -447,7 +447,10 @@ def render_retry(
     return _answer(what, "", _next_wave(next_wave_at))
 
 
-def render_resume(armed: bool, pause_reason: str | None) -> str:
+def render_resume(armed: bool, pause_reason: str | None, running: str | None = None) -> str:
+    if running is not None:
+        return _answer(f"A canary is already running (candidate {code_span(running)}): "
+                       "when its run produces an outcome, dispatch resumes.")
     if not armed:
         return _answer("Dispatch is not paused: nothing to resume.")
     return _answer(f"Canary armed. Dispatch was paused ({pause_reason}).",

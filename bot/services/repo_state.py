@@ -276,9 +276,21 @@ class RepoState:
     def canary_armed(self) -> bool:
         return self.meta.pause is not None and bool((self.meta.canary or {}).get("armed"))
 
+    def canary_running(self) -> str | None:
+        """The candidate of a canary dispatched whose run has not ended yet."""
+        candidate = (self.meta.canary or {}).get("candidate")
+        if self.meta.pause is None or candidate is None:
+            return None
+        # Its dispatch ends with its outcome, or is released without one (then it is over).
+        return candidate if any(d.candidate == candidate for d in self.dispatches.values()) else None
+
     def arm_canary(self) -> bool:
-        """A push or /klaud resume: the next wave of a paused repository dispatches one."""
-        if self.meta.pause is None:
+        """A push or /klaud resume: the next wave of a paused repository dispatches one.
+
+        A canary already running is left alone: re-armed, its outcome would no longer be
+        recognised, dispatch would stay paused, and a second canary would go out.
+        """
+        if self.meta.pause is None or self.canary_running() is not None:
             return False
         self.meta.canary = {"armed": True, "candidate": None, "wave": None}
         return True

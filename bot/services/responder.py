@@ -111,13 +111,14 @@ class CommandResponder:
     async def _resume(self, state: RepoState, author: str) -> str:
         pause = (state.meta.pause or {}).get("reason")
         async with self.live.lock(state.name):
+            running = state.canary_running()
             armed = state.arm_canary()
             if armed:
                 await self.live.persist(state.save_meta())
         if armed:
             log.info("dispatch.canary_armed", repo=state.name, by=author)
             await self.live.notify(state, {f.id for f in state.catalog})
-        return render_resume(armed, pause)
+        return render_resume(armed, pause, running)
 
     async def _retry(self, state: RepoState, family: Family, author: str, now: datetime) -> str:
         cool = await controls.approve_retry(self.live, state, family, author, now)

@@ -24,6 +24,7 @@ from bot.core.commands import (
     render_help,
     render_hold,
     render_refusal,
+    render_resume,
     render_retry,
     render_status,
     render_unhold,
@@ -369,6 +370,11 @@ def test_a_reply_fits_githubs_comment_limit_with_its_marker_first() -> None:
 def test_free_text_after_a_command_is_cut_to_a_few_hundred_characters() -> None:
     [command] = parse_commands(f"/klaud hold {FAMILY_ID} " + "because " * 5000)
     assert command.target == FAMILY_ID and len(command.text) == MAX_TEXT and command.text.endswith("…")
+
+
+def test_resume_while_a_canary_runs_says_so() -> None:
+    reply = render_resume(False, "3 runs failed", running="c" * 33)
+    assert reply == f"A canary is already running (candidate `{'c' * 33}`): when its run produces an outcome, dispatch resumes."
 
 
 def test_help_lists_every_verb_and_who_may_use_it() -> None:

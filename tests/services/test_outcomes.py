@@ -162,6 +162,12 @@ async def test_runs_failing_in_one_job_pause_dispatch_and_a_canary_resumes_it(ki
     family = next(d.family for d in canary.decisions if d.candidate == cand)
     run_id = kit.state.dispatches[family].run_id
     assert run_id is not None
+    # Another push (or /klaud resume) while the canary runs leaves it alone: re-armed, its
+    # outcome was no longer recognised and a second canary went out.
+    again = "f" * 40
+    kit.repo.files[again] = dict(kit.repo.files[head])
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", head, again))
+    assert kit.state.canary_running() == cand and not kit.state.canary_armed
     kit.repo.artifacts_of[run_id] = [Artifact(id=99, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
     kit.repo.archives[99] = artifact_zip(OUTCOME)
     await kit.outcomes.on_workflow_run(kit.state, failed_run(run_id, "success"))

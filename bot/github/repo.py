@@ -307,7 +307,9 @@ class GitHubRepo:
         return int(created["number"])
 
     async def update_issue(self, number: int, body: str) -> None:
-        await self.client.patch("/repos/{owner}/{repo}/issues/{number}", self._at(number=number), data={"body": body})
+        await self.client.patch(
+            "/repos/{owner}/{repo}/issues/{number}", self._at(number=number), data={"body": body, "state": "open"}
+        )
 
 
 class GitHubRepos:

@@ -95,7 +95,9 @@ class RepoAPI(Protocol):
 
     async def create_issue(self, title: str, body: str) -> int: ...
 
-    async def update_issue(self, number: int, body: str) -> None: ...
+    async def update_issue(self, number: int, body: str) -> None:
+        """Set the body of issue `number`, and open it again if it was closed."""
+        ...
 
 
 class ReposAPI(Protocol):

@@ -23,7 +23,7 @@ from bot.core.dashboard import (
 )
 from bot.core.domain import Wave
 from bot.core.events import IssuesEvent
-from bot.github.errors import GitHubError
+from bot.github.errors import GitHubError, NotFound
 from bot.services import controls
 from bot.services.api import RepoAPI
 from bot.services.coalescer import Coalescer
@@ -66,12 +66,10 @@ class DashboardKeeper:
         if not force and known.get("digest") == digest:
             return
         api = self.live.api(state)
-        number = known.get("issue") or await self._find(api)
+        number = await self._updated(api, known.get("issue"), body)
         if number is None:
             number = await api.create_issue(TITLE, body)
             log.info("dashboard.created", repo=state.name, issue=number)
-        else:
-            await api.update_issue(int(number), body)
         async with self.live.lock(state.name):
             state.meta.dashboard = {"issue": int(number), "digest": digest}
             await self.live.persist(state.save_meta())
@@ -99,6 +97,20 @@ class DashboardKeeper:
     async def _stored_wave(self, state: RepoState) -> Wave | None:
         document = await self.live.store.wave(state.name, state.meta.wave)
         return Wave.from_document(document) if document else None
+
+    async def _updated(self, api: RepoAPI, known: int | None, body: str) -> int | None:
+        """The dashboard issue, now showing `body` (and open, if a person closed it); None
+        when there is none to update. One deleted or transferred (404) is looked for anew."""
+        if known is not None:
+            try:
+                await api.update_issue(int(known), body)
+                return int(known)
+            except NotFound:
+                log.info("dashboard.gone", issue=known)
+        found = await self._find(api)
+        if found is not None:
+            await api.update_issue(found, body)
+        return found
 
     async def _find(self, api: RepoAPI) -> int | None:
         for login in self.app_logins():

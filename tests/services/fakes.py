@@ -33,7 +33,7 @@ from bot.core.events import (
     Repository,
     WorkflowRun,
 )
-from bot.github.errors import GitHubError, Unavailable
+from bot.github.errors import GitHubError, NotFound, Unavailable
 
 DEFAULT_BRANCH = "main"
 
@@ -271,7 +271,9 @@ class FakeRepo:
 
     async def update_issue(self, number: int, body: str) -> None:
         self._call("update_issue", number)
-        self.issues[number] = self.issues[number].model_copy(update={"body": body})
+        if number not in self.issues:
+            raise NotFound(404, "Not Found")
+        self.issues[number] = self.issues[number].model_copy(update={"body": body, "state": "open"})
 
 
 READS = frozenset(

@@ -38,6 +38,24 @@ async def test_a_wave_creates_the_dashboard_once_and_updates_it(tmp_path):
         assert f"- [ ] unhold `{B200}`" in issue["body"] and "## Last wave: 2" in issue["body"]
 
 
+async def test_a_dashboard_closed_is_opened_again_and_one_deleted_is_made_again(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await wave(run)
+        [issue] = dashboards(run)
+        world = run.sandbox.world.repos[REPO]
+        world.issues[issue["number"]].state = "closed"  # a person closes it
+        await run.act({"action": "comment", "repo": REPO, "number": 12, "user": "alice", "body": f"/klaud hold {H200} w"})
+        await wave(run)
+        # One open issue (DESIGN §4): edited while closed, nobody saw it again.
+        [issue] = dashboards(run)
+        assert issue["state"] == "open" and f"unhold `{H200}`" in issue["body"]
+        del world.issues[issue["number"]]  # deleted (or transferred): every update was a 404
+        await run.act({"action": "comment", "repo": REPO, "number": 12, "user": "alice", "body": f"/klaud hold {B200} w"})
+        await wave(run)
+        [again] = dashboards(run)  # made again (the sandbox, unlike GitHub, reuses the number)
+        assert again["state"] == "open" and f"unhold `{B200}`" in again["body"]
+
+
 async def test_ticking_boxes_acts_for_writers_only(tmp_path):
     cand = sc.candidate(H200)
     scenario = sc.scenario(runs=[sc.run(301, cand, "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])

@@ -29,10 +29,12 @@ async def hold(live: LiveState, state: RepoState, family: Family, by: str, reaso
     return held
 
 
-async def release(live: LiveState, state: RepoState, family: Family) -> Hold | None:
-    """Release the family's hold; the hold that was released, if there was one."""
+async def release(live: LiveState, state: RepoState, family: str) -> Hold | None:
+    """Release the family's hold; the hold that was released, if there was one. The family
+    may have left the configs since: its hold would otherwise stay for good, and come back
+    with it."""
     async with live.lock(state.name):
-        previous, change = state.unhold(family.id)
+        previous, change = state.unhold(family)
         await live.persist(change)
-    await live.notify(state, {family.id})
+    await live.notify(state, {family})
     return previous

@@ -138,14 +138,15 @@ class DashboardKeeper:
         acted = 0
         for verb, family_id in boxes:
             family = state.catalog.get(family_id)
-            if family is None or not await self.permissions.allows(api, state, person, verb):
+            # A hold outlives its family leaving the configs: its box still releases it.
+            known = family is not None or (verb == "unhold" and family_id in state.holds)
+            if not known or not await self.permissions.allows(api, state, person, verb):
                 log.info("dashboard.box_refused", family=family_id, verb=verb, by=person)
                 continue
-            now = self.clock.now()
-            if verb == "retry":
-                await controls.approve_retry(self.live, state, family, person, now)
+            if verb == "retry" and family is not None:
+                await controls.approve_retry(self.live, state, family, person, self.clock.now())
             else:
-                await controls.release(self.live, state, family)
+                await controls.release(self.live, state, family_id)
             acted += 1
         # The answer is the re-render: the box unticked, the hold gone or the retry noted.
         await self.publish(state.name, force=True)

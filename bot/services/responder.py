@@ -82,6 +82,9 @@ class CommandResponder:
         if command.verb == "resume":
             return await self._resume(state, author)
         families = {f.id: f for f in state.catalog}
+        if command.verb == "unhold" and command.target in state.holds and command.target not in families:
+            # A family gone from the configs keeps its hold until someone releases it.
+            return render_unhold(command.target, await controls.release(self.live, state, command.target), author)
         if command.verb == "status" and command.target is None and not command.text:
             overlapped = self._overlapped(state, number)
             if overlapped:
@@ -98,7 +101,7 @@ class CommandResponder:
             reason = resolved.text if resolved.text is not None else command.text
             return render_hold(await controls.hold(self.live, state, family, author, reason, now))
         if command.verb == "unhold":
-            return render_unhold(family.id, await controls.release(self.live, state, family), author)
+            return render_unhold(family.id, await controls.release(self.live, state, family.id), author)
         return await self._status(state, family)
 
     @staticmethod

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from bot.core.domain import Hold
 from tests import scenarios as sc
 from tests.builders import delivery
 from tests.harness import sandbox_stack
@@ -260,3 +261,24 @@ async def test_a_wave_refreshes_a_check_run_whose_cooldown_ended(tmp_path):
         [check] = checks(run)
         assert "cooling down until" not in check["output"]["summary"]
         assert check["conclusion"] == "failure"  # the latest outcome still decides the conclusion
+
+
+async def test_the_hold_of_a_family_gone_from_the_configs_can_still_be_released(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await comment(run, 77, "bob", f"/klaud hold {H200} waiting")
+        gone = sc.NVIDIA.replace("dsr1-fp8-h200-trt:", "dsr1-fp8-h200-trt-v2:")
+        await run.act({"action": "push_default", "repo": "acme/bench", "files": {"configs/nvidia-master.yaml": gone}})
+        state = run.klaud.live.repo("acme/bench")
+        assert H200 not in state.catalog and H200 in state.holds
+        # The dashboard's box, then the command: both were refused, the hold stayed for good.
+        await run.klaud.waves.run("acme/bench", trigger="test")
+        await run.settle()
+        [dash] = [i for i in run.github()["issues"] if i["title"] == "Klaud Cold dashboard"]
+        ticked = dash["body"].replace(f"- [ ] unhold `{H200}`", f"- [x] unhold `{H200}`")
+        await run.act({"action": "edit_issue", "repo": "acme/bench", "number": dash["number"], "user": "alice", "body": ticked})
+        assert H200 not in state.holds
+        await comment(run, 77, "bob", f"/klaud hold {H200} again")  # a family not in the configs: refused
+        assert H200 not in state.holds
+        state.holds[H200] = Hold(H200, "bob", "left behind", run.sandbox.clock.now())
+        await comment(run, 77, "alice", f"/klaud unhold {H200}")
+        assert H200 not in state.holds and "Released" in replies(run, 77)[-1]

@@ -14,12 +14,13 @@ Status mapping:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 from bot.core import commands
+from bot.core.catalog import config_problems
 from bot.core.cooldown import human_time
 from bot.core.domain import Attempt, Blocked, Family, Hold, Overlap
 from bot.core.outcomes import check_conclusion
@@ -51,6 +52,7 @@ class CheckView:
     in_flight: bool
     policy_error: str | None  # why .github/klaud.yml was rejected, if it was
     blocked: Blocked | None = None  # a dispatch pause or a setup error of the repository
+    config_errors: Mapping[str, str] = field(default_factory=dict)  # path -> problems, one a line
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,7 @@ def _state(view: CheckView, latest: Attempt | None) -> tuple[Status, Conclusion 
 
 
 def _summary(view: CheckView, web_url: str) -> str:
-    before = _blocked_warning(view.blocked) + _policy_warning(view.policy_error) + [
+    before = _blocked_warning(view.blocked) + _policy_warning(view.policy_error) + _config_warning(view.config_errors) + [
         *commands.facts_table(_facts(view)),
         "",
         "### Overlapping pull requests",
@@ -160,6 +162,25 @@ def _blocked_warning(blocked: Blocked | None) -> list[str]:
         f"### ⚠️ {heading} since {human_time(blocked.since)}",
         "",
         f"Waves plan but dispatch nothing: {blocked.reason}",
+        "",
+    ]
+
+
+# Problems listed on a check run; the status page and the dashboard list them all.
+CONFIG_PROBLEMS_SHOWN = 10
+
+
+def _config_warning(errors: Mapping[str, str]) -> list[str]:
+    problems = config_problems(errors)
+    if not problems:
+        return []
+    shown = [f"- {commands.code_span(path)}: {problem}" for path, problem in problems[:CONFIG_PROBLEMS_SHOWN]]
+    more = len(problems) - len(shown)
+    return [
+        "### ⚠️ Configuration errors",
+        "",
+        *shown,
+        *([f"- … and {more} more on the status page"] if more else []),
         "",
     ]
 

@@ -78,6 +78,7 @@ class CheckPublisher:
             in_flight=dispatch is not None and dispatch.candidate == candidate,
             policy_error=state.meta.policy_error,
             blocked=state.blocked(),
+            config_errors=state.meta.config_errors,
         )
 
     async def publish(self, key: Key, *, force: bool = False) -> None:

@@ -173,6 +173,17 @@ def test_policy_error_is_a_visible_warning() -> None:
     assert "invalid .github/klaud.yml" in out.title
 
 
+def test_configuration_errors_are_a_visible_warning_with_the_first_ten_listed() -> None:
+    # A push that breaks a config re-renders every check run; nothing on it showed why.
+    runners = "\n".join(f"runner b200-cw_{n:02d} (label b200) resolves to no declared cluster" for n in range(12))
+    out = render_check(view(config_errors={"configs/runners.yaml": runners}))
+    assert out.summary.startswith("### ⚠️ Configuration errors")
+    assert "- `configs/runners.yaml`: runner b200-cw_00 (label b200) resolves to no declared cluster" in out.summary
+    assert "b200-cw_09" in out.summary and "b200-cw_10" not in out.summary
+    assert "- … and 2 more on the status page" in out.summary
+    assert "Configuration errors" not in render_check(view()).summary
+
+
 def test_many_attempts_are_truncated_newest_first_under_the_limit() -> None:
     attempts = [attempt(n, "failed", minutes_ago=n) for n in range(1, 2001)]
     out = render_check(view(attempts=attempts))

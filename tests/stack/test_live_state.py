@@ -377,6 +377,30 @@ async def test_installation_removed_forgets_the_repository(tmp_path):
     await fresh.stop()
 
 
+async def test_github_s_installation_payloads_suspend_unsuspend_and_delete(tmp_path, fixtures):
+    import json
+
+    from tests.builders import delivery
+
+    def real(action: str) -> bytes:
+        payload = json.loads((fixtures / "octokit-webhooks" / "installation" / f"{action}.payload.json").read_text())
+        payload["installation"]["id"] = 1
+        payload.pop("repositories", None)  # suspend and unsuspend name none; deleted may not
+        return json.dumps(payload).encode()
+
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await run.act({"action": "comment", "repo": "acme/bench", "number": 77, "user": "bob",
+                       "body": f"/klaud hold {H200} new weights"})
+        await run.klaud.handle(delivery("s", "installation", real("suspend")))
+        state = run.klaud.live.repo("acme/bench")
+        assert state is not None and H200 in state.holds  # kept, holds and all
+        run.reset_requests()
+        await run.klaud.handle(delivery("u", "installation", real("unsuspend")))
+        assert routes(run).get("GET /repos/{owner}/{repo}/commits/{ref}") == 1  # a light reconcile: the head
+        await run.klaud.handle(delivery("d", "installation", real("deleted")))
+        assert run.klaud.live.repo("acme/bench") is None
+
+
 async def test_klaud_reconcile_command_against_the_sandbox(tmp_path, monkeypatch, capsys):
     import asyncio
     import json as json_module

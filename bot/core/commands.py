@@ -393,7 +393,8 @@ def compose_reply(comment_id: int, answers: Sequence[tuple[Command, str]], *, no
 def clip(text: str, limit: int, note: str) -> str:
     """`text` cut to at most `limit` UTF-8 bytes, `note` included, at a character boundary.
 
-    Bytes, not characters: within any limit GitHub counts in characters, whatever it counts.
+    Counted in bytes, it is as many characters or fewer: within GitHub's limit, whichever
+    of the two GitHub counts.
     """
     if len(text.encode("utf-8")) <= limit:
         return text

@@ -12,7 +12,7 @@ import structlog
 
 from bot.core import events
 from bot.core.catalog import is_master_config
-from bot.core.domain import FileChange
+from bot.core.domain import FileChange, stamp
 from bot.core.overlap import (
     file_change_from_contents,
     file_change_from_patch,
@@ -41,9 +41,12 @@ class PullSync:
         pull = event.pull_request
         number = pull.number
         async with self.live.lock(state.name):
+            if state.is_stale_pull_event(number, pull.updated_at, event.action):
+                log.info("pulls.late_event_ignored", pr=number, action=event.action, updated_at=stamp(pull.updated_at))
+                return set()
             before = set(state.overlap.touches(number))
             if event.action == "closed" or pull.state == "closed":
-                change = state.remove_pull(number)
+                change = state.remove_pull(number, pull.updated_at)
             else:
                 change = Change()
                 # Files are read when the head is new to us (opened, reopened, synchronize,

@@ -35,6 +35,7 @@ log = structlog.get_logger("klaud.reconcile")
 FIRST_RETRY = timedelta(minutes=1)
 MAX_RETRY = timedelta(hours=1)
 DISCOVERY = "installations"
+CLOCK_MARGIN = timedelta(minutes=1)
 
 
 def retry_delay(attempts: int) -> timedelta:
@@ -181,7 +182,10 @@ class Reconciler:
             fetched += await self.pulls.refresh(state, api, pull, change)
         closed = [p.number for p in state.overlap.prs() if p.number not in seen]
         for number in closed:
-            change.extend(state.remove_pull(number))
+            # Closed before this listing: an event of it delivered later and older than that
+            # is ignored. A minute's margin for GitHub's clock against ours: a reopen just
+            # after the listing must not be taken for old (then it stays out of the index).
+            change.extend(state.remove_pull(number, self.live.clock.now() - CLOCK_MARGIN))
         return {"open_pulls": len(seen), "files_fetched": fetched, "pulls_removed": len(closed)}
 
 

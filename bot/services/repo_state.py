@@ -51,6 +51,7 @@ from bot.store.change import Change
 
 # How many waves' run endings are kept for the pause rule.
 KEEP_WAVE_RUNS = 20
+KEEP_CLOSED_PULLS = 1000  # closed PRs remembered, for events delivered late
 # A time for records that lost theirs (stored by an older version).
 UNKNOWN_TIME = datetime.fromtimestamp(0, UTC)
 
@@ -85,6 +86,9 @@ class RepoMeta:
     wave_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The dashboard issue: {issue: number, digest: of its last render}.
     dashboard: dict[str, Any] = field(default_factory=dict)
+    # PR number -> when it was last seen closed (its `updated_at`), the newest few: a
+    # `pull_request` event delivered late for it must not bring it back into the index.
+    closed_pulls: dict[str, str] = field(default_factory=dict)
 
 
 class RepoState:
@@ -220,11 +224,24 @@ class RepoState:
         self._forget_verdicts(before | self._families_of_pull(pull.number))
         return Change().put(self.name, "pull", pull.number, pull)
 
-    def remove_pull(self, number: int) -> Change:
+    def remove_pull(self, number: int, closed_at: datetime) -> Change:
         self._forget_verdicts(self._families_of_pull(number))
         self.overlap.remove(number)
         self.meta.check_runs.pop(str(number), None)
+        self.meta.closed_pulls[str(number)] = stamp(closed_at) or ""
+        for old in sorted(self.meta.closed_pulls, key=self.meta.closed_pulls.__getitem__)[:-KEEP_CLOSED_PULLS]:
+            del self.meta.closed_pulls[old]
         return self.save_meta(Change().delete(self.name, "pull", number))
+
+    def is_stale_pull_event(self, number: int, updated_at: datetime, action: str) -> bool:
+        """Whether a `pull_request` event is older than what is known of its PR: GitHub
+        does not deliver in order, and the last to arrive is not always the newest."""
+        known = self.overlap.get(number)
+        if known is not None:
+            return updated_at < known.updated_at
+        closed = parse_time(self.meta.closed_pulls.get(str(number)))
+        # A reopen in the same second as its close is news; anything else then is not.
+        return closed is not None and (updated_at < closed or (updated_at == closed and action != "reopened"))
 
     # -- outcomes ----------------------------------------------------------------------
 

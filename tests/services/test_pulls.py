@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from bot.core.events import PullFile, PullRequestEvent
 from bot.github.errors import BadRequest
 from tests import scenarios as sc
@@ -70,3 +72,31 @@ async def test_a_new_head_of_a_klaud_pr_asks_for_its_check_run_once(kit: Kit) ->
     await kit.pulls.on_pull_request(kit.state, event("opened", 40, head_ref=f"klaud/auto-{cand}"))
     await kit.pulls.on_pull_request(kit.state, event("edited", 40, head_ref=f"klaud/auto-{cand}"))
     assert told == [({H200}, {40}), ({H200}, set())]
+
+
+def at(action: str, minutes: int, **changes: object) -> PullRequestEvent:
+    """A `pull_request` event whose PR was last updated `minutes` after NOW."""
+    data = pull(12, updated_at=NOW + timedelta(minutes=minutes), **changes).model_dump(mode="json")  # type: ignore[arg-type]
+    if action == "closed":
+        data["state"] = "closed"
+    return PullRequestEvent.model_validate(
+        {"action": action, "pull_request": data, "repository": {"full_name": REPO}, "installation": {"id": 1}}
+    )
+
+
+async def test_events_delivered_late_do_not_roll_the_index_back(kit: Kit) -> None:
+    # GitHub does not deliver in order: the last event to arrive is not always the newest.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[12] = [PullFile(filename=NVIDIA, patch="@@ -14,3 +14,3 @@ dsr1-fp8-h200-trt:\n-  tp: 8\n+  tp: 4\n")]
+    await kit.pulls.on_pull_request(kit.state, at("opened", 0, head_sha="a" * 40))
+    await kit.pulls.on_pull_request(kit.state, at("synchronize", 2, head_sha="b" * 40))
+    assert await kit.pulls.on_pull_request(kit.state, at("synchronize", 1, head_sha="c" * 40)) == set()
+    record = kit.state.overlap.get(12)
+    assert record is not None and record.head_sha == "b" * 40  # the older head did not come back
+    await kit.pulls.on_pull_request(kit.state, at("closed", 3))
+    await kit.pulls.on_pull_request(kit.state, at("edited", 2))  # sent before the close
+    assert kit.state.overlap.get(12) is None  # a closed PR blocks nothing
+    await kit.pulls.on_pull_request(kit.state, at("reopened", 3))  # the same second: news
+    assert kit.state.overlap.get(12) is not None
+    await kit.pulls.on_pull_request(kit.state, at("closed", 2))  # the first close, late
+    assert kit.state.overlap.touches(12) == {H200: "flags"}

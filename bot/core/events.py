@@ -113,6 +113,7 @@ class PushEvent(RepoEvent):
     after: str
     before: str | None = None
     deleted: bool = False
+    sender: Account | None = None
 
 
 # -- workflow runs ---------------------------------------------------------------------

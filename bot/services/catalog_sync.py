@@ -99,9 +99,14 @@ class CatalogSync:
         await self.live.notify(state, touched)
 
     async def _on_claim_push(self, state: RepoState, event: PushEvent) -> None:
-        """Claim refs made or released elsewhere (another wave, a person) reach us as pushes."""
+        """Claim refs made or released elsewhere (another planner, a person) reach us as pushes.
+
+        Klaud's own are skipped: it knows its claims when it makes and releases them, and
+        their pushes may come late (a created one after the claim was released made a claim
+        nobody holds; a deleted one dropped the claim the next wave had just made).
+        """
         family = state.family_by_hash(event.ref[len(CLAIM_PREFIX):])
-        if family is None:
+        if family is None or (event.sender is not None and self.live.is_bot(event.sender.login)):
             return
         async with self.live.lock(state.name):
             if event.deleted:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from bot.core.domain import claim_ref
-from bot.core.events import PullFile, PullRequestEvent, PushEvent
+from bot.core.events import Account, PullFile, PullRequestEvent, PushEvent
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import pull
@@ -93,3 +93,21 @@ async def test_a_push_widening_config_globs_makes_open_prs_overlap_the_families_
     # The PR's files are read once per head: read while the file was no config, it blocked
     # nothing until its next push.
     assert kit.state.overlap.touches(12) == {MI355X: "image"}
+
+
+async def test_pushes_of_klauds_own_claim_refs_are_skipped_however_late_they_come(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    ref = f"refs/heads/{claim_ref(H200)}"
+
+    def own(before: str, after: str, *, deleted: bool = False) -> PushEvent:
+        event = push(ref, before, after, deleted=deleted)
+        return event.model_copy(update={"sender": Account(login="klaud-cold[bot]", type="Bot")})
+
+    # The push of a claim Klaud made and has released since: a claim nobody holds.
+    await kit.catalog.on_push(kit.state, own("0" * 40, kit.repo.head))
+    assert H200 not in kit.state.claims
+    # The next wave's claim, then the late deletion push of the one before it.
+    await kit.waves.run(REPO, trigger="test")
+    assert H200 in kit.state.claims
+    await kit.catalog.on_push(kit.state, own(kit.repo.head, "0" * 40, deleted=True))
+    assert H200 in kit.state.claims

@@ -283,7 +283,8 @@ class OutcomeRecorder:
     # -- retrying transient artifact reads -----------------------------------------------
 
     def _schedule_retry(self, state: RepoState, run: WorkflowRun, read: ArtifactRead, change: Change) -> None:
-        key = f"{run.id}:{read.attempt.candidate}"
+        # Per run attempt: a re-run's failed read must not take the slot of attempt 1's.
+        key = f"{run.id}:{run.run_attempt}:{read.attempt.candidate}"
         now = self.live.clock.now()
         entry: dict[str, Any] = state.pending_artifacts.get(key) or {
             "run": run.model_dump(mode="json", include={"id", "run_attempt", "head_sha", "updated_at", "created_at"}),

@@ -172,3 +172,21 @@ async def test_runs_failing_in_one_job_pause_dispatch_and_a_canary_resumes_it(ki
     kit.repo.archives[99] = artifact_zip(OUTCOME)
     await kit.outcomes.on_workflow_run(kit.state, failed_run(run_id, "success"))
     assert kit.state.blocked() is None
+
+
+async def test_a_rerun_whose_artifact_read_fails_is_retried_for_its_own_attempt(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    with_artifact(kit, 305, artifact_id=71)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, completed(305))
+    # A person re-runs it: attempt 2 has an artifact of its own, whose read fails too.
+    with_artifact(kit, 305, artifact_id=72)
+    kit.repo.artifacts_of[305].append(Artifact(id=71, name=f"klaud-candidate-{CAND}", expired=False, archive_download_url="x"))
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    rerun = completed(305)
+    rerun = rerun.model_copy(update={"workflow_run": rerun.workflow_run.model_copy(update={"run_attempt": 2})})
+    await kit.outcomes.on_workflow_run(kit.state, rerun)
+    assert len(kit.state.pending_artifacts) == 2  # one slot each: attempt 2's took attempt 1's
+    kit.clock.advance(timedelta(hours=1).total_seconds())
+    assert await kit.outcomes.retry_artifacts() == 2
+    assert {(a.run_attempt, a.verified) for a in kit.state.ledger.for_candidate(CAND)} == {(1, True), (2, True)}

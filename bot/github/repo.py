@@ -153,7 +153,12 @@ class GitHubRepo:
             await self.client.post(
                 "/repos/{owner}/{repo}/git/refs", self._at(), data={"ref": full, "sha": sha}, verify=made_by_us
             )
-        except Conflict:
+        except Conflict as exc:
+            # Only this says another writer holds it. A ruleset refusing the name, or an
+            # unknown commit, is an error of its own: taken for a lost race, every wave
+            # recorded a claim that does not exist and dispatched nothing, saying why nowhere.
+            if "already exists" not in exc.message:
+                raise
             return False
         return True
 

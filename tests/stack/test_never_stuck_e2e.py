@@ -241,3 +241,18 @@ async def test_a_misnamed_candidate_workflow_is_a_setup_error_with_zero_claim_wr
         await run.act({"action": "push_default", "repo": REPO, "files": {".github/klaud.yml": None}})
         assert run.state()["blocked"] is None
         assert (await run.klaud.waves.run(REPO, trigger="test")).selected
+
+
+async def test_a_claim_ref_refused_by_a_ruleset_fails_the_dispatch_instead_of_reading_as_claimed(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 1\n")) as run:
+        refused = "Repository rule violations found\n\nCannot create ref due to creations being restricted."
+        run.sandbox.set_faults({"rules": [
+            {"method": "POST", "route": "/git/refs$", "status": 422, "message": refused}]})
+        wave = await run.klaud.waves.run(REPO, trigger="test")
+        run.sandbox.set_faults({"rules": []})
+        # Taken for another wave's claim, it was `claimed` every wave, and nothing was ever
+        # dispatched or said why.
+        kinds = {d.decision for d in wave.decisions}
+        assert "claimed" not in kinds and "dispatch-failed" in kinds
+        assert any("Cannot create ref" in d.reason for d in wave.decisions)
+        assert run.klaud.live.repo(REPO).claims == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sys
 import time
@@ -196,9 +197,10 @@ class Klaud:
         return self.settings.secrets()
 
     async def stop(self, grace: float = 10.0) -> None:
+        """Stop within about `grace` seconds: the scheduler's tick and the inbox's running
+        handlers finish meanwhile, side by side, or are cancelled (their work runs again)."""
         self.started = False
-        await self.scheduler.stop()
-        await self.inbox.stop(grace)
+        await asyncio.gather(self.scheduler.stop(grace), self.inbox.stop(grace))
         if self.inbox.ownership is not None and self.replicas is not None:
             await self.replicas.stop()
         await self.checks.close()

@@ -10,6 +10,7 @@ do not hit GitHub in the same second.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -76,10 +77,23 @@ class Scheduler:
         self._stopping.clear()
         self._task = asyncio.create_task(self._loop(), name="klaud-scheduler")
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop ticking; a tick in progress gets `grace` seconds to end, then is cancelled.
+
+        A tick waiting on a slow GitHub (30 s per request, and retries) held the process
+        past any container's stop grace, which then killed it mid-write. What a cancelled
+        tick had not stored, the next start does again: waves and reconciles are repeatable.
+        """
         self._stopping.set()
-        if self._task is not None:
-            await self._task
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), grace)
+        except TimeoutError:
+            log.warning("scheduler.tick_cancelled", grace_s=grace)
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
     async def _loop(self) -> None:
         while not self._stopping.is_set():

@@ -3,6 +3,7 @@ backed off from and holds up neither its other work nor the tick's later steps."
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from bot.core.domain import stamp
@@ -50,3 +51,20 @@ async def test_a_failing_claim_check_does_not_stop_the_due_wave(kit: Kit) -> Non
     for _ in range(5):
         await ticks.tick()
     assert [c[0] for c in kit.repo.calls].count("run") == 1
+
+
+async def test_stopping_cancels_a_tick_that_outlasts_the_grace(kit: Kit) -> None:
+    # A tick waiting on a slow GitHub held `klaud serve` past a container's stop grace.
+    ticks = scheduler(kit)
+    waiting = asyncio.Event()
+
+    async def tick_waiting_on_github() -> list[str]:
+        waiting.set()
+        await asyncio.Event().wait()  # an answer that never comes
+        return []
+
+    ticks.tick = tick_waiting_on_github  # type: ignore[method-assign]
+    ticks.start()
+    await waiting.wait()
+    await asyncio.wait_for(ticks.stop(grace=0.05), timeout=5)
+    assert ticks._task is not None and ticks._task.cancelled()

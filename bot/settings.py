@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -72,7 +73,7 @@ class Settings(BaseModel):
     @classmethod
     def _store_url(cls, value: str) -> str:
         if value.startswith(("postgresql://", "postgres://")):
-            return value
+            return _checked_postgresql_url(value)
         if not value.startswith("sqlite:///"):
             raise ValueError("expected sqlite:///PATH or postgresql://…")
         path = value[len("sqlite:///") :]
@@ -155,6 +156,9 @@ def load_settings(
             continue
         if field == "bot_logins":
             values[field] = tuple(login.strip() for login in raw.split(",") if login.strip())
+            if not values[field]:
+                # No login at all: Klaud would no longer know its own PRs and comments.
+                raise SettingsError(f"KLAUD_BOT_LOGINS: names no login ({raw!r})")
         elif field == "dry_run":
             lowered = raw.strip().lower()
             if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
@@ -174,6 +178,8 @@ def load_settings(
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else "?"
         name = _FIELD_ENV.get(field, field)
+        if field == "private_key" and not env.get("KLAUD_PRIVATE_KEY"):
+            name = "KLAUD_PRIVATE_KEY_FILE"  # the variable the operator set
         message = str(error["msg"]).removeprefix("Value error, ")
         raise SettingsError(f"{name}: {message}") from None
     if require_secret and not settings.secrets():
@@ -186,3 +192,18 @@ def load_settings(
                 "KLAUD_PRIVATE_KEY: required (or KLAUD_PRIVATE_KEY_FILE) to sign App JWTs"
             )
     return settings
+
+
+def _checked_postgresql_url(value: str) -> str:
+    """A PostgreSQL URL with a host, a port that is a number and a database: asyncpg reads
+    a malformed one only when it connects, with a traceback."""
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (read for its check: a port that is not a number raises)
+    except ValueError as exc:
+        raise ValueError(f"not a PostgreSQL URL: {exc}") from None
+    if not parts.hostname and "host=" not in parts.query:
+        raise ValueError("postgresql:// needs a host (postgresql://USER@HOST:PORT/DATABASE)")
+    if not parts.path.strip("/"):
+        raise ValueError("postgresql:// needs a database name (postgresql://USER@HOST:PORT/DATABASE)")
+    return value

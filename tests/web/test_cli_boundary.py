@@ -104,6 +104,24 @@ def test_an_invalid_log_level_exits_2_naming_the_variable(tmp_path, monkeypatch,
     assert one_line(capsys.readouterr().err).startswith("klaud: KLAUD_LOG_LEVEL:")
 
 
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        # asyncpg read these only when connecting, with a traceback and exit 1.
+        ({"KLAUD_DB": "postgresql://klaud:pw@db:notaport/klaud"}, "KLAUD_DB: not a PostgreSQL URL"),
+        ({"KLAUD_DB": "postgresql://klaud:pw@db:5432"}, "KLAUD_DB: postgresql:// needs a database name"),
+        ({"KLAUD_BOT_LOGINS": " , "}, "KLAUD_BOT_LOGINS: names no login"),
+        ({"KLAUD_PRIVATE_KEY_FILE": "/etc/hostname"}, "KLAUD_PRIVATE_KEY_FILE: not an unencrypted PEM private key"),
+    ],
+)
+def test_bad_settings_name_the_variable_that_was_set(env, says):
+    from bot.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError) as refused:
+        load_settings(env)
+    assert str(refused.value).startswith(says) and "pw" not in str(refused.value)
+
+
 def test_log_level_is_read_in_any_case(tmp_path):
     from bot.settings import load_settings
 

@@ -331,13 +331,24 @@ async def _receive(settings: Settings, args: argparse.Namespace) -> int:
         if await klaud.serving_replicas():
             status, error = await _through_the_inbox(klaud, delivery)
         else:
-            await klaud.handle(delivery)
-            status, error = "done", None
+            status, error = await _handled(klaud, delivery)
     finally:
         await klaud.stop()
     print(json.dumps({"delivery": delivery.id, "event": args.event, "status": status}
                      | ({"error": error} if error else {})))
     return 0 if status == "done" else 1
+
+
+async def _handled(klaud: Klaud, delivery: Delivery) -> tuple[str, str | None]:
+    """Run the delivery's handlers here; its status, and the error when they failed."""
+    try:
+        await klaud.handle(delivery)
+    # The handlers' boundary, as in the inbox: logged with its traceback, and the status
+    # line still printed (exit 1), like a delivery the running server failed.
+    except Exception as exc:
+        log.exception("receive.failed", delivery_id=delivery.id)
+        return "failed", f"{type(exc).__name__}: {exc}"[:2000]
+    return "done", None
 
 
 async def _through_the_inbox(klaud: Klaud, delivery: Delivery) -> tuple[str, str | None]:

@@ -526,3 +526,16 @@ async def test_prune_removes_finished_deliveries_after_their_retention(tmp_path)
         assert (await run.get_json("/api/v1/deliveries/will-pass"))[0] == 404
         assert (await run.get_json("/api/v1/deliveries/will-fail"))[1]["status"] == "failed"
         assert await run.klaud.inbox.prune(done_before=now, failed_before=now) == 1
+
+
+def test_receive_prints_its_status_line_when_the_handler_fails(tmp_path, monkeypatch, capsys):
+    from bot.cli import main
+
+    # A pull_request without its pull_request: the handler's parse fails. Before, a
+    # traceback and nothing on stdout; through a running server, the status line.
+    payload = tmp_path / "p.json"
+    payload.write_text(json.dumps({"action": "opened", "repository": {"full_name": "o/r"}, "installation": {"id": 1}}))
+    monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'r.db'}")
+    assert main(["receive", "--event", "pull_request", "--payload", str(payload), "--delivery", "d1"]) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["delivery"], printed["status"]) == ("d1", "failed") and "ValidationError" in printed["error"]

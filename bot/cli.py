@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -99,17 +100,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _wait_for_signal() -> None:
+def _stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM or SIGINT sets; a second one exits at once (a person pressing
+    Ctrl-C twice, an orchestrator out of patience), as a crash, which Klaud recovers from."""
     stop = asyncio.Event()
+
+    def stopping() -> None:
+        if stop.is_set():
+            log.warning("serve.forced_exit")
+            os._exit(1)
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(sig, stopping)
+    return stop
+
+
+async def _wait_for_signal() -> None:
+    await _stop_on_signals().wait()
 
 
 async def _serve(settings: Settings, args: argparse.Namespace) -> None:
-    stack = await start_stack(settings, scenario=scenario_from(args.scenario), sandbox_mode=args.sandbox)
-    await _wait_for_signal()
+    # Signals are heard from the start: start-up (migrations, the first reconcile of every
+    # installation, minutes against a slow GitHub) ignored SIGTERM as a container's PID 1,
+    # and without a container died of it, or of SIGINT with a traceback.
+    stop = _stop_on_signals()
+    starting = asyncio.create_task(start_stack(settings, scenario=scenario_from(args.scenario), sandbox_mode=args.sandbox))
+    signalled = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.info("serve.stopping", during="start-up")
+        starting.cancel()  # start_stack stops what it had started
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        log.info("serve.stopped")
+        return
+    if starting.exception() is not None:
+        signalled.cancel()
+    stack = starting.result()
+    await signalled
     log.info("serve.stopping")
     # The server stops taking webhooks first; running handlers then finish (bounded).
     await stack.stop()

@@ -124,7 +124,13 @@ async def start_stack(
     )
     if sandbox is not None:
         sandbox.world.origin = url
-    await klaud.start(drain=True, schedule=schedule, reconcile=reconcile)
+    try:
+        await klaud.start(drain=True, schedule=schedule, reconcile=reconcile)
+    except BaseException:
+        # Failed, or cancelled by a signal during start-up: what started is stopped.
+        await listeners.stop()
+        await klaud.stop()
+        raise
     log.info("serve.listening", url=url, admin_url=listeners.admin_url, sandbox=sandbox is not None)
     return Stack(klaud, listeners, sandbox)
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 import yaml
 
+from bot.runtime import generate_app_key
 from bot.web.events import GITHUB_EVENTS, KLAUD_EVENTS, OTHER, event_label
 from tests.harness import running_klaud
 from tests.web.test_ingest import make_klaud
@@ -34,3 +43,33 @@ def test_only_known_event_names_become_label_values():
     assert event_label("pull_request") == "pull_request"
     assert event_label("star") == "star"  # documented by GitHub, not handled
     assert event_label("pullrequest") == event_label("x" * 500) == OTHER
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_start_up_stops_klaud_at_once_and_cleanly(tmp_path, sig):
+    # Start-up reconciles every installation; against a GitHub that accepts connections
+    # and never answers it lasts minutes. SIGTERM was ignored as a container's PID 1, and
+    # otherwise killed the process; SIGINT printed a traceback.
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(silent.accept()[0]) for _ in iter(int, 1)], daemon=True).start()
+    key = tmp_path / "key.pem"
+    key.write_text(generate_app_key()[0])
+    env = dict(os.environ, KLAUD_WEBHOOK_SECRET="s", KLAUD_APP_ID="1", KLAUD_PRIVATE_KEY_FILE=str(key),
+               KLAUD_GITHUB_URL=f"http://127.0.0.1:{silent.getsockname()[1]}", KLAUD_PORT="0", KLAUD_ADMIN_PORT="0",
+               KLAUD_DB=f"sqlite:///{tmp_path / 'k.db'}", KLAUD_LOG_FORMAT="json")
+    server = subprocess.Popen([sys.executable, "-m", "bot", "serve"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(300):  # until the start-up reconcile is asking the silent GitHub
+            if held:
+                break
+            time.sleep(0.05)
+        assert held, "start-up never reached GitHub"
+        server.send_signal(sig)
+        out, err = server.communicate(timeout=30)
+    finally:
+        server.kill()
+        silent.close()
+    assert server.returncode == 0, err[-2000:]
+    assert '"serve.stopped"' in out + err and "Traceback" not in out + err

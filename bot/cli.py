@@ -288,7 +288,9 @@ async def _installed(klaud: Klaud, repo: str | None) -> list[tuple[str, int]]:
 
 
 async def _doctor(settings: Settings, args: argparse.Namespace) -> int:
-    klaud = Klaud(settings)
+    # The checks read GitHub and the capacity feed only: on a throw-away store, doctor runs
+    # beside a server that holds the SQLite file (it refused, exit 1, as for a failed check).
+    klaud = Klaud(settings.model_copy(update={"db": "sqlite:///:memory:"}))
     await klaud.start(drain=False)
     failed = False
     try:

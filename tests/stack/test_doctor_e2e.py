@@ -97,6 +97,19 @@ async def test_a_ready_repository_passes_every_check(tmp_path, monkeypatch, caps
     }
 
 
+async def test_doctor_runs_beside_a_server_that_holds_the_sqlite_file(tmp_path, monkeypatch, capsys):
+    from bot.store.lockfile import PidLock
+
+    server = PidLock(str(tmp_path / "d.db"))  # what a running `klaud serve` holds
+    server.acquire()
+    try:
+        # It refused ("in use by another Klaud process"), exit 1 as for a failed check.
+        status, checks = await doctor(tmp_path, monkeypatch, capsys)
+    finally:
+        server.release()
+    assert failed(checks) == {} and status == 0
+
+
 @pytest.mark.parametrize(
     ("breakage", "check", "says"),
     [

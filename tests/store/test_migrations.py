@@ -130,3 +130,40 @@ async def test_replicas_starting_together_migrate_once(store_url):
             await replica.close()
     assert [row[0] for row in versions] == list(range(1, LATEST + 1))
     assert len([e for e in logs if e["event"] == "store.migrated"]) == 1
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+async def test_a_store_left_at_each_older_version_is_upgraded_with_its_data(store_url, monkeypatch, version):
+    # The moves of migrations 3 (bodies) and 4 (waves) over rows that exist, on both engines.
+    from bot.store import migrations
+
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:version])
+    monkeypatch.setattr(migrations, "LATEST", version)
+    old = await open_stores(store_url)
+    columns = "id, event, repo, headers, received_at, updated_at" + (", body" if version < 3 else "")
+    delivery = Statement(f"INSERT INTO deliveries ({columns}) VALUES (?, ?, ?, ?, ?, ?{', ?' if version < 3 else ''})",
+                         ("old-1", "push", "o/r", "{}", 1.0, 1.0, *([b"{}"] if version < 3 else [])))
+    statements = [delivery]
+    if version >= 3:
+        statements.append(Statement("INSERT INTO delivery_bodies (id, encoding, body) VALUES (?, NULL, ?)", ("old-1", b"{}")))
+    put = "INSERT INTO records (repo, kind, key, data) VALUES (?, ?, ?, ?)"
+    statements += [
+        Statement(put, ("", "repo", "o/r", '{"installation": 1}')),
+        Statement(put, ("o/r", "family", FAMILY.id, encode("family", FAMILY))),
+        Statement(put, ("o/r", "wave", "00000003", '{"wave": 3, "decisions": []}')),
+    ]
+    await old.engine.transaction(statements)
+    await old.close()
+    monkeypatch.undo()
+
+    stores = await open_stores(store_url)
+    try:
+        versions = await stores.engine.fetch("SELECT version FROM schema_version ORDER BY version")
+        assert [row[0] for row in versions] == list(range(1, LATEST + 1))
+        assert (await stores.deliveries.get("old-1")).body == b"{}"  # type: ignore[union-attr]
+        assert await stores.state.wave("o/r", 3) == {"wave": 3, "decisions": []}
+        loaded = await stores.state.load("o/r")
+        assert loaded["family"] == {FAMILY.id: FAMILY} and "wave" not in loaded
+        assert [d.id for d in await stores.deliveries.claim_owned("me", {"o/r"}, unrouted=False, limit=5)] == ["old-1"]
+    finally:
+        await stores.close()

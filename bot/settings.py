@@ -204,6 +204,6 @@ def _checked_postgresql_url(value: str) -> str:
         raise ValueError(f"not a PostgreSQL URL: {exc}") from None
     if not parts.hostname and "host=" not in parts.query:
         raise ValueError("postgresql:// needs a host (postgresql://USER@HOST:PORT/DATABASE)")
-    if not parts.path.strip("/"):
+    if not parts.path.strip("/") and "dbname=" not in parts.query:
         raise ValueError("postgresql:// needs a database name (postgresql://USER@HOST:PORT/DATABASE)")
     return value

@@ -29,7 +29,7 @@ from bot.core.domain import ACTIVE_RUN_STATUSES, Claim, Dispatch, claim_ref
 from bot.core.events import WorkflowRun
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
-from bot.services.outcomes import OutcomeRecorder
+from bot.services.outcomes import CLOCK_SKEW, OutcomeRecorder
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
 
@@ -38,7 +38,6 @@ log = structlog.get_logger("klaud.claims")
 CLAIM_BRANCH_PREFIX = "klaud/claim-"
 # GitHub lists a dispatched run within seconds; until then an unlinked dispatch is kept.
 UNLINKED_CHECK_AFTER = timedelta(minutes=10)
-CLOCK_SKEW = timedelta(minutes=1)  # between this host's clock and GitHub's run times
 CANDIDATE_IN_TEXT = re.compile(r"\b[0-9a-f]{16}-[0-9a-f]{16}\b")
 
 

@@ -22,6 +22,7 @@ from bot.core.domain import (
     ARTIFACT_RE,
     RUN_FAILED_CONCLUSIONS,
     Attempt,
+    Dispatch,
     claim_ref,
     parse_time,
     stamp,
@@ -78,6 +79,18 @@ def download_error(exc: GitHubError) -> tuple[str, bool]:
     return ("download-failed", True) if exc.transient else ("download-refused", False)
 
 
+# Between this host's clock and the times GitHub gives runs.
+CLOCK_SKEW = timedelta(minutes=1)
+
+
+def may_be_its_run(dispatch: Dispatch, run: WorkflowRun) -> bool:
+    """Whether `run` may be the run of `dispatch`, which no answer linked to one: titled with
+    its candidate and created after it. A late event of an earlier run of the same
+    candidate must not stand for the new dispatch (its outcome would be the old one's)."""
+    created = run.created_at
+    return dispatch.candidate in (run.display_title or "") and (created is None or created >= dispatch.at - CLOCK_SKEW)
+
+
 def is_outcome_workflow(state: RepoState, run: WorkflowRun) -> bool:
     return posixpath.basename(run.path) in state.policy.outcome_workflows
 
@@ -131,9 +144,8 @@ class OutcomeRecorder:
 
     async def _note_run_started(self, state: RepoState, run: WorkflowRun) -> None:
         """Link a run of a dispatched candidate to its dispatch (so TTL release can see it)."""
-        title = run.display_title or ""
         for dispatch in list(state.dispatches.values()):
-            if dispatch.candidate in title and dispatch.run_id is None:
+            if dispatch.run_id is None and may_be_its_run(dispatch, run):
                 async with self.live.lock(state.name):
                     await self.live.persist(state.link_run(dispatch.family, run.id))
                 return
@@ -213,9 +225,8 @@ class OutcomeRecorder:
         A run that failed (or was cancelled) got nowhere near an outcome: its jobs say where
         it stopped, which is what people need to fix it and what the pause rule counts.
         """
-        title = run.display_title or ""
         for dispatch in state.dispatches.values():
-            if dispatch.run_id == run.id or (dispatch.run_id is None and dispatch.candidate in title):
+            if dispatch.run_id == run.id or (dispatch.run_id is None and may_be_its_run(dispatch, run)):
                 if run.conclusion in RUN_FAILED_CONCLUSIONS:
                     jobs = await api.run_jobs(run.id)
                     return run_failed_attempt(dispatch.candidate, dispatch.family, info, jobs)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from bot.core.domain import claim_ref
-from bot.core.events import Artifact, WorkflowRun
+from bot.core.events import Artifact, WorkflowRun, WorkflowRunEvent
 from bot.services.claims import UNLINKED_CHECK_AFTER
 from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
@@ -161,3 +161,25 @@ async def test_an_unlinked_dispatch_without_a_run_is_kept_a_while_then_released(
     kit.clock.advance(UNLINKED_CHECK_AFTER.total_seconds())
     await kit.claims.check_due(kit.state)
     assert family not in kit.state.dispatches and claim_ref(family) not in kit.repo.branches_at
+
+
+async def test_a_late_event_of_an_earlier_run_of_the_candidate_is_not_taken_for_the_new_dispatch(kit: Kit) -> None:
+    kit.repo.answer_run_ids = False  # nothing links the dispatch but a run titled with its candidate
+    family, cand, _ = await dispatched(kit)
+    dispatch = kit.state.dispatches[family]
+
+    def started(run_id: int, created: datetime) -> WorkflowRunEvent:
+        return WorkflowRunEvent.model_validate({
+            "action": "in_progress",
+            "workflow_run": {"id": run_id, "path": ".github/workflows/klaud-candidate.yml", "head_sha": "a" * 40,
+                             "status": "in_progress", "display_title": f"Klaud Cold candidate {cand}",
+                             "created_at": created.isoformat(), "updated_at": created.isoformat()},
+            "repository": {"full_name": REPO}, "installation": {"id": 1},
+        })
+
+    # Yesterday's run of the same candidate, its event delivered only now: linked, its
+    # outcome would have stood for this dispatch's.
+    await kit.outcomes.on_workflow_run(kit.state, started(501, dispatch.at - timedelta(days=1)))
+    assert kit.state.dispatches[family].run_id is None
+    await kit.outcomes.on_workflow_run(kit.state, started(502, dispatch.at + timedelta(seconds=5)))
+    assert kit.state.dispatches[family].run_id == 502

@@ -126,6 +126,8 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> None:
     # installation, minutes against a slow GitHub) ignored SIGTERM as a container's PID 1,
     # and without a container died of it, or of SIGINT with a traceback.
     stop = _stop_on_signals()
+    if args.sandbox and not settings.secrets():
+        settings = settings.model_copy(update={"webhook_secret": SecretStr(DEMO_SECRET)})
     starting = asyncio.create_task(start_stack(settings, scenario=scenario_from(args.scenario), sandbox_mode=args.sandbox))
     signalled = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
@@ -407,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if exc.code else 0
     try:
         settings = load_settings(
-            require_secret=args.command == "serve",
+            # The sandbox signs its own webhooks: serve --sandbox needs no secret, like demo.
+            require_secret=args.command == "serve" and not args.sandbox,
             require_app=(args.command == "serve" and not args.sandbox) or args.command in ("reconcile", "doctor"),
         )
     except SettingsError as exc:

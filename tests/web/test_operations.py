@@ -73,3 +73,23 @@ def test_a_signal_during_start_up_stops_klaud_at_once_and_cleanly(tmp_path, sig)
         silent.close()
     assert server.returncode == 0, err[-2000:]
     assert '"serve.stopped"' in out + err and "Traceback" not in out + err
+
+
+def test_serve_sandbox_runs_without_a_webhook_secret_as_the_readme_shows(tmp_path):
+    # It exited 2 asking for KLAUD_WEBHOOK_SECRET; the sandbox signs its own webhooks.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KLAUD_")}
+    env |= {"KLAUD_PORT": "0", "KLAUD_ADMIN_PORT": "0", "KLAUD_DB": f"sqlite:///{tmp_path / 'k.db'}", "KLAUD_LOG_FORMAT": "json"}
+    server = subprocess.Popen([sys.executable, "-m", "bot", "serve", "--sandbox"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        assert server.stdout is not None
+        seen = []
+        for line in server.stdout:  # until it listens (or exits)
+            seen.append(line)
+            if '"serve.listening"' in line:
+                break
+        assert any('"serve.listening"' in line for line in seen), "".join(seen)[-2000:]
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+    finally:
+        server.kill()

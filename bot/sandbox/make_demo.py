@@ -263,6 +263,7 @@ jobs:
 
 KLAUD_CANDIDATE = """\
 name: Klaud Cold candidate
+run-name: Klaud Cold candidate ${{ inputs.candidate }}
 
 on:
   workflow_dispatch:

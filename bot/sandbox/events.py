@@ -49,44 +49,37 @@ class Payloads:
         }
         return Event("pull_request", self.envelope(repo, sender, fields))
 
-    def ref_push(self, repo: RepoState, ref: str, before: str | None, after: str | None, pusher: str) -> Event:
-        """The `push` GitHub sends when a ref is created (`before` None) or deleted (`after`
-        None) through the API, as Klaud does with its claim refs: no commits are new."""
+    def push(
+        self, repo: RepoState, before: Commit | None, after: Commit | None, pusher: str, *, ref: str | None = None
+    ) -> Event:
+        """A push to `ref` (the default branch unless named). A ref created (`before` None)
+        or deleted (`after` None) through the API, as Klaud does with its claim refs, brings
+        no new commits."""
         zero = "0" * 40
-        head = repo.commits[after] if after is not None else None
-        fields = {
-            "ref": ref,
-            "before": before or zero,
-            "after": after or zero,
-            "created": before is None,
-            "deleted": after is None,
-            "forced": False,
-            "base_ref": None,
-            "compare": f"{self.shapes.web}/{repo.full_name}/compare/{(before or zero)[:12]}...{(after or zero)[:12]}",
-            "commits": [],
-            "head_commit": self.shapes.push_commit(repo, head, []) if head is not None else None,
-            "pusher": {"name": pusher, "email": f"{pusher}@users.noreply.github.com"},
-        }
-        return Event("push", self.envelope(repo, pusher, fields, push=True))
-
-    def push(self, repo: RepoState, before: Commit, after: Commit, pusher: str, *, ref: str | None = None) -> Event:
-        known = set(repo.ancestors(before.sha))
-        new = [sha for sha in repo.ancestors(after.sha) if sha not in known]
-        commits = sorted((repo.commits[sha] for sha in new), key=lambda c: c.seq)
-        listed = [self.shapes.push_commit(repo, c, repo.commit_changes(c)) for c in commits]
+        listed: list[dict[str, Any]] = []
+        forced = False
+        head_commit = None
+        if before is not None and after is not None:
+            after_line = repo.ancestors(after.sha)
+            known = set(repo.ancestors(before.sha))
+            commits = sorted((repo.commits[sha] for sha in after_line if sha not in known), key=lambda c: c.seq)
+            listed = [self.shapes.push_commit(repo, c, repo.commit_changes(c)) for c in commits]
+            forced = before.sha not in after_line
+            head_commit = listed[-1] if listed else None
+        elif after is not None:
+            head_commit = self.shapes.push_commit(repo, after, [])
+        before_sha, after_sha = before.sha if before else zero, after.sha if after else zero
         fields = {
             "ref": ref or repo.default_ref,
-            "before": before.sha,
-            "after": after.sha,
-            "created": False,
-            "deleted": False,
-            "forced": before.sha not in repo.ancestors(after.sha),
+            "before": before_sha,
+            "after": after_sha,
+            "created": before is None,
+            "deleted": after is None,
+            "forced": forced,
             "base_ref": None,
-            "compare": (
-                f"{self.shapes.web}/{repo.full_name}/compare/{before.sha[:12]}...{after.sha[:12]}"
-            ),
+            "compare": f"{self.shapes.web}/{repo.full_name}/compare/{before_sha[:12]}...{after_sha[:12]}",
             "commits": listed,
-            "head_commit": listed[-1] if listed else None,
+            "head_commit": head_commit,
             "pusher": {"name": pusher, "email": f"{pusher}@users.noreply.github.com"},
         }
         return Event("push", self.envelope(repo, pusher, fields, push=True))

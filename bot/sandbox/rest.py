@@ -350,7 +350,7 @@ def create_ref(call: Call) -> Reply:
         raise validation_failed("Reference already exists")
     repo.refs[name] = sha
     # GitHub sends a push for a branch made through the API too (Klaud gets its claims back).
-    call.announce.append(Payloads(call.world).ref_push(repo, name, None, sha, BOT_LOGIN))
+    call.announce.append(Payloads(call.world).push(repo, None, repo.commits[sha], BOT_LOGIN, ref=name))
     made = call.shapes.ref(repo, name, sha)
     return Reply(201, made, headers={"location": made["url"]})
 
@@ -378,7 +378,7 @@ def delete_ref(call: Call) -> Reply:
         raise validation_failed("Reference does not exist")
     if name == repo.default_ref:
         raise validation_failed("Cannot delete the default branch")
-    call.announce.append(Payloads(call.world).ref_push(repo, name, repo.refs.pop(name), None, BOT_LOGIN))
+    call.announce.append(Payloads(call.world).push(repo, repo.commits[repo.refs.pop(name)], None, BOT_LOGIN, ref=name))
     return Reply(204)
 
 

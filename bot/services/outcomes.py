@@ -79,7 +79,7 @@ def download_error(exc: GitHubError) -> tuple[str, bool]:
     return ("download-failed", True) if exc.transient else ("download-refused", False)
 
 
-# Between this host's clock and the times GitHub gives runs.
+# Between this host's clock and the times GitHub gives (runs, pull requests).
 CLOCK_SKEW = timedelta(minutes=1)
 
 

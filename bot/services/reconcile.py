@@ -23,7 +23,7 @@ from bot.services.catalog_sync import CatalogSync
 from bot.services.claims import ClaimKeeper
 from bot.services.dashboard import DashboardKeeper
 from bot.services.live import LiveState
-from bot.services.outcomes import OutcomeRecorder
+from bot.services.outcomes import CLOCK_SKEW, OutcomeRecorder
 from bot.services.pulls import PullSync
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
@@ -35,7 +35,6 @@ log = structlog.get_logger("klaud.reconcile")
 FIRST_RETRY = timedelta(minutes=1)
 MAX_RETRY = timedelta(hours=1)
 DISCOVERY = "installations"
-CLOCK_MARGIN = timedelta(minutes=1)
 
 
 def retry_delay(attempts: int) -> timedelta:
@@ -185,7 +184,7 @@ class Reconciler:
             # Closed before this listing: an event of it delivered later and older than that
             # is ignored. A minute's margin for GitHub's clock against ours: a reopen just
             # after the listing must not be taken for old (then it stays out of the index).
-            change.extend(state.remove_pull(number, self.live.clock.now() - CLOCK_MARGIN))
+            change.extend(state.remove_pull(number, self.live.clock.now() - CLOCK_SKEW))
         return {"open_pulls": len(seen), "files_fetched": fetched, "pulls_removed": len(closed)}
 
 

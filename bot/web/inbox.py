@@ -267,6 +267,7 @@ class Inbox:
             self._held_bytes -= self._held.pop(delivery.id, 0)
             self._set_backlog(self._backlog - 1)
         self._due.pop(key, None)
+        self._stale.pop(key, None)  # the next owner reads the repository from the store anyway
 
     def _enqueue(self, delivery: Delivery) -> None:
         size = len(delivery.body or b"")

@@ -111,14 +111,16 @@ def test_an_invalid_log_level_exits_2_naming_the_variable(tmp_path, monkeypatch,
         ({"KLAUD_DB": "postgresql://klaud:pw@db:notaport/klaud"}, "KLAUD_DB: not a PostgreSQL URL"),
         ({"KLAUD_DB": "postgresql://klaud:pw@db:5432"}, "KLAUD_DB: postgresql:// needs a database name"),
         ({"KLAUD_BOT_LOGINS": " , "}, "KLAUD_BOT_LOGINS: names no login"),
-        ({"KLAUD_PRIVATE_KEY_FILE": "/etc/hostname"}, "KLAUD_PRIVATE_KEY_FILE: not an unencrypted PEM private key"),
+        ({"KLAUD_PRIVATE_KEY_FILE": "KEY"}, "KLAUD_PRIVATE_KEY_FILE: not an unencrypted PEM private key"),
     ],
 )
-def test_bad_settings_name_the_variable_that_was_set(env, says):
+def test_bad_settings_name_the_variable_that_was_set(tmp_path, env, says):
     from bot.settings import SettingsError, load_settings
 
+    not_a_key = tmp_path / "app.pem"
+    not_a_key.write_text("this is no key\n")
     with pytest.raises(SettingsError) as refused:
-        load_settings(env)
+        load_settings({name: str(not_a_key) if value == "KEY" else value for name, value in env.items()})
     assert str(refused.value).startswith(says) and "pw" not in str(refused.value)
 
 

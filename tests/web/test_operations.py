@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -83,8 +84,15 @@ def test_serve_sandbox_runs_without_a_webhook_secret_as_the_readme_shows(tmp_pat
                               stderr=subprocess.STDOUT, text=True)
     try:
         assert server.stdout is not None
-        seen = []
-        for line in server.stdout:  # until it listens (or exits)
+        seen: list[str] = []
+        deadline = time.monotonic() + 30
+        # Until it listens, exits, or 30 s pass (a server that never listens must not hang the suite).
+        while time.monotonic() < deadline:
+            if not select.select([server.stdout], [], [], 1)[0]:
+                continue
+            line = server.stdout.readline()
+            if not line:
+                break
             seen.append(line)
             if '"serve.listening"' in line:
                 break

@@ -177,6 +177,15 @@ def repository_dispatch(world: World, action: sc.RepositoryDispatch) -> Outcome:
     return {}, [event]
 
 
+def rename_repository(world: World, action: sc.RenameRepository) -> Outcome:
+    repo = world.repo(action.repo)
+    old_name = repo.name
+    world.rename(repo, action.name)
+    sender = action.user or repo.first_admin()
+    changes = {"repository": {"name": {"from": old_name}}}
+    return {"full_name": repo.full_name}, [Payloads(world).repository(repo, "renamed", sender, changes=changes)]
+
+
 def set_capacity(world: World, action: sc.SetCapacity) -> Outcome:
     world.capacity = action.capacity
     return {}, []
@@ -200,6 +209,7 @@ HANDLERS: dict[type, Any] = {
     sc.StartRun: start_run,
     sc.PushDefault: push_default,
     sc.RepositoryDispatch: repository_dispatch,
+    sc.RenameRepository: rename_repository,
     sc.SetCapacity: set_capacity,
     sc.AdvanceClock: advance_clock,
 }

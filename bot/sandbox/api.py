@@ -71,6 +71,9 @@ class Api:
             if matched is None:
                 raise ApiError(404, "Not Found")
             route, params = matched
+            moved = self.world.moved_to(params)
+            if moved is not None and self.world.repo_named(params) is None:
+                raise redirect(request, params, moved)
             header = request.headers.get("Authorization")
             installation = self.auth.installation_for(path, header)
             budget = self.budget_key(installation, params)
@@ -160,6 +163,15 @@ class Api:
                 return web.Response(status=304, headers=headers)
         return web.Response(status=reply.status, body=payload, headers=headers,
                             content_type=content_type, charset="utf-8")
+
+
+def redirect(request: web.Request, params: dict[str, str], full_name: str) -> ApiError:
+    """A renamed repository's old route, as GitHub answers it: 301 for a read, 307 for a
+    write (a client follows 307 with the same method and body), to the current name."""
+    old = f"/repos/{params['owner']}/{params['repo']}"
+    location = request.url.with_path(request.path.replace(old, f"/repos/{full_name}", 1))
+    status = 301 if request.method in ("GET", "HEAD") else 307
+    return ApiError(status, "Moved Permanently", {"Location": str(location.with_query(request.query))})
 
 
 def cut_connection(request: web.Request) -> None:

@@ -114,6 +114,10 @@ class Payloads:
         fields = {"action": action, "check_suite": self.shapes.check_suite(repo, checks)}
         return Event("check_suite", self.envelope(repo, sender, fields))
 
+    def repository(self, repo: RepoState, action: str, sender: str, **extra: Any) -> Event:
+        """`repository` (renamed: `changes.repository.name.from` holds the old name)."""
+        return Event("repository", self.envelope(repo, sender, {"action": action, **extra}))
+
     def repository_dispatch(
         self, repo: RepoState, event_type: str, client_payload: dict[str, Any], sender: str
     ) -> Event:

@@ -305,6 +305,16 @@ class PushDefault(Model):
     onto: str | None = Field(default=None, pattern=SHA_PATTERN)
 
 
+class RenameRepository(Model):
+    """An admin renames the repository (its owner stays): GitHub answers the old name's
+    API routes with a redirect from then on and sends `repository` renamed."""
+
+    action: Literal["rename_repository"]
+    repo: str
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,100}$")
+    user: str | None = None
+
+
 class RepositoryDispatch(Model):
     action: Literal["dispatch"]
     repo: str
@@ -336,6 +346,7 @@ Action = Annotated[
     | StartRun
     | PushDefault
     | RepositoryDispatch
+    | RenameRepository
     | SetCapacity
     | AdvanceClock,
     Field(discriminator="action"),

@@ -59,6 +59,8 @@ class World:
         self.tokens: dict[str, Token] = {}
         self.blobs: dict[str, bytes] = {}
         self.repos: dict[str, RepoState] = {}
+        # A renamed repository's earlier names (lowercase): their API routes redirect.
+        self.moved: dict[str, RepoState] = {}
         self.manifest: AppManifest = load_manifest()
         self._installations: dict[int, Installation] = {}
         now = clock.now()
@@ -111,6 +113,25 @@ class World:
         if "owner" not in params or "repo" not in params:
             return None
         return self.repos.get(f"{params['owner']}/{params['repo']}".lower())
+
+    def moved_to(self, params: dict[str, str]) -> str | None:
+        """The current name of the repository a route names by an earlier name, if any."""
+        if "owner" not in params or "repo" not in params:
+            return None
+        repo = self.moved.get(f"{params['owner']}/{params['repo']}".lower())
+        return None if repo is None else repo.full_name
+
+    def rename(self, repo: RepoState, name: str) -> None:
+        """`repo` is called `name` (same owner) from now on; its old name redirects."""
+        full_name = f"{repo.owner}/{name}"
+        key = full_name.lower()
+        if key in self.repos and self.repos[key] is not repo:
+            raise SandboxError(f"repository {full_name} already exists", 422)
+        del self.repos[repo.full_name.lower()]
+        self.moved[repo.full_name.lower()] = repo
+        self.moved.pop(key, None)
+        repo.full_name, repo.name = full_name, name
+        self.repos[key] = repo
 
     def repo(self, full_name: str) -> RepoState:
         repo = self.repos.get(full_name.lower())

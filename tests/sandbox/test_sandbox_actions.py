@@ -372,3 +372,33 @@ async def test_refs_written_through_the_api_send_their_push_as_github_does(wired
     assert (made["ref"], made["before"], made["after"], made["created"], made["deleted"]) == (ref, "0" * 40, head, True, False)
     assert (gone["ref"], gone["before"], gone["after"], gone["created"], gone["deleted"]) == (ref, head, "0" * 40, False, True)
     assert made["sender"]["login"] == "klaud-cold[bot]" and made["commits"] == []
+
+
+async def test_rename_repository_redirects_the_old_name_and_sends_repository_renamed(
+    wired: Hub, receiver: Receiver
+) -> None:
+    answer = await wired.act(action="rename_repository", repo="acme/bench", name="bench-next")
+    assert answer["full_name"] == "acme/bench-next"
+    [(name, payload)] = events(receiver)
+    assert (name, payload["action"]) == ("repository", "renamed")
+    assert payload["changes"] == {"repository": {"name": {"from": "bench"}}}
+    assert payload["repository"]["full_name"] == "acme/bench-next"
+
+    read = await wired.api("GET", f"{REPO}/pulls?state=open")
+    assert read.status == 301
+    assert read.headers["Location"].endswith("/_sandbox/github/repos/acme/bench-next/pulls?state=open")
+    write = await wired.api("POST", f"{REPO}/issues/12/comments", json={"body": "hi"})
+    assert write.status == 307  # a write is redirected with its method and body kept
+    assert (await wired.json("GET", "/repos/acme/bench-next"))["full_name"] == "acme/bench-next"
+    # Followed, as GitHub's clients do: the old name still works.
+    followed = await wired.client.get("/_sandbox/github/repos/acme/bench", headers={"Authorization": wired.token})
+    assert followed.status == 200 and (await followed.json())["full_name"] == "acme/bench-next"
+
+
+async def test_rename_repository_refuses_an_unknown_repository_and_a_name_with_a_slash(hub: Hub) -> None:
+    response = await hub.client.post("/_sandbox/act", json={"action": "rename_repository", "repo": "acme/nope",
+                                                            "name": "x"})
+    assert response.status == 404
+    response = await hub.client.post("/_sandbox/act", json={"action": "rename_repository", "repo": "acme/bench",
+                                                            "name": "bad/name"})
+    assert response.status == 400

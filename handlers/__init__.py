@@ -19,6 +19,7 @@ from handlers import (
     ping,
     pull_request,
     push,
+    repository,
     repository_dispatch,
     workflow_run,
 )
@@ -34,5 +35,6 @@ router = routing.Router(
     issues.router,
     check_run.router,
     check_suite.router,
+    repository.router,
     repository_dispatch.router,
 )

@@ -25,7 +25,8 @@ REQUIRED_PERMISSIONS: Mapping[str, str] = {
     "checks": "write",
 }
 REQUIRED_EVENTS = frozenset(
-    {"pull_request", "push", "workflow_run", "issue_comment", "issues", "check_run", "check_suite", "repository_dispatch"}
+    {"pull_request", "push", "workflow_run", "issue_comment", "issues", "check_run", "check_suite", "repository_dispatch",
+     "repository"}
 )
 _LEVELS = {"none": 0, "read": 1, "write": 2, "admin": 3}
 _RUN_NAME_RE = re.compile(r"^run-name:.*\$\{\{\s*inputs\.(?P<input>[\w-]+)\s*\}\}", re.MULTILINE)

@@ -30,6 +30,9 @@ GitHubId = Annotated[int, Field(ge=0, le=MAX_ID)]
 
 class Named(_Model):
     full_name: str = Field(pattern=r"^[^/\s]+/[^/\s]+$", max_length=200)
+    # What stays when the repository is renamed or transferred (events name it by its
+    # name at the time they were sent).
+    id: GitHubId | None = None
 
 
 class Installation(_Model):
@@ -223,6 +226,12 @@ class RepositoryDispatchEvent(RepoEvent):
     action: str
 
 
+class RepositoryEvent(RepoEvent):
+    """`repository`: Klaud reads only which repository (its id) and what it is called now."""
+
+    action: str
+
+
 # -- installations ---------------------------------------------------------------------
 
 
@@ -262,4 +271,5 @@ class Repository(_Model):
     """`GET /repos/{owner}/{repo}` and the entries of `GET /installation/repositories`."""
 
     full_name: str
+    id: GitHubId | None = None
     default_branch: str = "main"

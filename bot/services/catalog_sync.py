@@ -21,7 +21,7 @@ from bot.core.catalog import (
     read_master,
 )
 from bot.core.domain import Claim
-from bot.core.events import PushEvent
+from bot.core.events import PushEvent, Repository
 from bot.core.policy import POLICY_PATH
 from bot.core.setup import workflow_path, workflow_setup_errors
 from bot.github.errors import GitHubError
@@ -120,10 +120,10 @@ class CatalogSync:
 
     # -- reading the default branch ------------------------------------------------------
 
-    async def load(self, state: RepoState, api: RepoAPI, change: Change) -> None:
-        """The whole catalog at the default branch's head (install and full reconcile)."""
-        repository = await api.repository()
-        state.meta.default_branch = repository.default_branch
+    async def load(self, state: RepoState, api: RepoAPI, change: Change, repository: Repository) -> None:
+        """The whole catalog at the default branch's head (install and full reconcile), with
+        `repository` as GitHub describes it now."""
+        note_repository(state, repository)
         state.meta.head_sha = await api.head_sha(state.meta.default_branch)
         ref = state.meta.head_sha
         _, policy_change = await self.refresh_policy(state, api, ref)
@@ -153,8 +153,10 @@ class CatalogSync:
             dates = image_dates(state.catalog.families_of(path), [(r.start, r.end, r.committed) for r in ranges])
             change.extend(state.date_images(dates))
 
-    async def catch_up(self, state: RepoState, api: RepoAPI, change: Change) -> None:
-        """A missed push shows as a moved head: re-read configs and policy at the new one."""
+    async def catch_up(self, state: RepoState, api: RepoAPI, change: Change, repository: Repository) -> None:
+        """A missed push shows as a moved head: re-read configs and policy at the new one
+        (and a default branch changed since shows as a moved head too)."""
+        note_repository(state, repository)
         head = await api.head_sha(state.meta.default_branch)
         if head == state.meta.head_sha:
             await self.date_images(state, api, change)  # asks again for what GitHub did not answer
@@ -287,3 +289,10 @@ class CatalogSync:
         if state.meta.policy_error:
             log.warning("policy.invalid", error=state.meta.policy_error)
         return changed, change
+
+
+def note_repository(state: RepoState, repository: Repository) -> None:
+    """What of the repository itself the state keeps: its default branch and its id."""
+    state.meta.default_branch = repository.default_branch
+    if repository.id is not None:
+        state.meta.repo_id = repository.id

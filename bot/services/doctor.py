@@ -34,7 +34,7 @@ async def diagnose(
     state = live.new_state(name, installation)
     api = live.api(state)
     try:
-        await catalog.load(state, api, Change())
+        await catalog.load(state, api, Change(), await api.repository())
         workflow = state.policy.candidate_workflow
         text = await api.file_text(workflow_path(workflow), state.meta.head_sha)
     except GitHubError as exc:

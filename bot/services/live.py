@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 
 import structlog
+from cachetools import LRUCache
 
 from bot.core.clock import Clock
 from bot.core.domain import Wave, stamp
@@ -28,6 +30,9 @@ log = structlog.get_logger("klaud.live")
 # Cooldowns look back at most 168 hours and artifacts live 14 days: older attempts stay in
 # the store only.
 ATTEMPT_MEMORY = timedelta(days=14)
+
+# Earlier names of renamed repositories remembered, for the events still named by them.
+FORMER_NAMES = 1024
 
 # Called with the repository, the families whose state changed and the pull requests that
 # got a new head (their check runs need a render even if no family changed).
@@ -57,12 +62,41 @@ class LiveState:
         self.admit: Callable[[str], Awaitable[bool]] = _always
         # Repositories whose changes the store refused outside a delivery, to read back.
         self.stale: set[str] = set()
+        # An earlier name (lowercase) of a renamed repository -> the name it moved to.
+        self.former: LRUCache[str, str] = LRUCache(maxsize=FORMER_NAMES)
 
     def lock(self, repo: str) -> asyncio.Lock:
         return self._locks[repo.lower()]
 
+    @asynccontextmanager
+    async def locks(self, *names: str) -> AsyncIterator[None]:
+        """Several repositories' locks, always taken in one order: two takers of the same
+        pair never hold one each while waiting for the other."""
+        async with AsyncExitStack() as stack:
+            for name in sorted({name.lower() for name in names}):
+                await stack.enter_async_context(self.lock(name))
+            yield
+
     def repo(self, name: str) -> RepoState | None:
         return self.repos.get(name.lower())
+
+    def by_id(self, repo_id: int | None) -> RepoState | None:
+        """The repository kept here, under whatever name, whose GitHub id is `repo_id`."""
+        if repo_id is None:
+            return None
+        return next((state for state in self.repos.values() if state.meta.repo_id == repo_id), None)
+
+    def renamed(self, name: str) -> RepoState | None:
+        """The repository once called `name`, kept here under the name it moved to."""
+        for _ in range(FORMER_NAMES):  # a chain of renames; bounded should a cycle form
+            moved = self.former.get(name.lower())
+            if moved is None:
+                return None
+            state = self.repo(moved)
+            if state is not None:
+                return state
+            name = moved
+        return None
 
     def put(self, state: RepoState) -> None:
         self.repos[state.name.lower()] = state
@@ -141,12 +175,45 @@ class LiveState:
     async def forget(self, name: str) -> None:
         """An uninstalled repository: its state leaves memory and the store."""
         async with self.lock(name):
-            state = self.repos.pop(name.lower(), None)
-            name = state.name if state is not None else name
-            change = Change()
-            for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry"):
-                change.clear(name, kind)
-            change.clear_waves(name)
-            change.delete("", "repo", name)
-            await self.persist(change)
+            await self._forget(name)
+
+    async def _forget(self, name: str) -> None:
+        state = self.repos.pop(name.lower(), None)
+        name = state.name if state is not None else name
+        change = Change()
+        for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry"):
+            change.clear(name, kind)
+        change.clear_waves(name)
+        change.delete("", "repo", name)
+        await self.persist(change)
         log.info("live.forgotten", repo=name)
+
+    async def rename(self, old: str, new: str) -> RepoState | None:
+        """GitHub calls repository `old` `new` now (renamed, or transferred to another
+        owner): its state moves to the new name, in the store and here. Its attempts,
+        holds, claims and wave counter go with it; rebuilt from GitHub they would be lost.
+
+        When `new` is kept already (its events came first and built it from GitHub, here or
+        at another replica), the state of `old` is dropped instead: two states of one
+        repository would each plan waves. Returns the state now kept here under `new`, if any.
+        """
+        async with self.locks(old, new):
+            state = self.repo(old)
+            if state is None:
+                kept = self.repo(new)
+            elif self.repo(new) is None and not await self.admit(new):
+                await self._drop_renamed(state, new, "another replica keeps the new name")
+                kept = None
+            elif kept := self.repo(new) or await self.load_repo(new):
+                await self._drop_renamed(state, new, "the new name is kept already")
+            else:
+                await self.store.rename(state.name, new)
+                self.drop(old)
+                kept = await self.load_repo(new)
+                log.info("live.renamed", repo=state.name, to=new)
+            self.former[old.lower()] = new
+        return kept
+
+    async def _drop_renamed(self, state: RepoState, new: str, reason: str) -> None:
+        log.info("live.rename_dropped", repo=state.name, to=new, reason=reason)
+        await self._forget(state.name)

@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from bot.core.domain import stamp
-from bot.core.events import RepoEvent
+from bot.core.events import RepoEvent, Repository
 from bot.github.errors import GitHubError
 from bot.services.api import RepoAPI
 from bot.services.catalog_sync import CatalogSync
@@ -73,16 +73,37 @@ class Reconciler:
         self.failures: dict[str, ReconcileFailure] = {}
 
     async def state_for(self, event: RepoEvent) -> RepoState | None:
-        """The event's repository, reconciled first if this is the first we hear of it."""
-        name = event.repository.full_name
-        state = self.live.repo(name)
+        """The event's repository, reconciled first if this is the first we hear of it.
+
+        Events name a repository as it was called when they were sent: one renamed since
+        (or before, the event queued behind the rename) is found by its id.
+        """
+        name, installation = event.repository.full_name, event.installation.id
+        state = self.live.repo(name) or self.live.renamed(name) or await self._same_repository(event)
         if state is None:
-            await self.reconcile(name, event.installation.id)
-            state = self.live.repo(name)
+            await self.reconcile(name, installation)
+            state = self.live.repo(name) or self.live.renamed(name)
         return state
 
+    async def _same_repository(self, event: RepoEvent) -> RepoState | None:
+        """The event's repository kept here under another name: GitHub says which name is
+        the current one (a light reconcile follows a rename), and the other is remembered."""
+        same = self.live.by_id(event.repository.id)
+        if same is None:
+            return None
+        kept = same.name
+        await self.reconcile(kept, event.installation.id, light=True)
+        name = event.repository.full_name
+        if self.live.repo(kept) is same:  # not renamed: the event's name is the older one
+            self.live.former[name.lower()] = kept
+        return self.live.repo(name) or self.live.renamed(name)
+
     async def reconcile(self, name: str, installation: int, *, light: bool = False) -> dict[str, Any]:
-        """Rebuild a repository from GitHub; `light` re-reads only what may have moved."""
+        """Rebuild a repository from GitHub; `light` re-reads only what may have moved.
+
+        A repository GitHub now calls by another name (renamed or transferred; its API
+        answers the old name with a redirect) moves to that name, and is reconciled there.
+        """
         async with self.live.lock(name):
             known = self.live.repo(name)
             if known is None and not await self.live.admit(name):
@@ -94,29 +115,46 @@ class Reconciler:
             state = stored or self.live.new_state(name, installation)
             state.meta.installation = installation
             api = self.live.api(state)
-            before = _counts(state)
-            change = Change()
-            if light:
-                await self.catalog.catch_up(state, api, change)
-            else:
-                await self.catalog.load(state, api, change)
-            pulls = await self._pulls(state, api, change)
-            if light:
-                await self.claims.light(state, api, change)
-            else:
-                await self.claims.sync_refs(state, api, change, self.live.clock.now())
-                await self.outcomes.recent_runs(state, api, change)
-                if stored is None and self.dashboard is not None:
-                    # No local state: holds and retries come back from the dashboard issue.
-                    await self.dashboard.restore(state, api, change)
-            state.meta.reconciled_at = stamp(self.live.clock.now())
-            state.save_meta(change)
-            self.live.put(state)
-            await self.live.persist(change)
-        report = {"repo": name, "light": light, "before": before, "after": _counts(state), **pulls}
+            repository = await api.repository()
+            moved = repository.full_name if repository.full_name.lower() != name.lower() else None
+            if moved is None:
+                report = await self._rebuild(state, stored is None, api, repository, light=light)
+        if moved is not None:
+            return await self._follow(name, moved, installation, light=light)
         log.info("live.reconciled", **report)
         await self.live.notify(state, {f.id for f in state.catalog})
         return report
+
+    async def _follow(self, old: str, new: str, installation: int, *, light: bool) -> dict[str, Any]:
+        log.info("live.repository_moved", repo=old, to=new)
+        kept = await self.live.rename(old, new)
+        # What moved is complete already: a light reconcile catches up at the new name.
+        report = await self.reconcile(new, installation, light=light and kept is not None)
+        return {**report, "moved_from": old}
+
+    async def _rebuild(
+        self, state: RepoState, new: bool, api: RepoAPI, repository: Repository, *, light: bool
+    ) -> dict[str, Any]:
+        before = _counts(state)
+        change = Change()
+        if light:
+            await self.catalog.catch_up(state, api, change, repository)
+        else:
+            await self.catalog.load(state, api, change, repository)
+        pulls = await self._pulls(state, api, change)
+        if light:
+            await self.claims.light(state, api, change)
+        else:
+            await self.claims.sync_refs(state, api, change, self.live.clock.now())
+            await self.outcomes.recent_runs(state, api, change)
+            if new and self.dashboard is not None:
+                # No local state: holds and retries come back from the dashboard issue.
+                await self.dashboard.restore(state, api, change)
+        state.meta.reconciled_at = stamp(self.live.clock.now())
+        state.save_meta(change)
+        self.live.put(state)
+        await self.live.persist(change)
+        return {"repo": state.name, "light": light, "before": before, "after": _counts(state), **pulls}
 
     async def reconcile_new_installations(self) -> list[str]:
         """Reconcile every installed repository that has no local state yet.
@@ -143,7 +181,9 @@ class Reconciler:
                 continue
             self.failures.pop(f"installation {installation}", None)
             for repo in repositories:
-                if self.live.repo(repo.full_name) is None and await self._try_reconcile(repo.full_name, installation):
+                # One kept under an earlier name is followed by its own reconciles and events.
+                known = self.live.repo(repo.full_name) or self.live.by_id(repo.id)
+                if known is None and await self._try_reconcile(repo.full_name, installation):
                     done.append(repo.full_name)
         return done
 

@@ -61,6 +61,8 @@ class RepoMeta:
     """Per-repository facts that are not collections (persisted as one record)."""
 
     installation: int
+    # GitHub's id of the repository: what stays when it is renamed or transferred.
+    repo_id: int | None = None
     default_branch: str = "main"
     head_sha: str = ""
     policy_text: str | None = None

@@ -42,6 +42,12 @@ PUT_WAVE = (
 )
 DELETE_WAVE = "DELETE FROM waves WHERE repo = ? AND number = ?"
 CLEAR_WAVES = "DELETE FROM waves WHERE repo = ?"
+# A renamed repository's records and waves, moved to its new name in one transaction.
+RENAME = (
+    "UPDATE records SET repo = ? WHERE repo = ?",
+    "UPDATE records SET key = ? WHERE repo = '' AND kind = 'repo' AND key = ?",
+    "UPDATE waves SET repo = ? WHERE repo = ?",
+)
 GET_WAVE = "SELECT encoding, body FROM waves WHERE repo = ? AND number = ?"
 REPOS = "SELECT key FROM records WHERE repo = '' AND kind = 'repo'"
 LOAD = "SELECT kind, key, data FROM records WHERE repo = ?"
@@ -81,6 +87,11 @@ class StateStore:
         ]
         if change:
             await self.writer.apply([statement for statement in statements if statement.args], change.repos())
+
+    async def rename(self, old: str, new: str) -> None:
+        """Move every record and wave of `old` to `new` (the store has nothing of `new`)."""
+        statements = [Statement(sql, (new, old)) for sql in RENAME]
+        await self.writer.write(statements, {old, new})
 
     async def repos(self) -> list[str]:
         return [row[0] for row in await self.db.fetch(REPOS)]

@@ -75,6 +75,7 @@ def artifact_zip(outcome: dict[str, Any]) -> bytes:
 @dataclass
 class FakeRepo:
     name: str = "acme/bench"
+    id: int = 4242
     default_branch: str = DEFAULT_BRANCH
     head: str = sha(1)
     files: dict[str, dict[str, str]] = field(default_factory=dict)  # ref -> path -> text
@@ -127,7 +128,7 @@ class FakeRepo:
 
     async def repository(self) -> Repository:
         self._call("repository")
-        return Repository(full_name=self.name, default_branch=self.default_branch)
+        return Repository(full_name=self.name, id=self.id, default_branch=self.default_branch)
 
     async def head_sha(self, branch: str) -> str:
         self._call("head_sha", branch)
@@ -295,7 +296,9 @@ class FakeRepos:
         return [1]
 
     async def repositories(self, installation: int) -> list[Repository]:
-        return [Repository(full_name=name) for name in sorted(self.repos)]
+        # A renamed repository answers to its old name too (GitHub redirects): listed once.
+        unique = {repo.id: repo for repo in self.repos.values()}
+        return [Repository(full_name=repo.name, id=repo.id) for repo in sorted(unique.values(), key=lambda r: r.name)]
 
     def repo(self, full_name: str, installation: int) -> FakeRepo:
         return self.repos[full_name]

@@ -31,7 +31,7 @@ async def test_light_reconcile_reads_only_heads_and_claim_refs_when_nothing_move
     await kit.reconciler.reconcile(REPO, 1)
     kit.repo.calls.clear()
     report = await kit.reconciler.reconcile(REPO, 1, light=True)
-    assert kit.repo.calls == [("head_sha", "main"), ("open_pulls",), ("branches", "klaud/claim-")]
+    assert kit.repo.calls == [("repository",), ("head_sha", "main"), ("open_pulls",), ("branches", "klaud/claim-")]
     assert report["files_fetched"] == 0
 
 

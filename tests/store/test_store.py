@@ -186,3 +186,18 @@ async def test_wave_documents_are_kept_apart_compressed_on_sqlite_and_read_back(
     assert (encoding, size < 2_000) == (("zstd", True) if stores.engine.dialect == "sqlite" else (None, False))
     await stores.state.apply(Change().clear_waves("O/R".lower()))
     assert await stores.state.wave("o/r", 7) is None
+
+
+async def test_a_renamed_repository_moves_its_records_and_waves_and_leaves_the_others(stores: Stores) -> None:
+    await stores.state.apply(
+        Change().put("o/r", "family", family().id, family()).put("", "repo", "o/r", {"installation": 1})
+        .put_wave("o/r", 3, {"wave": 3}).put("x/y", "family", family().id, family()).put("", "repo", "x/y", {"installation": 1})
+    )
+    await stores.state.rename("o/r", "o/renamed")
+
+    assert sorted(await stores.state.repos()) == ["o/renamed", "x/y"]
+    assert await stores.state.get("", "repo", "o/renamed") == {"installation": 1}
+    assert (await stores.state.load("o/renamed"))["family"][family().id] == family()
+    assert await stores.state.wave("o/renamed", 3) == {"wave": 3}
+    assert await stores.state.load("o/r") == {} and await stores.state.wave("o/r", 3) is None
+    assert (await stores.state.load("x/y"))["family"][family().id] == family()

@@ -1,0 +1,21 @@
+"""`repository` renamed or transferred: the repository's state moves to its new name.
+
+Without this event (not subscribed, or lost) the move is found all the same, later: by the
+first event under the new name (matched by the repository's id) or by the next reconcile
+(GitHub answers the old name with a redirect).
+"""
+
+from __future__ import annotations
+
+from gidgethub import routing
+
+from bot.core.events import RepositoryEvent
+from handlers.context import HandlerContext, WebhookEvent
+
+router = routing.Router()
+
+
+@router.register("repository", action="renamed")
+@router.register("repository", action="transferred")
+async def on_moved(event: WebhookEvent, ctx: HandlerContext) -> None:
+    await ctx.repos.state_for(event.parsed(RepositoryEvent))

@@ -204,3 +204,35 @@ async def test_a_stalled_owners_commit_after_the_takeover_fails_its_fence(nodes)
     assert await b.stores.state.get("", "repo", "o/a") is None
     [again] = await b.stores.deliveries.claim_owned("b", {"o/a"}, unrouted=False, limit=9)
     assert again.id == claimed.id  # b does that delivery's work itself
+
+
+async def stored_repository(node: Node, name: str, wave: int) -> None:
+    stored = node.live.new_state(name, 7)
+    stored.meta.wave = wave
+    await node.live.persist(stored.save_meta())
+
+
+async def test_a_renamed_repository_moves_to_its_new_name_and_lease(nodes):
+    a = await nodes("a")
+    await stored_repository(a, "o/a", 12)
+    await a.replicas.round()
+    assert a.live.repo("o/a") is not None
+
+    moved = await a.live.rename("o/a", "o/renamed")
+
+    assert moved is not None and moved.meta.wave == 12 and a.replicas.owns("o/renamed")
+    assert repo_lease("o/renamed") in await a.stores.leases.holders()
+    assert "o/renamed" in await a.stores.state.repos() and "o/a" not in await a.stores.state.repos()
+
+
+async def test_a_renamed_repository_whose_new_name_another_replica_holds_is_dropped_here(nodes):
+    a, b = await nodes("a"), await nodes("b")
+    await stored_repository(a, "o/a", 12)
+    await a.replicas.round()
+    assert await b.replicas.admit("o/renamed")  # its events reached b first
+
+    assert await a.live.rename("o/a", "o/renamed") is None
+
+    # One repository is never planned by two replicas: a keeps nothing of it.
+    assert a.live.repo("o/a") is None and a.live.repo("o/renamed") is None
+    assert "o/a" not in await a.stores.state.repos() and not a.replicas.owns("o/renamed")

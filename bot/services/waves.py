@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, get_args
 
@@ -23,11 +24,14 @@ from bot.core.domain import (
     Claim,
     Decision,
     DecisionKind,
+    Dispatch,
+    Family,
+    RetryApproval,
     Wave,
     claim_ref,
     stamp,
 )
-from bot.github.errors import GitHubError
+from bot.github.errors import GitHubError, Unavailable
 from bot.metrics import (
     CANDIDATES,
     DISPATCH_PAUSED,
@@ -36,8 +40,8 @@ from bot.metrics import (
     LAST_WAVE_TIMESTAMP,
     WAVE_SECONDS,
 )
-from bot.services.api import CapacitySource
-from bot.services.dispatch import dispatch_candidate
+from bot.services.api import CapacitySource, RepoAPI
+from bot.services.dispatch import claim_family, dispatch_run, release_refused_claim
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
@@ -123,8 +127,6 @@ class WaveRunner:
         """What a real wave leaves in the repository's record besides its document."""
         state.meta.wave = wave.wave
         state.note_dispatched(wave.wave, len(wave.selected))
-        if wave.selected and state.canary_armed:
-            state.canary_dispatched(wave.selected[0], wave.wave)
         # A wave whose every dispatch failed (GitHub unwell) is tried again once, soon.
         again = dispatching.retry_soon(wave) and trigger != RETRY_TRIGGER
         state.meta.retry_wave_at = stamp(now + RETRY_WAVE_AFTER) if again else None
@@ -177,6 +179,10 @@ class WaveRunner:
             for decision in pending:
                 # A dispatched family stays selected when the wave is planned again.
                 settled[decision.family] = outcome = await self._claim_and_dispatch(state, decision, number, now, change)
+                if outcome.decision == "claimed":
+                    # Someone holds its claim ref: a run of it may be in flight (one of ours
+                    # from before a crash, or another planner's). Counted, on the safe side.
+                    in_flight += 1
                 if outcome.decision != "selected":
                     break  # plan again: the slot goes to the next family
             else:
@@ -185,33 +191,90 @@ class WaveRunner:
     async def _claim_and_dispatch(
         self, state: RepoState, decision: Decision, number: int, now: datetime, change: Change
     ) -> Decision:
-        """The decision as GitHub's answers left it: still `selected` when dispatched."""
+        """The decision as GitHub's answers left it: still `selected` when dispatched.
+
+        Claim, then commit what is about to be dispatched (the claim, a dispatch without its
+        run yet, the `/klaud retry` it uses, the canary it is, the wave's number), then
+        dispatch. A crash after the commit leaves a dispatch the claim keeper links to its
+        run by title, or releases when none started; before it, a claim ref no record
+        explains, deleted as an orphan. Either way the next wave neither dispatches the
+        family again nor spends its slots twice.
+        """
         family = state.catalog.get(decision.family)
         if family is None:
             raise RuntimeError(f"the planner selected {decision.family}, which is not a live family")
+        api = self.live.api(state)
+        base = state.meta.head_sha
         try:
-            result = await dispatch_candidate(
-                self.live.api(state),
-                workflow=state.policy.candidate_workflow,
-                inputs=state.policy.candidate_inputs,
-                branch=state.meta.default_branch,
-                family=family,
-                base=state.meta.head_sha,
-                wave=number,
-                now=now,
-            )
+            claimed = await claim_family(api, family, base)
         except GitHubError as exc:
-            log.warning("wave.dispatch_failed", family=decision.family, error=str(exc))
+            log.warning("wave.dispatch_failed", family=family.id, error=str(exc))
             return dispatching.dispatch_failed(decision, str(exc))
-        if result is None:
+        if not claimed:
             # Another wave holds the family's claim ref: remembered, so it is resolved (or
             # its orphan deleted) like any claim made elsewhere.
             change.extend(state.add_claim(Claim(family.id, family.candidate, None, claim_ref(family.id), now)))
             return dispatching.claim_lost(decision)
-        change.extend(state.add_claim(result.claim))
-        change.extend(state.add_dispatch(result.dispatch))
-        if decision.candidate in state.retries:
-            change.extend(state.consume_retry(decision.candidate))
-        if result.answer_lost is not None:
-            return dispatching.answer_lost(decision, result.answer_lost)
+        pending = Dispatch(family.id, family.candidate, number, base, now)
+        undo = await self._write_ahead(state, family, pending)
+        try:
+            run_id = await dispatch_run(
+                api,
+                workflow=state.policy.candidate_workflow,
+                inputs=state.policy.candidate_inputs,
+                branch=state.meta.default_branch,
+                family=family,
+                base=base,
+                wave=number,
+            )
+        except Unavailable as exc:
+            if not exc.maybe_applied:
+                return await self._refused(state, api, decision, undo, exc, change)
+            # GitHub may have started the run: the dispatch stays, without its run, and is
+            # linked to its run by the candidate id in the run's title.
+            log.warning("dispatch.answer_lost", family=family.id, candidate=family.candidate, error=str(exc))
+            return dispatching.answer_lost(decision, str(exc))
+        except GitHubError as exc:
+            return await self._refused(state, api, decision, undo, exc, change)
+        if run_id is not None:
+            change.extend(state.add_dispatch(replace(pending, run_id=run_id)))
         return decision
+
+    async def _write_ahead(self, state: RepoState, family: Family, pending: Dispatch) -> _Ahead:
+        """Commit the dispatch about to be made (in a delivery's unit, the GitHub client
+        commits it before the dispatch's request); what to take back if GitHub refuses it."""
+        ahead = _Ahead(family.id, state.retries.get(family.candidate), state.meta.canary if state.canary_armed else None)
+        change = state.add_claim(Claim(family.id, family.candidate, pending.wave, claim_ref(family.id), pending.at))
+        change.extend(state.add_dispatch(pending))
+        if ahead.approval is not None:
+            change.extend(state.consume_retry(family.candidate))
+        if ahead.canary is not None:
+            state.canary_dispatched(family.candidate, pending.wave)
+        state.meta.wave = pending.wave
+        await self.live.persist(state.save_meta(change))
+        return ahead
+
+    async def _refused(
+        self, state: RepoState, api: RepoAPI, decision: Decision, ahead: _Ahead, error: GitHubError, change: Change
+    ) -> Decision:
+        """GitHub refused the dispatch: its claim is released and what was committed ahead
+        of it taken back (the retry approval and the canary are still to be used)."""
+        log.warning("wave.dispatch_failed", family=decision.family, error=str(error))
+        if await release_refused_claim(api, decision.family):
+            change.extend(state.drop_claim(decision.family))
+            change.extend(state.drop_dispatch(decision.family))
+            if ahead.approval is not None:
+                change.extend(state.approve_retry(ahead.approval))
+            if ahead.canary is not None:
+                state.meta.canary = ahead.canary
+        return dispatching.dispatch_failed(decision, str(error))
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """What a wave committed before a dispatch besides its claim and dispatch records."""
+
+    family: str
+    approval: RetryApproval | None  # the `/klaud retry` the dispatch uses
+    canary: dict[str, Any] | None  # the armed canary it is
+

@@ -2,7 +2,7 @@
 started as `klaud serve` starts them, on one PostgreSQL store, with the real handlers,
 against one sandbox GitHub holding several repositories; waves triggered in every
 repository; one replica killed with SIGKILL in the middle of a wave, between a dispatch
-GitHub made and the store hearing of it.
+GitHub made and the end of the wave (which commits its document and the runs it linked).
 
 The sandbox runs in this process, behind a tap that sees every workflow dispatch (and
 fires the SIGKILL) and a load balancer that spreads its webhooks over the replicas. What

@@ -528,6 +528,21 @@ class OutcomeLedger:
         self._ordered.pop(attempt.candidate, None)
         return True
 
+    def forget_before(self, cutoff: datetime) -> int:
+        """Drop the attempts that completed before `cutoff`; how many went."""
+        forgotten = 0
+        for candidate in list(self._runs_by_candidate):
+            runs = self._runs_by_candidate[candidate]
+            old = [key for key, attempt in runs.items() if attempt.completed_at < cutoff]
+            for key in old:
+                del runs[key]
+            if old:
+                forgotten += len(old)
+                self._ordered.pop(candidate, None)
+            if not runs:
+                del self._runs_by_candidate[candidate]
+        return forgotten
+
     def _newest(self, candidate: str) -> list[Attempt]:
         ordered = self._ordered.get(candidate)
         if ordered is None:

@@ -34,12 +34,14 @@ log = structlog.get_logger("klaud.reconcile")
 # Backoff of a failed reconcile: a minute, doubling up to an hour.
 FIRST_RETRY = timedelta(minutes=1)
 MAX_RETRY = timedelta(hours=1)
+DOUBLINGS = 16  # past MAX_RETRY long before: only keeps the power finite
 DISCOVERY = "installations"
 
 
 def retry_delay(attempts: int) -> timedelta:
-    """How long to wait before trying again work that failed `attempts` times in a row."""
-    return min(FIRST_RETRY * 2 ** (attempts - 1), MAX_RETRY)
+    """How long to wait before trying again work that failed `attempts` times in a row
+    (defined for any count: failing for days must not overflow the doubling)."""
+    return min(FIRST_RETRY * 2 ** min(max(attempts - 1, 0), DOUBLINGS), MAX_RETRY)
 
 
 @dataclass(frozen=True, slots=True)

@@ -256,6 +256,12 @@ class RepoState:
         self._forget_verdicts({self.family_of_candidate(attempt.candidate)})
         return True, change
 
+    def forget_attempts_before(self, cutoff: datetime) -> None:
+        """Attempts older than any rule reads leave memory (the store keeps them longer):
+        a process running for months holds what a restart would load, no more."""
+        if self.ledger.forget_before(cutoff):
+            self._forget_every_verdict()
+
     def release_for(self, attempt: Attempt) -> tuple[Claim | None, Dispatch | None, Change]:
         """An outcome arrived: the candidate is no longer in flight and its claim is released.
 

@@ -21,7 +21,7 @@ import structlog
 from bot.core.clock import Clock
 from bot.core.domain import parse_time, stamp
 from bot.github.errors import GitHubError
-from bot.services.live import LiveState
+from bot.services.live import ATTEMPT_MEMORY, LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.reconcile import Reconciler, retry_delay
 from bot.services.repo_state import RepoState
@@ -62,7 +62,11 @@ class Scheduler:
         self.outcomes = outcomes
         self.prune = prune
         self.leads = leads  # with replicas, one does the housekeeping
-        self._housekeeping_at = clock.now()
+        # Discovery is done at start-up; retention is not: were it first due 6 h after a
+        # start, a process restarted more often (deploys, a rolling replica set) never pruned.
+        self._discovered_at = clock.now()
+        self._pruned_at: datetime | None = None
+        self._trimmed_at = clock.now()
         self.waves = waves
         self.clock = clock
         self.poll_seconds = poll_seconds
@@ -123,13 +127,26 @@ class Scheduler:
             await self._guarded(name, "reconcile", self._light_reconcile_if_due, name, state)
         await self.outcomes.retry_artifacts()
         await self.reconciler.retry_failed()
-        if self.leads() and self.clock.now() - self._housekeeping_at >= LIGHT_RECONCILE_EVERY:
-            # Housekeeping on the light-reconcile cadence: new installations, retention.
-            self._housekeeping_at = self.clock.now()
-            await self.reconciler.reconcile_new_installations()
-            if self.prune is not None:
-                await self.prune()
+        await self._housekeeping()
         return waved
+
+    async def _housekeeping(self) -> None:
+        """On the light-reconcile cadence: attempts past what any rule reads leave memory
+        (each replica, its repositories); with replicas, the leader alone looks for new
+        installations and applies retention to the store."""
+        now = self.clock.now()
+        if now - self._trimmed_at >= LIGHT_RECONCILE_EVERY:
+            self._trimmed_at = now
+            for state in self.live.repos.values():
+                state.forget_attempts_before(now - ATTEMPT_MEMORY)
+        if not self.leads():
+            return
+        if now - self._discovered_at >= LIGHT_RECONCILE_EVERY:
+            self._discovered_at = now
+            await self.reconciler.reconcile_new_installations()
+        if self.prune is not None and (self._pruned_at is None or now - self._pruned_at >= LIGHT_RECONCILE_EVERY):
+            self._pruned_at = now
+            await self.prune()
 
     async def _guarded(self, name: str, kind: str, work: Callable[..., Awaitable[bool]], *args: Any) -> bool:
         """Run one repository's `work` unless it is backing off; its GitHub trouble is logged
@@ -138,19 +155,29 @@ class Scheduler:
         failing = self._failing.get(key)
         if failing is not None and self.clock.now() < failing[1]:
             return False
+        attempts = failing[0] + 1 if failing is not None else 1
         try:
             done = await work(*args)
         except GitHubError as exc:
-            attempts = failing[0] + 1 if failing is not None else 1
-            retry_at = self.clock.now() + retry_delay(attempts)
-            self._failing[key] = (attempts, retry_at)
+            retry_at = self._back_off(key, attempts)
             log.warning(
                 "scheduler.repo_failed", repo=name, work=kind, error=str(exc), transient=exc.transient,
                 attempts=attempts, retry_at=stamp(retry_at),
             )
             return False
+        # A bug in one repository's work (its traceback logged) must not stop every later
+        # repository's waves tick after tick: it is backed off from like GitHub trouble.
+        except Exception:
+            retry_at = self._back_off(key, attempts)
+            log.exception("scheduler.repo_failed", repo=name, work=kind, attempts=attempts, retry_at=stamp(retry_at))
+            return False
         self._failing.pop(key, None)
         return done
+
+    def _back_off(self, key: tuple[str, str], attempts: int) -> datetime:
+        retry_at = self.clock.now() + retry_delay(attempts)
+        self._failing[key] = (attempts, retry_at)
+        return retry_at
 
     async def _check_claims(self, state: RepoState) -> bool:
         await self.claims.check_due(state)

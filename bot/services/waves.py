@@ -90,9 +90,13 @@ class WaveRunner:
             return None
         if not state.policy.enabled:
             log.info("wave.skipped", repo=repo, reason="disabled by .github/klaud.yml")
-            if next_wave_at is not None:
+            # A retry wave due when the repository was disabled is dropped with it: left,
+            # it was due, and skipped with a log line, every second.
+            if next_wave_at is not None or state.meta.retry_wave_at is not None:
                 async with self.live.lock(repo):
-                    state.meta.next_wave_at = stamp(next_wave_at)
+                    if next_wave_at is not None:
+                        state.meta.next_wave_at = stamp(next_wave_at)
+                    state.meta.retry_wave_at = None
                     await self.live.persist(state.save_meta())
             return None
         started = time.perf_counter()

@@ -493,7 +493,9 @@ class Inbox:
 
     def retry_delay(self, attempts: int) -> float:
         """Exponential backoff with full jitter in its upper half."""
-        ceiling = min(self.max_delay, self.base_delay * 2 ** (attempts - 1))
+        # The exponent is bounded: a store refusing commits for days counts a delivery's
+        # runs on (its status cannot be written) and must not overflow the doubling.
+        ceiling = min(self.max_delay, self.base_delay * 2 ** min(max(attempts - 1, 0), 32))
         return random.uniform(ceiling / 2, ceiling)
 
     def _finish(self, key: str) -> None:

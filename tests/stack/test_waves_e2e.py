@@ -285,11 +285,11 @@ async def test_housekeeping_runs_every_six_hours(tmp_path):
         run.klaud.scheduler.prune = chore
         run.klaud.reconciler.reconcile_new_installations = chore  # type: ignore[method-assign]
         await run.klaud.scheduler.tick()
-        assert calls == []
+        assert len(calls) == 1  # pruning at the first tick; discovery was done at start-up
         await run.act({"action": "advance_clock", "seconds": 6 * 3600 + 1})
         await run.klaud.scheduler.tick()
         await run.klaud.scheduler.tick()
-        assert len(calls) == 2  # discovery and pruning, once
+        assert len(calls) == 3  # discovery and pruning, once
     # The real prune runs against the real store.
     async with sandbox_stack(tmp_path / "real", sc.scenario()) as run:
         assert set(await run.klaud.prune()) == {"deliveries", "attempts"}

@@ -1,0 +1,106 @@
+"""What a process running for weeks must not accumulate: backoff counters, attempts in memory,
+retention that never comes, a retry wave skipped every second."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from structlog.testing import capture_logs
+
+from bot.core.domain import Attempt, stamp
+from bot.github.errors import Unavailable
+from bot.services.live import ATTEMPT_MEMORY
+from bot.services.reconcile import MAX_RETRY, retry_delay
+from bot.services.scheduler import LIGHT_RECONCILE_EVERY, Scheduler
+from bot.web.inbox import Inbox
+from tests.services.conftest import REPO, Kit
+
+
+def failed(candidate: str, run_id: int, completed_at: datetime) -> Attempt:
+    return Attempt(candidate, None, run_id, 1, "a" * 40, completed_at, True, "failed", "targeted", None, None, None)
+
+
+@pytest.mark.parametrize("failures", [1, 42, 10_000])
+def test_backoff_is_defined_for_any_number_of_failures(failures: int) -> None:
+    # 42 failures in a row (36 h of a suspended installation) overflowed timedelta.
+    assert timedelta(0) < retry_delay(failures) <= MAX_RETRY
+    inbox = Inbox.__new__(Inbox)
+    inbox.base_delay, inbox.max_delay = 2.0, 600.0
+    assert 0 < inbox.retry_delay(failures) <= 600.0
+
+
+def idle_scheduler(kit: Kit, **options) -> Scheduler:  # type: ignore[no-untyped-def]
+    """A scheduler with no wave or light reconcile due for a day."""
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() + timedelta(days=1))
+    kit.state.meta.reconciled_at = stamp(kit.clock.now() + timedelta(days=1))
+    return Scheduler(kit.live, kit.waves, kit.reconciler, kit.outcomes, kit.clock, **options)
+
+
+async def test_a_bug_in_one_repositorys_work_is_backed_off_from_and_the_tick_goes_on(kit: Kit, monkeypatch) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    calls = []
+
+    async def broken(state) -> None:  # type: ignore[no-untyped-def]
+        calls.append(state.name)
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(kit.claims, "check_due", broken)
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() - timedelta(minutes=1))
+    kit.state.meta.reconciled_at = stamp(kit.clock.now())
+    ticks = Scheduler(kit.live, kit.waves, kit.reconciler, kit.outcomes, kit.clock)
+    with capture_logs() as logs:
+        assert await ticks.tick() == [REPO]  # the wave after the broken step still ran
+        for _ in range(30):
+            kit.clock.advance(1)
+            await ticks.tick()
+    assert calls == [REPO]
+    assert [entry["event"] for entry in logs if entry["log_level"] == "error"] == ["scheduler.repo_failed"]
+
+
+async def test_attempts_older_than_any_rule_reads_leave_memory_every_six_hours(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    family = next(iter(kit.state.catalog))
+    old = failed(family.candidate, 1, kit.clock.now() - ATTEMPT_MEMORY - timedelta(hours=1))
+    recent = failed(family.candidate, 2, kit.clock.now() - timedelta(days=1))
+    for each in (old, recent):
+        kit.state.record_attempt(each)
+    ticks = idle_scheduler(kit)
+    await ticks.tick()
+    assert len(kit.state.ledger) == 2
+    kit.clock.advance(LIGHT_RECONCILE_EVERY.total_seconds())
+    await ticks.tick()
+    assert kit.state.ledger.for_candidate(family.candidate) == [recent]
+
+
+async def test_retention_runs_at_the_first_tick_then_every_six_hours(kit: Kit) -> None:
+    # A process restarted more often than every 6 hours never pruned anything.
+    await kit.reconciler.reconcile(REPO, 1)
+    pruned = []
+
+    async def prune() -> None:
+        pruned.append(kit.clock.now())
+
+    ticks = idle_scheduler(kit, prune=prune)
+    await ticks.tick()
+    await ticks.tick()
+    assert len(pruned) == 1
+    kit.clock.advance(LIGHT_RECONCILE_EVERY.total_seconds())
+    await ticks.tick()
+    assert len(pruned) == 2
+
+
+async def test_a_retry_wave_due_when_the_repository_is_disabled_is_dropped(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway"), times=100)
+    await kit.waves.run(REPO, trigger="schedule")  # every dispatch failed: a retry in 5 minutes
+    assert kit.state.meta.retry_wave_at is not None
+    kit.state.set_policy_text("enabled: false\n")
+    ticks = idle_scheduler(kit)
+    kit.clock.advance(timedelta(minutes=6).total_seconds())
+    with capture_logs() as logs:
+        for _ in range(60):
+            await ticks.tick()
+            kit.clock.advance(1)
+    assert [entry["event"] for entry in logs].count("wave.skipped") == 1
+    assert kit.state.meta.retry_wave_at is None

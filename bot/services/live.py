@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 
 import structlog
@@ -65,8 +65,48 @@ class LiveState:
         # An earlier name (lowercase) of a renamed repository -> the name it moved to.
         self.former: LRUCache[str, str] = LRUCache(maxsize=FORMER_NAMES)
 
-    def lock(self, repo: str) -> asyncio.Lock:
-        return self._locks[repo.lower()]
+    def lock(self, repo: str) -> AbstractAsyncContextManager[None]:
+        """The repository's lock, held to change its state.
+
+        A section changes memory, then commits the change; an error or a cancel between the
+        two left memory ahead of the store, and the section run again (a retried delivery,
+        the next tick) found nothing left to write. Whatever leaves a section with an error
+        leaves memory as the store holds it.
+        """
+        return self._changing(repo)
+
+    @asynccontextmanager
+    async def _changing(self, repo: str) -> AsyncIterator[None]:
+        async with self._locks[repo.lower()]:
+            try:
+                yield
+            except asyncio.CancelledError:
+                self.stale.add(repo)  # read back before the repository's next batch or tick
+                raise
+            except Exception:
+                await self._read_back_after_error(repo)
+                raise
+
+    async def _read_back_after_error(self, repo: str) -> None:
+        try:
+            await self._read_back(repo)
+        # The store cannot be read now either: the next batch or tick reads it back.
+        except Exception as exc:  # noqa: BLE001
+            log.warning("live.read_back_failed", repo=repo, error=f"{type(exc).__name__}: {exc}")
+            self.stale.add(repo)
+
+    async def _read_back(self, name: str) -> None:
+        """Memory of `name` as the store holds it, once what delivery units still hold of it
+        is committed. The state object stays the same: whoever holds it sees the store's."""
+        state = self.repo(name)
+        if state is None:
+            return
+        await self.store.writer.commit_holding({state.name})
+        stored = await self._stored(state.name)
+        if stored is None:
+            self.drop(name)
+        else:
+            state.take_contents(stored)
 
     @asynccontextmanager
     async def locks(self, *names: str) -> AsyncIterator[None]:
@@ -124,6 +164,12 @@ class LiveState:
 
     async def load_repo(self, name: str) -> RepoState | None:
         """Rebuild one repository's state from the store; None when the store has none."""
+        state = await self._stored(name)
+        if state is not None:
+            self.put(state)
+        return state
+
+    async def _stored(self, name: str) -> RepoState | None:
         meta = await self.store.get("", "repo", name)
         if meta is None:
             return None
@@ -136,7 +182,6 @@ class LiveState:
             # every takeover of it).
             log.warning("store.record_unreadable", repo=name, kind="repo", key=name, reason=str(exc))
             return None
-        self.put(state)
         return state
 
     def drop(self, name: str) -> None:
@@ -156,9 +201,8 @@ class LiveState:
         """Replace a repository's state in memory with what the store holds (a commit of its
         changes failed); one the store has nothing of leaves memory, to be reconciled anew.
         One no longer in memory stays out (with replicas, another may own it now)."""
-        async with self.lock(name):
-            if self.repo(name) is not None and await self.load_repo(name) is None:
-                self.drop(name)
+        async with self._locks[name.lower()]:
+            await self._read_back(name)
             self.stale.discard(name)
         log.info("live.reloaded", repo=name)
 

@@ -142,6 +142,11 @@ class RepoState:
         state.pending_artifacts = dict(records.get("artifact-retry", {}))
         return state
 
+    def take_contents(self, other: RepoState) -> None:
+        """Become `other` (the same repository read back from the store) in place: every
+        holder of this object (a handler waiting for the lock) then sees the store's state."""
+        vars(self).update(vars(other))
+
     def save_meta(self, change: Change | None = None) -> Change:
         change = change or Change()
         # Encoded as it is put (msgspec writes the dataclass in C): the stored record is

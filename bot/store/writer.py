@@ -286,6 +286,12 @@ class Writer:
         unit.repos |= repos
         unit.touched |= repos
 
+    async def commit_holding(self, repos: Iterable[str]) -> None:
+        """Commit what units hold of `repos` (before their state is read back from the store)."""
+        futures = [self._queue_group(unit.take()) for unit in self._holding(repos)]
+        if futures:
+            await asyncio.gather(*futures)
+
     async def commit_unit(self) -> None:
         """Commit what the running unit holds, before Klaud acts on GitHub."""
         unit = self.current_unit()

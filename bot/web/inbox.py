@@ -42,6 +42,10 @@ async def _no_state(_repo: str) -> None:
     """An inbox with no state kept in memory has nothing to read back."""
 
 
+def _none_stale() -> set[str]:
+    return set()
+
+
 class Ownership(Protocol):
     """What this process may work on when replicas share one inbox (`bot.services.replicas`)."""
 
@@ -100,10 +104,14 @@ class Inbox:
         claim_limit: int = 256,
         handler_timeout: float = 600.0,
         reload: Reload = _no_state,
+        stale: Callable[[], set[str]] = _none_stale,
     ) -> None:
         self.store = store
         self.handler = handler
         self.reload = reload
+        # Repositories whose memory a failed or cancelled section left to read back (the
+        # live state's note): read back before their next batch, as after a refused commit.
+        self.stale = stale
         self.max_attempts = max_attempts
         self.base_delay = base_delay
         self.max_delay = max_delay
@@ -359,8 +367,9 @@ class Inbox:
             self._wake.set()
 
     async def _reload_stale(self, key: str, head: Delivery) -> bool:
-        """Read back from the store the repositories whose last commit it refused."""
-        stale = self._stale.get(key)
+        """Read back from the store the repositories whose last commit it refused, or whose
+        memory a failed section left ahead of it."""
+        stale = self._stale.get(key, set()) | {repo for repo in self.stale() if f"repo:{repo.lower()}" == key}
         if not stale:
             return True
         try:
@@ -370,7 +379,7 @@ class Inbox:
         except Exception as exc:  # noqa: BLE001
             self._wait_for_store(key, head, exc)
             return False
-        del self._stale[key]
+        self._stale.pop(key, None)
         return True
 
     async def _read_bodies(self, key: str, batch: list[Delivery]) -> bool:

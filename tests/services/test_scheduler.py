@@ -41,6 +41,8 @@ async def test_a_failing_claim_check_does_not_stop_the_due_wave(kit: Kit) -> Non
     kit.repo.fail("run", BadRequest(403, "Resource not accessible by integration"), times=1000)
     kit.state.meta.next_wave_at = stamp(kit.clock.now() - timedelta(minutes=1))
     kit.state.meta.reconciled_at = stamp(kit.clock.now())
+    # Stored: the failing claim check reads the repository back from the store.
+    await kit.live.persist(kit.state.save_meta())
     kit.repo.calls.clear()
     ticks = scheduler(kit)
     assert await ticks.tick() == [REPO]

@@ -258,3 +258,38 @@ async def test_a_change_the_store_refused_outside_a_delivery_is_read_back_from_t
     await live.reload_stale()  # the scheduler's next tick
     reloaded = live.repo("o/r")
     assert reloaded is not None and reloaded.meta.wave == 3 and live.stale == set()
+
+
+async def test_a_handler_cut_by_its_timeout_runs_again_on_memory_read_back(db: RecordingDatabase) -> None:
+    # Cut between changing memory and committing, the handler left memory ahead of the
+    # store; run again on that memory, it found the attempt there and wrote nothing.
+    deliveries = DeliveryStore(db)
+    store = StateStore(db, deliveries.writer)
+    live = LiveState(store, None, Clock(), ())
+    live.put(RepoState("o/r", RepoMeta(installation=1)))
+    await store.apply(Change().put("", "repo", "o/r", RepoMeta(installation=1)))
+    outcomes = OutcomeRecorder(live)
+    runs: list[str] = []
+
+    async def handler(item: Delivery) -> None:
+        runs.append(item.id)
+        state = live.repo("o/r")
+        assert state is not None
+        async with live.lock(state.name):
+            change = Change()
+            await outcomes.apply_attempt(state, None, ATTEMPT, change)  # type: ignore[arg-type]
+            if len(runs) == 1:
+                await asyncio.Event().wait()  # a GitHub call that never answers
+            await live.persist(change)
+
+    inbox = Inbox(deliveries, handler, base_delay=0.01, max_delay=0.02, handler_timeout=0.05,
+                  reload=live.reload, stale=lambda: live.stale)
+    await inbox.open()
+    await deliveries.put(Delivery("d1", "workflow_run", b"{}", action="completed", repo="o/r", installation=1))
+    await inbox.start()
+    while len(runs) < 2 or inbox.backlog:
+        await asyncio.sleep(0.005)
+    await inbox.drained()
+    await inbox.stop()
+    assert runs == ["d1", "d1"] and (await deliveries.get("d1")).status == "done"  # type: ignore[union-attr]
+    assert f"{ATTEMPT.candidate}:7:1" in (await store.load("o/r")).get("attempt", {})

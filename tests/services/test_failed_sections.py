@@ -1,0 +1,123 @@
+"""A section that changed a repository's memory and then failed, before its commit, leaves
+memory as the store holds it: run again (a retried delivery, the next tick), it writes what
+the first try did not."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.core.events import Job
+from bot.github.errors import Unavailable
+from tests.services.conftest import REPO
+from tests.services.crash import CrashKit
+from tests.services.test_outcomes import failed_run
+
+INCOMPATIBLE = {"outcome": "incompatible", "phase": "targeted", "pull-request": None, "run-ids": [], "repairs-used": 0}
+
+
+@pytest.fixture
+async def ck(tmp_path: Path) -> AsyncIterator[CrashKit]:
+    kit = CrashKit(tmp_path / "klaud.db")
+    yield kit
+    await kit.close()
+
+
+def fails_in_get_jobs(ck: CrashKit, run_id: int) -> None:
+    ck.repo.runs[run_id] = ck.repo.runs[run_id].model_copy(update={
+        "status": "completed", "conclusion": "failure", "updated_at": ck.clock.now(), "created_at": ck.clock.now()})
+    ck.repo.jobs_of[run_id] = [Job(name="get-jobs", conclusion="failure")]
+
+
+async def test_an_outcome_whose_claim_release_failed_is_stored_by_the_retried_delivery(ck: CrashKit) -> None:
+    process = await ck.boot()
+    await process.reconciler.reconcile(REPO, 1)
+    await process.waves.run(REPO, trigger="test")
+    dispatch = next(iter(process.state.dispatches.values()))
+    assert dispatch.run_id is not None
+    ck.clock.advance(600)
+    fails_in_get_jobs(ck, dispatch.run_id)
+    ck.repo.fail("delete_branch", Unavailable(502, "Bad Gateway"))
+    with pytest.raises(Unavailable):
+        await process.outcomes.on_workflow_run(process.state, failed_run(dispatch.run_id))
+    await process.outcomes.on_workflow_run(process.state, failed_run(dispatch.run_id))  # the inbox's retry
+
+    process = await ck.restart()
+    [stored] = process.state.ledger.for_candidate(dispatch.candidate)
+    assert stored.run_id == dispatch.run_id and dispatch.family not in process.state.dispatches
+
+
+async def test_a_run_whose_first_delivery_failed_still_counts_toward_the_pause(ck: CrashKit) -> None:
+    process = await ck.boot()
+    await process.reconciler.reconcile(REPO, 1)
+    await process.waves.run(REPO, trigger="test")
+    runs = [d.run_id for d in process.state.dispatches.values()][:3]
+    ck.clock.advance(600)
+    fails_in_get_jobs(ck, runs[0])
+    ck.repo.fail("delete_branch", Unavailable(502, "Bad Gateway"))
+    with pytest.raises(Unavailable):
+        await process.outcomes.on_workflow_run(process.state, failed_run(runs[0]))
+    for run_id in runs:
+        fails_in_get_jobs(ck, run_id)
+        await process.outcomes.on_workflow_run(process.state, failed_run(run_id))
+
+    blocked = process.state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused"
+
+
+async def test_a_light_reconcile_failing_half_way_loses_no_outcome(ck: CrashKit) -> None:
+    ck.repo.put_files({".github/klaud.yml": "max_candidates_per_wave: 2\n"})
+    process = await ck.boot()
+    await process.reconciler.reconcile(REPO, 1)
+    await process.waves.run(REPO, trigger="test")
+    first, second = process.state.dispatches.values()
+    ck.clock.advance(3600)
+    assert first.run_id is not None and second.run_id is not None
+    ck.complete_run(first.run_id, INCOMPATIBLE, 701)  # its delivery was lost
+    read_run = ck.repo.run
+
+    async def second_read_fails(run_id: int):  # type: ignore[no-untyped-def]
+        if run_id == second.run_id:
+            raise Unavailable(502, "Bad Gateway")
+        return await read_run(run_id)
+
+    ck.repo.run = second_read_fails  # type: ignore[method-assign]
+    with pytest.raises(Unavailable):
+        await process.reconciler.reconcile(REPO, 1, light=True)
+    ck.repo.run = read_run  # type: ignore[method-assign]
+    await process.reconciler.reconcile(REPO, 1, light=True)
+
+    process = await ck.restart()
+    assert [a.outcome for a in process.state.ledger.for_candidate(first.candidate)] == ["incompatible"]
+
+
+async def test_a_cancelled_section_is_read_back_before_the_repositorys_next_work(ck: CrashKit) -> None:
+    process = await ck.boot()
+    await process.reconciler.reconcile(REPO, 1)
+    await process.waves.run(REPO, trigger="test")
+    dispatch = next(iter(process.state.dispatches.values()))
+    assert dispatch.run_id is not None
+    ck.clock.advance(600)
+    fails_in_get_jobs(ck, dispatch.run_id)
+    reached = asyncio.Event()
+
+    async def hangs(branch: str) -> bool:
+        reached.set()
+        await asyncio.Event().wait()
+        return True
+
+    ck.repo.delete_branch = hangs  # type: ignore[method-assign]
+    handler = asyncio.create_task(process.outcomes.on_workflow_run(process.state, failed_run(dispatch.run_id)))
+    await reached.wait()
+    handler.cancel()  # the handler's timeout, or a stop past its grace
+    await asyncio.gather(handler, return_exceptions=True)
+    assert process.live.stale == {REPO}
+    assert process.state.ledger.for_candidate(dispatch.candidate), "memory ran ahead of the store"
+
+    await process.live.reload_stale()  # what the next tick (or the repository's next batch) does first
+
+    assert process.state.ledger.for_candidate(dispatch.candidate) == []
+    assert dispatch.family in process.state.dispatches and process.live.stale == set()

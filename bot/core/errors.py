@@ -27,3 +27,9 @@ def is_transient(exc: BaseException) -> bool:
 
 def is_permanent(exc: BaseException) -> bool:
     return not is_transient(exc)
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds the error asks to wait before trying again (a rate limit's), if it says."""
+    wait = getattr(exc, "retry_after", None)
+    return float(wait) if isinstance(wait, int | float) else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import re
 import time
@@ -22,6 +23,7 @@ from contextlib import (
     contextmanager,
     nullcontext,
 )
+from contextvars import ContextVar
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from functools import partial
@@ -79,16 +81,25 @@ TOKEN_RENEW_MARGIN = 5 * 60
 # GitHub asks to wait at least a minute after a secondary rate limit without headers.
 SECONDARY_RATE_LIMIT_WAIT = 60.0
 MAX_SECONDARY_WAIT = 15 * 60.0
+# The longest a rate limit is waited out inside a call. Longer, the call fails at once with
+# RateLimited(retry_after): a handler or the scheduler's tick (which serves every repository
+# in turn) must not sleep an hour to the quota's reset; the inbox retries the delivery then.
+MAX_CALL_WAIT = 60.0
+# No wait GitHub asks for is believed beyond this: its quotas reset within the hour.
+MAX_RATE_LIMIT_WAIT = 3600.0
 MAX_BACKOFF = 30.0
 ETAG_CACHE_SIZE = 1024
 TOKEN_CACHE_SIZE = 4096
 DOWNLOAD_CHUNK = 64 * 1024
 ERROR_BODY_LIMIT = 64 * 1024
 ITEMS_KEY = "items"
+GRAPHQL_RATE_LIMITED = frozenset({"RATE_LIMITED", "RATE_LIMIT"})
 # What one listing may yield: 200 full pages. A Link header that always names a next page
 # (a broken proxy, a paging bug) would otherwise be followed for ever. Listing fails rather
 # than end early: callers act on what a listing leaves out (a PR not listed is closed).
 MAX_LISTED = 20_000
+MAX_API_HOPS = 3  # redirects within the API before an artifact's storage redirect
+MAX_PAGES = MAX_LISTED // 30 + 1  # at GitHub's default page size
 
 
 def translate(exc: gidgethub.HTTPException, *, now: float) -> GitHubError:
@@ -119,6 +130,9 @@ def _github_errors(clock: Clock) -> Iterator[None]:
         yield
     except gidgethub.HTTPException as exc:
         raise translate(exc, now=clock.timestamp()) from exc
+    # A body labelled JSON that is not (a proxy's truncated answer): GitHub unwell, not a bug.
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Unavailable(None, f"an answer that is not the JSON it says it is: {exc}") from exc
 
 
 # ------------------------------------------------------------------ pure decisions
@@ -153,22 +167,34 @@ def rate_limit_wait(
     retry_after = headers.get("retry-after")
     if retry_after is not None:
         return _retry_after_seconds(retry_after, now=now)
-    reset = headers.get("x-ratelimit-reset")
+    reset = _seconds(headers.get("x-ratelimit-reset"))
     if headers.get("x-ratelimit-remaining") == "0" and reset is not None:
         # At least a second, so a reset that our clock already passed does not spin.
-        return max(float(reset) - now, 1.0)
-    return min(SECONDARY_RATE_LIMIT_WAIT * 2 ** (attempt - 1), MAX_SECONDARY_WAIT)
+        return _believable(max(reset - now, 1.0))
+    return min(SECONDARY_RATE_LIMIT_WAIT * 2 ** min(attempt - 1, 8), MAX_SECONDARY_WAIT)
 
 
 def _retry_after_seconds(value: str, *, now: float) -> float:
+    seconds = _seconds(value)
+    if seconds is None:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - now
+        except (TypeError, ValueError):
+            return SECONDARY_RATE_LIMIT_WAIT
+    return _believable(max(seconds, 0.0))
+
+
+def _seconds(value: str | None) -> float | None:
+    """A header's number of seconds; None when absent or not a finite number (`nan`, `inf`)."""
     try:
-        return max(float(value), 0.0)
+        seconds = float(value) if value is not None else None
     except ValueError:
-        pass
-    try:
-        return max(parsedate_to_datetime(value).timestamp() - now, 0.0)
-    except (TypeError, ValueError):
-        return SECONDARY_RATE_LIMIT_WAIT
+        return None
+    return seconds if seconds is not None and math.isfinite(seconds) else None
+
+
+def _believable(wait: float) -> float:
+    return min(wait, MAX_RATE_LIMIT_WAIT)
 
 
 _ROUTES = (
@@ -298,6 +324,40 @@ class _Response(NamedTuple):
     body: bytes
 
 
+# The media type of the GET in progress in this task, read by its conditional-request cache.
+_ACCEPT: ContextVar[str] = ContextVar("klaud_accept", default="")
+# An answer at a commit's sha never changes and is not asked for again: not worth keeping.
+_PINNED_TO_A_COMMIT = re.compile(r"[?&]ref=[0-9a-f]{40}(?:&|$)")
+
+
+class _ConditionalCache:
+    """gidgethub's cache of ETags and answers, keyed by URL *and* media type.
+
+    GitHub gives a file's JSON and raw forms one ETag and answers either's If-None-Match
+    with 304: keyed by URL alone, the raw read of a config over 1 MB got the cached JSON,
+    and every family of that file was dropped. Answers pinned to a commit are not kept
+    (one per push and config file, a few hundred KB each, none ever asked again).
+    """
+
+    def __init__(self, size: int) -> None:
+        self._entries: cachetools.LRUCache[tuple[str, str], Any] = cachetools.LRUCache(maxsize=size)
+
+    def __getitem__(self, url: str) -> Any:
+        return self._entries[(_ACCEPT.get(), url)]
+
+    def __setitem__(self, url: str, entry: Any) -> None:
+        if not _PINNED_TO_A_COMMIT.search(url):
+            self._entries[(_ACCEPT.get(), url)] = entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _budget_of(url: str) -> str:
+    """Which of GitHub's rate-limit budgets (`x-ratelimit-resource`) a request spends."""
+    return "graphql" if urlsplit(url).path.endswith("/graphql") else "core"
+
+
 class _RateGate:
     """Holds back every call of one installation while GitHub says it is rate limited."""
 
@@ -310,6 +370,8 @@ class _RateGate:
 
     async def wait(self) -> None:
         while (left := self.blocked_until - self._clock.timestamp()) > 0:
+            if left > MAX_CALL_WAIT:
+                raise RateLimited(None, f"rate limited for {left:.0f} s more", retry_after=left)
             await self._clock.sleep(left)
 
 
@@ -404,7 +466,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         credential: Credential,
         dry_run: bool,
         creates_are_safe: bool,
-        etag_cache: cachetools.LRUCache[str, Any] | None,
+        etag_cache: _ConditionalCache | None,
     ) -> None:
         super().__init__(
             transport.session, transport.user_agent, cache=etag_cache, base_url=transport.base_url
@@ -417,13 +479,44 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         self._creates_are_safe = creates_are_safe
         # The App's own writes only mint tokens; an installation's act on its repositories.
         self._acts_on_repositories = label != "app"
-        self._gate = _RateGate(transport.clock)
+        # GitHub budgets REST ("core") and GraphQL apart: one spent must not hold the other.
+        self._gates: defaultdict[str, _RateGate] = defaultdict(lambda: _RateGate(transport.clock))
         self._writes = _WriteSpacer(transport.clock, transport.write_spacing, transport.writers)
         self._origin = origin_of(transport.base_url)
         self._base_path = urlsplit(transport.base_url).path.rstrip("/")
 
     async def sleep(self, seconds: float) -> None:
         await self._clock.sleep(seconds)
+
+    async def _make_request(
+        self, method: str, url: str, url_vars: Any, data: Any, accept: str, *args: Any, **kwargs: Any
+    ) -> tuple[Any, str | None, int]:
+        media = _ACCEPT.set(accept)  # for the conditional-request cache's key
+        try:
+            return await super()._make_request(method, url, url_vars, data, accept, *args, **kwargs)
+        finally:
+            _ACCEPT.reset(media)
+
+    async def getiter(  # type: ignore[override]
+        self, url: str, url_vars: Any = None, *, iterable_key: str | None = ITEMS_KEY, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """gidgethub's listing, guarded: a `next` page already read, an empty page naming a
+        next one, or more than MAX_PAGES pages end it with an error (empty pages that always
+        named a next one, from a broken proxy, were read for ever, thousands a second)."""
+        accept = kwargs.pop("accept", sansio.accept_format())
+        read: set[str] = set()
+        current: str | None = url
+        while current:
+            if current in read or len(read) >= MAX_PAGES:
+                raise BadRequest(None, f"{route_template(url)}: the listing's pages do not end; stopped")
+            read.add(current)
+            data, current, _ = await self._make_request("GET", current, url_vars or {}, b"", accept, **kwargs)
+            if isinstance(data, dict) and iterable_key in data:
+                data = data[iterable_key]
+            if not data and current:
+                raise BadRequest(None, f"{route_template(url)}: an empty page names a next one; stopped")
+            for item in data:
+                yield item
 
     async def _request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
@@ -481,10 +574,11 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             await self._transport.before_write()
         while True:
             try:
-                await self._gate.wait()
+                gate = self._gates[_budget_of(url)]
+                await gate.wait()
                 async with self._turn(method, url):
                     # Again: the gate may have closed while this call waited for its turn.
-                    await self._gate.wait()
+                    await gate.wait()
                     await self._authorize(headers, url, rejected)
                     response = await self._send(
                         method, url, headers, body, read=read, allow_redirects=allow_redirects
@@ -496,7 +590,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
                 await self._clock.sleep(backoff_delay(attempt))
                 attempt += 1
                 continue
-            self._note_rate_limit(response.headers)
+            self._note_rate_limit(url, response.headers)
             if response.status == 401 and "authorization" in headers and attempt < self._transport.max_attempts:
                 # GitHub refused the credential before doing anything, so sending again is
                 # safe: a fresh one is minted for each try, and a credential GitHub keeps
@@ -520,7 +614,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         wait = rate_limit_wait(response.status, response.headers, message, now=now, attempt=attempt)
         if wait is not None:
             # The gate does the waiting, for this call and the installation's others.
-            self._gate.block_until(now + wait)
+            self._gates[_budget_of(url)].block_until(now + wait)
             log.info("github.rate_limited", route=self._route(url), wait=wait, installation=self._label)
             return attempt < self._transport.max_attempts
         if response.status not in RETRY_STATUSES:
@@ -569,12 +663,20 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         finally:
             self._observe(method, url, outcome, started)
 
-    async def _read_artifact(self, response: aiohttp.ClientResponse, *, max_bytes: int) -> _Response:
+    async def _read_artifact(self, response: aiohttp.ClientResponse, *, max_bytes: int, hops: int = 0) -> _Response:
         location = response.headers.get("location")
-        if response.status not in REDIRECT_STATUSES or location is None:
+        if response.status not in REDIRECT_STATUSES or location is None or hops >= MAX_API_HOPS:
             return _Response(response.status, response.headers, await _read_capped(response, max_bytes))
-        # The blob URL carries its own signature; GitHub's token must not travel with it.
         target = urljoin(str(response.url), location)
+        if self._within_api(target):
+            # Still the API (a renamed repository's old URL answers with its new one): this
+            # hop needs the token, and answers with the storage redirect in turn.
+            headers = {"user-agent": self.requester, "authorization": await self._credential(None)}
+            async with self._transport.session.get(
+                target, headers=headers, timeout=self._transport.timeout, allow_redirects=False
+            ) as hop:
+                return await self._read_artifact(hop, max_bytes=max_bytes, hops=hops + 1)
+        # The blob URL carries its own signature; GitHub's token must not travel with it.
         started = time.perf_counter()
         async with self._transport.session.get(
             target, headers={"user-agent": self.requester}, timeout=self._transport.timeout
@@ -599,16 +701,22 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             installation=self._label,
         )
 
-    def _note_rate_limit(self, headers: Mapping[str, str]) -> None:
-        remaining = headers.get("x-ratelimit-remaining")
+    def _note_rate_limit(self, url: str, headers: Mapping[str, str]) -> None:
+        remaining = _seconds(headers.get("x-ratelimit-remaining"))  # a count, read alike
         if remaining is None:
             return
-        GITHUB_RATE_LIMIT_REMAINING.labels(installation=self._label).set(float(remaining))
-        reset = headers.get("x-ratelimit-reset")
-        if remaining == "0" and reset is not None:
+        GITHUB_RATE_LIMIT_REMAINING.labels(installation=self._label).set(remaining)
+        reset = _seconds(headers.get("x-ratelimit-reset"))
+        if remaining == 0 and reset is not None:
             # The quota is spent: hold the installation's next calls instead of spending
             # one request each on a 403.
-            self._gate.block_until(float(reset))
+            budget = headers.get("x-ratelimit-resource") or _budget_of(url)
+            self._gates[budget].block_until(min(reset, self._clock.timestamp() + MAX_RATE_LIMIT_WAIT))
+
+    def _within_api(self, url: str) -> bool:
+        """Whether `url` is one of the API's own (its origin, under its base path)."""
+        path = urlsplit(url).path
+        return origin_of(url) == self._origin and (not self._base_path or path.startswith(self._base_path + "/"))
 
     def _route(self, url: str) -> str:
         if origin_of(url) != self._origin:
@@ -708,14 +816,22 @@ class InstallationClient:
         except gidgethub.QueryError as exc:
             errors = (exc.response or {}).get("errors") or []
             message = "; ".join(str(e.get("message", "")) for e in errors) or str(exc)
-            if any(e.get("type") == "NOT_FOUND" for e in errors):
+            kinds = {e.get("type") for e in errors}
+            if "NOT_FOUND" in kinds:
                 raise NotFound(200, message) from exc
+            if kinds & GRAPHQL_RATE_LIMITED:
+                # GraphQL's own budget, answered with 200: a wait, not a bad query.
+                raise RateLimited(200, message, retry_after=SECONDARY_RATE_LIMIT_WAIT) from exc
             raise BadRequest(200, message) from exc
         except gidgethub.GraphQLAuthorizationFailure as exc:
             raise Unauthorized(401, str(exc)) from exc
         except gidgethub.BadGraphQLRequest as exc:
             # (A 5xx is GitHubBroken, an HTTPException that _github_errors translates.)
             raise error_for(int(exc.status_code), {}, str(exc), now=self._clock.timestamp()) from exc
+        # A gateway's HTML page or an empty body (GitHub ends a query it cannot answer in
+        # 10 s with a 502 or 504; a long blame does): GitHub unwell, retried later.
+        except gidgethub.GraphQLException as exc:
+            raise Unavailable(None, f"GraphQL answered without data: {exc}") from exc
 
     async def download(self, url: str, *, max_bytes: int) -> bytes:
         """The bytes behind `url` (e.g. an artifact zip), at most `max_bytes` of them."""
@@ -830,7 +946,7 @@ class GitHubApp:
                 credential=partial(self._installation_credential, installation_id),
                 dry_run=self._dry_run,
                 creates_are_safe=False,
-                etag_cache=cachetools.LRUCache(maxsize=ETAG_CACHE_SIZE),
+                etag_cache=_ConditionalCache(ETAG_CACHE_SIZE),
             )
             client = InstallationClient(
                 api, installation_id, clock=self._clock, max_attempts=self._transport.max_attempts

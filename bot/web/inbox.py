@@ -25,7 +25,7 @@ from typing import Protocol
 import structlog
 from cachetools import LRUCache
 
-from bot.core.errors import is_permanent
+from bot.core.errors import is_permanent, retry_after
 from bot.metrics import DELIVERIES, INBOX_BACKLOG, PROCESSING_SECONDS
 from bot.store.deliveries import Delivery, DeliveryStore, status_statement
 from bot.store.engine import Result
@@ -444,7 +444,10 @@ class Inbox:
     def _status_after(self, delivery: Delivery, error: Exception | None) -> str:
         if error is None:
             return "done"
-        if is_permanent(error) or delivery.attempts >= self.max_attempts:
+        if is_permanent(error):
+            return "failed"
+        # A rate limit ends at its reset (within the hour): waiting for it uses no attempt.
+        if delivery.attempts >= self.max_attempts and retry_after(error) is None:
             return "failed"
         return "queued"
 
@@ -494,7 +497,7 @@ class Inbox:
                         exc_info=None if permanent else ended.error, **context)
             self._finish(key)
         else:
-            delay = self.retry_delay(delivery.attempts)
+            delay = max(self.retry_delay(delivery.attempts), retry_after(ended.error) or 0.0)
             self._due[key] = asyncio.get_running_loop().time() + delay
             DELIVERIES.labels(label, "retry").inc()
             log.warning("delivery.retry", retry_in_s=round(delay, 3), error=delivery.error, exc_info=ended.error,

@@ -416,11 +416,19 @@ async def test_retry_after_is_honoured(inst: InstallationClient, stub: Stub, clo
     assert [s.at for s in stub.calls("GET", "/repos/acme/bench")] == [T0, T0 + 17]
 
 
-async def test_an_exhausted_quota_waits_until_the_reset(inst: InstallationClient, stub: Stub, clock: ManualClock) -> None:
+async def test_an_exhausted_quota_fails_the_call_until_the_reset(inst: InstallationClient, stub: Stub, clock: ManualClock) -> None:
+    # Waited out inside the call, a reset up to an hour away held a handler, or the
+    # scheduler's tick and with it every repository's waves, that long.
     headers = {"x-ratelimit-remaining": "0", "x-ratelimit-limit": "5000", "x-ratelimit-reset": str(int(T0) + 240)}
     stub.script("GET", "/repos/acme/bench", reply(403, {"message": "API rate limit exceeded"}, **headers))
+    with pytest.raises(RateLimited) as raised:
+        await inst.getitem("/repos/acme/bench")
+    assert raised.value.retry_after == 240.0 and raised.value.transient and clock.slept == []
+    with pytest.raises(RateLimited):  # the installation's other calls are not sent meanwhile
+        await inst.getitem("/repos/acme/other")
+    assert len(stub.calls("GET", "/repos/acme/bench")) == 1 and stub.calls("GET", "/repos/acme/other") == []
+    clock.advance(240)
     await inst.getitem("/repos/acme/bench")
-    assert clock.slept == [240.0]
     assert stub.calls("GET", "/repos/acme/bench")[-1].at == T0 + 240
 
 
@@ -914,16 +922,19 @@ async def test_sandbox_retry_after(sandboxed: Callable[..., Awaitable[Sandboxed]
     assert sb.statuses("GET", PULLS) == [429, 200]
 
 
-async def test_sandbox_quota_exhausted_waits_until_reset_and_re_mints(
+async def test_sandbox_quota_exhausted_fails_until_the_reset_then_re_mints(
     sandboxed: Callable[..., Awaitable[Sandboxed]], session: aiohttp.ClientSession
 ) -> None:
     sb = await sandboxed()
     await sb.faults(session, {"method": "GET", "route": r"/pulls/5$", "status": 403,
                               "ratelimit_remaining_zero": True, "count": 1})
     inst = sandbox_app(session, sb).installation(1)
-    assert (await inst.getitem("/repos/acme/bench/pulls/5"))["number"] == 5
+    with pytest.raises(RateLimited) as raised:
+        await inst.getitem("/repos/acme/bench/pulls/5")
     # The sandbox's hourly window opened at 08:00:00, so it resets at 09:00:00.
-    assert sb.clock.slept == [3600.0]
+    assert raised.value.retry_after == 3600.0 and sb.clock.slept == []
+    sb.clock.advance(3600)
+    assert (await inst.getitem("/repos/acme/bench/pulls/5"))["number"] == 5
     retried = sb.sandbox.request_log["requests"][-1]
     assert (retried["status"], retried["at"]) == (200, "2026-11-30T09:00:00Z")
     # The token minted at 08:00 expires at 09:00, so the retry carried a fresh one.

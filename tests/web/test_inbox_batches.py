@@ -4,6 +4,7 @@ and its status commit in one transaction, and a batch waits for the disk once.""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from datetime import UTC, datetime
 
 import msgspec
@@ -293,3 +294,24 @@ async def test_a_handler_cut_by_its_timeout_runs_again_on_memory_read_back(db: R
     await inbox.stop()
     assert runs == ["d1", "d1"] and (await deliveries.get("d1")).status == "done"  # type: ignore[union-attr]
     assert f"{ATTEMPT.candidate}:7:1" in (await store.load("o/r")).get("attempt", {})
+
+
+async def test_a_rate_limited_delivery_waits_for_the_reset_without_using_up_its_attempts(db: RecordingDatabase) -> None:
+    from bot.github.errors import RateLimited
+
+    store = DeliveryStore(db)
+    runs: list[float] = []
+
+    async def handler(item: Delivery) -> None:
+        runs.append(asyncio.get_running_loop().time())
+        if len(runs) <= 4:  # more than max_attempts: GitHub's quota resets later
+            raise RateLimited(403, "API rate limit exceeded", retry_after=0.05)
+
+    inbox = Inbox(store, handler, base_delay=0.001, max_delay=0.002, max_attempts=2)
+    await inbox.open()
+    await store.put(delivery(1))
+    await inbox.start()
+    await inbox.drained()
+    await inbox.stop()
+    assert (await store.get("d1")).status == "done"  # type: ignore[union-attr]
+    assert len(runs) == 5 and all(later - earlier >= 0.05 for earlier, later in itertools.pairwise(runs))

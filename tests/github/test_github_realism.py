@@ -1,0 +1,292 @@
+"""The GitHub client against what real GitHub does: gateway pages on GraphQL, bodies that are
+not the JSON they claim, rate limits an hour long or garbled, GraphQL's own budget, listings
+whose pages never end, one ETag for a file's JSON and raw forms, and a renamed repository's
+artifact URL (found by an audit of the client; each test failed before its fix)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from bot.core.clock import Clock, ManualClock
+from bot.core.errors import is_transient
+from bot.github.client import (
+    MAX_CALL_WAIT,
+    SECONDARY_RATE_LIMIT_WAIT,
+    GitHubApp,
+    InstallationClient,
+)
+from bot.github.errors import GitHubError, RateLimited, Unavailable
+from bot.github.repo import BLAME_QUERY, GitHubRepo
+from tests.github.test_github import PREFIX, T0, Stub, reply, serve
+
+GRAPHQL = "/api/graphql"  # graphql_endpoint(stub.url + "/api/v3")
+
+
+def html(status: int, text: str = "<html><body><h1>502 Bad Gateway</h1></body></html>") -> Callable[..., Any]:
+    async def answer(_request: web.Request) -> web.StreamResponse:
+        return web.Response(status=status, text=text, content_type="text/html")
+
+    return answer
+
+
+def graphql_route(stub: Stub, handler: Callable[..., Any]) -> None:
+    stub.routes[("POST", GRAPHQL)] = handler
+
+
+def graphql_calls(stub: Stub) -> int:
+    return sum(1 for s in stub.seen if s.path == GRAPHQL)
+
+
+# ---------------------------------------------------------------- F1 GraphQL non-JSON bodies
+
+
+async def test_graphql_502_with_an_html_body_is_unavailable(inst: InstallationClient, stub: Stub) -> None:
+    """GitHub's edge answers 502/504 with an HTML page on any route, /graphql included.
+    The client retries it (a read) and must then raise Unavailable (transient)."""
+    graphql_route(stub, html(502))
+    try:
+        await inst.graphql(BLAME_QUERY, owner="acme", name="bench", ref="main", path="x")
+    except Exception as exc:  # noqa: BLE001
+        caught: BaseException = exc
+    else:
+        pytest.fail("no error")
+    assert isinstance(caught, Unavailable), f"untyped {type(caught).__module__}.{type(caught).__name__}: {caught}"
+
+
+async def test_graphql_504_with_an_empty_body_is_unavailable(inst: InstallationClient, stub: Stub) -> None:
+    async def empty(_request: web.Request) -> web.StreamResponse:
+        return web.Response(status=504)
+
+    graphql_route(stub, empty)
+    with pytest.raises(Exception) as caught:
+        await inst.graphql(BLAME_QUERY, owner="acme", name="bench", ref="main", path="x")
+    assert isinstance(caught.value, Unavailable), f"untyped {type(caught.value).__name__}: {caught.value}"
+
+
+async def test_blame_behind_a_gateway_error_is_a_transient_github_error(inst: InstallationClient, stub: Stub) -> None:
+    """CatalogSync.date_images catches GitHubError only (catalog_sync.py:150); the inbox
+    fails a delivery at once on a non-transient error (core/errors.py)."""
+    graphql_route(stub, html(504, "<html>Gateway Time-out</html>"))
+    repo = GitHubRepo(inst, "acme/bench")
+    with pytest.raises(Exception) as caught:
+        await repo.blame("configs/nvidia-master.yaml", "a" * 40)
+    assert isinstance(caught.value, GitHubError), f"not a GitHubError: {type(caught.value).__name__}"
+    assert is_transient(caught.value)
+
+
+async def test_a_json_labelled_body_that_is_not_json_is_a_typed_error(inst: InstallationClient, stub: Stub) -> None:
+    """A body cut short behind a proxy (or any non-JSON body under a JSON content type)
+    must reach callers as a GitHubError, not a json.JSONDecodeError."""
+
+    async def cut(_request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200, body=b'{"sha": "abc', content_type="application/json")
+
+    stub.route("GET", "/repos/acme/bench/commits/main", cut)
+    with pytest.raises(Exception) as caught:
+        await inst.getitem("/repos/acme/bench/commits/main")
+    assert isinstance(caught.value, GitHubError), f"untyped {type(caught.value).__name__}: {caught.value}"
+
+
+# ------------------------------------------------------------ F2 unbounded rate-limit waits
+
+
+async def test_a_reset_an_hour_away_is_surfaced_not_slept_through(
+    inst: InstallationClient, stub: Stub, clock: ManualClock
+) -> None:
+    """Primary quota spent with the reset 60 min away: the call must not sleep an hour
+    inside a webhook handler or a scheduler tick; it should raise RateLimited(retry_after)."""
+    headers = {"x-ratelimit-remaining": "0", "x-ratelimit-limit": "5000", "x-ratelimit-reset": str(int(T0) + 3600)}
+    stub.script("GET", "/repos/acme/bench", reply(403, {"message": "API rate limit exceeded for installation ID 7."}, **headers))
+    with pytest.raises(RateLimited) as raised:
+        await inst.getitem("/repos/acme/bench")
+    assert raised.value.retry_after == 3600.0
+    assert max(clock.slept, default=0.0) <= MAX_CALL_WAIT, f"one call slept {clock.slept} s"
+
+
+async def test_a_huge_retry_after_does_not_hang_the_call_on_the_real_clock(
+    session: aiohttp.ClientSession, stub: Stub
+) -> None:
+    """Real clock: a Retry-After of a day (or a hostile 1e9) holds the call (and every
+    other call of the installation) that long; nothing surfaces."""
+    stub.script("GET", "/repos/acme/bench", reply(429, {"message": "slow down"}, **{"Retry-After": "86400"}))
+    app = GitHubApp(session, base_url=stub.url + PREFIX, app_id=1, private_key=None, clock=Clock())
+    inst = app.installation(7)
+    try:
+        await asyncio.wait_for(inst.getitem("/repos/acme/bench"), 3.0)
+    except RateLimited:
+        return
+    except TimeoutError:
+        pytest.fail("getitem was still sleeping after 3 s (Retry-After: 86400 is slept in full)")
+
+
+async def test_retry_after_nan_does_not_make_the_client_hammer(
+    make_app: Callable[..., GitHubApp], stub: Stub, clock: ManualClock
+) -> None:
+    """A garbled Retry-After must fall back to the one-minute wait, not to no wait."""
+    inst = make_app().installation(7)
+    stub.route("GET", "/repos/acme/bench", reply(429, {"message": "slow down"}, **{"Retry-After": "nan"}))
+    with pytest.raises(RateLimited):
+        await inst.getitem("/repos/acme/bench")
+    calls = stub.calls("GET", "/repos/acme/bench")
+    assert len(calls) == 5
+    assert calls[-1].at - calls[0].at >= SECONDARY_RATE_LIMIT_WAIT, (
+        f"5 rate-limited requests sent within {calls[-1].at - calls[0].at} s; slept {clock.slept}"
+    )
+
+
+# ------------------------------------------------------------- F3 GraphQL and the REST gate
+
+
+async def test_a_spent_graphql_quota_does_not_hold_rest_calls(
+    inst: InstallationClient, stub: Stub, clock: ManualClock
+) -> None:
+    """GitHub keeps separate budgets (x-ratelimit-resource: core / graphql / search).
+    Spending GraphQL's must not stop the installation's REST calls until its reset."""
+    headers = {
+        "x-ratelimit-limit": "5000",
+        "x-ratelimit-remaining": "0",
+        "x-ratelimit-used": "5000",
+        "x-ratelimit-resource": "graphql",
+        "x-ratelimit-reset": str(int(T0) + 1800),
+    }
+    graphql_route(stub, reply(200, {"data": {"repository": None}}, **headers))
+    await inst.graphql(BLAME_QUERY, owner="acme", name="bench", ref="main", path="x")
+    await inst.getitem("/repos/acme/bench")  # core budget untouched
+    assert clock.slept == [], f"a REST read waited {clock.slept} s for the GraphQL reset"
+
+
+async def test_graphql_rate_limited_errors_are_rate_limited(inst: InstallationClient, stub: Stub) -> None:
+    """GraphQL answers a spent quota with HTTP 200 and errors[].type RATE_LIMITED."""
+    body = {"errors": [{"type": "RATE_LIMITED", "message": "API rate limit exceeded for installation ID 7."}]}
+    headers = {"x-ratelimit-remaining": "0", "x-ratelimit-resource": "graphql", "x-ratelimit-reset": str(int(T0) + 600)}
+    graphql_route(stub, reply(200, body, **headers))
+    with pytest.raises(GitHubError) as caught:
+        await inst.graphql(BLAME_QUERY, owner="acme", name="bench", ref="main", path="x")
+    assert isinstance(caught.value, RateLimited), f"{type(caught.value).__name__} (transient={caught.value.transient})"
+
+
+# ---------------------------------------------------------- F4 empty pages with a next link
+
+
+async def test_empty_pages_that_always_name_a_next_page_do_not_page_for_ever(
+    inst: InstallationClient, stub: Stub
+) -> None:
+    """MAX_LISTED counts items; a listing of empty pages whose Link always names a next
+    page (or itself) is followed without end, as fast as the server answers."""
+
+    async def empty_forever(request: web.Request) -> web.StreamResponse:
+        page = int(request.query.get("page", "1"))
+        link = f'<{stub.url}{PREFIX}/repos/acme/bench/pulls?page={page + 1}>; rel="next"'
+        return web.json_response([], headers={"Link": link})
+
+    stub.route("GET", "/repos/acme/bench/pulls", empty_forever)
+
+    async def drain() -> list[Any]:
+        return [p async for p in inst.getiter("/repos/{owner}/{repo}/pulls", {"owner": "acme", "repo": "bench"})]
+
+    try:
+        await asyncio.wait_for(drain(), 5.0)
+    except GitHubError:
+        return
+    except TimeoutError:
+        pytest.fail(f"still paging after 5 s: {len(stub.calls('GET', '/repos/acme/bench/pulls'))} requests sent")
+
+
+async def test_a_next_link_pointing_at_the_same_empty_page_is_not_followed_for_ever(
+    inst: InstallationClient, stub: Stub
+) -> None:
+    async def same(request: web.Request) -> web.StreamResponse:
+        link = f'<{stub.url}{PREFIX}/repos/acme/bench/pulls?page=1>; rel="next"'
+        return web.json_response([], headers={"Link": link})
+
+    stub.route("GET", "/repos/acme/bench/pulls", same)
+
+    async def drain() -> list[Any]:
+        return [p async for p in inst.getiter("/repos/{owner}/{repo}/pulls", {"owner": "acme", "repo": "bench"})]
+
+    try:
+        await asyncio.wait_for(drain(), 5.0)
+    except GitHubError:
+        return
+    except TimeoutError:
+        pytest.fail(f"still paging after 5 s: {len(stub.calls('GET', '/repos/acme/bench/pulls'))} requests sent")
+
+
+# ------------------------------------------------- F5 ETag cache keyed without the media type
+
+
+async def test_a_large_file_read_raw_after_its_json_is_not_served_the_cached_json(
+    inst: InstallationClient, stub: Stub
+) -> None:
+    """GitHub gives a file's JSON and raw representations the same ETag (octokit/rest.js#337)
+    and answers If-None-Match with 304 whatever the Accept. file_text reads a file over
+    1 MB twice (JSON says encoding "none", then the raw media type) with the same URL."""
+    text = "families:\n" + "  x: 1\n" * 10
+    etag = 'W/"495a13f66a7b267e5a3d9b7ac795289c60d79003"'
+
+    async def contents(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers={"ETag": etag})
+        if "raw" in request.headers.get("Accept", ""):
+            return web.Response(body=text.encode(), headers={"ETag": etag}, content_type="application/vnd.github.raw")
+        entry = {"type": "file", "path": "configs/big.yaml", "size": 1_500_000, "encoding": "none", "content": ""}
+        return web.json_response(entry, headers={"ETag": etag})
+
+    stub.route("GET", "/repos/acme/bench/contents/configs/big.yaml", contents)
+    got = await GitHubRepo(inst, "acme/bench").file_text("configs/big.yaml", "main")
+    assert got == text, f"file_text returned {got!r}"
+
+
+# ------------------------------------------------- F6 same-origin redirect of a download
+
+
+async def test_an_artifact_download_of_a_renamed_repository_keeps_the_token_on_the_api_host(
+    inst: InstallationClient, stub: Stub
+) -> None:
+    """A renamed repository's old URL answers 301 to /repositories/{id}/… on the API host;
+    that hop needs the token, and only the storage host's must go without it."""
+    blob = Stub(stub.clock, prefix="")
+    runner, blob.url = await serve(blob.handle)
+    try:
+        blob.route("GET", "/blob/9.zip", lambda _r: _zip())
+        stub.script(
+            "GET", "/repos/acme/old-name/actions/artifacts/9/zip",
+            reply(301, {"message": "Moved Permanently"}, Location=f"{stub.url}{PREFIX}/repositories/42/actions/artifacts/9/zip"),
+        )
+
+        async def moved(request: web.Request) -> web.StreamResponse:
+            if not request.headers.get("Authorization"):
+                return web.json_response({"message": "Not Found"}, status=404)
+            raise web.HTTPFound(f"{blob.url}/blob/9.zip?sig=1")
+
+        stub.route("GET", "/repositories/42/actions/artifacts/9/zip", moved)
+        data = await inst.download(f"{stub.url}{PREFIX}/repos/acme/old-name/actions/artifacts/9/zip", max_bytes=1024)
+        assert data == b"PK\x03\x04data"
+    finally:
+        await runner.cleanup()
+
+
+async def _zip() -> web.StreamResponse:
+    return web.Response(body=b"PK\x03\x04data", content_type="application/zip")
+
+
+async def test_answers_pinned_to_a_commit_are_not_kept_and_others_are_asked_again_with_their_etag(
+    inst: InstallationClient, stub: Stub
+) -> None:
+    # One config read per push at a new sha, never asked again: kept, they filled the cache
+    # with hundreds of MB over months.
+    async def contents(_request: web.Request) -> web.StreamResponse:
+        return web.json_response({"type": "file", "encoding": "base64", "content": "eDogMQo="}, headers={"ETag": 'W/"1"'})
+
+    stub.route("GET", "/repos/acme/bench/contents/a.yaml", contents)
+    repo = GitHubRepo(inst, "acme/bench")
+    for ref in ("a" * 40, "a" * 40, "main", "main"):
+        assert await repo.file_text("a.yaml", ref) == "x: 1\n"
+    conditional = [s.headers.get("If-None-Match") for s in stub.calls("GET", "/repos/acme/bench/contents/a.yaml")]
+    assert conditional == [None, None, None, 'W/"1"']

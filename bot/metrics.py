@@ -8,8 +8,9 @@ request would let anyone grow /metrics without limit.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib import metadata
 
 from prometheus_client import (
@@ -124,6 +125,9 @@ class ImageAges(Collector):
         `at`: the wave's time, which the ages are counted to."""
         self._changes[repo] = (changed, at)
 
+    def forget(self, repo: str) -> None:
+        self._changes.pop(repo, None)
+
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(
             "klaud_family_image_age_days",
@@ -140,3 +144,18 @@ class ImageAges(Collector):
 
 FAMILY_IMAGE_AGES = ImageAges()
 REGISTRY.register(FAMILY_IMAGE_AGES)
+
+REPO_GAUGES = (LAST_WAVE_TIMESTAMP, DISPATCH_PAUSED)
+
+
+def forget_repo(repo: str, decisions: Iterable[str]) -> None:
+    """Remove the repository's series (`decisions`: every decision kind): it is uninstalled,
+    renamed or kept by another replica now, and its last values would otherwise be exported
+    for as long as the process runs."""
+    for gauge in REPO_GAUGES:
+        with contextlib.suppress(KeyError):
+            gauge.remove(repo)
+    for decision in decisions:
+        with contextlib.suppress(KeyError):
+            LAST_WAVE_CANDIDATES.remove(repo, decision)
+    FAMILY_IMAGE_AGES.forget(repo)

@@ -257,6 +257,13 @@ class GitHubRepo:
     async def update_check_run(self, check_run_id: int, payload: dict[str, Any]) -> None:
         await self.client.patch("/repos/{owner}/{repo}/check-runs/{id}", self._at(id=check_run_id), data=payload)
 
+    async def check_run_on(self, head_sha: str, name: str) -> int | None:
+        url = "/repos/{owner}/{repo}/commits/{ref}/check-runs?check_name={name}&filter=latest"
+        async for check in self.client.getiter(url, self._at(ref=head_sha, name=name), iterable_key="check_runs"):
+            if isinstance(check, dict) and isinstance(check.get("id"), int):
+                return int(check["id"])
+        return None
+
     # -- comments and people -------------------------------------------------------------
 
     async def react(self, comment_id: int, content: str) -> None:

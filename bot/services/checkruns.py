@@ -94,12 +94,19 @@ class CheckPublisher:
         if known and known.get("head_sha") == pull.head_sha and known.get("digest") == digest and not force:
             return
         api = self.live.api(state)
-        if known and known.get("head_sha") == pull.head_sha and known.get("id"):
-            await api.update_check_run(int(known["id"]), payload)
-            check_id = known["id"]
+        check_id = known.get("id") if known and known.get("head_sha") == pull.head_sha else None
+        if not check_id:
+            # One made before its id was stored (an answer lost, a crash after the POST) is
+            # updated: a second "Klaud Cold" on the head would stay, stale, next to it.
+            check_id = await api.check_run_on(pull.head_sha, CHECK_NAME)
+        if check_id:
+            await api.update_check_run(int(check_id), payload)
         else:
             check_id = await api.create_check_run(output.payload(pull.head_sha))
         async with self.live.lock(repo):
+            current = state.overlap.get(number)
+            if current is None or current.head_sha != pull.head_sha:
+                return  # closed or moved on meanwhile: an entry for it would stay for good
             state.meta.check_runs[str(number)] = {"head_sha": pull.head_sha, "id": check_id, "digest": digest}
             await self.live.persist(state.save_meta())
         log.info("check.published", repo=repo, pr=number, status=output.status, conclusion=output.conclusion)

@@ -42,6 +42,10 @@ class DashboardKeeper:
         self.clock = clock
         self.coalescer: Coalescer[str] = Coalescer(self.publish, delay_seconds, errors=(GitHubError,))
         self._last_wave: dict[str, Wave] = {}
+        live.gone_listeners.append(self._gone)
+
+    def _gone(self, repo: str) -> None:
+        self._last_wave.pop(repo.lower(), None)
 
     async def wave_done(self, state: RepoState, wave: Wave) -> None:
         self._last_wave[state.name.lower()] = wave

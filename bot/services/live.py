@@ -14,12 +14,14 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import timedelta
+from typing import get_args
 
 import structlog
 from cachetools import LRUCache
 
 from bot.core.clock import Clock
-from bot.core.domain import Wave, stamp
+from bot.core.domain import DecisionKind, Wave, stamp
+from bot.metrics import forget_repo
 from bot.services.api import RepoAPI, ReposAPI
 from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
@@ -45,6 +47,10 @@ async def _always(_name: str) -> bool:
     return True
 
 
+def _forget_metrics(name: str) -> None:
+    forget_repo(name, get_args(DecisionKind))
+
+
 class LiveState:
     def __init__(self, store: StateStore, github: ReposAPI | None, clock: Clock, bot_logins: tuple[str, ...]) -> None:
         self.store = store
@@ -57,6 +63,9 @@ class LiveState:
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.listeners: list[Listener] = []
         self.wave_listeners: list[WaveListener] = []
+        # Told the name of a repository that leaves this process (uninstalled, renamed, kept
+        # by another replica now), to drop what they keep of it.
+        self.gone_listeners: list[Callable[[str], None]] = [_forget_metrics]
         # Whether this process may take up a repository it has no state for. With replicas
         # (`bot.services.replicas`) only the holder of the repository's lease may.
         self.admit: Callable[[str], Awaitable[bool]] = _always
@@ -186,7 +195,13 @@ class LiveState:
 
     def drop(self, name: str) -> None:
         """Forget a repository's state in memory only (another replica took it over)."""
-        self.repos.pop(name.lower(), None)
+        state = self.repos.pop(name.lower(), None)
+        if state is not None:
+            self._gone(state.name)
+
+    def _gone(self, name: str) -> None:
+        for listener in self.gone_listeners:
+            listener(name)
 
     async def persist(self, change: Change) -> None:
         try:
@@ -224,6 +239,7 @@ class LiveState:
     async def _forget(self, name: str) -> None:
         state = self.repos.pop(name.lower(), None)
         name = state.name if state is not None else name
+        self._gone(name)
         change = Change()
         for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry"):
             change.clear(name, kind)

@@ -71,8 +71,13 @@ class Reconciler:
         self.pulls = pulls
         self.outcomes = outcomes
         self.claims = claims
-        # Repository (or "installations") -> its last failed reconcile, until one succeeds.
+        # Repository (or "installations") -> its last failed reconcile, until one succeeds
+        # or the repository is gone (uninstalled: retried, it would fail every hour for good).
         self.failures: dict[str, ReconcileFailure] = {}
+        live.gone_listeners.append(self._gone)
+
+    def _gone(self, repo: str) -> None:
+        self.failures.pop(repo, None)
 
     async def state_for(self, event: RepoEvent) -> RepoState | None:
         """The event's repository, reconciled first if this is the first we hear of it.

@@ -183,7 +183,7 @@ class RepoState:
             change.put(self.name, "family", family.id, family)
         self.meta.config_errors.pop(path, None)
         self._index_families()
-        return change
+        return change.extend(self._drop_stale_retries())
 
     def date_images(self, dates: Mapping[str, datetime]) -> Change:
         """Image ages found in the history (a blame) for families that had none."""
@@ -200,6 +200,15 @@ class RepoState:
             change.delete(self.name, "family", old.id)
         self.meta.config_errors.pop(path, None)
         self._index_families()
+        return change.extend(self._drop_stale_retries())
+
+    def _drop_stale_retries(self) -> Change:
+        """`/klaud retry` approvals of candidates no family has any more (its image changed,
+        or it left the configs): never used, they were kept for good."""
+        current = {family.candidate for family in self.catalog}
+        change = Change()
+        for candidate in [candidate for candidate in self.retries if candidate not in current]:
+            change.extend(self.consume_retry(candidate))
         return change
 
     def _index_families(self) -> None:

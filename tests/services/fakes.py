@@ -235,6 +235,11 @@ class FakeRepo:
         self._call("update_check_run", check_run_id)
         self.check_runs[check_run_id].update(payload)
 
+    async def check_run_on(self, head_sha: str, name: str) -> int | None:
+        self._call("check_run_on", head_sha)
+        found = [i for i, run in self.check_runs.items() if run.get("head_sha") == head_sha and run.get("name") == name]
+        return max(found, default=None)
+
     async def react(self, comment_id: int, content: str) -> None:
         self._call("react", comment_id, content)
         self.reactions.append((comment_id, content))

@@ -104,3 +104,61 @@ async def test_a_retry_wave_due_when_the_repository_is_disabled_is_dropped(kit: 
             kit.clock.advance(1)
     assert [entry["event"] for entry in logs].count("wave.skipped") == 1
     assert kit.state.meta.retry_wave_at is None
+
+
+def series_of(repo: str) -> list[str]:
+    from prometheus_client import generate_latest
+
+    from bot.metrics import REGISTRY
+
+    text = generate_latest(REGISTRY).decode()
+    return [line for line in text.splitlines() if f'repo="{repo}"' in line and not line.startswith("#")]
+
+
+async def test_an_uninstalled_repository_leaves_no_metric_series_and_no_cached_wave(kit: Kit) -> None:
+    from bot.services.dashboard import DashboardKeeper
+    from bot.services.permissions import Permissions
+
+    dashboard = DashboardKeeper(kit.live, Permissions(kit.clock), kit.clock, delay_seconds=0)
+    kit.live.wave_listeners.append(dashboard.wave_done)
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="schedule")
+    assert series_of(REPO) and wave is not None
+    dashboard._last_wave[REPO] = wave  # what wave_done keeps, without publishing
+
+    await kit.live.forget(REPO)  # `installation_repositories` removed
+
+    assert series_of(REPO) == [] and dashboard._last_wave == {}
+
+
+async def test_a_failed_reconcile_of_a_repository_since_uninstalled_is_not_tried_again(kit: Kit) -> None:
+    from bot.github.errors import NotFound
+
+    kit.repo.fail("repository", Unavailable(502, "Bad Gateway"))
+    assert await kit.reconciler._try_reconcile(REPO, 1) is False
+    await kit.live.forget(REPO)
+    kit.repo.fail("repository", NotFound(404, "Not Found"), times=100)
+    kit.repo.calls.clear()
+    kit.clock.advance(timedelta(hours=2).total_seconds())
+    await kit.reconciler.retry_failed()
+    assert kit.reconciler.failures == {} and kit.repo.calls == []
+
+
+async def test_a_retry_approval_leaves_with_its_candidate_when_the_image_changes(kit: Kit) -> None:
+    from bot.services import controls
+    from tests import scenarios as sc
+    from tests.services.test_catalog_sync import push
+
+    h200, image = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt", "nvcr.io/nvidia/tensorrt-llm/release:1.2.0rc4"
+    await kit.reconciler.reconcile(REPO, 1)
+    family = kit.state.catalog.get(h200)
+    kit.state.record_attempt(failed(family.candidate, 501, kit.clock.now()))  # cooling down
+    await controls.approve_retry(kit.live, kit.state, family, "alice", kit.clock.now())
+    assert family.candidate in kit.state.retries
+    before, after = kit.repo.head, "b" * 40  # a person's image bump is merged before the wave
+    kit.repo.files[after] = {**kit.repo.files[before], "configs/nvidia-master.yaml": sc.NVIDIA.replace(image, image + "x")}
+    kit.repo.head = after
+
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+
+    assert kit.state.retries == {} and (await kit.live.store.load(REPO)).get("retry", {}) == {}

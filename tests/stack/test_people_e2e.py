@@ -282,3 +282,19 @@ async def test_the_hold_of_a_family_gone_from_the_configs_can_still_be_released(
         state.holds[H200] = Hold(H200, "bob", "left behind", run.sandbox.clock.now())
         await comment(run, 77, "alice", f"/klaud unhold {H200}")
         assert H200 not in state.holds and "Released" in replies(run, 77)[-1]
+
+
+async def test_one_klaud_check_run_per_head_after_its_creation_answer_was_lost(tmp_path):
+    # Created on GitHub, its id never reached the store (a lost answer; a crash between the
+    # POST and the commit is the same): the next render created a second one on the head.
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await run.settle()
+        run.sandbox.set_faults({"rules": [{"method": "POST", "route": "/check-runs$", "lose_answer": True, "count": 1}]})
+        await run.act({"action": "push_pull", "repo": "acme/bench", "number": 50,
+                       "files": [{"filename": "perf-changelog.yaml", "status": "modified", "content": "- two\n"}]})
+        run.sandbox.set_faults({"rules": []})
+        head = run.klaud.live.repo("acme/bench").overlap.get(50).head_sha
+        await run.act({"action": "comment", "repo": "acme/bench", "number": 50, "user": "alice",
+                       "body": "/klaud hold waiting"})
+        [check] = checks(run, head)
+        assert "held" in check["output"]["title"]

@@ -78,6 +78,7 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 JWT_BACKDATE = 60
 JWT_LIFETIME = 9 * 60
 TOKEN_RENEW_MARGIN = 5 * 60
+TOKEN_REPLICATION_LAG = 10.0  # seconds a new installation token may be refused by some servers
 # GitHub asks to wait at least a minute after a secondary rate limit without headers.
 SECONDARY_RATE_LIMIT_WAIT = 60.0
 MAX_SECONDARY_WAIT = 15 * 60.0
@@ -593,9 +594,11 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             self._note_rate_limit(url, response.headers)
             if response.status == 401 and "authorization" in headers and attempt < self._transport.max_attempts:
                 # GitHub refused the credential before doing anything, so sending again is
-                # safe: a fresh one is minted for each try, and a credential GitHub keeps
-                # refusing ends as Unauthorized (transient: the delivery retries later).
+                # safe, after a backoff: with a new token (or the same one while it may still
+                # be replicating); one GitHub keeps refusing ends as Unauthorized (transient:
+                # the delivery retries later).
                 rejected = headers["authorization"]
+                await self._clock.sleep(backoff_delay(attempt))
                 attempt += 1
                 continue
             if not await self._ready_to_retry(method, url, response, attempt):
@@ -853,6 +856,7 @@ class InstallationClient:
 class _Token:
     header: str
     expires_at: float
+    minted_at: float = 0.0
 
 
 def _renew_at(_installation_id: int, token: _Token, _now: float) -> float:
@@ -961,8 +965,11 @@ class GitHubApp:
         async with self._token_locks[installation_id]:
             token = self._tokens.get(installation_id)
             # Only the token GitHub refused is dropped: calls that failed with it together
-            # share one renewal instead of minting one each.
-            if token is not None and token.header == rejected:
+            # share one renewal instead of minting one each. A token a few seconds old may
+            # not have reached every GitHub server yet: it is sent again (after the call's
+            # backoff), as a new one would be no older.
+            fresh = token is not None and self._clock.timestamp() - token.minted_at < TOKEN_REPLICATION_LAG
+            if token is not None and token.header == rejected and not fresh:
                 del self._tokens[installation_id]
                 token = None
             if token is None:
@@ -981,4 +988,4 @@ class GitHubApp:
         if expires_at is None:
             raise GitHubError(201, "installation token without expires_at")
         log.info("github.token_minted", installation=installation_id, expires_at=answer["expires_at"])
-        return _Token(header=f"token {answer['token']}", expires_at=expires_at.timestamp())
+        return _Token(f"token {answer['token']}", expires_at.timestamp(), self._clock.timestamp())

@@ -310,11 +310,15 @@ async def test_token_is_renewed_five_minutes_before_it_expires(
     assert stub.tokens()[-1].startswith("token t2.")
 
 
-async def test_401_mints_a_new_token_once_and_retries(inst: InstallationClient, stub: Stub) -> None:
+async def test_a_refused_token_past_the_replication_lag_is_replaced_once(
+    inst: InstallationClient, stub: Stub, clock: ManualClock
+) -> None:
+    await inst.getitem("/repos/acme/bench")
+    clock.advance(60)  # revoked, say, a minute after it was minted
     stub.script("GET", "/repos/acme/bench", reply(401, {"message": "Bad credentials"}))
     assert await inst.getitem("/repos/acme/bench") == {"path": PREFIX + "/repos/acme/bench"}
     assert stub.minted == 2
-    assert [t.split(".")[0] for t in stub.tokens()] == ["token t1", "token t2"]
+    assert [t.split(".")[0] for t in stub.tokens()] == ["token t1", "token t1", "token t2"]
 
 
 async def test_a_401_that_persists_after_re_minting_is_unauthorized(inst: InstallationClient, stub: Stub) -> None:
@@ -322,17 +326,21 @@ async def test_a_401_that_persists_after_re_minting_is_unauthorized(inst: Instal
     stub.script("GET", "/repos/acme/bench", *[bad] * 6)
     with pytest.raises(Unauthorized) as caught:
         await inst.getitem("/repos/acme/bench")
-    # Each try gets a fresh token; the error is transient so the delivery retries later.
+    # The error is transient, so the delivery retries later.
     assert caught.value.status == 401 and caught.value.transient
     assert len(stub.calls("GET", "/repos/acme/bench")) == 5
-    assert stub.minted == 5
+    assert stub.minted >= 2  # replaced once it was past the replication lag
 
 
-async def test_intermittent_401s_are_outlasted_by_re_minting(inst: InstallationClient, stub: Stub) -> None:
+async def test_a_new_token_refused_while_it_replicates_is_sent_again(
+    inst: InstallationClient, stub: Stub, clock: ManualClock
+) -> None:
+    # GitHub may refuse a token for a few seconds after minting it, until every server has
+    # it: a new one would be no older, so the same one is sent again after a backoff.
     bad = reply(401, {"message": "Bad credentials"})
     stub.script("GET", "/repos/acme/bench", bad, bad, reply(200, {"full_name": "acme/bench"}))
     assert (await inst.getitem("/repos/acme/bench"))["full_name"] == "acme/bench"
-    assert stub.minted == 3
+    assert stub.minted == 1 and 1.5 <= sum(clock.slept) <= 3.0
 
 
 async def test_concurrent_calls_share_one_token_mint(inst: InstallationClient, stub: Stub) -> None:
@@ -1046,7 +1054,8 @@ async def test_sandbox_strict_auth_with_a_real_key(sandboxed: Callable[..., Awai
     sb.clock.advance(3600 - 299)
     assert (await inst.getitem("/repos/acme/bench/pulls/2"))["number"] == 2
     assert sb.statuses("POST", MINT) == [201, 201]
-    # A refused token is re-minted once.
+    # A refused token is re-minted once (it is past the seconds a new one may take to replicate).
+    sb.clock.advance(60)
     await sb.faults(session, {"method": "GET", "route": r"/pulls/3$", "status": 401, "count": 1})
     assert (await inst.getitem("/repos/acme/bench/pulls/3"))["number"] == 3
     assert sb.statuses("GET", PULL)[-2:] == [401, 200]

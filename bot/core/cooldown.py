@@ -34,7 +34,7 @@ def cooldown(
 ) -> CooldownState:
     """Classify `candidate` from its attempts on every base SHA; order of `attempts` is free."""
     window = timedelta(hours=cooldown_hours)
-    repeated = _repeated_run_failure(attempts, candidate, now - window)
+    repeated = _repeated_run_failure(attempts, candidate, now - window, window)
     if repeated is not None:
         until = repeated.completed_at + window
         what = f"the last {RUN_FAILURES_TO_COOL} runs failed before an outcome ({_where_failed(repeated)})"
@@ -58,19 +58,28 @@ def cooldown(
     return CooldownState(False, until, reason, verified)
 
 
-def _repeated_run_failure(attempts: Iterable[Attempt], candidate: str, cutoff: datetime) -> Attempt | None:
-    """The newest attempt when it and the one before it both failed before an outcome.
+def _repeated_run_failure(
+    attempts: Iterable[Attempt], candidate: str, cutoff: datetime, window: timedelta
+) -> Attempt | None:
+    """The newest attempt, completed after `cutoff`, when it and the one before it (within
+    `window` of it) both failed before an outcome: the cooldown runs `window` from the
+    second failure, however long before it the first one came within that window.
 
     One such failure may be bad luck (a runner lost), so the candidate stays eligible; the
     same failure twice in a row is what a broken workflow looks like, wave after wave.
     """
-    recent = sorted(
-        (a for a in attempts if a.completed_at > cutoff and a.candidate == candidate),
+    newest = sorted(
+        (a for a in attempts if a.candidate == candidate),
         key=lambda a: (a.completed_at, a.run_id, a.run_attempt),
         reverse=True,
     )[:RUN_FAILURES_TO_COOL]
-    if len(recent) == RUN_FAILURES_TO_COOL and all(a.error == "run-failed" for a in recent):
-        return recent[0]
+    if (
+        len(newest) == RUN_FAILURES_TO_COOL
+        and all(a.error == "run-failed" for a in newest)
+        and newest[0].completed_at > cutoff
+        and newest[0].completed_at - newest[-1].completed_at <= window
+    ):
+        return newest[0]
     return None
 
 

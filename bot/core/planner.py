@@ -51,7 +51,8 @@ class Snapshot:
     # Family id -> the open PRs that block it now (idle PRs and Klaud-own rules applied);
     # a family no PR blocks is absent.
     overlaps: Mapping[str, Sequence[Overlap]]
-    # Candidate id -> its attempts inside the cooldown window; absent when it has none.
+    # Candidate id -> its attempts of the last two cooldown windows (a run failure counts
+    # with the one before it); absent when it has none.
     attempts: Mapping[str, Sequence[Attempt]]
     holds: Mapping[str, Hold]  # by family id
     retries: Mapping[str, RetryApproval]  # by candidate id
@@ -128,7 +129,7 @@ class Facts:
     dispatch: Dispatch | None
     claim: Claim | None
     klaud_pr: int | None
-    attempts: Sequence[Attempt]  # the candidate's, inside the cooldown window
+    attempts: Sequence[Attempt]  # the candidate's, of the last two cooldown windows
     retry: RetryApproval | None
     overlaps: Sequence[Overlap]
     # When the first human PR of `overlaps` goes idle (then it stops blocking); None: never.

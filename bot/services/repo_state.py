@@ -452,7 +452,7 @@ class RepoState:
         """
         settled = settled or {}
         order = self._priority_order()
-        since = now - timedelta(hours=self.policy.cooldown_hours)
+        since = self._attempts_since(now)
         verdicts = {
             family.id: self._verdict(family, candidate, wave, now, since)
             for candidate, family in order
@@ -468,6 +468,11 @@ class RepoState:
             settled=settled,
         )
         return finish(finishing, order, verdicts, self.policy, capacity, now)
+
+    def _attempts_since(self, now: datetime) -> datetime:
+        """The oldest attempt that can decide anything at `now`: one inside the cooldown
+        window, or the run failure before it that makes it the second in a row."""
+        return now - 2 * timedelta(hours=self.policy.cooldown_hours)
 
     def _verdict(self, family: Family, candidate: str, wave: int, now: datetime, since: datetime) -> Verdict:
         cached = self._verdicts.get(family.id)
@@ -523,8 +528,7 @@ class RepoState:
 
     def snapshot(self, wave: int, now: datetime) -> Snapshot:
         """The plain data a wave at `now` decides from (copies: a wave changes claims as it goes)."""
-        # Only attempts inside the cooldown window can decide anything at `now`.
-        since = now - timedelta(hours=self.policy.cooldown_hours)
+        since = self._attempts_since(now)
         families = tuple(self.catalog)
         return Snapshot(
             repo=self.name,

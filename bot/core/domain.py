@@ -121,9 +121,13 @@ def as_utc(value: datetime) -> datetime:
     """An aware time with `datetime.UTC` as its tzinfo. pydantic reads "…Z" with a tzinfo
     object of its own, and two times whose tzinfo objects differ compare in ~0.8 µs (each
     is asked for its offset) where times sharing UTC take ~0.05 µs: planning compares
-    thousands of them. A naive time is left as it is."""
-    if value.tzinfo is None or value.tzinfo is UTC:
+    thousands of them. A naive time is refused: GitHub's always say their zone, and one
+    that did not (a payload fed by hand or replayed) was stored and made every later wave
+    of its repository raise when it compared it with an aware one."""
+    if value.tzinfo is UTC:
         return value
+    if value.tzinfo is None:
+        raise ValueError("a time without a timezone")
     return value.astimezone(UTC)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
+
 from bot.core.domain import Attempt, as_utc
 from bot.core.events import PullRequestEvent
 from bot.store.codec import decode_many, decode_one, encode
@@ -34,7 +36,21 @@ def test_a_github_time_with_an_offset_becomes_the_same_instant_in_utc() -> None:
     assert event.pull_request.updated_at.tzinfo is UTC
 
 
-def test_as_utc_keeps_utc_and_naive_times_as_they_are() -> None:
-    naive = datetime(2026, 11, 30, 8)
-    assert as_utc(naive) is naive and as_utc(AT) is AT
+def test_as_utc_keeps_utc_converts_other_zones_and_refuses_naive_times() -> None:
+    assert as_utc(AT) is AT
     assert as_utc(datetime(2026, 11, 30, 9, tzinfo=timezone(timedelta(hours=1)))) == AT
+    # Stored, a naive time made every later wave of its repository raise TypeError.
+    with pytest.raises(ValueError, match="without a timezone"):
+        as_utc(datetime(2026, 11, 30, 8))
+
+
+def test_a_run_event_with_a_time_without_its_zone_is_refused_at_the_edge() -> None:
+    from pydantic import ValidationError
+
+    from bot.core.events import WorkflowRunEvent
+
+    run = {"id": 5, "path": ".github/workflows/klaud-candidate.yml", "head_sha": "a" * 40, "status": "completed",
+           "conclusion": "success", "created_at": "2026-11-30T08:00:00", "updated_at": "2026-11-30T08:00:00"}
+    with pytest.raises(ValidationError, match="without a timezone"):
+        WorkflowRunEvent.model_validate({"action": "completed", "workflow_run": run,
+                                         "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}})

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import structlog
 from gidgethub import routing
 
-from bot.core.events import InstallationEvent
+from bot.core.events import InstallationEvent, Named
 from handlers.context import HandlerContext, WebhookEvent
 
 router = routing.Router()
@@ -27,9 +27,18 @@ async def reconcile_all(ctx: HandlerContext, installation: int, names: Iterable[
         await ctx.repos.reconcile(name, installation, light=light)
 
 
-async def forget_all(ctx: HandlerContext, names: Iterable[str]) -> None:
-    for name in names:
-        await ctx.repos.live.forget(name)
+async def forget_all(ctx: HandlerContext, installation: int, repositories: Iterable[Named]) -> None:
+    """Forget the repositories `installation` no longer has, found by name or by id (one
+    renamed while its event was lost), and only while this installation keeps them: after
+    an uninstall and a re-install, the old installation's `deleted` may come last."""
+    live = ctx.repos.live
+    for repo in repositories:
+        state = live.repo(repo.full_name) or live.by_id(repo.id)
+        if state is not None and state.meta.installation != installation:
+            log.info("installation.forget_skipped", repo=state.name, installation=installation,
+                     kept_for=state.meta.installation)
+            continue
+        await live.forget(state.name if state is not None else repo.full_name)
 
 
 @router.register("installation")
@@ -40,7 +49,8 @@ async def on_installation(event: WebhookEvent, ctx: HandlerContext) -> None:
     if payload.action in ADDING:
         await reconcile_all(ctx, installation, named)
     elif payload.action == "deleted":
-        await forget_all(ctx, named or known_repositories(ctx, installation))
+        kept = [Named(full_name=name) for name in known_repositories(ctx, installation)]
+        await forget_all(ctx, installation, payload.repositories or kept)
     elif payload.action == "suspend":
         # Kept, holds and all: forgotten, they were lost for good. GitHub refuses the
         # App's calls meanwhile, and the scheduler backs off from each repository's.

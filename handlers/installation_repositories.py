@@ -15,4 +15,4 @@ router = routing.Router()
 async def on_installation_repositories(event: WebhookEvent, ctx: HandlerContext) -> None:
     payload = event.parsed(InstallationRepositoriesEvent)
     await reconcile_all(ctx, payload.installation.id, [repo.full_name for repo in payload.repositories_added])
-    await forget_all(ctx, [repo.full_name for repo in payload.repositories_removed])
+    await forget_all(ctx, payload.installation.id, payload.repositories_removed)

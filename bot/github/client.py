@@ -244,9 +244,11 @@ _ROUTES = (
     "/repos/{owner}/{repo}/pulls/{number}",
     "/repos/{owner}/{repo}/pulls/{number}/commits",
     "/repos/{owner}/{repo}/pulls/{number}/files",
+    "/repositories/{repository_id}",
 )
 _NUMERIC_VARS = frozenset(
-    {"number", "installation_id", "artifact_id", "run_id", "attempt_number", "check_run_id", "comment_id"}
+    {"number", "installation_id", "artifact_id", "run_id", "attempt_number", "check_run_id", "comment_id",
+     "repository_id"}
 )
 # Ref names, file paths and compare specs contain slashes.
 _MULTI_SEGMENT_VARS = frozenset({"path", "ref", "basehead", "branch"})

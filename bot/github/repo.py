@@ -339,6 +339,15 @@ class GitHubRepos:
     def repo(self, full_name: str, installation: int) -> GitHubRepo:
         return GitHubRepo(self.app.installation(installation), full_name)
 
+    async def repository_by_id(self, installation: int, repository_id: int) -> Repository | None:
+        try:
+            answer = await self.app.installation(installation).getitem(
+                "/repositories/{repository_id}", {"repository_id": repository_id}
+            )
+        except NotFound:
+            return None
+        return Repository.model_validate(answer)
+
     async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
         answer = await self.app.repo_installation(full_name)
         return dict(answer.get("permissions") or {}), list(answer.get("events") or [])

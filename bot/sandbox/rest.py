@@ -21,7 +21,7 @@ from multidict import MultiMapping
 from bot.sandbox.events import Payloads
 from bot.sandbox.gate import ApiError
 from bot.sandbox.patches import blob_sha
-from bot.sandbox.permissions import Needs, covers, grants
+from bot.sandbox.permissions import METADATA_READ, Needs, covers, grants
 from bot.sandbox.shapes import BOT_LOGIN, Shapes, ts
 from bot.sandbox.state import (
     Artifact,
@@ -187,6 +187,16 @@ def installation_repositories(call: Call) -> Reply:
 
 def get_repository(call: Call) -> Reply:
     return Reply(body=call.shapes.repository(call.repo()))
+
+
+def get_repository_by_id(call: Call) -> Reply:
+    """A repository by the id that stays through renames and transfers."""
+    wanted = call.number("repository_id")
+    found = next((repo for repo in call.world.repos.values() if repo.id == wanted), None)
+    if found is None or (call.installation_id is not None and found.installation_id != call.installation_id):
+        raise ApiError(404, "Not Found")
+    call.require(found, METADATA_READ)
+    return Reply(body=call.shapes.repository(found))
 
 
 # --- contents, commits, compare, refs --------------------------------------------------

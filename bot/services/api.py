@@ -113,6 +113,11 @@ class ReposAPI(Protocol):
 
     def repo(self, full_name: str, installation: int) -> RepoAPI: ...
 
+    async def repository_by_id(self, installation: int, repository_id: int) -> Repository | None:
+        """The repository with GitHub's id `repository_id` as the installation sees it now
+        (renamed, transferred), or None when it sees none."""
+        ...
+
     async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
         """The permissions and events the repository's installation granted the App."""
         ...

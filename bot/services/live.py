@@ -43,6 +43,13 @@ Listener = Callable[[RepoState, set[str], set[int]], Awaitable[None]]
 WaveListener = Callable[[RepoState, Wave], Awaitable[None]]
 
 
+class GoneRepository(RuntimeError):
+    """A change to a repository that left this process (renamed, removed, handed over):
+    transient, as a delivery's retry finds the repository where it is now."""
+
+    transient = True
+
+
 async def _always(_name: str) -> bool:
     return True
 
@@ -73,6 +80,8 @@ class LiveState:
         self.stale: set[str] = set()
         # An earlier name (lowercase) of a renamed repository -> the name it moved to.
         self.former: LRUCache[str, str] = LRUCache(maxsize=FORMER_NAMES)
+        # Repositories (lowercase) that left this process and are not kept again since.
+        self._departed: LRUCache[str, bool] = LRUCache(maxsize=FORMER_NAMES)
 
     def lock(self, repo: str) -> AbstractAsyncContextManager[None]:
         """The repository's lock, held to change its state.
@@ -149,6 +158,7 @@ class LiveState:
 
     def put(self, state: RepoState) -> None:
         self.repos[state.name.lower()] = state
+        self._departed.pop(state.name.lower(), None)
 
     def api(self, state: RepoState) -> RepoAPI:
         """The repository's GitHub operations, as its installation."""
@@ -200,10 +210,20 @@ class LiveState:
             self._gone(state.name)
 
     def _gone(self, name: str) -> None:
+        self._departed[name.lower()] = True
         for listener in self.gone_listeners:
             listener(name)
 
     async def persist(self, change: Change) -> None:
+        """Commit `change`, made to repositories kept here.
+
+        A section that took its state before a rename, a removal or a handover moved it
+        away finishes on a state no longer kept: what it writes would bring the repository
+        back under a name it left (a ghost loaded at the next start). It fails instead.
+        """
+        gone = sorted(repo for repo in change.written() if repo in self._departed and repo not in self.repos)
+        if gone:
+            raise GoneRepository(f"no longer kept here: {', '.join(gone)}")
         try:
             await self.store.apply(change)
         except BaseException:

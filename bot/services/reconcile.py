@@ -86,11 +86,19 @@ class Reconciler:
         (or before, the event queued behind the rename) is found by its id.
         """
         name, installation = event.repository.full_name, event.installation.id
-        state = self.live.repo(name) or self.live.renamed(name) or await self._same_repository(event)
+        state = self._kept_as(name, event.repository.id) or await self._same_repository(event)
         if state is None:
             await self.reconcile(name, installation)
-            state = self.live.repo(name) or self.live.renamed(name)
+            state = self._kept_as(name, event.repository.id)
         return state
+
+    def _kept_as(self, name: str, repo_id: int | None) -> RepoState | None:
+        """The state kept under `name`, or under the name a repository once called so moved
+        to, when it is that repository: a name freed by a rename may be another's now."""
+        for state in (self.live.repo(name), self.live.renamed(name)):
+            if state is not None and (repo_id is None or state.meta.repo_id in (None, repo_id)):
+                return state
+        return None
 
     async def _same_repository(self, event: RepoEvent) -> RepoState | None:
         """The event's repository kept here under another name: GitHub says which name is
@@ -103,7 +111,7 @@ class Reconciler:
         name = event.repository.full_name
         if self.live.repo(kept) is same:  # not renamed: the event's name is the older one
             self.live.former[name.lower()] = kept
-        return self.live.repo(name) or self.live.renamed(name)
+        return self._kept_as(name, event.repository.id)
 
     async def reconcile(self, name: str, installation: int, *, light: bool = False) -> dict[str, Any]:
         """Rebuild a repository from GitHub; `light` re-reads only what may have moved.
@@ -124,10 +132,18 @@ class Reconciler:
             api = self.live.api(state)
             repository = await api.repository()
             moved = repository.full_name if repository.full_name.lower() != name.lower() else None
-            if moved is None:
+            # The name is another repository's now (the kept one's rename was missed and
+            # the name reused), or the repository is kept under an earlier name.
+            replaced = stored if moved is None and _another(stored, repository) else None
+            earlier = self.live.by_id(repository.id) if moved is None and stored is None else None
+            if moved is None and replaced is None and earlier is None:
                 report = await self._rebuild(state, stored is None, api, repository, light=light)
         if moved is not None:
             return await self._follow(name, moved, installation, light=light)
+        if earlier is not None:
+            return await self._follow(earlier.name, name, installation, light=light)
+        if replaced is not None:
+            return await self._name_reused(replaced, installation)
         log.info("live.reconciled", **report)
         await self.live.notify(state, {f.id for f in state.catalog})
         return report
@@ -138,6 +154,21 @@ class Reconciler:
         # What moved is complete already: a light reconcile catches up at the new name.
         report = await self.reconcile(new, installation, light=light and kept is not None)
         return {**report, "moved_from": old}
+
+    async def _name_reused(self, kept: RepoState, installation: int) -> dict[str, Any]:
+        """GitHub gives the kept state's name to another repository: the kept one is followed
+        to its name now (by its id), or forgotten when the installation no longer sees it;
+        then the name is reconciled as the repository it is now."""
+        name, github = kept.name, self.live.github
+        current = None
+        if github is not None and kept.meta.repo_id is not None:
+            current = await github.repository_by_id(installation, kept.meta.repo_id)
+        log.warning("live.name_reused", repo=name, kept_id=kept.meta.repo_id, now=current.full_name if current else None)
+        if current is not None and current.full_name.lower() != name.lower():
+            await self._follow(name, current.full_name, installation, light=True)
+        else:
+            await self.live.forget(name)
+        return await self.reconcile(name, installation)
 
     async def _rebuild(
         self, state: RepoState, new: bool, api: RepoAPI, repository: Repository, *, light: bool
@@ -233,6 +264,14 @@ class Reconciler:
             # after the listing must not be taken for old (then it stays out of the index).
             change.extend(state.remove_pull(number, self.live.clock.now() - CLOCK_SKEW))
         return {"open_pulls": len(seen), "files_fetched": fetched, "pulls_removed": len(closed)}
+
+
+def _another(kept: RepoState | None, repository: Repository) -> bool:
+    """Whether GitHub answers the kept state's name with a repository that is not it."""
+    return (
+        kept is not None and kept.meta.repo_id is not None and repository.id is not None
+        and repository.id != kept.meta.repo_id
+    )
 
 
 def _counts(state: RepoState) -> dict[str, int]:

@@ -61,6 +61,10 @@ class Change:
     def __bool__(self) -> bool:
         return bool(self.puts or self.deletes or self.clears or self.wave_puts or self.wave_deletes or self.wave_clears)
 
+    def written(self) -> set[str]:
+        """The repositories the change puts records or waves of, lower-cased."""
+        return {(repo or key).lower() for repo, _, key, _ in self.puts} | {repo.lower() for repo, _, _ in self.wave_puts}
+
     def repos(self) -> set[str]:
         """The repositories the change touches, lower-cased (a meta record counts as its repository's)."""
         touched = {repo or key for repo, _, key, _ in self.puts}

@@ -329,7 +329,9 @@ async def test_a_401_that_persists_after_re_minting_is_unauthorized(inst: Instal
     # The error is transient, so the delivery retries later.
     assert caught.value.status == 401 and caught.value.transient
     assert len(stub.calls("GET", "/repos/acme/bench")) == 5
-    assert stub.minted >= 2  # replaced once it was past the replication lag
+    # Not one token per try: the first is sent again while it may be replicating, and is
+    # replaced (once) if the backoffs carry it past that.
+    assert stub.minted <= 2
 
 
 async def test_a_new_token_refused_while_it_replicates_is_sent_again(

@@ -389,7 +389,11 @@ async def test_rename_repository_redirects_the_old_name_and_sends_repository_ren
     assert read.headers["Location"].endswith("/_sandbox/github/repos/acme/bench-next/pulls?state=open")
     write = await wired.api("POST", f"{REPO}/issues/12/comments", json={"body": "hi"})
     assert write.status == 307  # a write is redirected with its method and body kept
-    assert (await wired.json("GET", "/repos/acme/bench-next"))["full_name"] == "acme/bench-next"
+    repository = await wired.json("GET", "/repos/acme/bench-next")
+    assert repository["full_name"] == "acme/bench-next"
+    # The id stays: GitHub finds a repository by it whatever it is called now.
+    assert (await wired.json("GET", f"/repositories/{repository['id']}"))["full_name"] == "acme/bench-next"
+    await wired.json("GET", "/repositories/1", status=404)
     # Followed, as GitHub's clients do: the old name still works.
     followed = await wired.client.get("/_sandbox/github/repos/acme/bench", headers={"Authorization": wired.token})
     assert followed.status == 200 and (await followed.json())["full_name"] == "acme/bench-next"

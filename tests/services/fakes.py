@@ -308,5 +308,9 @@ class FakeRepos:
     def repo(self, full_name: str, installation: int) -> FakeRepo:
         return self.repos[full_name]
 
+    async def repository_by_id(self, installation: int, repository_id: int) -> Repository | None:
+        found = next((repo for repo in self.repos.values() if repo.id == repository_id), None)
+        return None if found is None else Repository(full_name=found.name, id=found.id)
+
     async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
         return dict(REQUIRED_PERMISSIONS), sorted(REQUIRED_EVENTS)

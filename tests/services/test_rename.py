@@ -7,7 +7,7 @@ both names with the same repository), and events name it as it was called when t
 from __future__ import annotations
 
 from bot.core.domain import Hold
-from bot.core.events import RepoEvent
+from bot.core.events import Named, RepoEvent
 from tests.services.conftest import NOW, REPO, Kit
 
 NEW = "acme/bench-next"
@@ -93,10 +93,11 @@ async def test_an_old_named_event_after_a_restart_is_matched_by_id_and_asks_gith
 
 
 async def test_when_the_new_name_was_built_first_the_old_state_is_dropped(kit: Kit) -> None:
-    # An event under the new name without the repository's id (an older stored state has
-    # none either): the new name is built from GitHub, and the old state must not plan on.
+    # An event under the new name without the repository's id, and a state stored before
+    # ids were kept: the new name is built from GitHub, and the old state must not plan on.
     await planned_and_held(kit)
     claimed = set(kit.state.claims)
+    kit.state.meta.repo_id = None
     rename_on_github(kit)
     await kit.reconciler.state_for(event(NEW, repo_id=None))
     assert set(kit.live.repos) == {REPO.lower(), NEW}
@@ -115,3 +116,103 @@ async def test_the_installation_listing_does_not_build_a_second_state_for_a_rena
 
     assert await kit.reconciler.reconcile_new_installations() == []
     assert set(kit.live.repos) == {REPO.lower()}
+
+
+async def test_reconciling_the_current_name_moves_the_state_kept_under_the_old_one(kit: Kit) -> None:
+    # `klaud reconcile`, or an installation event naming the repository as it is called now,
+    # after the rename's events were lost: a second state would plan beside the first.
+    await planned_and_held(kit)
+    dispatched = set(kit.state.dispatches)
+    rename_on_github(kit)
+
+    await kit.reconciler.reconcile(NEW, 1)
+
+    await assert_moved(kit, dispatched)
+
+
+async def test_a_new_repository_given_the_freed_old_name_gets_a_state_of_its_own(kit: Kit) -> None:
+    from tests.services.conftest import scenario_repo
+
+    await planned_and_held(kit)
+    dispatched = set(kit.state.dispatches)
+    rename_on_github(kit)
+    await kit.reconciler.state_for(event(NEW))  # followed
+    newcomer = scenario_repo()
+    newcomer.id = 9999
+    kit.live.github.repos[REPO] = newcomer  # type: ignore[union-attr]
+
+    state = await kit.reconciler.state_for(event(REPO, repo_id=9999))
+
+    assert state is not None and state.meta.repo_id == 9999 and state.name == REPO
+    assert state is not kit.live.repo(NEW) and set(kit.live.repo(NEW).dispatches) == dispatched
+
+
+async def test_a_missed_rename_whose_old_name_was_reused_follows_the_kept_repository_by_its_id(kit: Kit) -> None:
+    from tests.services.conftest import scenario_repo
+
+    await planned_and_held(kit)
+    dispatched = set(kit.state.dispatches)
+    rename_on_github(kit)
+    newcomer = scenario_repo()
+    newcomer.id = 9999
+    kit.live.github.repos[REPO] = newcomer  # type: ignore[union-attr]  # no redirect any more
+
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+
+    moved, fresh = kit.live.repo(NEW), kit.live.repo(REPO)
+    assert moved is not None and moved.meta.repo_id == 4242 and set(moved.dispatches) == dispatched
+    assert fresh is not None and fresh.meta.repo_id == 9999 and fresh.dispatches == {}
+    assert newcomer.writes() == [], "nothing done on the repository that took the name"
+
+
+def installation_context(kit: Kit):  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    return SimpleNamespace(repos=kit.reconciler)
+
+
+async def test_an_old_installations_deleted_event_leaves_the_new_installations_repository(kit: Kit) -> None:
+    from handlers.installation import forget_all, reconcile_all
+
+    await planned_and_held(kit)
+    ctx = installation_context(kit)
+    # Uninstalled (installation 1) and installed again (2): GitHub does not promise the order,
+    # and the two are queued apart, so 'created' may be processed first.
+    await reconcile_all(ctx, 2, [REPO])
+    await forget_all(ctx, 1, [Named(full_name=REPO, id=4242)])
+
+    assert kit.live.repo(REPO) is not None and kit.state.meta.installation == 2
+    await forget_all(ctx, 2, [Named(full_name=REPO, id=4242)])
+    assert kit.live.repo(REPO) is None and await kit.live.store.repos() == []
+
+
+async def test_removing_a_repository_by_the_name_of_a_missed_rename_forgets_its_state(kit: Kit) -> None:
+    from handlers.installation import forget_all
+
+    await planned_and_held(kit)
+    rename_on_github(kit)
+
+    await forget_all(installation_context(kit), 1, [Named(full_name=NEW, id=4242)])
+
+    assert kit.live.repos == {} and await kit.live.store.repos() == []
+
+
+async def test_a_wave_that_spans_the_removal_of_its_repository_writes_no_ghost_back(kit: Kit) -> None:
+    import asyncio
+
+    await kit.reconciler.reconcile(REPO, 1)
+    reading = kit.capacity.read
+    removed = asyncio.Event()
+
+    async def slow_read():  # type: ignore[no-untyped-def]
+        await removed.wait()  # the feed answers after the repository was removed
+        return await reading()
+
+    kit.capacity.read = slow_read  # type: ignore[method-assign]
+    wave = asyncio.create_task(kit.waves.run(REPO, trigger="schedule"))
+    await asyncio.sleep(0)
+    await kit.live.forget(REPO)
+    removed.set()
+    await asyncio.gather(wave, return_exceptions=True)
+
+    assert await kit.live.store.repos() == [] and kit.live.repos == {}

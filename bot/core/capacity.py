@@ -42,6 +42,14 @@ def evaluate_feed(document: Any, *, now: datetime, retrieved_at: datetime) -> Ca
     )
 
 
+def usable_until(document: Any, retrieved_at: datetime) -> datetime:
+    """The last moment a reading of `document` may be used: its own age limit (from
+    `generatedAt`, when it has one) and the retrieval's, whichever comes first."""
+    generated_at = _time(document.get("generatedAt")) if isinstance(document, dict) else None
+    oldest = retrieved_at if generated_at is None else min(generated_at, retrieved_at)
+    return oldest + MAX_AGE + CLOCK_SKEW
+
+
 def closed_reading(at: datetime, error: str) -> CapacityReading:
     """A reading in which no cluster may take work, with the reason why."""
     return CapacityReading(eligible=frozenset(), known=frozenset(), at=at, error=error)

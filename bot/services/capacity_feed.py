@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import structlog
 
-from bot.core.capacity import FeedUnusable, closed_reading, evaluate_feed
+from bot.core.capacity import FeedUnusable, closed_reading, evaluate_feed, usable_until
 from bot.core.clock import Clock
 from bot.core.domain import CapacityReading
 
@@ -27,6 +27,7 @@ REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=15)
 RETRY_DELAYS = (0.5, 1.5)
 ACCEPTED_ENCODINGS = frozenset({"", "identity", "gzip"})
 USER_AGENT = "Klaud-Cold/0.1 (capacity gate)"
+CLOSED_RECHECK = timedelta(seconds=10)  # the least a closed reading is kept
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +57,8 @@ class CapacityFeed:
         self._token = token
         self._clock = clock
         self._ttl = timedelta(seconds=ttl_seconds)
-        self._cached: CapacityReading | None = None
+        # The last reading and the moment it stops being usable.
+        self._cached: tuple[CapacityReading, datetime] | None = None
         # Concurrent waves share one request instead of each fetching the feed.
         self._lock = asyncio.Lock()
 
@@ -64,25 +66,31 @@ class CapacityFeed:
         if self._url is None:
             return closed_reading(self._clock.now(), "capacity-feed-not-configured")
         async with self._lock:
-            cached = self._cached
-            if cached is not None and self._clock.now() - cached.at < self._ttl:
-                return cached
-            reading = await self._fresh_reading(self._url)
-            self._cached = reading
+            now = self._clock.now()
+            # Reused while the document itself is fresh enough (a document 100 s old when
+            # read must not be used 110 s later), and never across a clock stepped back.
+            if self._cached is not None and self._cached[0].at <= now < self._cached[1]:
+                return self._cached[0]
+            reading, until = await self._fresh_reading(self._url)
+            self._cached = (reading, until)
             return reading
 
-    async def _fresh_reading(self, url: str) -> CapacityReading:
+    async def _fresh_reading(self, url: str) -> tuple[CapacityReading, datetime]:
         try:
             retrieved = await self._retrieve_with_retries(url)
         except FeedUnusable as problem:
             log.warning("capacity-feed-unusable", error=problem.code)
-            return closed_reading(self._clock.now(), problem.code)
+            now = self._clock.now()
+            return closed_reading(now, problem.code), now + self._ttl
         reading = evaluate_feed(
             retrieved.document, now=self._clock.now(), retrieved_at=retrieved.at
         )
+        until = min(retrieved.at + self._ttl, usable_until(retrieved.document, retrieved.at))
         if reading.error is not None:
             log.warning("capacity-feed-unusable", error=reading.error)
-        return reading
+            # Closed either way: a stale document is not fetched again for every preview.
+            until = max(until, retrieved.at + CLOSED_RECHECK)
+        return reading, until
 
     async def _retrieve_with_retries(self, url: str) -> _Retrieved:
         for delay in RETRY_DELAYS:

@@ -100,8 +100,10 @@ class WaveRunner:
                     await self.live.persist(state.save_meta())
             return None
         started = time.perf_counter()
-        reading = await self.capacity.read()
         async with self.live.lock(repo):
+            # Read with the lock held: a reading taken before waiting for it (behind a
+            # reconcile) may say free of clusters that filled meanwhile.
+            reading = await self.capacity.read()
             now = self.clock.now()
             change = Change()
             number = state.meta.wave + 1

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from bot.core.capacity import evaluate_feed
 from bot.core.clock import ManualClock
 from bot.services.capacity_feed import CapacityFeed
 from tests.core.test_capacity import NOW, cluster, feed
@@ -228,3 +229,54 @@ async def test_token_with_control_characters_is_never_sent(server, session, cloc
     reading = await CapacityFeed(session, server.url, "abc\r\nX-Evil: 1", clock).read()
     assert reading.error == "capacity-token-invalid"
     assert server.requests == []
+
+
+# Found by an audit of time: a reading outlived its document, or a clock stepped back.
+
+
+async def test_a_cached_reading_is_not_used_past_the_documents_120_s_age(server: FeedServer, session: aiohttp.ClientSession, clock: ManualClock) -> None:
+    # The feed serves a document generated 100 s ago (its publisher runs every ~2 min).
+    generated = {"at": NOW - timedelta(seconds=100)}
+
+    async def lagging(_: web.Request) -> web.StreamResponse:
+        at = generated["at"]
+        return web.json_response(feed(cluster("b200-nscale", at=at), at=at))
+
+    server.handler = lagging
+    capacity = CapacityFeed(session, server.url, None, clock)
+    first = await capacity.read()
+    assert first.eligible == {"b200-nscale"}
+    clock.advance(110)  # the document is now 210 s old
+    document = feed(cluster("b200-nscale", at=generated["at"]), at=generated["at"])
+    from_scratch = evaluate_feed(document, now=clock.now(), retrieved_at=clock.now())
+    assert from_scratch.error == "stale-feed"  # what domain §4.5 says of a 210 s old document
+    again = await capacity.read()
+    assert again.eligible == from_scratch.eligible, (
+        f"cached reading still says {sorted(again.eligible)} eligible from a document "
+        f"{(clock.now() - generated['at']).total_seconds():.0f} s old (limit 120 s + 5 s skew)"
+    )
+
+
+async def test_a_clock_stepped_back_does_not_keep_the_cached_reading(server: FeedServer, session: aiohttp.ClientSession, clock: ManualClock) -> None:
+    # Our clock ran an hour fast: the feed's document looks an hour old, the reading is closed.
+    clock.set(NOW + timedelta(hours=1))
+    capacity = CapacityFeed(session, server.url, None, clock)
+
+    async def real_time(_: web.Request) -> web.StreamResponse:
+        return web.json_response(feed(cluster("b200-nscale", at=NOW), at=NOW))
+
+    server.handler = real_time
+    first = await capacity.read()
+    assert first.error == "stale-feed"
+    # NTP steps the clock back to the right time; a minute later the feed is fine again.
+    clock.set(NOW + timedelta(minutes=1))
+
+    async def fresh(_: web.Request) -> web.StreamResponse:
+        now = clock.now()
+        return web.json_response(feed(cluster("b200-nscale", at=now), at=now))
+
+    server.handler = fresh
+    reading = await capacity.read()
+    assert reading.error is None and reading.eligible == {"b200-nscale"}, (
+        f"still the reading made at the wrong time ({reading.error}); requests={len(server.requests)}"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from bot.core.domain import claim_ref
@@ -153,3 +154,30 @@ async def test_a_dispatch_whose_answer_was_lost_keeps_its_claim_and_is_not_dispa
     again = await kit.waves.run(REPO, trigger="test")
     assert again is not None and cand not in again.selected
     assert [d["inputs"]["candidate"] for d in kit.repo.dispatched].count(cand) == 1
+
+
+async def test_a_wave_that_waited_for_the_lock_does_not_plan_with_a_stale_reading(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def long_section() -> None:  # e.g. a reconcile reading many PRs' files
+        async with kit.live.lock(REPO):
+            held.set()
+            await release.wait()
+
+    blocker = asyncio.create_task(long_section())
+    await held.wait()
+    wave_task = asyncio.create_task(kit.waves.run(REPO, trigger="schedule"))
+    await asyncio.sleep(0)  # the wave reads capacity (all free), then waits for the lock
+    await asyncio.sleep(0)
+    kit.clock.advance(600)  # ten minutes later every cluster is busy
+    kit.capacity.busy = set(sc.CLUSTERS)
+    release.set()
+    await blocker
+    wave = await wave_task
+    assert wave is not None
+    assert wave.selected == (), (
+        f"dispatched {len(wave.selected)} candidates at {wave.at} from a reading taken 600 s before "
+        "(the feed says every cluster is busy now)"
+    )

@@ -135,10 +135,14 @@ class Scheduler:
         (each replica, its repositories); with replicas, the leader alone looks for new
         installations and applies retention to the store."""
         now = self.clock.now()
-        if now - self._trimmed_at >= LIGHT_RECONCILE_EVERY:
+        elapsed = now - self._trimmed_at
+        if elapsed < timedelta(0) or elapsed >= LIGHT_RECONCILE_EVERY:
             self._trimmed_at = now
-            for state in self.live.repos.values():
-                state.forget_attempts_before(now - ATTEMPT_MEMORY)
+            # Only on a clock that moved as ticks move it: one that jumped ahead (and will
+            # be set back) would drop attempts whose cooldowns are still running.
+            if LIGHT_RECONCILE_EVERY <= elapsed < 2 * LIGHT_RECONCILE_EVERY:
+                for state in self.live.repos.values():
+                    state.forget_attempts_before(now - ATTEMPT_MEMORY)
         if not self.leads():
             return
         if now - self._discovered_at >= LIGHT_RECONCILE_EVERY:
@@ -189,7 +193,9 @@ class Scheduler:
         if retry_at is not None and retry_at <= now:
             return await self.waves.run(name, trigger=RETRY_TRIGGER) is not None
         due = parse_time(state.meta.next_wave_at)
-        if due is None:
+        # Later than the cadence allows: set under a longer `wave_every_minutes` (shortened
+        # since, it waited for the old slot, up to a week), or while the clock ran ahead.
+        if due is None or due - now > timedelta(minutes=state.policy.wave_every_minutes, seconds=MAX_JITTER_SECONDS):
             await self._set_next(name, now)
             return False
         if due > now:
@@ -199,7 +205,9 @@ class Scheduler:
 
     async def _light_reconcile_if_due(self, name: str, state: RepoState) -> bool:
         reconciled = parse_time(state.meta.reconciled_at)
-        if reconciled is not None and self.clock.now() - reconciled < LIGHT_RECONCILE_EVERY:
+        since = None if reconciled is None else self.clock.now() - reconciled
+        # A time ahead of the clock (written while it ran ahead) is no reason to wait.
+        if since is not None and timedelta(0) <= since < LIGHT_RECONCILE_EVERY:
             return False
         await self.reconciler.reconcile(name, state.meta.installation, light=True)
         return True

@@ -34,6 +34,13 @@ def dispatch_failed(decision: Decision, error: str) -> Decision:
     return replace(decision, decision="dispatch-failed", reason=reason)
 
 
+def not_tried(decision: Decision, error: str) -> Decision:
+    """The repository refused the wave's claim of another family (archived, the App's
+    access withdrawn or suspended): this one is not tried in the same wave."""
+    reason = f"not tried: the repository refused this wave's claims ({error}); the next wave tries again"
+    return replace(decision, decision="dispatch-failed", reason=reason)
+
+
 def answer_lost(decision: Decision, error: str) -> Decision:
     """GitHub may have started the run though its answer was lost: still selected, in flight."""
     reason = f"{decision.reason}; the dispatch's answer was lost ({error}): its run is looked up by title"

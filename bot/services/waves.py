@@ -31,7 +31,13 @@ from bot.core.domain import (
     claim_ref,
     stamp,
 )
-from bot.github.errors import GitHubError, Unavailable
+from bot.github.errors import (
+    BadRequest,
+    GitHubError,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+)
 from bot.metrics import (
     CANDIDATES,
     DISPATCH_PAUSED,
@@ -184,7 +190,17 @@ class WaveRunner:
                 )
             for decision in pending:
                 # A dispatched family stays selected when the wave is planned again.
-                settled[decision.family] = outcome = await self._claim_and_dispatch(state, decision, number, now, change)
+                try:
+                    outcome = await self._claim_and_dispatch(state, decision, number, now, change)
+                except RepositoryRefused as refused:
+                    # Every other claim would be refused alike (thousands of requests a wave
+                    # with 2,000 families, and GitHub's write limits for the installation).
+                    settled[decision.family] = dispatching.dispatch_failed(decision, str(refused.error))
+                    wave = state.plan(number, now, reading, settled=settled, in_flight=in_flight)
+                    rest = {d.family: dispatching.not_tried(d, str(refused.error))
+                            for d in wave.decisions if d.decision == "selected" and d.family not in settled}
+                    return dispatching.settle(wave, {**settled, **rest})
+                settled[decision.family] = outcome
                 if outcome.decision == "claimed":
                     # Someone holds its claim ref: a run of it may be in flight (one of ours
                     # from before a crash, or another planner's). Counted, on the safe side.
@@ -215,6 +231,8 @@ class WaveRunner:
             claimed = await claim_family(api, family, base)
         except GitHubError as exc:
             log.warning("wave.dispatch_failed", family=family.id, error=str(exc))
+            if refuses_the_repository(exc):
+                raise RepositoryRefused(exc) from exc
             return dispatching.dispatch_failed(decision, str(exc))
         if not claimed:
             # Another wave holds the family's claim ref: remembered, so it is resolved (or
@@ -274,6 +292,21 @@ class WaveRunner:
             if ahead.canary is not None:
                 state.meta.canary = ahead.canary
         return dispatching.dispatch_failed(decision, str(error))
+
+
+class RepositoryRefused(Exception):
+    """A claim GitHub refused for the whole repository, not for the family."""
+
+    def __init__(self, error: GitHubError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def refuses_the_repository(error: GitHubError) -> bool:
+    """A refusal no other family's claim would escape: the repository archived (403 "read
+    only"), the App's access to it withdrawn (403, 404), the installation suspended or its
+    credentials refused (401); not a rate limit, which waits, nor GitHub unwell."""
+    return isinstance(error, BadRequest | NotFound | Unauthorized)
 
 
 @dataclass(frozen=True, slots=True)

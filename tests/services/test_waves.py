@@ -181,3 +181,31 @@ async def test_a_wave_that_waited_for_the_lock_does_not_plan_with_a_stale_readin
         f"dispatched {len(wave.selected)} candidates at {wave.at} from a reading taken 600 s before "
         "(the feed says every cluster is busy now)"
     )
+
+
+async def test_a_wave_in_an_archived_repository_stops_at_the_first_refused_claim(kit: Kit) -> None:
+    # Each family's claim was tried in turn, each refused: thousands of writes a wave with
+    # 2,000 families, enough for GitHub's write limits to hold the whole installation.
+    from bot.github.errors import BadRequest
+
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.fail("create_branch", BadRequest(403, "Repository was archived so is read-only."), times=10_000)
+    kit.repo.calls.clear()
+
+    wave = await kit.waves.run(REPO, trigger="schedule")
+
+    assert [c[0] for c in kit.repo.calls].count("create_branch") == 1
+    failed = [d for d in wave.decisions if d.decision == "dispatch-failed"]
+    assert wave.selected == () and len(failed) == kit.state.policy.max_candidates_per_wave
+    assert "archived" in failed[0].reason and all("not tried" in d.reason for d in failed[1:])
+
+
+async def test_a_claim_refused_for_its_family_alone_lets_the_next_family_take_the_slot(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.fail("create_branch", Unavailable(502, "Bad Gateway"), times=1)
+
+    wave = await kit.waves.run(REPO, trigger="schedule")
+
+    # GitHub unwell for one request: the wave goes on with every other eligible family.
+    assert [d.decision for d in wave.decisions].count("dispatch-failed") == 1
+    assert len(wave.selected) == len(kit.state.catalog) - 1 == 4

@@ -71,12 +71,23 @@ class CatalogSync:
         before, after = event.before or ZERO_SHA, event.after
         async with self.live.lock(state.name):
             api = self.live.api(state)
+            pushed_at = push_time(event) or self.live.clock.now()
+            known = state.meta.head_sha
+            if before not in (ZERO_SHA, known) and known:
+                # Not the push after the one applied: delivered late (applied, it took the
+                # catalog back to an older commit for hours), or one before it was lost. The
+                # branch is read where it is now, from the head applied.
+                after = await api.head_sha(state.meta.default_branch)
+                log.info("catalog.push_out_of_order", before=before[:12], after=event.after[:12],
+                         known=known[:12], head=after[:12])
+                if after == known:
+                    return
+                before, pushed_at = known, pushed_at if after == event.after else self.live.clock.now()
             # A new default branch (before is zero) re-reads everything.
             changed = None if before == ZERO_SHA else await api.changed_paths(before, after)
             if changed is None:
                 log.info("catalog.compare_unavailable", before=before[:12], after=after[:12])
             change = Change()
-            pushed_at = push_time(event) or self.live.clock.now()
             health = _health(state)
             touched = await self.apply_change(state, api, changed, after, pushed_at, change)
             # Only once read: a push that failed halfway leaves the old head, so the light

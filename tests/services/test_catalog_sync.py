@@ -38,14 +38,27 @@ async def test_a_push_reads_one_compare_and_the_changed_config_only(kit: Kit) ->
     assert kit.state.meta.head_sha == after
 
 
-async def test_a_push_whose_base_is_unknown_rereads_everything(kit: Kit) -> None:
+async def test_a_push_whose_base_is_not_the_head_applied_catches_up_from_that_head(kit: Kit) -> None:
+    # A push before it was lost: the branch is read where it is, from the head applied.
     await kit.reconciler.reconcile(REPO, 1)
-    after = "e" * 40
-    kit.repo.files[after] = dict(kit.repo.files[kit.repo.head])
+    known, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {**kit.repo.files[known], "configs/nvidia-master.yaml": sc.NVIDIA.replace("1.2.0rc4", "1.2.0rc9")}
+    kit.repo.head = after
     kit.repo.calls.clear()
     await kit.catalog.on_push(kit.state, push("refs/heads/main", "9" * 40, after))
-    read = {c[1] for c in kit.repo.calls if c[0] == "file_text"}
-    assert {"configs/nvidia-master.yaml", "configs/amd-master.yaml", "configs/runners.yaml"} <= read
+    assert ("changed_paths", known, after) in kit.repo.calls
+    assert kit.state.meta.head_sha == after and kit.state.catalog.get(H200).image.endswith("rc9")
+
+
+async def test_a_push_delivered_after_a_later_one_leaves_the_catalog_at_the_later_commit(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    first, second, third = kit.repo.head, "a" * 40, "b" * 40
+    kit.repo.files[second] = {**kit.repo.files[first], "configs/nvidia-master.yaml": sc.NVIDIA.replace("1.2.0rc4", "1.2.0rc5")}
+    kit.repo.files[third] = {**kit.repo.files[first], "configs/nvidia-master.yaml": sc.NVIDIA.replace("1.2.0rc4", "1.2.0rc6")}
+    kit.repo.head = third
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", second, third))  # delivered first
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", first, second))  # the older one, late
+    assert kit.state.meta.head_sha == third and kit.state.catalog.get(H200).image.endswith("rc6")
 
 
 async def test_claim_refs_made_elsewhere_are_tracked(kit: Kit) -> None:

@@ -29,7 +29,7 @@ from bot.core.domain import ACTIVE_RUN_STATUSES, Claim, Dispatch, claim_ref
 from bot.core.events import WorkflowRun
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
-from bot.services.outcomes import CLOCK_SKEW, OutcomeRecorder
+from bot.services.outcomes import UNLINKED_SKEW, OutcomeRecorder, recorded_run
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
 
@@ -168,8 +168,9 @@ class ClaimKeeper:
         found: dict[str, WorkflowRun] = {}
         cutoff = since - timedelta(days=1)
         async for run in api.workflow_runs(state.policy.candidate_workflow, created_since=cutoff.date(), active=active):
-            if not active and run.created_at is not None and run.created_at < since - CLOCK_SKEW:
+            if not active and run.created_at is not None and run.created_at < since - UNLINKED_SKEW:
                 continue
             for candidate in CANDIDATE_IN_TEXT.findall(run.display_title or ""):
-                found.setdefault(candidate, run)
+                if not recorded_run(state, candidate, run.id):  # an earlier attempt's run
+                    found.setdefault(candidate, run)
         return found

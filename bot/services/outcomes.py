@@ -81,14 +81,27 @@ def download_error(exc: GitHubError) -> tuple[str, bool]:
 
 # Between this host's clock and the times GitHub gives (runs, pull requests).
 CLOCK_SKEW = timedelta(minutes=1)
+# How much earlier (by our clock) than its unlinked dispatch a run titled with the candidate
+# may say it was created: generous, as a host clock minutes ahead of GitHub's lost such a
+# run's failure; an earlier run of the candidate is told apart by its recorded outcome.
+UNLINKED_SKEW = timedelta(minutes=10)
 
 
-def may_be_its_run(dispatch: Dispatch, run: WorkflowRun) -> bool:
+def may_be_its_run(state: RepoState, dispatch: Dispatch, run: WorkflowRun) -> bool:
     """Whether `run` may be the run of `dispatch`, which no answer linked to one: titled with
-    its candidate and created after it. A late event of an earlier run of the same
-    candidate must not stand for the new dispatch (its outcome would be the old one's)."""
+    its candidate, not a run whose outcome is recorded already, and created after it. A late
+    event of an earlier run of the same candidate must not stand for the new dispatch (its
+    outcome would be the old one's)."""
     created = run.created_at
-    return dispatch.candidate in (run.display_title or "") and (created is None or created >= dispatch.at - CLOCK_SKEW)
+    return (
+        dispatch.candidate in (run.display_title or "")
+        and not recorded_run(state, dispatch.candidate, run.id)
+        and (created is None or created >= dispatch.at - UNLINKED_SKEW)
+    )
+
+
+def recorded_run(state: RepoState, candidate: str, run_id: int) -> bool:
+    return any(attempt.run_id == run_id for attempt in state.ledger.for_candidate(candidate))
 
 
 def is_outcome_workflow(state: RepoState, run: WorkflowRun) -> bool:
@@ -145,7 +158,7 @@ class OutcomeRecorder:
     async def _note_run_started(self, state: RepoState, run: WorkflowRun) -> None:
         """Link a run of a dispatched candidate to its dispatch (so TTL release can see it)."""
         for dispatch in list(state.dispatches.values()):
-            if dispatch.run_id is None and may_be_its_run(dispatch, run):
+            if dispatch.run_id is None and may_be_its_run(state, dispatch, run):
                 async with self.live.lock(state.name):
                     await self.live.persist(state.link_run(dispatch.family, run.id))
                 return
@@ -226,7 +239,7 @@ class OutcomeRecorder:
         it stopped, which is what people need to fix it and what the pause rule counts.
         """
         for dispatch in state.dispatches.values():
-            if dispatch.run_id == run.id or (dispatch.run_id is None and may_be_its_run(dispatch, run)):
+            if dispatch.run_id == run.id or (dispatch.run_id is None and may_be_its_run(state, dispatch, run)):
                 if run.conclusion in RUN_FAILED_CONCLUSIONS:
                     jobs = await api.run_jobs(run.id)
                     return run_failed_attempt(dispatch.candidate, dispatch.family, info, jobs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from bot.core.domain import claim_ref
-from bot.core.events import Artifact, WorkflowRun, WorkflowRunEvent
+from bot.core.events import Artifact, Job, Step, WorkflowRun, WorkflowRunEvent
 from bot.services.claims import UNLINKED_CHECK_AFTER
 from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
@@ -183,3 +183,46 @@ async def test_a_late_event_of_an_earlier_run_of_the_candidate_is_not_taken_for_
     assert kit.state.dispatches[family].run_id is None
     await kit.outcomes.on_workflow_run(kit.state, started(502, dispatch.at + timedelta(seconds=5)))
     assert kit.state.dispatches[family].run_id == 502
+
+
+# Found by an audit of time: with our clock two minutes ahead of GitHub's, the failure was lost.
+
+
+def completed_event(run) -> WorkflowRunEvent:  # type: ignore[no-untyped-def]
+    return WorkflowRunEvent.model_validate({
+        "action": "completed",
+        "workflow_run": run.model_dump(mode="json"),
+        "repository": {"full_name": REPO}, "installation": {"id": 1},
+    })
+
+
+async def broken_run_of_unlinked_dispatch(kit: Kit, github_offset: timedelta) -> tuple[str, str]:
+    """An older GitHub answers 204 (no run id); the run it starts fails at start-up.
+    `github_offset`: GitHub's clock minus ours."""
+    kit.repo.answer_run_ids = False
+    family, cand, _ = await dispatched(kit)
+    [run_id] = [d["run_id"] for d in kit.repo.dispatched]
+    created = kit.state.dispatches[family].at + github_offset + timedelta(seconds=3)
+    set_run(kit, run_id, status="completed", conclusion="failure", created_at=created,
+            updated_at=created + timedelta(seconds=20))
+    kit.repo.jobs_of[run_id] = [Job(name="get-jobs", conclusion="failure", steps=(Step(name="Validate", conclusion="failure"),))]
+    kit.clock.advance(25)
+    await kit.outcomes.on_workflow_run(kit.state, completed_event(kit.repo.runs[run_id]))  # delivered fine
+    return family, cand
+
+
+async def test_the_start_up_failure_of_an_unlinked_dispatch_is_recorded(kit: Kit) -> None:
+    _, cand = await broken_run_of_unlinked_dispatch(kit, timedelta(0))
+    assert [a.error for a in kit.state.ledger.for_candidate(cand)] == ["run-failed"]
+
+
+async def test_the_start_up_failure_of_an_unlinked_dispatch_is_recorded_with_our_clock_ahead_of_githubs(kit: Kit) -> None:
+    family, cand = await broken_run_of_unlinked_dispatch(kit, -timedelta(minutes=2))
+    kit.clock.advance(UNLINKED_CHECK_AFTER.total_seconds())
+    await kit.claims.check_due(kit.state)
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    attempts = kit.state.ledger.for_candidate(cand)
+    assert [a.error for a in attempts] == ["run-failed"], (
+        f"the run's start-up failure was never recorded (attempts={attempts}); the family is "
+        f"{'still in flight' if family in kit.state.dispatches else 'released for the next wave'}"
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,6 +24,9 @@ from bot.store.db import Database
 from bot.store.records import STATE_SCHEMA, StateStore
 from tests import scenarios as sc
 from tests.services.fakes import FakeRepo, FakeRepos
+
+if TYPE_CHECKING:
+    from tests.services.crash import CrashKit
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 REPO = "acme/bench"
@@ -91,3 +96,13 @@ async def kit() -> AsyncIterator[Kit]:
         WaveRunner(live, capacity, clock), capacity, claims,
     )
     await db.close()
+
+
+@pytest.fixture
+async def ck(tmp_path: Path) -> AsyncIterator[CrashKit]:
+    """Services over a SQLite file that can be killed and restarted (`tests.services.crash`)."""
+    from tests.services.crash import CrashKit  # imports this module: not at its top
+
+    kit = CrashKit(tmp_path / "klaud.db")
+    yield kit
+    await kit.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.core.clock import ManualClock
+from bot.core.domain import Dispatch
 from bot.core.events import Artifact
 from bot.services.catalog_sync import CatalogSync
 from bot.services.claims import ClaimKeeper
@@ -30,6 +31,8 @@ from bot.store.db import Database
 from bot.store.records import StateStore
 from tests.services.conftest import NOW, REPO, FixedCapacity, scenario_repo
 from tests.services.fakes import FakeRepo, FakeRepos, artifact_zip
+
+INCOMPATIBLE = {"outcome": "incompatible", "phase": "targeted", "pull-request": None, "run-ids": [], "repairs-used": 0}
 
 
 class Killed(BaseException):
@@ -76,6 +79,17 @@ class CrashKit:
         self.repo = repo or scenario_repo()
         self.capacity = FixedCapacity(self.clock)
         self.process: Process | None = None
+
+    async def dispatched(self) -> tuple[Process, Dispatch]:
+        """A process that reconciled the repository and dispatched a wave; one dispatch of it,
+        its run 10 minutes on."""
+        process = await self.boot()
+        await process.reconciler.reconcile(REPO, 1)
+        await process.waves.run(REPO, trigger="test")
+        dispatch = next(iter(process.state.dispatches.values()))
+        assert dispatch.run_id is not None
+        self.clock.advance(600)
+        return process, dispatch
 
     async def boot(self) -> Process:
         db = Database(str(self.path))

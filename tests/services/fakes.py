@@ -30,6 +30,7 @@ from bot.core.events import (
     Named,
     PullFile,
     PullRequest,
+    PullRequestEvent,
     Repository,
     WorkflowRun,
 )
@@ -62,6 +63,16 @@ def pull(
         base=HeadOrBase(ref=DEFAULT_BRANCH, sha=sha(1)),
         created_at=updated_at,
         updated_at=updated_at,
+    )
+
+
+def pull_event(action: str, number: int, *, updated_at: datetime, **changes: Any) -> PullRequestEvent:
+    """A `pull_request` event of `pull(number, …)` (closed when the action says so)."""
+    data = pull(number, updated_at=updated_at, **changes).model_dump(mode="json")
+    if action == "closed":
+        data["state"] = "closed"
+    return PullRequestEvent.model_validate(
+        {"action": action, "pull_request": data, "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}}
     )
 
 

@@ -8,18 +8,13 @@ from bot.core.events import PullRequestEvent
 from bot.services.checkruns import CheckPublisher
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
-from tests.services.fakes import pull
+from tests.services.fakes import pull_event
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 
 
 def event(action: str, number: int, head_ref: str) -> PullRequestEvent:
-    data = pull(number, updated_at=NOW, head_ref=head_ref, user="klaud-cold[bot]").model_dump(mode="json")
-    if action == "closed":
-        data["state"] = "closed"
-    return PullRequestEvent.model_validate(
-        {"action": action, "pull_request": data, "repository": {"full_name": REPO}, "installation": {"id": 1}}
-    )
+    return pull_event(action, number, updated_at=NOW, head_ref=head_ref, user="klaud-cold[bot]")
 
 
 async def test_a_klaud_pr_closed_while_its_check_run_is_created_keeps_no_entry(kit: Kit) -> None:

@@ -3,25 +3,13 @@ more slots than the policy allows nor use a `/klaud retry` or a canary twice."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
-from bot.core.domain import claim_ref, parse_time
+from bot.core.domain import Family, claim_ref, parse_time
 from bot.core.events import WorkflowRunEvent
 from bot.services import controls
 from tests.services.conftest import REPO
-from tests.services.crash import CrashKit, Killed, Process, wave_commit
-
-INCOMPATIBLE = {"outcome": "incompatible", "phase": "targeted", "pull-request": None, "run-ids": [], "repairs-used": 0}
-
-
-@pytest.fixture
-async def ck(tmp_path: Path) -> AsyncIterator[CrashKit]:
-    kit = CrashKit(tmp_path / "klaud.db")
-    yield kit
-    await kit.close()
+from tests.services.crash import INCOMPATIBLE, CrashKit, Killed, Process, wave_commit
 
 
 async def wave_killed_at_its_commit(ck: CrashKit, process: Process) -> None:
@@ -43,6 +31,17 @@ async def run_ends_incompatible(ck: CrashKit, process: Process, candidate: str, 
     run_id = [d for d in ck.repo.dispatched if d["inputs"]["candidate"] == candidate][-1]["run_id"]
     ck.complete_run(run_id, INCOMPATIBLE, artifact_id)
     await process.outcomes.on_workflow_run(process.state, completed(ck, run_id))
+
+
+async def cooling_down(ck: CrashKit) -> tuple[Process, str, Family]:
+    """A process whose first wave's first candidate ended `incompatible` (cooling down)."""
+    process = await ck.boot()
+    await process.reconciler.reconcile(REPO, 1)
+    candidate = (await process.waves.run(REPO, trigger="test")).selected[0]
+    family = process.state.catalog.get(process.state.family_of_candidate(candidate) or "")
+    assert family is not None
+    await run_ends_incompatible(ck, process, candidate, 601)
+    return process, candidate, family
 
 
 async def test_a_wave_run_again_after_a_crash_spends_no_slot_twice(ck: CrashKit) -> None:
@@ -76,11 +75,7 @@ async def test_a_claim_ref_someone_else_holds_counts_as_in_flight(ck: CrashKit) 
 
 
 async def test_a_retry_used_by_a_wave_that_died_gives_one_extra_dispatch(ck: CrashKit) -> None:
-    process = await ck.boot()
-    await process.reconciler.reconcile(REPO, 1)
-    candidate = (await process.waves.run(REPO, trigger="test")).selected[0]
-    family = process.state.catalog.get(process.state.family_of_candidate(candidate) or "")
-    await run_ends_incompatible(ck, process, candidate, 601)
+    process, candidate, family = await cooling_down(ck)
     ck.clock.advance(3600)
     await controls.approve_retry(process.live, process.state, family, "alice", ck.clock.now())
     await wave_killed_at_its_commit(ck, process)
@@ -120,11 +115,7 @@ async def test_a_canary_wave_that_died_sent_the_only_canary(ck: CrashKit) -> Non
 async def test_a_refused_dispatch_gives_back_its_retry_and_its_claim(ck: CrashKit) -> None:
     from bot.github.errors import GitHubError
 
-    process = await ck.boot()
-    await process.reconciler.reconcile(REPO, 1)
-    candidate = (await process.waves.run(REPO, trigger="test")).selected[0]
-    family = process.state.catalog.get(process.state.family_of_candidate(candidate) or "")
-    await run_ends_incompatible(ck, process, candidate, 601)
+    process, candidate, family = await cooling_down(ck)
     await controls.approve_retry(process.live, process.state, family, "alice", ck.clock.now())
     ck.clock.advance(2 * 3600 + 120)
     ck.repo.fail("dispatch", GitHubError(422, "Unexpected inputs provided"), times=10)

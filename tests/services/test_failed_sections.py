@@ -5,25 +5,14 @@ the first try did not."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from bot.core.events import Job
 from bot.github.errors import Unavailable
 from tests.services.conftest import REPO
-from tests.services.crash import CrashKit
+from tests.services.crash import INCOMPATIBLE, CrashKit
 from tests.services.test_outcomes import failed_run
-
-INCOMPATIBLE = {"outcome": "incompatible", "phase": "targeted", "pull-request": None, "run-ids": [], "repairs-used": 0}
-
-
-@pytest.fixture
-async def ck(tmp_path: Path) -> AsyncIterator[CrashKit]:
-    kit = CrashKit(tmp_path / "klaud.db")
-    yield kit
-    await kit.close()
 
 
 def fails_in_get_jobs(ck: CrashKit, run_id: int) -> None:
@@ -33,12 +22,7 @@ def fails_in_get_jobs(ck: CrashKit, run_id: int) -> None:
 
 
 async def test_an_outcome_whose_claim_release_failed_is_stored_by_the_retried_delivery(ck: CrashKit) -> None:
-    process = await ck.boot()
-    await process.reconciler.reconcile(REPO, 1)
-    await process.waves.run(REPO, trigger="test")
-    dispatch = next(iter(process.state.dispatches.values()))
-    assert dispatch.run_id is not None
-    ck.clock.advance(600)
+    process, dispatch = await ck.dispatched()
     fails_in_get_jobs(ck, dispatch.run_id)
     ck.repo.fail("delete_branch", Unavailable(502, "Bad Gateway"))
     with pytest.raises(Unavailable):
@@ -95,12 +79,7 @@ async def test_a_light_reconcile_failing_half_way_loses_no_outcome(ck: CrashKit)
 
 
 async def test_a_cancelled_section_is_read_back_before_the_repositorys_next_work(ck: CrashKit) -> None:
-    process = await ck.boot()
-    await process.reconciler.reconcile(REPO, 1)
-    await process.waves.run(REPO, trigger="test")
-    dispatch = next(iter(process.state.dispatches.values()))
-    assert dispatch.run_id is not None
-    ck.clock.advance(600)
+    process, dispatch = await ck.dispatched()
     fails_in_get_jobs(ck, dispatch.run_id)
     reached = asyncio.Event()
 

@@ -8,7 +8,7 @@ from bot.core.events import PullFile, PullRequestEvent
 from bot.github.errors import BadRequest
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
-from tests.services.fakes import pull
+from tests.services.fakes import pull, pull_event
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 NVIDIA = "configs/nvidia-master.yaml"
@@ -76,12 +76,7 @@ async def test_a_new_head_of_a_klaud_pr_asks_for_its_check_run_once(kit: Kit) ->
 
 def at(action: str, minutes: int, **changes: object) -> PullRequestEvent:
     """A `pull_request` event whose PR was last updated `minutes` after NOW."""
-    data = pull(12, updated_at=NOW + timedelta(minutes=minutes), **changes).model_dump(mode="json")  # type: ignore[arg-type]
-    if action == "closed":
-        data["state"] = "closed"
-    return PullRequestEvent.model_validate(
-        {"action": action, "pull_request": data, "repository": {"full_name": REPO}, "installation": {"id": 1}}
-    )
+    return pull_event(action, 12, updated_at=NOW + timedelta(minutes=minutes), **changes)
 
 
 async def test_events_delivered_late_do_not_roll_the_index_back(kit: Kit) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import msgspec
@@ -210,25 +211,42 @@ async def test_a_replica_claims_what_it_stored_itself_without_reading_the_body_b
     assert read_back == ["other"]
 
 
-async def test_a_delivery_whose_commit_was_refused_writes_its_change_when_it_runs_again(db: RecordingDatabase) -> None:
-    # A real handler writes only what differs from memory. Run again on the memory of its
-    # refused first run, it found the attempt there, wrote nothing, and the store lost it.
+async def kept_repository(db: RecordingDatabase) -> tuple[DeliveryStore, StateStore, LiveState, OutcomeRecorder]:
+    """The stores over `db`, and a live state keeping repository o/r, stored."""
     deliveries = DeliveryStore(db)
     store = StateStore(db, deliveries.writer)
     live = LiveState(store, None, Clock(), ())
     live.put(RepoState("o/r", RepoMeta(installation=1)))
     await store.apply(Change().put("", "repo", "o/r", RepoMeta(installation=1)))
-    outcomes = OutcomeRecorder(live)
-    runs: list[str] = []
+    return deliveries, store, live, OutcomeRecorder(live)
 
-    async def handler(item: Delivery) -> None:  # what OutcomeRecorder.on_receipt does
+
+def recording_attempt(
+    live: LiveState, outcomes: OutcomeRecorder, runs: list[str], before_commit: Callable[[], Awaitable[None]] | None = None
+) -> Callable[[Delivery], Awaitable[None]]:
+    """A handler that records ATTEMPT in o/r as OutcomeRecorder.on_receipt does (memory first,
+    then the commit), noting each delivery it runs."""
+
+    async def handler(item: Delivery) -> None:
         runs.append(item.id)
         state = live.repo("o/r")
         assert state is not None
         async with live.lock(state.name):
             change = Change()
             await outcomes.apply_attempt(state, None, ATTEMPT, change)  # type: ignore[arg-type]
+            if before_commit is not None:
+                await before_commit()
             await live.persist(change)
+
+    return handler
+
+
+async def test_a_delivery_whose_commit_was_refused_writes_its_change_when_it_runs_again(db: RecordingDatabase) -> None:
+    # A real handler writes only what differs from memory. Run again on the memory of its
+    # refused first run, it found the attempt there, wrote nothing, and the store lost it.
+    deliveries, store, live, outcomes = await kept_repository(db)
+    runs: list[str] = []
+    handler = recording_attempt(live, outcomes, runs)
 
     inbox = Inbox(deliveries, handler, base_delay=0.01, max_delay=0.02, reload=live.reload)
     await inbox.open()
@@ -264,24 +282,14 @@ async def test_a_change_the_store_refused_outside_a_delivery_is_read_back_from_t
 async def test_a_handler_cut_by_its_timeout_runs_again_on_memory_read_back(db: RecordingDatabase) -> None:
     # Cut between changing memory and committing, the handler left memory ahead of the
     # store; run again on that memory, it found the attempt there and wrote nothing.
-    deliveries = DeliveryStore(db)
-    store = StateStore(db, deliveries.writer)
-    live = LiveState(store, None, Clock(), ())
-    live.put(RepoState("o/r", RepoMeta(installation=1)))
-    await store.apply(Change().put("", "repo", "o/r", RepoMeta(installation=1)))
-    outcomes = OutcomeRecorder(live)
+    deliveries, store, live, outcomes = await kept_repository(db)
     runs: list[str] = []
 
-    async def handler(item: Delivery) -> None:
-        runs.append(item.id)
-        state = live.repo("o/r")
-        assert state is not None
-        async with live.lock(state.name):
-            change = Change()
-            await outcomes.apply_attempt(state, None, ATTEMPT, change)  # type: ignore[arg-type]
-            if len(runs) == 1:
-                await asyncio.Event().wait()  # a GitHub call that never answers
-            await live.persist(change)
+    async def never_answers() -> None:  # a GitHub call on the first run only
+        if len(runs) == 1:
+            await asyncio.Event().wait()
+
+    handler = recording_attempt(live, outcomes, runs, before_commit=never_answers)
 
     inbox = Inbox(deliveries, handler, base_delay=0.01, max_delay=0.02, handler_timeout=0.05,
                   reload=live.reload, stale=lambda: live.stale)

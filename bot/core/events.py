@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from bot.core.domain import UtcTime
+from bot.core.domain import UtcTime, parse_time
 
 # GitHub's ids are 64-bit; anything larger is not an id GitHub made.
 MAX_ID = 2**63 - 1
@@ -101,12 +101,19 @@ class PullFile(_Model):
 
 
 class PushedRepository(Named):
-    # Push payloads give `pushed_at` in epoch seconds (other events give ISO text).
+    # Push payloads give `pushed_at` in epoch seconds (other events, and some servers'
+    # pushes, give ISO text): read as epoch seconds either way; anything else is unknown.
     pushed_at: float | None = None
 
     @field_validator("pushed_at", mode="before")
     @classmethod
-    def _epoch_only(cls, value: Any) -> Any:
+    def _epoch_seconds(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                parsed = parse_time(value)
+            except ValueError:
+                return None
+            return None if parsed is None else parsed.timestamp()
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

@@ -54,3 +54,17 @@ def test_a_run_event_with_a_time_without_its_zone_is_refused_at_the_edge() -> No
     with pytest.raises(ValidationError, match="without a timezone"):
         WorkflowRunEvent.model_validate({"action": "completed", "workflow_run": run,
                                          "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}})
+
+
+@pytest.mark.parametrize(
+    ("pushed_at", "expected"),
+    [(int(AT.timestamp()), AT.timestamp()), ("2026-11-30T08:00:00Z", AT.timestamp()), ("yesterday", None), (True, None)],
+)
+def test_a_push_time_is_read_from_epoch_seconds_or_iso_text(pushed_at: object, expected: float | None) -> None:
+    # An ISO `pushed_at` was dropped: the image was dated when the delivery was processed.
+    from bot.core.events import PushEvent
+
+    event = PushEvent.model_validate({"ref": "refs/heads/main", "before": "a" * 40, "after": "b" * 40,
+                                      "repository": {"full_name": "acme/bench", "pushed_at": pushed_at},
+                                      "installation": {"id": 1}})
+    assert event.repository.pushed_at == expected

@@ -42,11 +42,14 @@ PUT_WAVE = (
 )
 DELETE_WAVE = "DELETE FROM waves WHERE repo = ? AND number = ?"
 CLEAR_WAVES = "DELETE FROM waves WHERE repo = ?"
-# A renamed repository's records and waves, moved to its new name in one transaction.
+# A renamed repository's records and waves, moved to its new name in one transaction, with
+# its deliveries still to process: named by the old name, with replicas they went to the old
+# name's lease, whose holder no longer kept the repository (and lost them).
 RENAME = (
     "UPDATE records SET repo = ? WHERE repo = ?",
     "UPDATE records SET key = ? WHERE repo = '' AND kind = 'repo' AND key = ?",
     "UPDATE waves SET repo = ? WHERE repo = ?",
+    "UPDATE deliveries SET repo = ? WHERE lower(repo) = lower(?) AND status IN ('queued', 'processing')",
 )
 GET_WAVE = "SELECT encoding, body FROM waves WHERE repo = ? AND number = ?"
 REPOS = "SELECT key FROM records WHERE repo = '' AND kind = 'repo'"

@@ -17,6 +17,7 @@ from structlog.testing import capture_logs
 from bot.core.domain import Attempt, Family, FileChange, PullRequest, stamp
 from bot.store import Stores, open_stores
 from bot.store.codec import encode
+from bot.store.deliveries import Delivery
 from bot.store.engine import Statement
 from bot.store.records import Change
 
@@ -193,6 +194,10 @@ async def test_a_renamed_repository_moves_its_records_and_waves_and_leaves_the_o
         Change().put("o/r", "family", family().id, family()).put("", "repo", "o/r", {"installation": 1})
         .put_wave("o/r", 3, {"wave": 3}).put("x/y", "family", family().id, family()).put("", "repo", "x/y", {"installation": 1})
     )
+    for n, status in enumerate(("queued", "done")):
+        await stores.deliveries.put(Delivery(f"d{n}", "push", b"{}", action=None, repo="O/R", installation=1))
+        if status == "done":
+            await stores.engine.transaction([Statement("UPDATE deliveries SET status = 'done' WHERE id = ?", ("d1",))])
     await stores.state.rename("o/r", "o/renamed")
 
     assert sorted(await stores.state.repos()) == ["o/renamed", "x/y"]
@@ -201,3 +206,6 @@ async def test_a_renamed_repository_moves_its_records_and_waves_and_leaves_the_o
     assert await stores.state.wave("o/renamed", 3) == {"wave": 3}
     assert await stores.state.load("o/r") == {} and await stores.state.wave("o/r", 3) is None
     assert (await stores.state.load("x/y"))["family"][family().id] == family()
+    # Its deliveries still to process follow it (with replicas, to the new name's lease).
+    assert await stores.deliveries.waiting_repos() == {"o/renamed"}
+    assert (await stores.deliveries.get("d1")).repo == "O/R"  # type: ignore[union-attr]  # history stays

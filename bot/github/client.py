@@ -352,9 +352,6 @@ class _ConditionalCache:
         if not _PINNED_TO_A_COMMIT.search(url):
             self._entries[(_ACCEPT.get(), url)] = entry
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
 
 def _budget_of(url: str) -> str:
     """Which of GitHub's rate-limit budgets (`x-ratelimit-resource`) a request spends."""

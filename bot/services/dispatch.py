@@ -26,17 +26,13 @@ async def claim_family(api: RepoAPI, family: Family, base: str) -> bool:
     return await api.create_branch(claim_ref(family.id), base)
 
 
-async def release_claim(api: RepoAPI, family: str) -> None:
-    if not await api.delete_branch(claim_ref(family)):
-        log.info("claim.already_released", family=family)
-
-
 async def release_refused_claim(api: RepoAPI, family: str) -> bool:
     """Release the claim of a dispatch GitHub refused; False when that failed too: then the
     claim stays with its dispatch record, which the claim keeper releases once it finds no
     run of it."""
     try:
-        await release_claim(api, family)
+        if not await api.delete_branch(claim_ref(family)):
+            log.info("claim.already_released", family=family)
     except GitHubError as exc:
         log.warning("claim.release_failed", family=family, error=str(exc))
         return False

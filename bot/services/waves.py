@@ -267,7 +267,7 @@ class WaveRunner:
     async def _write_ahead(self, state: RepoState, family: Family, pending: Dispatch) -> _Ahead:
         """Commit the dispatch about to be made (in a delivery's unit, the GitHub client
         commits it before the dispatch's request); what to take back if GitHub refuses it."""
-        ahead = _Ahead(family.id, state.retries.get(family.candidate), state.meta.canary if state.canary_armed else None)
+        ahead = _Ahead(state.retries.get(family.candidate), state.meta.canary if state.canary_armed else None)
         change = state.add_claim(Claim(family.id, family.candidate, pending.wave, claim_ref(family.id), pending.at))
         change.extend(state.add_dispatch(pending))
         if ahead.approval is not None:
@@ -313,7 +313,6 @@ def refuses_the_repository(error: GitHubError) -> bool:
 class _Ahead:
     """What a wave committed before a dispatch besides its claim and dispatch records."""
 
-    family: str
     approval: RetryApproval | None  # the `/klaud retry` the dispatch uses
     canary: dict[str, Any] | None  # the armed canary it is
 

@@ -281,16 +281,17 @@ class WaveRunner:
     async def _refused(
         self, state: RepoState, api: RepoAPI, decision: Decision, ahead: _Ahead, error: GitHubError, change: Change
     ) -> Decision:
-        """GitHub refused the dispatch: its claim is released and what was committed ahead
-        of it taken back (the retry approval and the canary are still to be used)."""
+        """GitHub refused the dispatch: what was committed ahead of it is taken back (the
+        retry approval and the canary are still to be used), and its claim is released
+        (should that fail too, the claim keeper releases it once it finds no run)."""
         log.warning("wave.dispatch_failed", family=decision.family, error=str(error))
+        if ahead.approval is not None:
+            change.extend(state.approve_retry(ahead.approval))
+        if ahead.canary is not None:
+            state.meta.canary = ahead.canary
         if await release_refused_claim(api, decision.family):
             change.extend(state.drop_claim(decision.family))
             change.extend(state.drop_dispatch(decision.family))
-            if ahead.approval is not None:
-                change.extend(state.approve_retry(ahead.approval))
-            if ahead.canary is not None:
-                state.meta.canary = ahead.canary
         return dispatching.dispatch_failed(decision, str(error))
 
 

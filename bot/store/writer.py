@@ -299,5 +299,6 @@ class Writer:
             await self._queue_group(unit.take())
 
     def _holding(self, repos: Iterable[str]) -> list[Unit]:
-        wanted = set(repos)
+        # Units note the repositories they wrote in lowercase (`Change.repos`).
+        wanted = {repo.lower() for repo in repos}
         return [unit for unit in self._units if unit.statements and not unit.repos.isdisjoint(wanted)]

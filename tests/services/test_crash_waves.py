@@ -7,6 +7,7 @@ import pytest
 
 from bot.core.domain import Family, claim_ref, parse_time
 from bot.core.events import WorkflowRunEvent
+from bot.github.errors import Unavailable
 from bot.services import controls
 from tests.services.conftest import REPO
 from tests.services.crash import INCOMPATIBLE, CrashKit, Killed, Process, wave_commit
@@ -126,6 +127,24 @@ async def test_a_refused_dispatch_gives_back_its_retry_and_its_claim(ck: CrashKi
     assert claim_ref(family.id) not in ck.repo.branches_at
     process = await ck.restart()
     assert candidate in process.state.retries and family.id not in process.state.dispatches
+
+
+async def test_a_refused_dispatch_whose_claim_release_failed_too_gives_back_its_retry(ck: CrashKit) -> None:
+    # Found in review: the approval came back only when the claim's release worked.
+    from bot.github.errors import BadRequest
+
+    process, candidate, family = await cooling_down(ck)
+    await controls.approve_retry(process.live, process.state, family, "alice", ck.clock.now())
+    ck.clock.advance(2 * 3600 + 120)
+    ck.repo.fail("dispatch", BadRequest(422, "Unexpected inputs provided"))
+    ck.repo.fail("delete_branch", Unavailable(502, "Bad Gateway"))
+
+    await process.waves.run(REPO, trigger="schedule")
+
+    # The claim stays with its dispatch (the keeper releases it when it finds no run) ...
+    assert process.state.dispatches[family.id].run_id is None
+    # ... and the approval is there for the dispatch that will run.
+    assert candidate in process.state.retries
 
 
 async def test_the_wave_number_is_kept_when_the_scheduled_wave_dies(ck: CrashKit) -> None:

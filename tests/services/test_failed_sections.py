@@ -8,11 +8,20 @@ import asyncio
 
 import pytest
 
+from bot.core.clock import ManualClock
 from bot.core.events import Job
 from bot.github.errors import Unavailable
+from bot.services.catalog_sync import CatalogSync
+from bot.services.claims import ClaimKeeper
+from bot.services.live import LiveState
+from bot.services.outcomes import OutcomeRecorder
+from bot.services.pulls import PullSync
+from bot.services.reconcile import Reconciler
 from tests.services.conftest import REPO
 from tests.services.crash import INCOMPATIBLE, CrashKit
 from tests.services.test_outcomes import failed_run
+
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 
 
 def fails_in_get_jobs(ck: CrashKit, run_id: int) -> None:
@@ -100,3 +109,35 @@ async def test_a_cancelled_section_is_read_back_before_the_repositorys_next_work
 
     assert process.state.ledger.for_candidate(dispatch.candidate) == []
     assert dispatch.family in process.state.dispatches and process.live.stale == set()
+
+
+@pytest.mark.parametrize("name", ["acme/bench", "Acme/Bench"])
+async def test_a_failed_section_keeps_what_it_persisted_before_failing_whatever_the_names_case(name: str) -> None:
+    # Found in review: the read-back first commits what the delivery's unit holds of the
+    # repository, matched by name; units note names in lowercase, so with GitHub's 'Acme/Bench'
+    # the held change was read over in memory, and committed to the store after.
+    from bot.core.domain import Hold
+    from bot.store.db import Database
+    from bot.store.records import STATE_SCHEMA, StateStore
+    from tests.services.conftest import NOW, scenario_repo
+    from tests.services.fakes import FakeRepos
+
+    db = Database(":memory:")
+    await db.open(STATE_SCHEMA)
+    store = StateStore(db)
+    repo = scenario_repo()
+    repo.name = name
+    live = LiveState(store, FakeRepos({name: repo}), ManualClock(NOW), ("klaud[bot]",))
+    catalog, pulls, outcomes = CatalogSync(live), PullSync(live), OutcomeRecorder(live)
+    await Reconciler(live, catalog, pulls, outcomes, ClaimKeeper(live, outcomes)).reconcile(name, 1)
+    state = live.repo(name)
+    assert state is not None
+    unit = store.writer.begin_unit()  # what the inbox does around a delivery's handler
+    with pytest.raises(RuntimeError):
+        async with live.lock(name):
+            await live.persist(state.hold(Hold(H200, "alice", "driver bug", NOW)))  # held by the unit
+            raise RuntimeError("a later step of the section fails")
+    await store.writer.end_unit(unit, ())
+
+    assert H200 in live.repo(name).holds  # type: ignore[union-attr]
+    await db.close()

@@ -71,9 +71,6 @@ class Api:
             if matched is None:
                 raise ApiError(404, "Not Found")
             route, params = matched
-            moved = self.world.moved_to(params)
-            if moved is not None and self.world.repo_named(params) is None:
-                raise redirect(request, params, moved)
             header = request.headers.get("Authorization")
             installation = self.auth.installation_for(path, header)
             budget = self.budget_key(installation, params)
@@ -81,6 +78,13 @@ class Api:
                 raise ApiError(403, f"API rate limit exceeded for installation ID {budget}.",
                                self.limits.headers(budget, exhausted=True))
             counted = True
+            # After authentication, as GitHub does: only a caller who may see the renamed
+            # repository learns its new name; any other gets the old name's 404.
+            moved = self.world.moved_to(params)
+            if moved is not None and self.world.repo_named(params) is None:
+                if self.auth.strict and installation != moved.installation_id:
+                    raise ApiError(404, "Not Found")
+                raise redirect(request, params, moved.full_name)
             call = Call(
                 world=self.world,
                 shapes=self.world.shapes(origin),

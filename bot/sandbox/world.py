@@ -114,12 +114,11 @@ class World:
             return None
         return self.repos.get(f"{params['owner']}/{params['repo']}".lower())
 
-    def moved_to(self, params: dict[str, str]) -> str | None:
-        """The current name of the repository a route names by an earlier name, if any."""
+    def moved_to(self, params: dict[str, str]) -> RepoState | None:
+        """The repository a route names by an earlier name, if any."""
         if "owner" not in params or "repo" not in params:
             return None
-        repo = self.moved.get(f"{params['owner']}/{params['repo']}".lower())
-        return None if repo is None else repo.full_name
+        return self.moved.get(f"{params['owner']}/{params['repo']}".lower())
 
     def rename(self, repo: RepoState, name: str) -> None:
         """`repo` is called `name` (same owner) from now on; its old name redirects."""

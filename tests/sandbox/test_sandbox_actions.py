@@ -384,6 +384,9 @@ async def test_rename_repository_redirects_the_old_name_and_sends_repository_ren
     assert payload["changes"] == {"repository": {"name": {"from": "bench"}}}
     assert payload["repository"]["full_name"] == "acme/bench-next"
 
+    # Authentication comes first, as on GitHub: no credentials, no new name.
+    anonymous = await wired.client.get(f"/_sandbox/github{REPO}", allow_redirects=False)
+    assert anonymous.status == 401 and "Location" not in anonymous.headers
     read = await wired.api("GET", f"{REPO}/pulls?state=open")
     assert read.status == 301
     assert read.headers["Location"].endswith("/_sandbox/github/repos/acme/bench-next/pulls?state=open")

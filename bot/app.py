@@ -107,7 +107,7 @@ class Klaud:
         )
         self.live = LiveState(self.store, GitHubRepos(self.github), self.clock, settings.bot_logins)
         self.inbox.reload = self.live.reload
-        self.inbox.stale = lambda: self.live.stale
+        self.inbox.stale = self.live.stale
         self.capacity = CapacityFeed(
             self.session,
             settings.capacity_url,

@@ -76,7 +76,8 @@ class LiveState:
         # Whether this process may take up a repository it has no state for. With replicas
         # (`bot.services.replicas`) only the holder of the repository's lease may.
         self.admit: Callable[[str], Awaitable[bool]] = _always
-        # Repositories whose changes the store refused outside a delivery, to read back.
+        # Repositories (lowercase) whose memory is ahead of the store (a change it refused, a
+        # section that failed or was cancelled), to read back; the inbox shares the set.
         self.stale: set[str] = set()
         # An earlier name (lowercase) of a renamed repository -> the name it moved to.
         self.former: LRUCache[str, str] = LRUCache(maxsize=FORMER_NAMES)
@@ -99,7 +100,7 @@ class LiveState:
             try:
                 yield
             except asyncio.CancelledError:
-                self.stale.add(repo)  # read back before the repository's next batch or tick
+                self.stale.add(repo.lower())  # read back before the repository's next batch or tick
                 raise
             except Exception:
                 await self._read_back_after_error(repo)
@@ -111,7 +112,7 @@ class LiveState:
         # The store cannot be read now either: the next batch or tick reads it back.
         except Exception as exc:  # noqa: BLE001
             log.warning("live.read_back_failed", repo=repo, error=f"{type(exc).__name__}: {exc}")
-            self.stale.add(repo)
+            self.stale.add(repo.lower())
 
     async def _read_back(self, name: str) -> None:
         """Memory of `name` as the store holds it, once what delivery units still hold of it
@@ -238,7 +239,7 @@ class LiveState:
         One no longer in memory stays out (with replicas, another may own it now)."""
         async with self._locks[name.lower()]:
             await self._read_back(name)
-            self.stale.discard(name)
+            self.stale.discard(name.lower())
         log.info("live.reloaded", repo=name)
 
     async def reload_stale(self) -> None:

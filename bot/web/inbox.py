@@ -42,10 +42,6 @@ async def _no_state(_repo: str) -> None:
     """An inbox with no state kept in memory has nothing to read back."""
 
 
-def _none_stale() -> set[str]:
-    return set()
-
-
 class Ownership(Protocol):
     """What this process may work on when replicas share one inbox (`bot.services.replicas`)."""
 
@@ -104,14 +100,15 @@ class Inbox:
         claim_limit: int = 256,
         handler_timeout: float = 600.0,
         reload: Reload = _no_state,
-        stale: Callable[[], set[str]] = _none_stale,
+        stale: set[str] | None = None,
     ) -> None:
         self.store = store
         self.handler = handler
         self.reload = reload
-        # Repositories whose memory a failed or cancelled section left to read back (the
-        # live state's note): read back before their next batch, as after a refused commit.
-        self.stale = stale
+        # Repositories (lowercase) whose memory is ahead of the store (a commit it refused, a
+        # failed or cancelled section): read back before their queue's next batch. Shared
+        # with the live state, which notes its own and reads them back at the next tick.
+        self.stale: set[str] = set() if stale is None else stale
         self.max_attempts = max_attempts
         self.base_delay = base_delay
         self.max_delay = max_delay
@@ -135,8 +132,6 @@ class Inbox:
         self._claim_soon = asyncio.Event()
         self._claimer: asyncio.Task[None] | None = None
         self._queued: set[str] = set()  # ids of the deliveries in the queues
-        # Ordering key -> repositories to read back from the store before its next batch.
-        self._stale: dict[str, set[str]] = {}
         self._released: set[str] = set()  # ordering keys whose queues are dropped once idle
         self._free: tuple[float, int | None] = (-1.0, None)  # (when measured, bytes)
         self.handler_timeout = handler_timeout
@@ -275,7 +270,6 @@ class Inbox:
             self._held_bytes -= self._held.pop(delivery.id, 0)
             self._set_backlog(self._backlog - 1)
         self._due.pop(key, None)
-        self._stale.pop(key, None)  # the next owner reads the repository from the store anyway
 
     def _enqueue(self, delivery: Delivery) -> None:
         size = len(delivery.body or b"")
@@ -369,7 +363,7 @@ class Inbox:
     async def _reload_stale(self, key: str, head: Delivery) -> bool:
         """Read back from the store the repositories whose last commit it refused, or whose
         memory a failed section left ahead of it."""
-        stale = self._stale.get(key, set()) | {repo for repo in self.stale() if f"repo:{repo.lower()}" == key}
+        stale = {repo for repo in self.stale if f"repo:{repo.lower()}" == key}
         if not stale:
             return True
         try:
@@ -379,7 +373,6 @@ class Inbox:
         except Exception as exc:  # noqa: BLE001
             self._wait_for_store(key, head, exc)
             return False
-        self._stale.pop(key, None)
         return True
 
     async def _read_bodies(self, key: str, batch: list[Delivery]) -> bool:
@@ -467,7 +460,7 @@ class Inbox:
             ended.delivery.status = "queued"
             # Memory holds what the store refused: the handlers would find nothing left to
             # write when they run again, so those repositories are read back first.
-            self._stale.setdefault(key, set()).update(ended.repos)
+            self.stale.update(ended.repos)
         self._wait_for_store(key, unsaved[0].delivery, exc, [ended.delivery.id for ended in unsaved])
 
     def _wait_for_store(self, key: str, head: Delivery, exc: BaseException, ids: list[str] | None = None) -> None:

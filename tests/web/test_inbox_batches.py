@@ -292,7 +292,7 @@ async def test_a_handler_cut_by_its_timeout_runs_again_on_memory_read_back(db: R
     handler = recording_attempt(live, outcomes, runs, before_commit=never_answers)
 
     inbox = Inbox(deliveries, handler, base_delay=0.01, max_delay=0.02, handler_timeout=0.05,
-                  reload=live.reload, stale=lambda: live.stale)
+                  reload=live.reload, stale=live.stale)
     await inbox.open()
     await deliveries.put(Delivery("d1", "workflow_run", b"{}", action="completed", repo="o/r", installation=1))
     await inbox.start()

@@ -30,14 +30,20 @@ from bot.services.repo_state import RepoMeta, RepoState
 FAMILIES = 150
 
 
-def built(seed: int) -> tuple[RepoState, list[big.SynthFamily], random.Random]:
-    rng = random.Random(seed)
-    fams = big.families(FAMILIES)
-    state = RepoState(big.REPO, RepoMeta(installation=1))
+def catalogued(fams: list[big.SynthFamily], meta: RepoMeta) -> RepoState:
+    """A state whose catalog holds `fams`, read from their master configs and runners.yaml."""
+    state = RepoState(big.REPO, meta)
     runners = parse_runners(big.runners_yaml())
     state.meta.runners = runners.document()
     for path, text in big.master_configs(fams).items():
         state.replace_families(path, list(parse_master(path, text, runners)), None)
+    return state
+
+
+def built(seed: int) -> tuple[RepoState, list[big.SynthFamily], random.Random]:
+    rng = random.Random(seed)
+    fams = big.families(FAMILIES)
+    state = catalogued(fams, RepoMeta(installation=1))
     for attempt in big.attempts(fams, 600, seed=seed):
         state.record_attempt(attempt)
     for pull in big.pulls(fams, 60, seed=seed):

@@ -13,7 +13,6 @@ import msgspec
 import pytest
 
 from bench import bigstate as big
-from bot.core.catalog import parse_master, parse_runners
 from bot.core.cooldown import cooldown
 from bot.core.domain import (
     Attempt,
@@ -24,20 +23,14 @@ from bot.core.domain import (
     RetryApproval,
 )
 from bot.services.repo_state import RepoMeta, RepoState
+from tests.services.test_incremental_plan import catalogued
 
 NOW = big.NOW
 
 
-def small_state(count: int = 12, policy: str | None = None) -> tuple[RepoState, list[big.SynthFamily]]:
+def small_state(count: int = 12) -> tuple[RepoState, list[big.SynthFamily]]:
     fams = big.families(count)
-    state = RepoState(big.REPO, RepoMeta(installation=1, head_sha="a" * 40))
-    if policy is not None:
-        state.set_policy_text(policy)
-    runners = parse_runners(big.runners_yaml())
-    state.meta.runners = runners.document()
-    for path, text in big.master_configs(fams).items():
-        state.replace_families(path, list(parse_master(path, text, runners)), None)
-    return state, fams
+    return catalogued(fams, RepoMeta(installation=1, head_sha="a" * 40)), fams
 
 
 def all_free() -> CapacityReading:

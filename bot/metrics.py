@@ -48,7 +48,7 @@ BUILD_INFO.labels(klaud_version()).set(1)
 
 DELIVERIES = Counter(
     "klaud_deliveries_total",
-    "Webhook deliveries by event and result (accepted, duplicate, rejected, done, failed, retry).",
+    "Webhook deliveries by event and result (accepted, duplicate, rejected, done, failed, retry, moved).",
     ["event", "result"],
     registry=REGISTRY,
 )

@@ -17,6 +17,15 @@ class PermanentError(Exception):
     transient = False
 
 
+class RepositoryMoved(Exception):
+    """The event's repository is called `to` now, and another replica keeps it under that
+    name: the delivery is handed on to that name, whose owner processes it."""
+
+    def __init__(self, to: str) -> None:
+        super().__init__(f"the repository is called {to} now, and another replica keeps it")
+        self.to = to
+
+
 def is_transient(exc: BaseException) -> bool:
     # Klaud's own errors (the GitHub client's, the store's) say whether a retry can help.
     marked = getattr(exc, "transient", None)

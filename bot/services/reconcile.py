@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from bot.core.domain import stamp
+from bot.core.errors import RepositoryMoved
 from bot.core.events import RepoEvent, Repository
 from bot.github.errors import GitHubError
 from bot.services.api import RepoAPI
@@ -83,13 +84,18 @@ class Reconciler:
         """The event's repository, reconciled first if this is the first we hear of it.
 
         Events name a repository as it was called when they were sent: one renamed since
-        (or before, the event queued behind the rename) is found by its id.
+        (or before, the event queued behind the rename) is found by its id. One another
+        replica keeps under its new name raises `RepositoryMoved`: that replica processes it
+        (a command in it would otherwise go unanswered, and its change unseen until the
+        owner's next reconcile).
         """
         name, installation = event.repository.full_name, event.installation.id
         state = self._kept_as(name, event.repository.id) or await self._same_repository(event)
         if state is None:
-            await self.reconcile(name, installation)
+            report = await self.reconcile(name, installation)
             state = self._kept_as(name, event.repository.id)
+            if state is None and "moved_from" in report and "skipped" in report:
+                raise RepositoryMoved(report["repo"])
         return state
 
     def _kept_as(self, name: str, repo_id: int | None) -> RepoState | None:

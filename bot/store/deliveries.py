@@ -138,6 +138,9 @@ POSTGRESQL_UPDATE_STATUSES = (
     " FROM unnest(?::text[], ?::integer[], ?::text[], ?::float8[], ?::text[])"
     " AS given(status, attempts, error, updated_at, id) WHERE deliveries.id = given.id"
 )
+# The claim stays the mover's: a queued delivery is anyone's to claim, and the claim fence
+# of the transaction that moves it checks that it is still the mover's.
+MOVE = "UPDATE deliveries SET repo = ?, status = 'queued', attempts = ?, error = ?, updated_at = ? WHERE id = ?"
 PRUNABLE = "(status = 'done' AND updated_at < ?) OR (status = 'failed' AND updated_at < ?)"
 PRUNE_BODIES = f"DELETE FROM delivery_bodies WHERE id IN (SELECT id FROM deliveries WHERE {PRUNABLE})"
 PRUNE = f"DELETE FROM deliveries WHERE {PRUNABLE}"
@@ -367,6 +370,12 @@ def _values_statement(sql: str, rows: Sequence[Sequence[Any]]) -> Statement:
     """`sql` with its `{rows}` as a VALUES list of `rows` (SQLite), their values in order."""
     marks = "(" + ", ".join("?" * len(rows[0])) + ")"
     return Statement(sql.format(rows=", ".join([marks] * len(rows))), [value for row in rows for value in row])
+
+
+def moved_statement(delivery_id: str, repo: str, attempts: int, error: str) -> Statement:
+    """Hand an unfinished delivery on to `repo` (its repository's new name): queued again,
+    for whichever process owns that name to claim."""
+    return Statement(MOVE, (repo, attempts, error, time.time(), delivery_id))
 
 
 def status_statement(delivery_id: str, status: str, attempts: int, error: str | None) -> Statement:

@@ -18,16 +18,21 @@ import itertools
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
 from cachetools import LRUCache
 
-from bot.core.errors import is_permanent, retry_after
+from bot.core.errors import RepositoryMoved, is_permanent, retry_after
 from bot.metrics import DELIVERIES, INBOX_BACKLOG, PROCESSING_SECONDS
-from bot.store.deliveries import Delivery, DeliveryStore, status_statement
+from bot.store.deliveries import (
+    Delivery,
+    DeliveryStore,
+    moved_statement,
+    status_statement,
+)
 from bot.store.engine import Result
 from bot.web.events import event_label
 
@@ -75,7 +80,7 @@ class Ended:
     delivery: Delivery
     error: Exception | None
     seconds: float
-    status: str  # "done", "failed", or "queued" (to retry)
+    status: str  # "done", "failed", "queued" (to retry) or "moved" (handed on to a new name)
     commit: asyncio.Future[list[Result]] = field(init=False)
     error_text: str | None = None
     repos: set[str] = field(default_factory=set)  # the repositories its handler wrote
@@ -428,7 +433,10 @@ class Inbox:
             structlog.contextvars.clear_contextvars()
         ended = Ended(delivery, error, time.perf_counter() - started, self._status_after(delivery, error))
         message = f"{type(error).__name__}: {error}"[:2000] if error is not None else None
-        status = status_statement(delivery.id, ended.status, delivery.attempts, message)
+        if isinstance(error, RepositoryMoved) and ended.status == "moved":
+            status = moved_statement(delivery.id, error.to, delivery.attempts, message or "")
+        else:
+            status = status_statement(delivery.id, ended.status, delivery.attempts, message)
         ended.repos = set(unit.touched)
         ended.commit = writer.end_unit(unit, [status])
         ended.error_text = message
@@ -437,6 +445,9 @@ class Inbox:
     def _status_after(self, delivery: Delivery, error: Exception | None) -> str:
         if error is None:
             return "done"
+        # Handed on at most `max_attempts` times: a name that keeps moving is a bug, not work.
+        if isinstance(error, RepositoryMoved) and delivery.attempts < self.max_attempts:
+            return "moved"
         if is_permanent(error):
             return "failed"
         # A rate limit ends at its reset (within the hour): waiting for it uses no attempt.
@@ -483,6 +494,8 @@ class Inbox:
             DELIVERIES.labels(label, "done").inc()
             log.info("delivery.processed", **context)
             self._finish(key)
+        elif isinstance(ended.error, RepositoryMoved) and ended.status == "moved":
+            self._moved(key, delivery, ended.error.to, label, context)
         elif ended.status == "failed":
             DELIVERIES.labels(label, "failed").inc()
             permanent = is_permanent(ended.error)
@@ -495,6 +508,21 @@ class Inbox:
             DELIVERIES.labels(label, "retry").inc()
             log.warning("delivery.retry", retry_in_s=round(delay, 3), error=delivery.error, exc_info=ended.error,
                         **context)
+
+    def _moved(self, key: str, delivery: Delivery, to: str, label: str, context: Mapping[str, object]) -> None:
+        DELIVERIES.labels(label, "moved").inc()
+        log.info("delivery.moved", to=to, **context)
+        delivery.repo, delivery.status = to, "queued"
+        # With replicas the owner of the new name claims it from the store.
+        if self.ownership is not None:
+            self._finish(key)
+            return
+        # Alone, this process owns every name: the delivery moves to the new name's queue
+        # and stays in the backlog (and its body in memory).
+        self._queues[key].popleft()
+        self._due.pop(key, None)
+        self._queues.setdefault(delivery.ordering_key, deque()).append(delivery)
+        self._wake.set()
 
     def retry_delay(self, attempts: int) -> float:
         """Exponential backoff with full jitter in its upper half."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bot.core.domain import Hold
+from bot.core.errors import RepositoryMoved
 from bot.core.events import Named, RepoEvent
 from tests.services.conftest import NOW, REPO, Kit
 
@@ -110,6 +111,24 @@ async def test_when_the_new_name_was_built_first_the_old_state_is_dropped(kit: K
     assert set(kit.live.repos) == {NEW} and await kit.live.store.repos() == [NEW]
     # The claims live on GitHub as refs: the state rebuilt from GitHub has them.
     assert claimed and set(kit.live.repos[NEW].claims) == claimed
+
+
+async def test_an_old_named_event_whose_new_name_another_replica_keeps_is_handed_on_to_it(kit: Kit) -> None:
+    # A replica that owned the old name claims an event queued behind the rename, while the
+    # new name's events reached another replica first: the event must reach that one (a
+    # `/klaud hold` in it would otherwise go unanswered), and nothing is kept here.
+    rename_on_github(kit)
+
+    async def admit(name: str) -> bool:
+        return name.lower() != NEW.lower()
+
+    kit.live.admit = admit
+
+    with pytest.raises(RepositoryMoved) as moved:
+        await kit.reconciler.state_for(event(REPO))
+
+    assert moved.value.to == NEW
+    assert kit.live.repos == {} and await kit.live.store.repos() == []
 
 
 async def test_the_installation_listing_does_not_build_a_second_state_for_a_renamed_repository(kit: Kit) -> None:

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bot.store import Stores, open_stores
-from bot.store.deliveries import Delivery, status_statement
+from bot.store.deliveries import Delivery, moved_statement, status_statement
 from bot.store.engine import Statement
 
 POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
@@ -232,6 +232,19 @@ async def test_the_owner_of_a_repository_claims_its_queued_deliveries_and_those_
     assert await stores.deliveries.claim_owned("w1", set(), unrouted=False, limit=9) == []
     assert [d.id for d in await stores.deliveries.claim_owned("w2", set(), unrouted=True, limit=9)] == ["d4"]
     assert await stores.deliveries.waiting_repos() == {"o/a", "o/b"}
+
+
+async def test_a_claimed_delivery_handed_on_to_a_new_name_is_claimed_by_that_names_owner(stores):
+    await stores.deliveries.put(delivery(1, "o/old"))
+    [claimed] = await stores.deliveries.claim_owned("w1", {"o/old"}, unrouted=False, limit=9)
+    fence = stores.deliveries.claim_fence("d1", "w1")
+    moved = moved_statement("d1", "o/new", 1, "RepositoryMoved: …")
+    await stores.deliveries.writer.write([moved] if fence is None else [moved, fence])  # the inbox's order
+
+    assert await stores.deliveries.claim_owned("w1", {"o/old"}, unrouted=False, limit=9) == []
+    [handed] = await stores.deliveries.claim_owned("w2", {"o/new"}, unrouted=False, limit=9)
+    assert (handed.id, handed.repo, handed.status, handed.attempts) == ("d1", "o/new", "processing", 1)
+    assert await stores.deliveries.bodies(["d1"]) == {"d1": claimed.body or json.dumps({"n": 1}).encode()}
 
 
 async def test_taking_a_repository_up_requeues_its_unfinished_claims_whoever_made_them(stores):

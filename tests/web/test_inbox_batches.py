@@ -13,6 +13,7 @@ import pytest
 
 from bot.core.clock import Clock
 from bot.core.domain import Attempt
+from bot.core.errors import RepositoryMoved
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.repo_state import RepoMeta, RepoState
@@ -323,3 +324,90 @@ async def test_a_rate_limited_delivery_waits_for_the_reset_without_using_up_its_
     await inbox.stop()
     assert (await store.get("d1")).status == "done"  # type: ignore[union-attr]
     assert len(runs) == 5 and all(later - earlier >= 0.05 for earlier, later in itertools.pairwise(runs))
+
+
+class OwnerOf:
+    """The `Ownership` of a replica holding the lease of `repo` only."""
+
+    def __init__(self, owner: str, repo: str) -> None:
+        self.owner, self.repo = owner, repo
+
+    def repos(self) -> set[str]:
+        return {self.repo}
+
+    def unrouted(self) -> bool:
+        return False
+
+    def owns(self, repo: str | None) -> bool:
+        return repo is not None and repo.lower() == self.repo
+
+
+def moved_to(new: str, ran: list[tuple[str, str | None]]) -> Callable[[Delivery], Awaitable[None]]:
+    """A handler that finds deliveries named acme/bench kept under `new` by another replica."""
+
+    async def handler(item: Delivery) -> None:
+        ran.append((item.id, item.repo))
+        if item.repo == "acme/bench":
+            raise RepositoryMoved(new)
+
+    return handler
+
+
+async def wait_for(condition: Callable[[], bool]) -> None:
+    for _ in range(300):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached in 3 s")
+
+
+async def test_a_delivery_whose_repository_another_replica_keeps_under_its_new_name_is_processed_there(
+    db: RecordingDatabase,
+) -> None:
+    store = DeliveryStore(db)
+    ran: list[tuple[str, str | None]] = []
+    old = Inbox(store, moved_to("acme/next", ran), ownership=OwnerOf("replica-a", "acme/bench"), claim_every=0.01)
+    new = Inbox(store, moved_to("acme/next", ran), ownership=OwnerOf("replica-b", "acme/next"), claim_every=0.01)
+    for inbox in (old, new):
+        await inbox.open()
+        await inbox.start()
+    assert await old.put(delivery(1))
+
+    await wait_for(lambda: ("d1", "acme/next") in ran)
+    for inbox in (old, new):
+        await inbox.stop()
+
+    assert ran == [("d1", "acme/bench"), ("d1", "acme/next")]
+    stored = await store.get("d1")
+    assert stored is not None and stored.repo == "acme/next" and stored.status == "done"
+
+
+async def test_alone_a_handed_on_delivery_is_queued_again_under_its_new_name(db: RecordingDatabase) -> None:
+    ran: list[tuple[str, str | None]] = []
+    inbox, _ = await run(db, [delivery(1), delivery(2, "acme/next")])
+    inbox.handler = moved_to("acme/next", ran)
+    await inbox.start()
+    assert await inbox.put(delivery(3))
+    await wait_for(lambda: ("d3", "acme/next") in ran)
+    await inbox.drained()
+    await inbox.stop()
+
+    assert ran == [("d3", "acme/bench"), ("d3", "acme/next")]
+    stored = await inbox.store.get("d3")
+    assert stored is not None and stored.repo == "acme/next" and stored.status == "done"
+
+
+async def test_a_delivery_handed_on_again_and_again_fails_after_its_attempts(db: RecordingDatabase) -> None:
+    async def always_moved(item: Delivery) -> None:
+        raise RepositoryMoved("acme/bench")  # a bug: the new name is the old one
+
+    inbox = Inbox(DeliveryStore(db), always_moved, max_attempts=3)
+    await inbox.open()
+    await inbox.start()
+    assert await inbox.put(delivery(1))
+    await inbox.drained()
+    await inbox.stop()
+
+    stored = await inbox.store.get("d1")
+    assert stored is not None and stored.status == "failed" and stored.attempts == 3
+    assert stored.error is not None and "RepositoryMoved" in stored.error

@@ -3,21 +3,18 @@
 GitHub answers 403 "Resource not accessible by integration" to a request whose route needs
 a permission the installation (or the token, when minted with fewer) lacks, and it sends
 no webhook for an event the installation does not subscribe to or may not see. The App's
-own permissions and events come from the project's App manifest (`app.yaml`), read when a
-sandbox is built, so the sandbox grants exactly what the real App would be granted.
+own permissions and events are those Klaud's App manifest (`app.yaml`) asks for, which
+`klaud doctor` requires (a test keeps the three equal), so the sandbox grants exactly what the
+real App would be granted. They are not read from `app.yaml`: an installed Klaud (the
+container's) has no checkout beside it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-import yaml
+from bot.core.doctor import REQUIRED_EVENTS, REQUIRED_PERMISSIONS
 
-from bot.sandbox.scenario import ScenarioError
-
-APP_MANIFEST = Path(__file__).resolve().parents[2] / "app.yaml"
 LEVELS = {"read": 1, "write": 2, "admin": 3}
 # GitHub delivers these to every App, whatever it subscribes to.
 ALWAYS_DELIVERED = ("installation", "installation_repositories")
@@ -84,22 +81,7 @@ class AppManifest:
         return self.events + tuple(e for e in ALWAYS_DELIVERED if e not in self.events)
 
 
-def load_manifest(path: Path = APP_MANIFEST) -> AppManifest:
-    try:
-        data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read the App manifest: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{path}: the App manifest is not YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: the App manifest is not a mapping")
-    permissions = data.get("default_permissions") or {}
-    events = data.get("default_events") or []
-    if not isinstance(permissions, dict) or not isinstance(events, list):
-        raise ScenarioError(f"{path}: default_permissions must be a mapping and "
-                            "default_events a list")
-    return AppManifest({str(k): str(v) for k, v in permissions.items()},
-                       tuple(str(e) for e in events))
+KLAUD_MANIFEST = AppManifest(dict(REQUIRED_PERMISSIONS), tuple(sorted(REQUIRED_EVENTS)))
 
 
 @dataclass(frozen=True)

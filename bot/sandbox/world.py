@@ -15,9 +15,9 @@ from typing import Any
 from bot.core.clock import ManualClock
 from bot.sandbox import scenario as sc
 from bot.sandbox.permissions import (
+    KLAUD_MANIFEST,
     AppManifest,
     Installation,
-    load_manifest,
     with_metadata,
 )
 from bot.sandbox.shapes import Shapes, ts
@@ -61,7 +61,7 @@ class World:
         self.repos: dict[str, RepoState] = {}
         # A renamed repository's earlier names (lowercase): their API routes redirect.
         self.moved: dict[str, RepoState] = {}
-        self.manifest: AppManifest = load_manifest()
+        self.manifest: AppManifest = KLAUD_MANIFEST
         self._installations: dict[int, Installation] = {}
         now = clock.now()
         for index, spec in enumerate(scenario.repositories):

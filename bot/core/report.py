@@ -7,11 +7,11 @@ from typing import Any
 from bot.core.domain import Wave
 
 
-def render_wave_table(wave: Wave, *, reason_width: int = 90) -> str:
+def render_wave_table(wave: Wave) -> str:
+    # The reason is the last column, whole: cut, it lost the capacity part of the decision.
     rows = [("#", "family", "decision", "reason")]
     for index, decision in enumerate(wave.decisions, start=1):
-        reason = decision.reason if len(decision.reason) <= reason_width else decision.reason[: reason_width - 1] + "…"
-        rows.append((str(index), decision.family, decision.decision, reason))
+        rows.append((str(index), decision.family, decision.decision, decision.reason))
     widths = [max(len(row[col]) for row in rows) for col in range(3)]
     lines = [
         (

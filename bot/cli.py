@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import web
+from cryptography.hazmat.primitives import serialization
 from pydantic import SecretStr
 
 from bot.app import Klaud
@@ -73,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox.add_argument("--port", type=int, default=8082)
     sandbox.add_argument("--scenario", type=Path)
     sandbox.add_argument("--deliver-to", dest="deliver_to", help="URL that receives the webhooks")
+    sandbox.add_argument(
+        "--strict-auth", dest="strict_auth", action="store_true",
+        help="accept only JWTs signed with the App key (KLAUD_APP_ID, KLAUD_PRIVATE_KEY) and tokens it issued",
+    )
 
     plan = sub.add_parser("plan", help="the next wave's decisions from local state (dispatches nothing)")
     plan.add_argument("--repo", help="OWNER/NAME (default: every repository in the store)")
@@ -150,7 +155,15 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> None:
 
 async def _sandbox(settings: Settings, args: argparse.Namespace) -> None:
     secret = settings.secrets()[0] if settings.secrets() else None
-    sandbox = Sandbox(scenario_from(args.scenario) or load_scenario(None), webhook_secret=secret, deliver_to=args.deliver_to)
+    scenario = scenario_from(args.scenario) or load_scenario(None)
+    if args.strict_auth:
+        # The App's own key: the sandbox checks JWTs as GitHub does, with its public half.
+        assert settings.private_key is not None and settings.app_id is not None  # required by main
+        key = serialization.load_pem_private_key(settings.private_key.get_secret_value().encode(), password=None)
+        sandbox = Sandbox(scenario, webhook_secret=secret, deliver_to=args.deliver_to, strict_auth=True,
+                          app_id=settings.app_id, app_public_key=key.public_key())
+    else:
+        sandbox = Sandbox(scenario, webhook_secret=secret, deliver_to=args.deliver_to)
     runner = web.AppRunner(sandbox.create_app(), handle_signals=False, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.host, args.port).start()
@@ -411,7 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(
             # The sandbox signs its own webhooks: serve --sandbox needs no secret, like demo.
             require_secret=args.command == "serve" and not args.sandbox,
-            require_app=(args.command == "serve" and not args.sandbox) or args.command in ("reconcile", "doctor"),
+            require_app=(args.command == "serve" and not args.sandbox) or args.command in ("reconcile", "doctor")
+            or (args.command == "sandbox" and args.strict_auth),
         )
     except SettingsError as exc:
         print(f"klaud: {exc}", file=sys.stderr)

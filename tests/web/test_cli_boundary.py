@@ -6,14 +6,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
+import aiohttp
+import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.cli import main
+from bot.core.domain import parse_time
+from bot.sandbox import load_scenario
 from bot.store import open_stores
 from tests import scenarios as sc
 from tests.harness import SECRET, sandbox_stack
@@ -145,3 +152,39 @@ async def test_receive_while_a_server_holds_the_sqlite_store_is_refused_in_one_l
     assert done.returncode == 1 and done.stdout == ""
     assert one_line(done.stderr) == (f"klaud: KLAUD_DB: {tmp_path / 'klaud.db'} is in use by another Klaud process"
                                      f" (pid {os.getpid()})")
+
+
+def test_a_strict_sandbox_without_the_app_key_exits_2_naming_the_setting(tmp_path):
+    done = run_klaud(["sandbox", "--strict-auth", "--port", "0"], klaud_env(tmp_path))
+    assert done.returncode == 2
+    assert "KLAUD_APP_ID" in one_line(done.stderr)
+
+
+async def test_a_strict_sandbox_takes_only_jwts_signed_with_the_app_key(tmp_path):
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = klaud_env(tmp_path, KLAUD_APP_ID="42", KLAUD_PRIVATE_KEY=pem.decode(), KLAUD_HOST="127.0.0.1")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "sandbox", "--strict-auth", "--port", str(port), cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdout is not None
+        started = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
+        assert started.startswith("sandbox GitHub at ")
+        api = started.split()[-1]
+        # Signed for the sandbox's clock (the scenario's time), as GitHub checks its own.
+        now = int(parse_time(load_scenario(None)["now"]).timestamp())
+        signed = jwt.encode({"iat": now - 60, "exp": now + 540, "iss": "42"}, key, algorithm="RS256")
+        other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        forged = jwt.encode({"iat": now - 60, "exp": now + 540, "iss": "42"}, other, algorithm="RS256")
+        async with aiohttp.ClientSession() as http:
+            for token, status in ((signed, 200), (forged, 401), ("any-token", 401)):
+                async with http.get(f"{api}/app", headers={"Authorization": f"Bearer {token}"}) as answer:
+                    assert answer.status == status, token
+    finally:
+        proc.terminate()
+        await proc.wait()

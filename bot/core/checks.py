@@ -210,9 +210,15 @@ def _facts(view: CheckView) -> list[tuple[str, str]]:
         ("Family", family),
         ("Candidate", commands.code_span(view.candidate)),
         ("Image", commands.code_span(view.image) if view.image else "unknown"),
+        # When the image last changed, not an age: a check run is not re-rendered as it ages.
+        ("Image changed", human_time(changed) if (changed := _image_changed_at(view)) else "unknown"),
         ("Cooldown", commands.with_until(view.cooldown_reason, view.cooldown_until)),
         ("Hold", hold),
     ]
+
+
+def _image_changed_at(view: CheckView) -> datetime | None:
+    return view.family.image_changed_at if view.family is not None else None
 
 
 def _overlap_lines(view: CheckView, web_url: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -162,7 +163,13 @@ def test_hold_shown_in_title_and_summary() -> None:
 def test_vanished_family_is_explained() -> None:
     out = render_check(view(family=None, image=None))
     assert "no longer matches a family" in out.summary
-    assert "| Image | unknown |" in out.summary
+    assert "| Image | unknown |" in out.summary and "| Image changed | unknown |" in out.summary
+
+
+def test_the_image_age_shows_as_when_the_image_last_changed() -> None:
+    changed = replace(FAMILY, image_changed_at=AT - timedelta(days=40))
+    out = render_check(view(family=changed))
+    assert "| Image changed | 2026-10-21 08:00 UTC |" in out.summary
 
 
 def test_policy_error_is_a_visible_warning() -> None:

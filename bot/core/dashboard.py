@@ -46,7 +46,8 @@ BODY_LIMIT = 65_000
 # restored without its reason still holds), then the oldest entries: 400 holds once made a
 # 145,000-character marker, and GitHub refused every later update of the dashboard.
 MARKER_BUDGET = 32_000
-# v2 is deflated JSON (v1, plain JSON, is still read); what a decoded marker may grow to.
+# v1 is base64 JSON; v2, written only when v1 would not fit, deflated JSON. What a decoded
+# marker may grow to.
 MARKER_MAX_JSON = 1024 * 1024
 _MARKER_RE = re.compile(r"<!-- klaud-dashboard:v(?P<version>[12]):(?P<data>[A-Za-z0-9_=-]+) -->")
 # `[ \t]*`, not `\s*`: in multiline mode `\s*` crosses newlines, and a body of 65,000
@@ -198,7 +199,13 @@ def _encoded_marker(holds: Sequence[Hold], retries: Sequence[RetryApproval], *, 
         ],
         "retries": [{"candidate": r.candidate, "by": r.by, "at": stamp(r.at)} for r in retries],
     }
-    packed = zlib.compress(json.dumps(document, sort_keys=True, separators=(",", ":")).encode(), 9)
+    text = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    # v1 (DESIGN §4's base64 JSON) while it fits: tools reading the marker as documented see
+    # it; only a marker too long for the issue is deflated.
+    plain = f"<!-- klaud-dashboard:v1:{base64.urlsafe_b64encode(text).decode()} -->"
+    if len(plain) <= MARKER_BUDGET:
+        return plain
+    packed = zlib.compress(text, 9)
     return f"<!-- klaud-dashboard:v2:{base64.urlsafe_b64encode(packed).decode()} -->"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import zlib
 from datetime import UTC, datetime, timedelta
 
@@ -98,6 +99,18 @@ def test_a_marker_over_its_budget_drops_reasons_then_the_oldest_entries() -> Non
     remembered = parse_marker(render_dashboard(view(holds=many)))
     assert remembered is not None and 0 < len(remembered.holds) < 1000
     assert max(h.at for h in remembered.holds) == many[-1].at  # the newest are kept
+
+
+def test_the_marker_is_base64_json_v1_and_deflated_v2_only_when_v1_would_not_fit() -> None:
+    small = render_dashboard(view(holds=[Hold(C.id, "alice", "new weights", NOW)]))
+    found = re.search(r"<!-- klaud-dashboard:v1:([A-Za-z0-9_=-]+) -->", small)
+    assert found is not None, "DESIGN §4's format, readable without Klaud"
+    assert json.loads(base64.urlsafe_b64decode(found[1]))["holds"][0]["reason"] == "new weights"
+    many = [Hold(f"configs/x-master.yaml:k{i}", "alice", "driver bug " * 20, NOW) for i in range(200)]
+    large = render_dashboard(view(holds=many))
+    assert "klaud-dashboard:v2:" in large and "klaud-dashboard:v1:" not in large
+    remembered = parse_marker(large)
+    assert remembered is not None and len(remembered.holds) == 200 and remembered.holds[0].reason
 
 
 def test_markers_of_the_first_format_still_read_and_a_deflate_bomb_does_not() -> None:

@@ -1,5 +1,5 @@
 """DESIGN clauses end to end that no other test checks: the wave metrics, the pause gauge,
-`dashboard: false`, `candidate_inputs` on a dispatch, check runs refreshed by an overlap, in
+`dashboard: false`, `candidate_inputs` on a dispatch, `runners_file` and `outcome_workflows`, check runs refreshed by an overlap, in
 progress while in flight and re-rendered at once by a broken config or a setup error, and a
 delivery read as `processing` while its handler runs."""
 
@@ -16,6 +16,7 @@ from tests.web.test_ingest import PR_PAYLOAD, Recorder, make_klaud
 REPO = "acme/bench"
 NV = "configs/nvidia-master.yaml"
 H200 = f"{NV}:dsr1-fp8-h200-trt"
+B200 = f"{NV}:dsr1-fp4-b200-sglang"
 
 
 def sample(name: str, labels: dict[str, str]) -> float:
@@ -129,3 +130,28 @@ async def test_a_setup_error_rerenders_the_check_runs_at_once(tmp_path):
                        "files": {".github/workflows/klaud-candidate.yml": not_dispatchable}})
         [check] = checks(run)
         assert "Setup error" in check["output"]["summary"] or "setup error" in check["output"]["title"]
+
+
+async def test_runners_file_names_where_the_runners_are_and_a_push_to_it_resolves_them_again(tmp_path):
+    # DESIGN §3.6 `runners_file`: the runners document's path, read instead of configs/runners.yaml.
+    scenario = sc.scenario(policy="runners_file: infra/runners.yaml\n")
+    files = scenario["repositories"][0]["files"]
+    files["infra/runners.yaml"] = files.pop("configs/runners.yaml")
+    async with sandbox_stack(tmp_path, scenario) as run:
+        state = run.klaud.live.repo(REPO)
+        assert state.catalog.get(H200).clusters == ("h200-nb",)
+        moved = sc.RUNNERS.replace("  h200-nb: {}\n", "  h200-cw: {}\n").replace(
+            "    - h200-nb_0\n    - h200-nb_1\n", "    - h200-cw_0\n")
+        await run.act({"action": "push_default", "repo": REPO, "files": {"infra/runners.yaml": moved}})
+        assert run.klaud.live.repo(REPO).catalog.get(H200).clusters == ("h200-cw",)
+
+
+async def test_outcome_workflows_names_the_workflows_whose_runs_carry_outcomes(tmp_path):
+    # DESIGN §3.6 `outcome_workflows`: only those workflows' completed runs are read for outcomes.
+    other = {**sc.run(301, sc.candidate(H200), "readiness-blocked"), "workflow": "nightly.yml"}
+    default = sc.run(302, sc.candidate(B200), "readiness-blocked")
+    scenario = sc.scenario(policy="outcome_workflows: [nightly.yml]\n", runs=[other, default])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        ledger = run.klaud.live.repo(REPO).ledger
+        assert [a.run_id for a in ledger.for_candidate(sc.candidate(H200))] == [301]
+        assert ledger.for_candidate(sc.candidate(B200)) == []

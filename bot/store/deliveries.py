@@ -90,6 +90,13 @@ class Delivery:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Progress:
+    status: str
+    attempts: int
+    claimed_by: str | None  # the replica whose claim it is (None: one process, no claims)
+
+
 # A delivery's columns; the body (position 6) lives in `delivery_bodies` and is read on its
 # own, so these queries leave it NULL: a long backlog must not be read into memory at once.
 COLUMNS = "id, event, action, repo, installation, headers, NULL, status, attempts, error"
@@ -125,6 +132,7 @@ SELECT_ONE = (
 )
 SELECT_PENDING = f"SELECT {COLUMNS} FROM deliveries WHERE status = 'queued' ORDER BY seq"
 SELECT_BODIES = "SELECT id, encoding, body FROM delivery_bodies WHERE id IN ({marks})"
+SELECT_PROGRESS = "SELECT id, status, attempts, claimed_by FROM deliveries WHERE id IN ({marks})"
 UPDATE_STATUS = "UPDATE deliveries SET status = ?, attempts = ?, error = ?, updated_at = ? WHERE id = ?"
 # The statuses a transaction writes, as one statement (`StatusUpdates`). SQLite names the
 # columns of a VALUES list column1, column2, ...
@@ -249,6 +257,12 @@ class DeliveryStore:
         rows = await self.db.fetch(SELECT_BODIES.format(marks=", ".join("?" * len(delivery_ids))), *delivery_ids)
         bodies = {row[0]: _readable_body(row[0], row[1], row[2]) for row in rows}
         return {delivery_id: body for delivery_id, body in bodies.items() if body is not None}
+
+    async def progress(self, delivery_ids: list[str]) -> dict[str, Progress]:
+        """What the store says of each delivery's processing: after a commit whose answer
+        was lost, whether it landed; after a claim fence failed, who holds the delivery."""
+        rows = await self.db.fetch(SELECT_PROGRESS.format(marks=", ".join("?" * len(delivery_ids))), *delivery_ids)
+        return {row[0]: Progress(row[1], row[2], row[3]) for row in rows}
 
     async def save_status(self, delivery: Delivery) -> None:
         await self.writer.write([status_statement(delivery.id, delivery.status, delivery.attempts, delivery.error)])

@@ -30,6 +30,7 @@ from bot.metrics import DELIVERIES, INBOX_BACKLOG, PROCESSING_SECONDS
 from bot.store.deliveries import (
     Delivery,
     DeliveryStore,
+    Progress,
     moved_statement,
     status_statement,
 )
@@ -458,13 +459,53 @@ class Inbox:
     async def _settle(self, key: str, ends: list[Ended]) -> None:
         """Wait for the batch's commits; account for each delivery in order."""
         results = await asyncio.gather(*(ended.commit for ended in ends), return_exceptions=True)
+        refused = [ended.delivery.id for ended, result in zip(ends, results, strict=True)
+                   if isinstance(result, BaseException)]
+        progress = await self._stored_progress(refused) if refused else {}
         for index, (ended, result) in enumerate(zip(ends, results, strict=True)):
-            # The store refused the commit: this delivery and the batch's later ones stay at
-            # the head of the queue and run again (handlers are idempotent).
             if isinstance(result, BaseException):
+                stored = progress.get(ended.delivery.id)
+                if self._committed_after_all(ended, stored):
+                    self._ended(key, ended)
+                    continue
+                if stored is not None and self._claimed_elsewhere(stored):
+                    self._taken_elsewhere(key, ended, stored)
+                    continue
+                # The store refused the commit: this delivery and the batch's later ones stay
+                # at the head of the queue and run again (handlers are idempotent).
                 self._store_failed(key, ends[index:], result)
                 return
             self._ended(key, ended)
+
+    async def _stored_progress(self, delivery_ids: list[str]) -> dict[str, Progress]:
+        """What the store holds of deliveries whose commit raised: the answer of a commit
+        that landed can be lost (the connection dropped between COMMIT and its reply)."""
+        try:
+            return await self.store.progress(delivery_ids)
+        # Unreadable as well: the commits are taken as refused, and run again.
+        except Exception as exc:  # noqa: BLE001
+            log.warning("delivery.progress_unread", deliveries=delivery_ids, error=f"{type(exc).__name__}: {exc}")
+            return {}
+
+    def _committed_after_all(self, ended: Ended, stored: Progress | None) -> bool:
+        # A delivery's attempts are written with its status, in the transaction of its
+        # changes: the store counting this run means the whole transaction landed.
+        return stored is not None and stored.attempts == ended.delivery.attempts and not self._claimed_elsewhere(stored)
+
+    def _claimed_elsewhere(self, stored: Progress) -> bool:
+        return self.ownership is not None and stored.claimed_by not in (None, self.ownership.owner)
+
+    def _taken_elsewhere(self, key: str, ended: Ended, stored: Progress) -> None:
+        """Another replica holds (or finished) the delivery: its claim fence refused this
+        run's commit. It is that replica's to account for; here it leaves the queue, and
+        the repository is read back (memory holds this run's changes, the store the other's)."""
+        delivery = ended.delivery
+        self.stale.update(ended.repos)
+        if delivery.repo:
+            self.stale.add(delivery.repo)
+        log.warning("delivery.taken_elsewhere", delivery_id=delivery.id, repository=delivery.repo,
+                    by=stored.claimed_by, status=stored.status)
+        self._finish(key)
 
     def _store_failed(self, key: str, unsaved: list[Ended], exc: BaseException) -> None:
         for ended in unsaved:

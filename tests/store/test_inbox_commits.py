@@ -1,0 +1,118 @@
+"""The inbox when a commit raises, on both engines: a commit that landed although its answer
+was lost is not run again, and a delivery another replica holds leaves the queue rather
+than block it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Sequence
+
+import asyncpg
+import pytest
+
+from bot.store import Stores
+from bot.store.deliveries import Delivery
+from bot.store.engine import Result, Statement
+from bot.web.inbox import Inbox
+
+POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+BODY = json.dumps({"repository": {"full_name": "acme/bench"}}).encode()
+
+
+class Owner:
+    """The `Ownership` of replica-a, holding the lease of acme/bench."""
+
+    owner = "replica-a"
+
+    def repos(self) -> set[str]:
+        return {"acme/bench"}
+
+    def unrouted(self) -> bool:
+        return False
+
+    def owns(self, repo: str | None) -> bool:
+        return repo is not None and repo.lower() == "acme/bench"
+
+
+def delivery(n: int) -> Delivery:
+    return Delivery(f"d{n}", "pull_request", BODY, action="synchronize", repo="acme/bench", installation=1)
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not reached in {seconds} s")
+
+
+def losing_the_first_status_answer(stores: Stores) -> Callable[[Sequence[Statement]], Awaitable[list[Result]]]:
+    """The engine's transaction, except that the first one writing a delivery's status
+    commits and then raises, as when the connection drops between COMMIT and its reply."""
+    commit = stores.engine.transaction
+    lost: list[bool] = []
+
+    async def transaction(statements: Sequence[Statement]) -> list[Result]:
+        results = await commit(statements)
+        if not lost and any("attempts =" in statement.sql for statement in statements):
+            lost.append(True)
+            raise asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+        return results
+
+    return transaction
+
+
+async def test_a_commit_whose_answer_was_lost_is_not_run_again(stores: Stores, store_url: str) -> None:
+    runs: list[str] = []
+
+    async def handler(item: Delivery) -> None:
+        runs.append(item.id)
+
+    stores.engine.transaction = losing_the_first_status_answer(stores)  # type: ignore[method-assign]
+    replicas = store_url.startswith("postgresql")
+    inbox = Inbox(stores.deliveries, handler, ownership=Owner() if replicas else None, base_delay=0.05, claim_every=0.02)
+    await inbox.open()
+    await inbox.start()
+    assert await inbox.put(delivery(1))
+    await until(lambda: bool(runs) and inbox.backlog == 0)
+    await asyncio.sleep(0.2)  # a run again would come after a 50 ms backoff
+    await inbox.stop()
+
+    assert runs == ["d1"]
+    stored = await stores.deliveries.get("d1")
+    assert stored is not None and (stored.status, stored.attempts) == ("done", 1)
+
+
+@POSTGRESQL_ONLY
+async def test_a_delivery_another_replica_finished_leaves_the_queue_and_the_next_one_runs(stores: Stores) -> None:
+    runs: list[str] = []
+    reloaded: list[str] = []
+    finished_elsewhere = asyncio.Event()
+
+    async def handler(item: Delivery) -> None:
+        runs.append(item.id)
+        if item.id == "d1":
+            await finished_elsewhere.wait()
+
+    async def reload(repo: str) -> None:
+        reloaded.append(repo)
+
+    inbox = Inbox(stores.deliveries, handler, ownership=Owner(), base_delay=0.05, claim_every=0.02, batch_size=1,
+                  reload=reload)
+    await inbox.open()
+    for n in (1, 2):
+        assert await inbox.put(delivery(n))
+    await inbox.start()
+    await until(lambda: "d1" in runs)
+    # Meanwhile the repository's former owner claimed d1 back and committed it done.
+    await stores.engine.transaction(
+        [Statement("UPDATE deliveries SET claimed_by = 'replica-b', status = 'done' WHERE id = 'd1'", ())])
+    finished_elsewhere.set()
+    await until(lambda: "d2" in runs)
+    await inbox.stop()
+
+    assert runs == ["d1", "d2"], "d1 is not run again, and does not hold d2 back"
+    assert reloaded == ["acme/bench"], "the other replica's changes are read back before d2"
+    stored = await stores.deliveries.get("d2")
+    assert stored is not None and stored.status == "done"

@@ -36,6 +36,10 @@ log = structlog.get_logger("klaud.replicas")
 INSTALLATIONS = "installations"
 LEASE_SECONDS = 10.0
 ROUND_SECONDS = 2.0
+# A lease counts as this replica's until this share of its length has passed since its
+# renewal was sent: the store's clock may run a little faster than this machine's, and the
+# repository must be let go before another replica may take it.
+LEASE_TRUST = 0.8
 PRUNE_AFTER_SECONDS = 3600.0
 # How often the leader looks for them: leases an hour dead need no search every round.
 PRUNES_PER_EXPIRY = 12
@@ -73,6 +77,8 @@ class Replicas:
         self._release = release  # tells the inbox to drop a repository's queue
         self._repos: set[str] = set()
         self._installations = False
+        # Monotonic time until which the leases held are surely still this replica's.
+        self._valid_until = 0.0
         self._next_prune = 0.0  # monotonic time of the leader's next search for dead leases
         self.live_replicas = 1  # replicas holding a heartbeat lease at the last round
         self._task: asyncio.Task[None] | None = None
@@ -81,18 +87,26 @@ class Replicas:
 
     # -- what the inbox and the scheduler ask ---------------------------------------------
 
+    # Past the leases' validity (renewals failing or hanging) this replica owns nothing,
+    # even before its loop lets the repositories go: another may hold them by now.
+
     def repos(self) -> set[str]:
-        return set(self._repos)
+        return set(self._repos) if self._valid() else set()
 
     def unrouted(self) -> bool:
-        return self._installations
+        return self._installations and self._valid()
 
     def owns(self, repo: str | None) -> bool:
+        if not self._valid():
+            return False
         return self._installations if repo is None else repo.lower() in self._repos
 
     def leads(self) -> bool:
         """Whether this replica does the housekeeping (it holds the installations lease)."""
-        return self._installations
+        return self.unrouted()
+
+    def _valid(self) -> bool:
+        return time.monotonic() < self._valid_until
 
     async def admit(self, repo: str) -> bool:
         """Take `repo`'s lease to start keeping it (a new installation); False when another
@@ -120,16 +134,30 @@ class Replicas:
             if self._stopping.is_set():
                 return
             try:
-                await self.round()
+                # A store that stops answering (packets dropped) must not hold the round
+                # past the leases: they lapse, and the repositories are let go below.
+                async with asyncio.timeout(self.lease_seconds * LEASE_TRUST):
+                    await self.round()
             # The store is unreachable: leases cannot be renewed (they will lapse, and the
             # repositories move on if this lasts); the next round tries again.
             except Exception:
                 log.exception("replica.round_failed", owner=self.owner)
+                self._let_go_if_lapsed()
+
+    def _let_go_if_lapsed(self) -> None:
+        if self._valid() or not (self._repos or self._installations):
+            return
+        log.warning("replica.leases_lapsed", owner=self.owner, repos=len(self._repos))
+        for repo in sorted(self._repos):
+            self._drop(repo)
+        self._installations = False
 
     async def round(self) -> None:
         """Renew, then take or give up repositories until this replica holds its share."""
+        sent = time.monotonic()
         await self.leases.acquire(f"replica:{self.owner}", self.owner, self.lease_seconds)
         await self._renew()
+        self._valid_until = sent + self.lease_seconds * LEASE_TRUST
         holders = await self.leases.holders()
         self.live_replicas = max(1, sum(1 for name in holders if name.startswith("replica:")))
         # The repositories there is something to keep: state in the store, or deliveries.

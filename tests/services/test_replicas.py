@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -106,6 +107,36 @@ async def test_a_lapsed_lease_is_taken_over_and_its_old_holder_lets_the_reposito
     assert not a.replicas.leads() and b.replicas.leads()
 
 
+@pytest.mark.parametrize("store", ["refusing", "silent"])
+async def test_a_replica_whose_renewals_fail_lets_its_repositories_go_before_its_leases_lapse(nodes, store):
+    # Cut off from the store (refused, or packets dropped: no answer at all), a replica must
+    # stop acting as owner before another may take its leases: two owners of one repository
+    # would each run its waves.
+    a = await nodes("a", lease_seconds=0.5)
+    await stored_repository(a, "o/a", 3)
+    a.replicas.round_seconds = 0.05
+    await a.replicas.start()
+    assert a.replicas.owns("o/a") and a.live.repo("o/a") is not None
+
+    async def unreachable(*args: object) -> bool:
+        if store == "silent":
+            await asyncio.Event().wait()
+        raise ConnectionError("the store is unreachable")
+
+    a.stores.leases.acquire = unreachable  # type: ignore[method-assign]
+    renewed = time.monotonic()
+    while a.replicas.owns("o/a") and time.monotonic() - renewed < 2:
+        await asyncio.sleep(0.01)
+    assert time.monotonic() - renewed < 0.5, "let go while the lease was still its own"
+    assert a.replicas.repos() == set() and not a.replicas.leads()
+    for _ in range(100):  # the loop's next failed (or timed-out) round drops the states
+        if a.live.repo("o/a") is None:
+            break
+        await asyncio.sleep(0.01)
+    assert a.live.repo("o/a") is None and sorted(a.released) == ["o/a", "o/b", "o/c", "o/d"]
+    a.replicas._stopping.set()
+
+
 async def test_a_stopping_replica_releases_every_lease_and_the_others_take_over_at_once(nodes):
     a, b = await nodes("a"), await nodes("b")
     await a.replicas.round()
@@ -118,6 +149,8 @@ async def test_a_stopping_replica_releases_every_lease_and_the_others_take_over_
 
 async def test_a_new_repository_is_admitted_by_one_replica_only(nodes):
     a, b = await nodes("a"), await nodes("b")
+    for started in (a, b):  # a replica's first round comes before anything it admits
+        await started.replicas.round()
     assert await a.replicas.admit("New/Repo") and await a.replicas.admit("new/repo")
     assert not await b.replicas.admit("new/repo")
     assert "new/repo" in a.replicas.repos() and "new/repo" not in b.replicas.repos()

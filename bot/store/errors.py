@@ -7,6 +7,13 @@ class StoreError(Exception):
     """The store cannot be used; the message says why in one line."""
 
 
+class StoreUnavailable(StoreError):
+    """The store did not do what was asked this time (connection lost, server restarting,
+    a lock or a statement timed out): trying again later can succeed."""
+
+    transient = True
+
+
 class StoreLocked(StoreError):
     """Another Klaud process serves the same SQLite file."""
 

@@ -8,7 +8,8 @@ advisory lock, so replicas that start together migrate it once.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,7 +19,7 @@ import asyncpg  # type: ignore[import-untyped]
 import structlog
 
 from bot.store.engine import Dialect, Result, Row, Statement
-from bot.store.errors import StoreError
+from bot.store.errors import StoreError, StoreUnavailable
 from bot.store.migrations import (
     CURRENT_VERSION,
     LATEST,
@@ -31,6 +32,25 @@ log = structlog.get_logger("klaud.store")
 
 # The advisory lock key every Klaud replica takes to migrate: an arbitrary constant.
 MIGRATION_LOCK = int.from_bytes(b"klaud/db", "big")
+# Every wait on the server is bounded: a table someone locked, a link that drops packets or
+# a server that stops answering must not hold a webhook's answer or a lease round for the
+# minutes TCP takes to give up. Klaud's statements take milliseconds.
+CONNECT_SECONDS = 10.0
+COMMAND_SECONDS = 30.0
+ACQUIRE_SECONDS = 10.0
+SERVER_SETTINGS = {"lock_timeout": "5s", "idle_in_transaction_session_timeout": "60s"}
+# A migration may rewrite a table, and replicas starting meanwhile wait for its lock.
+MIGRATION_SECONDS = 3600.0
+# What the server or the connection raises when a later try can succeed.
+TRANSIENT = (
+    asyncpg.PostgresConnectionError,  # connection lost or refused
+    asyncpg.InterfaceError,  # the connection closed under a call
+    asyncpg.InternalClientError,  # a call on a connection still reading a fatal error
+    asyncpg.exceptions.OperatorInterventionError,  # restarting, shutting down, statement cancelled
+    asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
+    asyncpg.exceptions.TransactionRollbackError,  # deadlock, serialization failure
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+)
 
 
 class PostgresDatabase:
@@ -57,7 +77,8 @@ class PostgresDatabase:
             return
         try:
             pool = await asyncpg.create_pool(
-                self.url, min_size=1, max_size=self.max_connections, reset=_keep_session
+                self.url, min_size=1, max_size=self.max_connections, reset=_keep_session,
+                timeout=CONNECT_SECONDS, command_timeout=COMMAND_SECONDS, server_settings=SERVER_SETTINGS,
             )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot connect to {self.where}: {exc}") from exc
@@ -70,31 +91,44 @@ class PostgresDatabase:
 
     async def _migrate(self, pool: Any) -> None:
         async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL lock_timeout = 0")
             # Held until this transaction ends: a replica starting meanwhile waits here,
             # then finds the schema current.
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK, timeout=MIGRATION_SECONDS)
             await conn.execute(VERSION_TABLE["postgresql"])
             current = await conn.fetchval(CURRENT_VERSION)
             migrations = to_apply(current, self.where)
             for migration in migrations:
                 for sql in migration.postgresql:
-                    await conn.execute(sql)
+                    await conn.execute(sql, timeout=MIGRATION_SECONDS)
                 await conn.execute(numbered(RECORD_VERSION), migration.version, migration.name, time.time())
         if migrations:
             log.info("store.migrated", engine="postgresql", where=self.where, from_version=current, to_version=LATEST)
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
-        rows: list[Row] = await self._open_pool().fetch(numbered(sql), *args)
-        return rows
+        with self._transient_named():
+            async with self._open_pool().acquire(timeout=ACQUIRE_SECONDS) as conn:
+                rows: list[Row] = await conn.fetch(numbered(sql), *args)
+                return rows
 
     async def transaction(self, statements: Sequence[Statement]) -> list[Result]:
-        async with self._open_pool().acquire() as conn:
-            if len(statements) == 1:
-                # One statement is a transaction of its own: one round trip, not three
-                # (BEGIN, it, COMMIT). A burst of new deliveries is one (`NewDeliveries`).
-                return [await _execute(conn, statements[0])]
-            async with conn.transaction():
-                return [await _execute(conn, statement) for statement in statements]
+        with self._transient_named():
+            async with self._open_pool().acquire(timeout=ACQUIRE_SECONDS) as conn:
+                if len(statements) == 1:
+                    # One statement is a transaction of its own: one round trip, not three
+                    # (BEGIN, it, COMMIT). A burst of new deliveries is one (`NewDeliveries`).
+                    return [await _execute(conn, statements[0])]
+                async with conn.transaction():
+                    return [await _execute(conn, statement) for statement in statements]
+
+    @contextmanager
+    def _transient_named(self) -> Iterator[None]:
+        """asyncpg's errors that a later try can get past, as `StoreUnavailable`: a handler
+        whose read met a restarting server retries its delivery instead of failing it."""
+        try:
+            yield
+        except TRANSIENT as exc:
+            raise StoreUnavailable(f"{self.where}: {type(exc).__name__}: {exc}") from exc
 
     def _open_pool(self) -> Any:
         if self._pool is None:

@@ -14,9 +14,12 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     klaud = klaud_of(request)
     inbox = klaud.inbox
+    if inbox.store.is_open:
+        await inbox.probe_store()
     body = {
         "started": klaud.started,
         "store": inbox.store.is_open,
+        "store_error": inbox.store_error,
         "backlog": inbox.backlog,
         "limit": inbox.backlog_limit,
         "storage_risk": inbox.storage_risk(),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import random
 import time
@@ -38,6 +39,9 @@ from bot.store.engine import Result
 from bot.web.events import event_label
 
 log = structlog.get_logger("klaud.inbox")
+
+PROBE_EVERY = 1.0  # seconds between /readyz's questions to the store
+PROBE_SECONDS = 2.0  # how long one may wait for its answer
 
 Handler = Callable[[Delivery], Awaitable[None]]
 # Replaces a repository's state in memory with what the store holds.
@@ -140,6 +144,10 @@ class Inbox:
         self._queued: set[str] = set()  # ids of the deliveries in the queues
         self._released: set[str] = set()  # ordering keys whose queues are dropped once idle
         self._free: tuple[float, int | None] = (-1.0, None)  # (when measured, bytes)
+        self._unanswered: set[asyncio.Future[bool]] = set()  # puts past their answer's time
+        # Why the store's last answer (a put, or /readyz's probe) was an error; None once it answers.
+        self.store_error: str | None = None
+        self._probed_at = -PROBE_EVERY
         self.handler_timeout = handler_timeout
         self._queues: dict[str, deque[Delivery]] = {}
         self._due: dict[str, float] = {}
@@ -169,6 +177,50 @@ class Inbox:
                 self._claim_soon.set()  # claimed at once; another owner finds it on its next round
         return stored
 
+    async def put_in_time(self, delivery: Delivery, seconds: float) -> bool | None:
+        """`put`, or None when the store has not answered within `seconds`: the write goes
+        on (a delivery it keeps is processed; GitHub's redelivery is then a duplicate), and
+        until it ends the store is at risk, so no other request waits on it."""
+        put = asyncio.ensure_future(self.put(delivery))
+        try:
+            async with asyncio.timeout(seconds):
+                stored = await asyncio.shield(put)
+        except TimeoutError:
+            self._unanswered.add(put)
+            put.add_done_callback(functools.partial(self._answered_late, delivery.id))
+            return None
+        except Exception as exc:
+            self.store_error = f"{type(exc).__name__}: {exc}"
+            raise
+        self.store_error = None
+        return stored
+
+    async def probe_store(self) -> None:
+        """Ask the store whether it answers (at most once a second; for `/readyz`): a
+        replica whose database is down or out of reach is taken out of service, and put
+        back once it answers again, whether or not a delivery came meanwhile."""
+        now = time.monotonic()
+        if now - self._probed_at < PROBE_EVERY:
+            return
+        self._probed_at = now
+        try:
+            async with asyncio.timeout(PROBE_SECONDS):
+                await self.store.db.fetch("SELECT 1")
+        # Whatever it raised, the store does not answer: that is all /readyz says.
+        except Exception as exc:  # noqa: BLE001
+            self.store_error = f"{type(exc).__name__}: {exc}"
+        else:
+            self.store_error = None
+
+    def _answered_late(self, delivery_id: str, put: asyncio.Future[bool]) -> None:
+        self._unanswered.discard(put)
+        if put.cancelled():
+            return
+        if (exc := put.exception()) is not None:
+            log.error("delivery.store_failed", delivery_id=delivery_id, late=True, error=f"{type(exc).__name__}: {exc}")
+        else:
+            log.warning("delivery.stored_late", delivery_id=delivery_id, stored=put.result())
+
     async def get(self, delivery_id: str) -> Delivery | None:
         return self._running.get(delivery_id) or await self.store.get(delivery_id)
 
@@ -183,10 +235,12 @@ class Inbox:
     def ready(self) -> bool:
         """Open and not at risk: a backlog being worked through is no reason to take a
         replica out of service, only a store that may not hold the next delivery."""
-        return self.store.is_open and self.storage_risk() is None
+        return self.store.is_open and self.store_error is None and self.storage_risk() is None
 
     def storage_risk(self) -> str | None:
         """Why the store should take no more deliveries now, or None."""
+        if self._unanswered:
+            return f"the store has not answered the writes of {len(self._unanswered)} deliveries in time"
         if self._backlog >= self.backlog_limit:
             return f"the inbox holds {self._backlog} unprocessed deliveries (limit {self.backlog_limit})"
         free = self._free_bytes()

@@ -60,6 +60,9 @@ IDLE_SECONDS = 15.0
 
 # What a 503 for a store at risk asks the sender to wait (the inbox drains meanwhile).
 STORAGE_RETRY_AFTER = 60
+# GitHub gives up on an answer after 10 s and counts the delivery failed: a store that has
+# not kept it by then is answered 503 while its write goes on.
+STORE_ANSWER_SECONDS = 8.0
 
 SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
 # Event names and delivery ids are stored as text and used as keys: printable ASCII only.
@@ -183,12 +186,18 @@ async def _store(klaud: Backend, delivery: Delivery) -> web.Response:
         "installation": delivery.installation,
     }
     try:
-        stored = await klaud.inbox.put(delivery)
+        stored = await klaud.inbox.put_in_time(delivery, STORE_ANSWER_SECONDS)
     # Whatever the engine raised, the delivery is not stored: logged with its traceback,
     # and GitHub is told so (503) rather than given a 202 or a bare 500.
     except Exception:
         log.exception("delivery.store_failed", **context)
         return error(503, "store-unavailable", "the delivery could not be stored; retry later")
+    if stored is None:
+        log.error("delivery.store_slow", **context)
+        response = error(503, "store-slow", "the store did not answer in time; a redelivery is answered as a duplicate "
+                         "if the delivery was kept")
+        response.headers["Retry-After"] = str(STORAGE_RETRY_AFTER)
+        return response
     if not stored:
         DELIVERIES.labels(label, "duplicate").inc()
         log.info("delivery.duplicate", **context)

@@ -11,9 +11,11 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from bot.store import Stores, open_stores
+from bot.core.errors import is_transient
+from bot.store import Stores, open_stores, postgres
 from bot.store.deliveries import Delivery, moved_statement, status_statement
 from bot.store.engine import Statement
+from bot.store.errors import StoreUnavailable
 
 POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 
@@ -263,3 +265,22 @@ async def test_taking_a_repository_up_requeues_its_unfinished_claims_whoever_mad
         finished.status = "done"
         await stores.deliveries.save_status(finished)
     assert await stores.deliveries.waiting_repos() == {"o/a"}
+
+
+@POSTGRESQL_ONLY
+async def test_a_table_locked_by_another_session_is_a_transient_error_in_moments_not_a_hang(store_url, monkeypatch):
+    monkeypatch.setattr(postgres, "SERVER_SETTINGS", {**postgres.SERVER_SETTINGS, "lock_timeout": "200ms"})
+    opened = await open_stores(store_url)
+    other = await asyncpg.connect(store_url)
+    try:
+        locked = other.transaction()
+        await locked.start()
+        await other.execute("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(StoreUnavailable, match="LockNotAvailableError") as refused:
+            await asyncio.wait_for(opened.deliveries.put(delivery(1)), 5)
+        assert is_transient(refused.value), "a delivery whose handler met it is retried, not failed"
+        await locked.rollback()
+        assert await opened.deliveries.put(delivery(1))
+    finally:
+        await other.close()
+        await opened.close()

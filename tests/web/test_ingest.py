@@ -19,6 +19,8 @@ from structlog.testing import capture_logs
 
 from bot.app import Klaud
 from bot.core.errors import PermanentError
+from bot.web import inbox as inbox_module
+from bot.web import webhook as webhook_module
 from tests.harness import (
     PREVIOUS_SECRET,
     SECRET,
@@ -317,6 +319,54 @@ async def test_a_backlog_being_worked_through_keeps_the_replica_ready(tmp_path):
             await run.post("pull_request", PR_PAYLOAD, delivery=f"busy-{number}")
         status, body = await run.get_json("/readyz")
     assert status == 200 and body["backlog"] == 5 and body["storage_risk"] is None
+
+
+async def test_a_store_that_does_not_answer_in_time_gets_503_and_the_write_goes_on(tmp_path, monkeypatch):
+    # GitHub gives up after 10 s: a store that hangs (a table locked, a link dropping
+    # packets) must not hold the answer, nor every later request behind it.
+    monkeypatch.setattr(webhook_module, "STORE_ANSWER_SECONDS", 0.2)
+    klaud = make_klaud(tmp_path, Recorder())
+    async with running_klaud(klaud, drain=False) as run:
+        answers = asyncio.Event()
+        put = klaud.inbox.store.put
+
+        async def slow_put(delivery):
+            await answers.wait()
+            return await put(delivery)
+
+        monkeypatch.setattr(klaud.inbox.store, "put", slow_put)
+        slow = await run.post("pull_request", PR_PAYLOAD, delivery="slow-1")
+        refused = await run.post("pull_request", PR_PAYLOAD, delivery="slow-2")  # not waiting behind it
+        not_ready = await run.get_json("/readyz")
+        answers.set()
+        for _ in range(100):
+            if klaud.inbox.backlog:
+                break
+            await asyncio.sleep(0.01)
+        ready = await run.get_json("/readyz")
+        again = await run.post("pull_request", PR_PAYLOAD, delivery="slow-1")  # GitHub's redelivery
+    assert slow[0] == 503 and slow[1]["error"] == "store-slow"
+    assert refused[0] == 503 and refused[1]["error"] == "storage-at-risk"
+    assert not_ready[0] == 503 and "not answered" in not_ready[1]["storage_risk"]
+    assert klaud.inbox.backlog == 1 and ready[0] == 200, "the late write kept and queued the delivery"
+    assert again[0] == 200 and again[1]["duplicate"] is True
+
+
+async def test_a_store_that_stops_answering_is_not_ready_until_it_answers_again(tmp_path, monkeypatch):
+    klaud = make_klaud(tmp_path, Recorder())
+    async with running_klaud(klaud) as run:
+        fetch = klaud.inbox.store.db.fetch
+
+        async def unreachable(sql, *args):
+            raise ConnectionRefusedError("connection refused")
+
+        monkeypatch.setattr(klaud.inbox.store.db, "fetch", unreachable)
+        monkeypatch.setattr(inbox_module, "PROBE_EVERY", 0.0)
+        down = await run.get_json("/readyz")
+        monkeypatch.setattr(klaud.inbox.store.db, "fetch", fetch)
+        up = await run.get_json("/readyz")
+    assert down[0] == 503 and "ConnectionRefusedError" in down[1]["store_error"]
+    assert up[0] == 200 and up[1]["store_error"] is None
 
 
 async def test_a_full_inbox_refuses_deliveries_with_retry_after_and_is_not_ready(tmp_path):

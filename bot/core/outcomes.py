@@ -551,6 +551,10 @@ class OutcomeLedger:
             )
         return ordered
 
+    def knows_run(self, candidate: str, run_id: int) -> bool:
+        """Whether an attempt of run `run_id` (any of its run attempts) is recorded."""
+        return any(key[0] == run_id for key in self._runs_by_candidate.get(candidate, {}))
+
     def for_candidate(self, candidate: str) -> list[Attempt]:
         return list(self._newest(candidate))
 

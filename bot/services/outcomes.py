@@ -276,6 +276,7 @@ class OutcomeRecorder:
         return ArtifactRead(attempt_from_outcome(candidate, family, info, outcome, "artifact"), False, artifact.id)
 
     async def apply_attempt(self, state: RepoState, api: RepoAPI, attempt: Attempt, change: Change) -> set[str]:
+        run_known = state.ledger.knows_run(attempt.candidate, attempt.run_id)
         recorded, attempt_change = state.record_attempt(attempt)
         change.extend(attempt_change)
         if not recorded:
@@ -288,7 +289,7 @@ class OutcomeRecorder:
             outcome=attempt.outcome,
             error=attempt.error,
         )
-        released, ended, release_change = state.release_for(attempt)
+        released, ended, release_change = state.release_for(attempt, run_known=run_known)
         change.extend(release_change)
         if released is not None and not await api.delete_branch(claim_ref(released.family)):
             log.info("claim.already_released", family=released.family)

@@ -276,9 +276,12 @@ class RepoState:
         if self.ledger.forget_before(cutoff):
             self._forget_every_verdict()
 
-    def release_for(self, attempt: Attempt) -> tuple[Claim | None, Dispatch | None, Change]:
+    def release_for(self, attempt: Attempt, *, run_known: bool) -> tuple[Claim | None, Dispatch | None, Change]:
         """An outcome arrived: the candidate is no longer in flight and its claim is released.
 
+        `run_known`: an attempt of the same run was recorded before (a retried artifact read,
+        a re-run, a reconcile's re-read). Its first record ended what it had to; a dispatch
+        made since is a newer run's, still in flight, and only news of that very run ends it.
         Returns the claim to delete on GitHub and the dispatch that ended, when there were.
         """
         change = Change()
@@ -286,6 +289,8 @@ class RepoState:
         if family is None:
             return None, None, change
         ended = self.dispatches.get(family)
+        if run_known and (ended is None or ended.run_id != attempt.run_id):
+            return None, None, change
         if ended is not None and ended.candidate == attempt.candidate:
             change.extend(self.drop_dispatch(family))
         else:

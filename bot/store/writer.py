@@ -29,6 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from bot.core.errors import is_transient
 from bot.store.engine import Engine, Result, Statement, coalesced
 
 Group = list[Statement]
@@ -71,11 +72,27 @@ class _Entry:
         """The entries to try one by one when a transaction holding this one failed."""
         return [self]
 
+    def blocked(self) -> BaseException | None:
+        """Why this entry must not commit: the group it comes after was refused."""
+        return None
+
 
 class _Written(_Entry):
-    def __init__(self, statements: Group, future: asyncio.Future[list[Result]]) -> None:
+    def __init__(
+        self, statements: Group, future: asyncio.Future[list[Result]], after: asyncio.Future[list[Result]] | None
+    ) -> None:
         self.statements = statements
         self.future = future
+        # The group of the delivery before this one in its repository's queue: committed
+        # after it or not at all, so a repository's deliveries land in their order.
+        self.after = after
+
+    def blocked(self) -> BaseException | None:
+        if self.after is None or not self.after.done():
+            return None
+        if self.after.cancelled():
+            return RuntimeError("the delivery before it was not committed")
+        return self.after.exception()
 
     def group(self) -> Group:
         return self.statements
@@ -151,6 +168,9 @@ class Unit:
     # Fails the transaction unless the delivery is still this process's (replicas' claims):
     # part of every group made of the unit's changes.
     fence: Statement | None = None
+    # The commit of the delivery before this one in its repository's queue: every group of
+    # the unit's changes commits after it or not at all.
+    after: asyncio.Future[list[Result]] | None = None
 
     def take(self, extra: Sequence[Statement] = ()) -> Group:
         """The changes held so far and `extra`, as one group (fenced), and none held after."""
@@ -179,7 +199,7 @@ class Writer:
         Changes of `repos` still held by units are queued first (in memory they came first).
         """
         for unit in self._holding(repos):
-            self._queue_group(unit.take())
+            self._queue_group(unit.take(), unit.after)
         return self._queue_group(statements)
 
     async def write(self, statements: Group, repos: Iterable[str] = ()) -> list[Result]:
@@ -199,9 +219,11 @@ class Writer:
             self._append(entry)
         return entry.add(item)
 
-    def _queue_group(self, statements: Group) -> asyncio.Future[list[Result]]:
+    def _queue_group(
+        self, statements: Group, after: asyncio.Future[list[Result]] | None = None
+    ) -> asyncio.Future[list[Result]]:
         future: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
-        self._append(_Written(statements, future))
+        self._append(_Written(statements, future, after))
         return future
 
     def _append(self, entry: _Entry) -> None:
@@ -218,6 +240,9 @@ class Writer:
         while self._queue:
             batch, self._queue = self._queue, []
             self._open.clear()
+            batch = self._unblocked(batch)
+            if not batch:
+                continue
             try:
                 groups = [entry.group() for entry in batch]
                 results = await self._transaction([statement for group in groups for statement in group])
@@ -235,12 +260,33 @@ class Writer:
                 entry.settle(results[start : start + len(group)])
                 start += len(group)
 
-    async def _one_by_one(self, entries: list[_Entry]) -> None:
+    @staticmethod
+    def _unblocked(entries: list[_Entry]) -> list[_Entry]:
+        """The entries that may commit; those whose group before was refused fail with it."""
+        unblocked = []
         for entry in entries:
+            if (exc := entry.blocked()) is not None:
+                entry.fail(exc)
+            else:
+                unblocked.append(entry)
+        return unblocked
+
+    async def _one_by_one(self, entries: list[_Entry]) -> None:
+        for index, entry in enumerate(entries):
+            if (blocked := entry.blocked()) is not None:
+                entry.fail(blocked)
+                continue
             try:
                 results = await self._transaction(entry.group())
             except Exception as exc:  # noqa: BLE001 - reaches the caller through its future
                 entry.fail(exc)
+                if is_transient(exc):
+                    # The store is out of reach, not refusing this group: the later ones fail
+                    # with it rather than commit ahead of it (a repository's deliveries commit
+                    # in their order).
+                    for later in entries[index + 1 :]:
+                        later.fail(exc)
+                    return
             else:
                 entry.settle(results)
 
@@ -251,10 +297,10 @@ class Writer:
 
     # -- units -------------------------------------------------------------------------
 
-    def begin_unit(self, fence: Statement | None = None) -> Unit:
+    def begin_unit(self, fence: Statement | None = None, after: asyncio.Future[list[Result]] | None = None) -> Unit:
         """Collect the current task's state changes until `end_unit`; every group of them
-        carries `fence`."""
-        unit = Unit(asyncio.current_task(), fence=fence)
+        carries `fence`, and commits after `after` or not at all."""
+        unit = Unit(asyncio.current_task(), fence=fence, after=after)
         _CURRENT.set(unit)
         self._units.add(unit)
         return unit
@@ -264,7 +310,7 @@ class Writer:
         self._units.discard(unit)
         if _CURRENT.get() is unit:
             _CURRENT.set(None)
-        return self._queue_group(unit.take(extra))
+        return self._queue_group(unit.take(extra), unit.after)
 
     def current_unit(self) -> Unit | None:
         """The unit of the running task; tasks it started write on their own."""
@@ -281,14 +327,14 @@ class Writer:
             return
         for other in self._holding(repos):
             if other is not unit:
-                self._queue_group(other.take())
+                self._queue_group(other.take(), other.after)
         unit.statements.extend(statements)
         unit.repos |= repos
         unit.touched |= repos
 
     async def commit_holding(self, repos: Iterable[str]) -> None:
         """Commit what units hold of `repos` (before their state is read back from the store)."""
-        futures = [self._queue_group(unit.take()) for unit in self._holding(repos)]
+        futures = [self._queue_group(unit.take(), unit.after) for unit in self._holding(repos)]
         if futures:
             await asyncio.gather(*futures)
 
@@ -296,7 +342,7 @@ class Writer:
         """Commit what the running unit holds, before Klaud acts on GitHub."""
         unit = self.current_unit()
         if unit is not None and unit.statements:
-            await self._queue_group(unit.take())
+            await self._queue_group(unit.take(), unit.after)
 
     def _holding(self, repos: Iterable[str]) -> list[Unit]:
         # Units note the repositories they wrote in lowercase (`Change.repos`).

@@ -145,6 +145,8 @@ class Inbox:
         self._released: set[str] = set()  # ordering keys whose queues are dropped once idle
         self._free: tuple[float, int | None] = (-1.0, None)  # (when measured, bytes)
         self._unanswered: set[asyncio.Future[bool]] = set()  # puts past their answer's time
+        # Deliveries whose last commit raised, by id, until the store says what became of them.
+        self._in_doubt: dict[str, Ended] = {}
         # Why the store's last answer (a put, or /readyz's probe) was an error; None once it answers.
         self.store_error: str | None = None
         self._probed_at = -PROBE_EVERY
@@ -327,6 +329,7 @@ class Inbox:
         self._released.discard(key)
         for delivery in self._queues.pop(key, deque()):
             self._queued.discard(delivery.id)
+            self._in_doubt.pop(delivery.id, None)
             self._held_bytes -= self._held.pop(delivery.id, 0)
             self._set_backlog(self._backlog - 1)
         self._due.pop(key, None)
@@ -399,12 +402,13 @@ class Inbox:
         ends: list[Ended] = []
         try:
             batch = list(itertools.islice(queue, self.batch_size))
-            if not await self._reload_stale(key, batch[0]) or not await self._read_bodies(key, batch):
+            if (not await self._settle_in_doubt(key, batch) or not await self._reload_stale(key, batch[0])
+                    or not await self._read_bodies(key, batch)):
                 return
             loop = asyncio.get_running_loop()
             held_since = loop.time()
             for delivery in batch:
-                ended = await self._run_one(delivery)
+                ended = await self._run_one(delivery, ends[-1].commit if ends else None)
                 ends.append(ended)
                 if ended.status == "queued":  # waits for its retry at the head of the queue
                     break
@@ -453,7 +457,7 @@ class Inbox:
                 delivery.body = bodies.get(delivery.id, b"")
         return True
 
-    async def _run_one(self, delivery: Delivery) -> Ended:
+    async def _run_one(self, delivery: Delivery, after: asyncio.Future[list[Result]] | None) -> Ended:
         self._running[delivery.id] = delivery
         structlog.contextvars.bind_contextvars(
             delivery_id=delivery.id,
@@ -470,7 +474,9 @@ class Inbox:
         # With replicas what the delivery changed commits only while the claim is still this
         # replica's: after a stall past its lease, the next owner's processing is the one.
         fence = None if self.ownership is None else self.store.claim_fence(delivery.id, self.ownership.owner)
-        unit = writer.begin_unit(fence)
+        # Committed after the delivery before it in the batch, or not at all: a store that
+        # fails one commit and takes the next must not reorder the repository's deliveries.
+        unit = writer.begin_unit(fence, after)
         started = time.perf_counter()
         error: Exception | None = None
         try:
@@ -517,29 +523,61 @@ class Inbox:
                    if isinstance(result, BaseException)]
         progress = await self._stored_progress(refused) if refused else {}
         for index, (ended, result) in enumerate(zip(ends, results, strict=True)):
-            if isinstance(result, BaseException):
-                stored = progress.get(ended.delivery.id)
-                if self._committed_after_all(ended, stored):
-                    self._ended(key, ended)
-                    continue
-                if stored is not None and self._claimed_elsewhere(stored):
-                    self._taken_elsewhere(key, ended, stored)
-                    continue
-                # The store refused the commit: this delivery and the batch's later ones stay
-                # at the head of the queue and run again (handlers are idempotent).
+            if not isinstance(result, BaseException):
+                self._ended(key, ended)
+            elif not self._accounted_in_store(key, ended, progress.get(ended.delivery.id)):
+                # The store refused the commit (or could not say): this delivery and the
+                # batch's later ones stay at the head of the queue, asked about again before
+                # they run again (handlers are idempotent, but a second commit is a second
+                # processing).
                 self._store_failed(key, ends[index:], result)
                 return
-            self._ended(key, ended)
 
     async def _stored_progress(self, delivery_ids: list[str]) -> dict[str, Progress]:
         """What the store holds of deliveries whose commit raised: the answer of a commit
         that landed can be lost (the connection dropped between COMMIT and its reply)."""
         try:
             return await self.store.progress(delivery_ids)
-        # Unreadable as well: the commits are taken as refused, and run again.
+        # Unreadable as well: they are asked about again before they run again.
         except Exception as exc:  # noqa: BLE001
             log.warning("delivery.progress_unread", deliveries=delivery_ids, error=f"{type(exc).__name__}: {exc}")
             return {}
+
+    def _accounted_in_store(self, key: str, ended: Ended, stored: Progress | None) -> bool:
+        """Account for a delivery whose commit raised by what the store shows: its commit
+        landed after all, or another replica holds it. False when it has to run again."""
+        if self._committed_after_all(ended, stored):
+            self._ended(key, ended)
+            return True
+        if stored is not None and self._claimed_elsewhere(stored):
+            self._taken_elsewhere(key, ended, stored)
+            return True
+        return False
+
+    async def _settle_in_doubt(self, key: str, batch: list[Delivery]) -> bool:
+        """Before deliveries whose last commit raised run again, ask the store what became of
+        them: those whose commit landed after all are accounted for, not run twice. False
+        when this pass ends here: the store could not say, or some turned out finished (the
+        queue's next pass starts after them). A delivery's commit comes after the one before
+        it or not at all, so from the first that did not land on, none did: they run again."""
+        doubtful = [delivery.id for delivery in batch if delivery.id in self._in_doubt]
+        if not doubtful:
+            return True
+        try:
+            progress = await self.store.progress(doubtful)
+        # The store cannot be read: the queue waits and asks again, like a failed commit.
+        except Exception as exc:  # noqa: BLE001
+            self._wait_for_store(key, batch[0], exc)
+            return False
+        settled = False
+        for delivery in batch:
+            ended = self._in_doubt.pop(delivery.id, None)
+            if ended is None or not self._accounted_in_store(key, ended, progress.get(delivery.id)):
+                break
+            settled = True
+        for delivery in batch:
+            self._in_doubt.pop(delivery.id, None)
+        return not settled
 
     def _committed_after_all(self, ended: Ended, stored: Progress | None) -> bool:
         # A delivery's attempts are written with its status, in the transaction of its
@@ -564,6 +602,7 @@ class Inbox:
     def _store_failed(self, key: str, unsaved: list[Ended], exc: BaseException) -> None:
         for ended in unsaved:
             ended.delivery.status = "queued"
+            self._in_doubt[ended.delivery.id] = ended
             # Memory holds what the store refused: the handlers would find nothing left to
             # write when they run again, so those repositories are read back first.
             self.stale.update(ended.repos)

@@ -47,15 +47,18 @@ async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
     raise AssertionError(f"not reached in {seconds} s")
 
 
-def losing_the_first_status_answer(stores: Stores) -> Callable[[Sequence[Statement]], Awaitable[list[Result]]]:
-    """The engine's transaction, except that the first one writing a delivery's status
-    commits and then raises, as when the connection drops between COMMIT and its reply."""
+def losing_the_first_status_answer(
+    stores: Stores, answers: int = 1
+) -> Callable[[Sequence[Statement]], Awaitable[list[Result]]]:
+    """The engine's transaction, except that the first `answers` writing a delivery's status
+    commit and then raise, as when the connection drops between COMMIT and its reply (the
+    writer tries a failed batch's groups again one by one: each of those is one more)."""
     commit = stores.engine.transaction
     lost: list[bool] = []
 
     async def transaction(statements: Sequence[Statement]) -> list[Result]:
         results = await commit(statements)
-        if not lost and any("attempts =" in statement.sql for statement in statements):
+        if len(lost) < answers and any("attempts =" in statement.sql for statement in statements):
             lost.append(True)
             raise asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation")
         return results
@@ -82,6 +85,84 @@ async def test_a_commit_whose_answer_was_lost_is_not_run_again(stores: Stores, s
     assert runs == ["d1"]
     stored = await stores.deliveries.get("d1")
     assert stored is not None and (stored.status, stored.attempts) == ("done", 1)
+
+
+async def test_a_commit_whose_answer_was_lost_is_asked_about_again_before_it_would_run_again(
+    stores: Stores, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The connection storm that lost the answer also fails the first question about it.
+    runs: list[str] = []
+
+    async def handler(item: Delivery) -> None:
+        runs.append(item.id)
+
+    stores.engine.transaction = losing_the_first_status_answer(stores, answers=3)  # type: ignore[method-assign]
+    progress = stores.deliveries.progress
+    asked: list[list[str]] = []
+
+    async def unreadable_once(ids: list[str]) -> dict:
+        asked.append(ids)
+        if len(asked) == 1:
+            raise ConnectionError("the connection was closed")
+        return await progress(ids)
+
+    monkeypatch.setattr(stores.deliveries, "progress", unreadable_once)
+    replicas = store_url.startswith("postgresql")
+    inbox = Inbox(stores.deliveries, handler, ownership=Owner() if replicas else None, base_delay=0.05,
+                  max_delay=0.1, claim_every=0.02)
+    await inbox.open()
+    await inbox.start()
+    for n in (1, 2):
+        assert await inbox.put(delivery(n))
+    await until(lambda: "d2" in runs and inbox.backlog == 0)
+    await inbox.stop()
+
+    assert len(asked) >= 2, "asked again once the store could answer"
+    assert runs.count("d1") == 1 and runs.count("d2") == 1
+    for n in (1, 2):
+        stored = await stores.deliveries.get(f"d{n}")
+        assert stored is not None and (stored.status, stored.attempts) == ("done", 1)
+
+
+async def test_a_refused_commit_holds_back_the_commits_of_the_deliveries_after_it(stores: Stores, store_url: str) -> None:
+    # d2 ran before d1's commit was refused; the store then takes d2's transaction. It must
+    # not land ahead of d1: a repository's deliveries are committed in their order.
+    runs: list[str] = []
+    d1_ran = asyncio.Event()
+
+    async def handler(item: Delivery) -> None:
+        runs.append(item.id)
+        if item.id == "d1" and runs.count("d1") == 1:
+            await d1_ran.wait()
+
+    commit = stores.engine.transaction
+    refusals: list[bool] = []
+    committed: list[str] = []
+
+    async def refusing_d1_once(statements: Sequence[Statement]) -> list[Result]:
+        written = [n for n in ("d1", "d2") if any("attempts =" in s.sql and f"'{n}'" in repr(s.args) for s in statements)]
+        if not refusals and "d1" in written:
+            refusals.append(True)
+            raise ConnectionError("the connection was closed")
+        results = await commit(statements)
+        committed.extend(written)
+        return results
+
+    stores.engine.transaction = refusing_d1_once  # type: ignore[method-assign]
+    replicas = store_url.startswith("postgresql")
+    inbox = Inbox(stores.deliveries, handler, ownership=Owner() if replicas else None, base_delay=0.05,
+                  max_delay=0.1, claim_every=0.02)
+    await inbox.open()
+    for n in (1, 2):
+        assert await inbox.put(delivery(n))
+    await inbox.start()
+    await until(lambda: "d1" in runs)
+    d1_ran.set()
+    await until(lambda: "d2" in committed and inbox.backlog == 0)
+    await inbox.stop()
+
+    assert refusals and committed.index("d1") < committed.index("d2")
+    assert runs == ["d1", "d2", "d1", "d2"], "both ran again, in their order"
 
 
 @POSTGRESQL_ONLY

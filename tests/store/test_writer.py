@@ -92,6 +92,53 @@ async def test_a_refused_group_fails_alone_and_its_neighbours_commit(db: Recordi
     assert await state.get("o/b", "wave", "f") is None
 
 
+async def test_a_store_out_of_reach_fails_the_later_groups_too_rather_than_commit_them_ahead(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tried one by one after a failed batch, a later group committing while an earlier one of
+    # the same repository could not would reorder that repository's deliveries.
+    state = StateStore(db)
+    transaction = db.transaction
+    tried: list[int] = []
+
+    async def out_of_reach_once_batched(statements):  # the batch, then the first group alone
+        tried.append(len(statements))
+        if len(tried) <= 2:
+            raise ConnectionError("the connection was closed")
+        return await transaction(statements)
+
+    monkeypatch.setattr(db, "transaction", out_of_reach_once_batched)
+    results = await asyncio.gather(
+        state.apply(put("o/a", "f", 1)), state.apply(put("o/a", "g", 2)), return_exceptions=True
+    )
+    assert [type(result).__name__ for result in results] == ["ConnectionError", "ConnectionError"]
+    assert len(tried) == 2, "the second group was not tried alone"
+    assert await state.get("o/a", "wave", "g") is None
+
+
+async def test_a_group_that_comes_after_a_refused_one_is_not_committed(db: RecordingDatabase) -> None:
+    # The next delivery of a repository ran before the one before it was committed: when that
+    # commit is refused (and the store takes the next transaction), it must not land alone.
+    state = StateStore(db)
+    writer = state.writer
+
+    async def delivery_changing(key: str, value: str, after: asyncio.Future | None = None) -> asyncio.Future:
+        unit = writer.begin_unit(after=after)
+        await state.apply(put("o/r", key, value))
+        return writer.end_unit(unit, [])
+
+    db.refuse = "first"
+    first = await delivery_changing("f", "first")
+    await asyncio.gather(first, return_exceptions=True)
+    db.refuse = None  # the store takes the next transaction
+    second = await delivery_changing("g", "second", after=first)
+    other = await delivery_changing("h", "unrelated")
+    results = await asyncio.gather(second, other, return_exceptions=True)
+
+    assert isinstance(results[0], RuntimeError) and not isinstance(results[1], BaseException)
+    assert await state.get("o/r", "wave", "g") is None and await state.get("o/r", "wave", "h") is not None
+
+
 async def test_a_meta_record_counts_as_its_repositorys_change() -> None:
     change = Change().put("", "repo", "Acme/Bench", {"installation": 1}).clear("o/r", "pull")
     assert change.repos() == {"acme/bench", "o/r"}

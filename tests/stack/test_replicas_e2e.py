@@ -1,5 +1,6 @@
 """Replicas on one PostgreSQL store (DESIGN §6), as separate processes: deliveries spread over
-them, one killed with SIGKILL mid-stream, a rolling restart under load.
+them, one killed with SIGKILL mid-stream, a rolling restart under load, every connection to
+the store killed again and again.
 
 Each replica's handler leaves one record per processing, committed with the delivery's
 status, so the store itself tells whether a delivery was processed once, and in which order.
@@ -26,6 +27,7 @@ import asyncpg
 from tests.harness import headers_for
 from tests.helpers import replica_server
 from tests.helpers.slow_server import wait_for_urls
+from tests.store.postgres_server import PostgresServer
 
 LEASE_SECONDS = 3.0
 
@@ -208,4 +210,34 @@ async def test_a_rolling_restart_of_two_replicas_loses_no_delivery(store_url: st
         stop_all(replicas)
 
     assert len(sender.acknowledged) == 720, "every delivery was acknowledged by some replica"
+    assert_once_and_in_order(sender.acknowledged, await processings(store_url))
+
+
+async def test_connections_terminated_mid_transaction_lose_nothing_and_repeat_nothing(
+    store_url: str, postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    # Every backend of the store killed 40 times under load: commits whose answer is lost,
+    # transactions cut in the middle, questions about them cut too.
+    replicas = [start_replica(store_url, tmp_path / f"replica-{n}") for n in range(2)]
+    database = store_url.rsplit("/", 1)[1]
+    try:
+        sender = Sender(list(replicas))
+        async with aiohttp.ClientSession() as session:
+            streams = [asyncio.create_task(sender.send_repo(session, f"acme/t-{n}", 150, n)) for n in range(6)]
+            while len(sender.acknowledged) < 150:
+                await asyncio.sleep(0.05)
+            admin = await asyncpg.connect(postgres_server.url("postgres"))
+            try:
+                for _ in range(40):
+                    await admin.fetch("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                      " WHERE datname = $1 AND pid <> pg_backend_pid()", database)
+                    await asyncio.sleep(0.15)
+            finally:
+                await admin.close()
+            await asyncio.wait_for(asyncio.gather(*streams), 120)
+        await wait_processed(store_url, set(sender.acknowledged))
+    finally:
+        stop_all(replicas)
+
+    assert len(sender.acknowledged) == 900
     assert_once_and_in_order(sender.acknowledged, await processings(store_url))

@@ -13,6 +13,7 @@ repository takes over the claims of one that died or lost the lease.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -211,6 +212,10 @@ class DeliveryStore:
 
     async def put(self, delivery: Delivery) -> bool:
         """Commit `delivery`; False when its id is already stored (a redelivery)."""
+        return await self.put_soon(delivery)
+
+    def put_soon(self, delivery: Delivery) -> asyncio.Future[bool]:
+        """`put`, as the future of its commit: the write goes on whoever stops waiting."""
         if delivery.body is None:
             raise ValueError(f"delivery {delivery.id} has no body to store")
         now = time.time()
@@ -226,7 +231,7 @@ class DeliveryStore:
         )
         # SQLite's bodies are compressed (~9x for a webhook) in the store's thread, which
         # releases the interpreter meanwhile; PostgreSQL compresses large values itself.
-        return await self._intake.enqueue_item(self._new, (row, stored_as(self.db.dialect, delivery.body)))
+        return self._intake.enqueue_item(self._new, (row, stored_as(self.db.dialect, delivery.body)))
 
     async def get(self, delivery_id: str) -> Delivery | None:
         rows = await self.db.fetch(SELECT_ONE, delivery_id)

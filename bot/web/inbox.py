@@ -170,31 +170,37 @@ class Inbox:
     async def put(self, delivery: Delivery) -> bool:
         """Commit `delivery` and queue it; False when its id is already stored (a redelivery)."""
         stored = await self.store.put(delivery)
-        if stored:
-            if self.ownership is None:
-                self._enqueue(delivery)
-            elif self.ownership.owns(delivery.repo):
-                if delivery.body is not None and len(delivery.body) <= self._own_bodies.maxsize:
-                    self._own_bodies[delivery.id] = delivery.body
-                self._claim_soon.set()  # claimed at once; another owner finds it on its next round
+        self._queue_stored(delivery, stored)
         return stored
+
+    def _queue_stored(self, delivery: Delivery, stored: bool) -> None:
+        if not stored:
+            return
+        if self.ownership is None:
+            self._enqueue(delivery)
+        elif self.ownership.owns(delivery.repo):
+            if delivery.body is not None and len(delivery.body) <= self._own_bodies.maxsize:
+                self._own_bodies[delivery.id] = delivery.body
+            self._claim_soon.set()  # claimed at once; another owner finds it on its next round
 
     async def put_in_time(self, delivery: Delivery, seconds: float) -> bool | None:
         """`put`, or None when the store has not answered within `seconds`: the write goes
         on (a delivery it keeps is processed; GitHub's redelivery is then a duplicate), and
         until it ends the store is at risk, so no other request waits on it."""
-        put = asyncio.ensure_future(self.put(delivery))
+        # The commit's future, not a task: this runs for every delivery.
+        written = self.store.put_soon(delivery)
         try:
             async with asyncio.timeout(seconds):
-                stored = await asyncio.shield(put)
+                stored = await asyncio.shield(written)
         except TimeoutError:
-            self._unanswered.add(put)
-            put.add_done_callback(functools.partial(self._answered_late, delivery.id))
+            self._unanswered.add(written)
+            written.add_done_callback(functools.partial(self._answered_late, delivery))
             return None
         except Exception as exc:
             self.store_error = f"{type(exc).__name__}: {exc}"
             raise
         self.store_error = None
+        self._queue_stored(delivery, stored)
         return stored
 
     async def probe_store(self) -> None:
@@ -214,14 +220,15 @@ class Inbox:
         else:
             self.store_error = None
 
-    def _answered_late(self, delivery_id: str, put: asyncio.Future[bool]) -> None:
-        self._unanswered.discard(put)
-        if put.cancelled():
+    def _answered_late(self, delivery: Delivery, written: asyncio.Future[bool]) -> None:
+        self._unanswered.discard(written)
+        if written.cancelled():
             return
-        if (exc := put.exception()) is not None:
-            log.error("delivery.store_failed", delivery_id=delivery_id, late=True, error=f"{type(exc).__name__}: {exc}")
-        else:
-            log.warning("delivery.stored_late", delivery_id=delivery_id, stored=put.result())
+        if (exc := written.exception()) is not None:
+            log.error("delivery.store_failed", delivery_id=delivery.id, late=True, error=f"{type(exc).__name__}: {exc}")
+            return
+        log.warning("delivery.stored_late", delivery_id=delivery.id, stored=written.result())
+        self._queue_stored(delivery, written.result())
 
     async def get(self, delivery_id: str) -> Delivery | None:
         return self._running.get(delivery_id) or await self.store.get(delivery_id)

@@ -328,13 +328,13 @@ async def test_a_store_that_does_not_answer_in_time_gets_503_and_the_write_goes_
     klaud = make_klaud(tmp_path, Recorder())
     async with running_klaud(klaud, drain=False) as run:
         answers = asyncio.Event()
-        put = klaud.inbox.store.put
+        put_soon = klaud.inbox.store.put_soon
 
         async def slow_put(delivery):
             await answers.wait()
-            return await put(delivery)
+            return await put_soon(delivery)
 
-        monkeypatch.setattr(klaud.inbox.store, "put", slow_put)
+        monkeypatch.setattr(klaud.inbox.store, "put_soon", lambda delivery: asyncio.ensure_future(slow_put(delivery)))
         slow = await run.post("pull_request", PR_PAYLOAD, delivery="slow-1")
         refused = await run.post("pull_request", PR_PAYLOAD, delivery="slow-2")  # not waiting behind it
         not_ready = await run.get_json("/readyz")

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import structlog
 from cachetools import LRUCache
@@ -43,6 +43,7 @@ log = structlog.get_logger("klaud.inbox")
 PROBE_EVERY = 1.0  # seconds between /readyz's questions to the store
 PROBE_SECONDS = 2.0  # how long one may wait for its answer
 
+T = TypeVar("T")
 Handler = Callable[[Delivery], Awaitable[None]]
 # Replaces a repository's state in memory with what the store holds.
 Reload = Callable[[str], Awaitable[None]]
@@ -446,17 +447,23 @@ class Inbox:
             return False
         return True
 
+    async def _read_or_wait(self, key: str, head: Delivery, read: Awaitable[T]) -> T | None:
+        """What a read before a batch answers; None when the store could not be read: the
+        queue then waits and tries again, like after a failed commit."""
+        try:
+            return await read
+        except Exception as exc:  # noqa: BLE001
+            self._wait_for_store(key, head, exc)
+            return None
+
     async def _read_bodies(self, key: str, batch: list[Delivery]) -> bool:
         """Read the bodies the queue did not keep in memory, in one query before the batch
         (a read per delivery would wait behind the commit of the one before)."""
         missing = [delivery.id for delivery in batch if delivery.body is None]
         if not missing:
             return True
-        try:
-            bodies = await self.store.bodies(missing)
-        # The store could not be read: the batch waits and tries again, like a failed commit.
-        except Exception as exc:  # noqa: BLE001
-            self._wait_for_store(key, batch[0], exc)
+        bodies = await self._read_or_wait(key, batch[0], self.store.bodies(missing))
+        if bodies is None:
             return False
         for delivery in batch:
             if delivery.body is None:
@@ -570,11 +577,8 @@ class Inbox:
         doubtful = [delivery.id for delivery in batch if delivery.id in self._in_doubt]
         if not doubtful:
             return True
-        try:
-            progress = await self.store.progress(doubtful)
-        # The store cannot be read: the queue waits and asks again, like a failed commit.
-        except Exception as exc:  # noqa: BLE001
-            self._wait_for_store(key, batch[0], exc)
+        progress = await self._read_or_wait(key, batch[0], self.store.progress(doubtful))
+        if progress is None:
             return False
         settled = False
         for delivery in batch:

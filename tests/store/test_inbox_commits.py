@@ -15,24 +15,13 @@ from bot.store import Stores
 from bot.store.deliveries import Delivery
 from bot.store.engine import Result, Statement
 from bot.web.inbox import Inbox
+from tests.web.test_inbox_batches import OwnerOf
 
 POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 BODY = json.dumps({"repository": {"full_name": "acme/bench"}}).encode()
 
 
-class Owner:
-    """The `Ownership` of replica-a, holding the lease of acme/bench."""
-
-    owner = "replica-a"
-
-    def repos(self) -> set[str]:
-        return {"acme/bench"}
-
-    def unrouted(self) -> bool:
-        return False
-
-    def owns(self, repo: str | None) -> bool:
-        return repo is not None and repo.lower() == "acme/bench"
+OWNER = OwnerOf("replica-a", "acme/bench")  # the replica holding the lease of acme/bench
 
 
 def delivery(n: int) -> Delivery:
@@ -74,7 +63,7 @@ async def test_a_commit_whose_answer_was_lost_is_not_run_again(stores: Stores, s
 
     stores.engine.transaction = losing_the_first_status_answer(stores)  # type: ignore[method-assign]
     replicas = store_url.startswith("postgresql")
-    inbox = Inbox(stores.deliveries, handler, ownership=Owner() if replicas else None, base_delay=0.05, claim_every=0.02)
+    inbox = Inbox(stores.deliveries, handler, ownership=OWNER if replicas else None, base_delay=0.05, claim_every=0.02)
     await inbox.open()
     await inbox.start()
     assert await inbox.put(delivery(1))
@@ -108,7 +97,7 @@ async def test_a_commit_whose_answer_was_lost_is_asked_about_again_before_it_wou
 
     monkeypatch.setattr(stores.deliveries, "progress", unreadable_once)
     replicas = store_url.startswith("postgresql")
-    inbox = Inbox(stores.deliveries, handler, ownership=Owner() if replicas else None, base_delay=0.05,
+    inbox = Inbox(stores.deliveries, handler, ownership=OWNER if replicas else None, base_delay=0.05,
                   max_delay=0.1, claim_every=0.02)
     await inbox.open()
     await inbox.start()
@@ -150,7 +139,7 @@ async def test_a_refused_commit_holds_back_the_commits_of_the_deliveries_after_i
 
     stores.engine.transaction = refusing_d1_once  # type: ignore[method-assign]
     replicas = store_url.startswith("postgresql")
-    inbox = Inbox(stores.deliveries, handler, ownership=Owner() if replicas else None, base_delay=0.05,
+    inbox = Inbox(stores.deliveries, handler, ownership=OWNER if replicas else None, base_delay=0.05,
                   max_delay=0.1, claim_every=0.02)
     await inbox.open()
     for n in (1, 2):
@@ -179,7 +168,7 @@ async def test_a_delivery_another_replica_finished_leaves_the_queue_and_the_next
     async def reload(repo: str) -> None:
         reloaded.append(repo)
 
-    inbox = Inbox(stores.deliveries, handler, ownership=Owner(), base_delay=0.05, claim_every=0.02, batch_size=1,
+    inbox = Inbox(stores.deliveries, handler, ownership=OWNER, base_delay=0.05, claim_every=0.02, batch_size=1,
                   reload=reload)
     await inbox.open()
     for n in (1, 2):

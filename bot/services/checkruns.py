@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import structlog
 
@@ -94,22 +95,34 @@ class CheckPublisher:
         if known and known.get("head_sha") == pull.head_sha and known.get("digest") == digest and not force:
             return
         api = self.live.api(state)
-        check_id = known.get("id") if known and known.get("head_sha") == pull.head_sha else None
-        if not check_id:
-            # One made before its id was stored (an answer lost, a crash after the POST) is
-            # updated: a second "Klaud Cold" on the head would stay, stale, next to it.
+        on_head = known if known and known.get("head_sha") == pull.head_sha else None
+        check_id = on_head.get("id") if on_head else None
+        if on_head and not check_id:
+            # A creation was sent for this head and its id never stored (its answer lost, a
+            # crash after the POST): the one it made is updated, not left stale beside a second.
             check_id = await api.check_run_on(pull.head_sha, CHECK_NAME)
         if check_id:
             await api.update_check_run(int(check_id), payload)
         else:
+            # Noted before it is sent, so that a creation whose outcome is unknown is looked
+            # for next time instead of made again.
+            if not await self._note(state, number, pull.head_sha, {"id": None, "digest": None}):
+                return
             check_id = await api.create_check_run(output.payload(pull.head_sha))
-        async with self.live.lock(repo):
-            current = state.overlap.get(number)
-            if current is None or current.head_sha != pull.head_sha:
-                return  # closed or moved on meanwhile: an entry for it would stay for good
-            state.meta.check_runs[str(number)] = {"head_sha": pull.head_sha, "id": check_id, "digest": digest}
-            await self.live.persist(state.save_meta())
+        if not await self._note(state, number, pull.head_sha, {"id": check_id, "digest": digest}):
+            return
         log.info("check.published", repo=repo, pr=number, status=output.status, conclusion=output.conclusion)
+
+    async def _note(self, state: RepoState, number: int, head_sha: str, check: dict[str, Any]) -> bool:
+        """Store what is known of the PR's check run on `head_sha`; False when the PR was
+        closed or moved on meanwhile (an entry for it would stay for good)."""
+        async with self.live.lock(state.name):
+            current = state.overlap.get(number)
+            if current is None or current.head_sha != head_sha:
+                return False
+            state.meta.check_runs[str(number)] = {"head_sha": head_sha, **check}
+            await self.live.persist(state.save_meta())
+        return True
 
     async def rerequested(self, state: RepoState, event: CheckRunEvent) -> None:
         """A person asked for the check again: re-render it on that head."""

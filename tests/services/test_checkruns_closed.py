@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
+
+import pytest
 
 from bot.core.events import PullRequestEvent
 from bot.services.checkruns import CheckPublisher
@@ -37,3 +40,35 @@ async def test_a_klaud_pr_closed_while_its_check_run_is_created_keeps_no_entry(k
 
     stored = await kit.live.store.get("", "repo", REPO)
     assert kit.state.meta.check_runs == {} and stored["check_runs"] == {}
+
+
+async def test_a_check_run_is_looked_for_only_when_a_creation_for_its_head_may_have_landed(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    checks = CheckPublisher(kit.live, kit.clock, delay_seconds=0)
+    head_ref = f"klaud/auto-{sc.candidate(H200)}"
+    kit.repo.calls.clear()
+    await kit.pulls.on_pull_request(kit.state, event("opened", 1000, head_ref))
+    await checks.settle()
+    assert [call[0] for call in kit.repo.calls if "check_run" in call[0]] == ["create_check_run"], (
+        "a new head: no search first")
+
+    # The next head's creation is made, but its answer never arrives.
+    create = kit.repo.create_check_run
+
+    async def answer_lost(payload: dict[str, Any]) -> int | None:
+        await create(payload)
+        raise ConnectionError("the answer was lost")
+
+    kit.repo.create_check_run = answer_lost  # type: ignore[method-assign]
+    pushed = pull_event("synchronize", 1000, updated_at=NOW + timedelta(minutes=1), head_ref=head_ref,
+                        user="klaud-cold[bot]", head_sha="f" * 40)
+    await kit.pulls.on_pull_request(kit.state, pushed)
+    with pytest.raises(ConnectionError):
+        await checks.publish((REPO, 1000), force=True)
+    await checks.settle()
+    kit.repo.create_check_run = create  # type: ignore[method-assign]
+    kit.repo.calls.clear()
+    await checks.publish((REPO, 1000), force=True)
+    await checks.close()
+
+    assert [call[0] for call in kit.repo.calls] == ["check_run_on", "update_check_run"]

@@ -29,7 +29,7 @@ from bot.core.domain import ACTIVE_RUN_STATUSES, Claim, Dispatch, claim_ref
 from bot.core.events import WorkflowRun
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
-from bot.services.outcomes import UNLINKED_SKEW, OutcomeRecorder, recorded_run
+from bot.services.outcomes import UNLINKED_SKEW, OutcomeRecorder
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
 
@@ -171,6 +171,6 @@ class ClaimKeeper:
             if not active and run.created_at is not None and run.created_at < since - UNLINKED_SKEW:
                 continue
             for candidate in CANDIDATE_IN_TEXT.findall(run.display_title or ""):
-                if not recorded_run(state, candidate, run.id):  # an earlier attempt's run
+                if not state.ledger.knows_run(candidate, run.id):  # an earlier attempt's run
                     found.setdefault(candidate, run)
         return found

@@ -95,13 +95,9 @@ def may_be_its_run(state: RepoState, dispatch: Dispatch, run: WorkflowRun) -> bo
     created = run.created_at
     return (
         dispatch.candidate in (run.display_title or "")
-        and not recorded_run(state, dispatch.candidate, run.id)
+        and not state.ledger.knows_run(dispatch.candidate, run.id)
         and (created is None or created >= dispatch.at - UNLINKED_SKEW)
     )
-
-
-def recorded_run(state: RepoState, candidate: str, run_id: int) -> bool:
-    return any(attempt.run_id == run_id for attempt in state.ledger.for_candidate(candidate))
 
 
 def is_outcome_workflow(state: RepoState, run: WorkflowRun) -> bool:

@@ -605,7 +605,7 @@ class Inbox:
         delivery = ended.delivery
         self.stale.update(ended.repos)
         if delivery.repo:
-            self.stale.add(delivery.repo)
+            self.stale.add(delivery.repo.lower())  # the set holds lowercase names
         log.warning("delivery.taken_elsewhere", delivery_id=delivery.id, repository=delivery.repo,
                     by=stored.claimed_by, status=stored.status)
         self._finish(key)

@@ -24,8 +24,8 @@ BODY = json.dumps({"repository": {"full_name": "acme/bench"}}).encode()
 OWNER = OwnerOf("replica-a", "acme/bench")  # the replica holding the lease of acme/bench
 
 
-def delivery(n: int) -> Delivery:
-    return Delivery(f"d{n}", "pull_request", BODY, action="synchronize", repo="acme/bench", installation=1)
+def delivery(n: int, repo: str = "acme/bench") -> Delivery:
+    return Delivery(f"d{n}", "pull_request", BODY, action="synchronize", repo=repo, installation=1)
 
 
 async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
@@ -172,7 +172,7 @@ async def test_a_delivery_another_replica_finished_leaves_the_queue_and_the_next
                   reload=reload)
     await inbox.open()
     for n in (1, 2):
-        assert await inbox.put(delivery(n))
+        assert await inbox.put(delivery(n, "Acme/Bench"))  # as GitHub spells it
     await inbox.start()
     await until(lambda: "d1" in runs)
     # Meanwhile the repository's former owner claimed d1 back and committed it done.
@@ -184,5 +184,6 @@ async def test_a_delivery_another_replica_finished_leaves_the_queue_and_the_next
 
     assert runs == ["d1", "d2"], "d1 is not run again, and does not hold d2 back"
     assert reloaded == ["acme/bench"], "the other replica's changes are read back before d2"
+    assert inbox.stale == {"acme/bench"}, "noted in lowercase, as the live state clears it"
     stored = await stores.deliveries.get("d2")
     assert stored is not None and stored.status == "done"

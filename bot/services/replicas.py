@@ -29,7 +29,7 @@ import structlog
 
 from bot.services.live import LiveState
 from bot.store.deliveries import DeliveryStore
-from bot.store.leases import LeaseStore
+from bot.store.leases import LeaseStore, repo_lease
 
 log = structlog.get_logger("klaud.replicas")
 
@@ -48,10 +48,6 @@ PRUNES_PER_EXPIRY = 12
 def replica_id() -> str:
     """Unique per process start: a restarted replica takes over its own old claims too."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def repo_lease(repo: str) -> str:
-    return f"repo:{repo.lower()}"
 
 
 class Replicas:
@@ -84,6 +80,9 @@ class Replicas:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         live.admit = self.admit
+        # What this process writes outside a delivery commits only while no other replica
+        # holds the repository (a delivery's writes are fenced by its claim).
+        live.store.lease_owner = self.owner
 
     # -- what the inbox and the scheduler ask ---------------------------------------------
 

@@ -26,6 +26,7 @@ from bot.services.outcomes import OutcomeRecorder
 from bot.services.reconcile import Reconciler, retry_delay
 from bot.services.repo_state import RepoState
 from bot.services.waves import RETRY_TRIGGER, WaveRunner
+from bot.store.errors import LeaseTaken
 
 log = structlog.get_logger("klaud.scheduler")
 
@@ -168,6 +169,12 @@ class Scheduler:
                 "scheduler.repo_failed", repo=name, work=kind, error=str(exc), transient=exc.transient,
                 attempts=attempts, retry_at=stamp(retry_at),
             )
+            return False
+        except LeaseTaken as exc:
+            # Another replica took the repository while this one worked on it (it stalled
+            # past its lease): the store refused the write, the new owner finds on GitHub
+            # whatever this work did there, and the next lease round lets the repository go.
+            log.warning("scheduler.lease_taken", repo=name, work=kind, error=str(exc))
             return False
         # A bug in one repository's work (its traceback logged) must not stop every later
         # repository's waves tick after tick: it is backed off from like GitHub trouble.

@@ -18,5 +18,13 @@ class StoreLocked(StoreError):
     """Another Klaud process serves the same SQLite file."""
 
 
+# The SQLSTATE (a class of Klaud's own) the lease fence raises (PostgreSQL, migration 7).
+LEASE_TAKEN_SQLSTATE = "KL001"
+
+
+class LeaseTaken(StoreError):
+    """A write of repositories another replica has taken since was refused (replicas)."""
+
+
 class SchemaTooNew(StoreError):
     """The store was migrated by a newer Klaud than this one."""

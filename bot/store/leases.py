@@ -8,6 +8,8 @@ Times are the database's clock, the one every replica shares.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from bot.store.engine import Engine, Statement, as_count, as_rows
 
 ACQUIRE = (
@@ -24,6 +26,18 @@ HOLDERS = "SELECT name, owner FROM leases WHERE expires_at > {now}"
 # A process that dies leaves its heartbeat lease (`replica:<host>:<pid>:<id>`, a new name at
 # every start) behind, expired; without this, every crash would add a row for good.
 PRUNE = "DELETE FROM leases WHERE expires_at < {now} - ?"
+LEASES_FREE = "SELECT klaud_leases_free(?::text[], ?)"  # migration 7
+
+
+def repo_lease(repo: str) -> str:
+    """The lease of a repository (one owner among replicas)."""
+    return f"repo:{repo.lower()}"
+
+
+def lease_fence(repos: Iterable[str], owner: str) -> Statement:
+    """A statement that fails its transaction (`LeaseTaken`) when another replica than
+    `owner` holds the lease of one of `repos` (PostgreSQL)."""
+    return Statement(LEASES_FREE, (sorted({repo_lease(repo) for repo in repos}), owner), rows=True)
 
 
 class LeaseStore:

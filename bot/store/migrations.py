@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.store.engine import Dialect
-from bot.store.errors import SchemaTooNew
+from bot.store.errors import LEASE_TAKEN_SQLSTATE, SchemaTooNew
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,33 @@ MIGRATIONS: tuple[Migration, ...] = (
                 IF lost IS NOT NULL THEN
                     RAISE EXCEPTION 'deliveries % are no longer claimed by %: their repository has another owner',
                         array_to_string(lost, ', '), replica;
+                END IF;
+                RETURN TRUE;
+            END $$""",
+        ),
+    ),
+    # Replicas: a write outside a delivery (a wave, the scheduler, a reconcile) by a replica
+    # whose repository another replica has taken since (it stalled past its lease between
+    # asking whether it owns it and committing) must not land. The check locks the lease
+    # rows, so the lease cannot pass to another between the check and the commit; a
+    # repository nobody holds (its lease expired and not taken yet, or never taken) is
+    # anyone's to write, as the replica taking it next loads what is stored.
+    Migration(
+        7,
+        "a write outside a delivery fenced by the repository's lease",
+        sqlite=(),
+        postgresql=(
+            f"""CREATE FUNCTION klaud_leases_free(names TEXT[], replica TEXT) RETURNS BOOLEAN
+            LANGUAGE plpgsql AS $$
+            DECLARE taken TEXT[];
+            BEGIN
+                PERFORM 1 FROM leases WHERE name = ANY(names) FOR SHARE;
+                SELECT array_agg(name || ' (' || owner || ')') INTO taken FROM leases
+                WHERE name = ANY(names) AND owner <> replica
+                    AND expires_at > extract(epoch from clock_timestamp())::double precision;
+                IF taken IS NOT NULL THEN
+                    RAISE EXCEPTION 'leases % are held by another replica', array_to_string(taken, ', ')
+                        USING ERRCODE = '{LEASE_TAKEN_SQLSTATE}';
                 END IF;
                 RETURN TRUE;
             END $$""",

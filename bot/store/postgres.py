@@ -19,7 +19,12 @@ import asyncpg  # type: ignore[import-untyped]
 import structlog
 
 from bot.store.engine import Dialect, Result, Row, Statement
-from bot.store.errors import StoreError, StoreUnavailable
+from bot.store.errors import (
+    LEASE_TAKEN_SQLSTATE,
+    LeaseTaken,
+    StoreError,
+    StoreUnavailable,
+)
 from bot.store.migrations import (
     CURRENT_VERSION,
     LATEST,
@@ -106,13 +111,13 @@ class PostgresDatabase:
             log.info("store.migrated", engine="postgresql", where=self.where, from_version=current, to_version=LATEST)
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
-        with self._transient_named():
+        with self._errors_named():
             async with self._open_pool().acquire(timeout=ACQUIRE_SECONDS) as conn:
                 rows: list[Row] = await conn.fetch(numbered(sql), *args)
                 return rows
 
     async def transaction(self, statements: Sequence[Statement]) -> list[Result]:
-        with self._transient_named():
+        with self._errors_named():
             async with self._open_pool().acquire(timeout=ACQUIRE_SECONDS) as conn:
                 if len(statements) == 1:
                     # One statement is a transaction of its own: one round trip, not three
@@ -122,13 +127,18 @@ class PostgresDatabase:
                     return [await _execute(conn, statement) for statement in statements]
 
     @contextmanager
-    def _transient_named(self) -> Iterator[None]:
+    def _errors_named(self) -> Iterator[None]:
         """asyncpg's errors that a later try can get past, as `StoreUnavailable`: a handler
-        whose read met a restarting server retries its delivery instead of failing it."""
+        whose read met a restarting server retries its delivery instead of failing it.
+        The lease fence's refusal as `LeaseTaken`: the repository is another replica's."""
         try:
             yield
         except TRANSIENT as exc:
             raise StoreUnavailable(f"{self.where}: {type(exc).__name__}: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate == LEASE_TAKEN_SQLSTATE:
+                raise LeaseTaken(str(exc)) from exc
+            raise
 
     def _open_pool(self) -> Any:
         if self._pool is None:

@@ -20,6 +20,7 @@ import structlog
 from bot.store.change import Change
 from bot.store.codec import decode_document, decode_many, decode_one, unreadable_reason
 from bot.store.engine import Dialect, Engine, Statement, as_count, inflate, stored_as
+from bot.store.leases import lease_fence
 from bot.store.migrations import SQLITE_RECORDS_V1
 from bot.store.writer import Writer
 
@@ -74,6 +75,10 @@ class StateStore:
         completed_at = COMPLETED_AT[db.dialect]
         self._load_since = LOAD_SINCE.format(completed_at=completed_at)
         self._prune_attempts = PRUNE_ATTEMPTS.format(completed_at=completed_at)
+        # Replicas (PostgreSQL): this process's owner name (set by `Replicas`). Changes
+        # written outside a delivery then commit only while no other replica holds their
+        # repositories' leases (a delivery's changes are fenced by its claim instead).
+        self.lease_owner: str | None = None
 
     async def open(self) -> None:
         await self.db.open()
@@ -89,7 +94,9 @@ class StateStore:
             Statement(PUT_WAVE, waves, many=True),
         ]
         if change:
-            await self.writer.apply([statement for statement in statements if statement.args], change.repos())
+            repos = change.repos()
+            fence = lease_fence(repos, self.lease_owner) if self.lease_owner is not None else None
+            await self.writer.apply([statement for statement in statements if statement.args], repos, fence)
 
     async def rename(self, old: str, new: str) -> None:
         """Move every record and wave of `old` to `new` (the store has nothing of `new`)."""

@@ -14,11 +14,13 @@ import pytest
 
 from bot.core.clock import ManualClock
 from bot.services.live import LiveState
-from bot.services.replicas import INSTALLATIONS, Replicas, repo_lease
+from bot.services.replicas import INSTALLATIONS, Replicas
 from bot.services.repo_state import RepoState
 from bot.store import Stores, open_stores
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, status_statement
+from bot.store.errors import LeaseTaken
+from bot.store.leases import repo_lease
 from tests.conftest import fresh_database
 
 REPOS = ["o/a", "o/b", "O/C", "o/d"]
@@ -237,6 +239,33 @@ async def test_a_stalled_owners_commit_after_the_takeover_fails_its_fence(nodes)
     assert await b.stores.state.get("", "repo", "o/a") is None
     [again] = await b.stores.deliveries.claim_owned("b", {"o/a"}, unrouted=False, limit=9)
     assert again.id == claimed.id  # b does that delivery's work itself
+
+
+async def test_a_stalled_owners_write_outside_a_delivery_is_refused_once_another_holds_the_lease(nodes):
+    # A wave or the scheduler writes outside any delivery: no claim fences it, the lease does.
+    a = await nodes("a", lease_seconds=0.3)
+    await stored_repository(a, "o/a", 3)  # nobody holds o/a yet: anyone may write it
+    await a.replicas.round()
+    state = a.live.repo("o/a")
+    assert state is not None
+    state.meta.wave = 4
+    await a.live.persist(state.save_meta())  # its own lease
+    await asyncio.sleep(0.4)  # a stalls past its lease
+    b = await nodes("b")
+    await b.replicas.round()
+    assert b.replicas.owns("o/a") and b.live.repo("o/a") is not None
+    state.meta.wave = 41  # a wakes and finishes the wave it was running
+
+    with pytest.raises(LeaseTaken, match=r"repo:o/a \(b\)"):
+        await a.live.persist(state.save_meta())
+
+    assert (await b.stores.state.get("", "repo", "o/a") or {})["wave"] == 4
+    assert "o/a" in a.live.stale  # its memory is ahead of the store: read back before use
+    taken = b.live.repo("o/a")
+    assert taken is not None and taken.meta.wave == 4
+    taken.meta.wave = 5
+    await b.live.persist(taken.save_meta())  # the new owner writes on
+    assert (await a.stores.state.get("", "repo", "o/a") or {})["wave"] == 5
 
 
 async def stored_repository(node: Node, name: str, wave: int) -> None:

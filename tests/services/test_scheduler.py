@@ -6,10 +6,14 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+from structlog.testing import capture_logs
+
 from bot.core.domain import stamp
 from bot.github.errors import BadRequest, NotFound
 from bot.services.reconcile import FIRST_RETRY
 from bot.services.scheduler import LIGHT_RECONCILE_EVERY, Scheduler
+from bot.store.change import Change
+from bot.store.errors import LeaseTaken
 from tests.services.conftest import REPO, Kit
 from tests.services.test_claims import TTL, dispatched
 
@@ -70,3 +74,31 @@ async def test_stopping_cancels_a_tick_that_outlasts_the_grace(kit: Kit) -> None
     await waiting.wait()
     await asyncio.wait_for(ticks.stop(grace=0.05), timeout=5)
     assert ticks._task is not None and ticks._task.cancelled()
+
+
+async def test_a_wave_whose_write_another_replica_refused_is_not_backed_off_from(kit: Kit, monkeypatch) -> None:
+    # Replicas: the repository's lease passed to another replica while this one planned
+    # (it stalled past its lease). The refusal is no bug to back off from: the next lease
+    # round lets the repository go, or, the lease being free again, the next tick waves.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() - timedelta(minutes=1))
+    kit.state.meta.reconciled_at = stamp(kit.clock.now())
+    await kit.live.persist(kit.state.save_meta())
+    wave_before = kit.state.meta.wave
+    apply = kit.live.store.apply
+    refusals = [LeaseTaken("leases repo:o/r (replica-b) are held by another replica")]
+
+    async def refused_once(change: Change) -> None:
+        if refusals:
+            raise refusals.pop()
+        await apply(change)
+
+    monkeypatch.setattr(kit.live.store, "apply", refused_once)
+    ticks = scheduler(kit)
+    with capture_logs() as logs:
+        assert await ticks.tick() == []
+    assert [(e["event"], e["log_level"]) for e in logs if e["event"].startswith("scheduler.")] == [
+        ("scheduler.lease_taken", "warning")
+    ]
+    assert await ticks.tick() == [REPO]  # read back from the store, then waved at once
+    assert (await kit.live.store.get("", "repo", REPO) or {})["wave"] == wave_before + 1

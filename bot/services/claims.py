@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 import structlog
 
-from bot.core.domain import ACTIVE_RUN_STATUSES, Claim, Dispatch, claim_ref
+from bot.core.domain import ACTIVE_RUN_STATUSES, Claim, Dispatch, claim_ref, family_hash
 from bot.core.events import WorkflowRun
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
@@ -65,11 +65,16 @@ class ClaimKeeper:
 
     async def sync_refs(self, state: RepoState, api: RepoAPI, change: Change, now: datetime) -> None:
         """Local claims follow the claim refs on GitHub (a new ref is a claim made elsewhere)."""
+        # A family removed from the configs keeps its claim until the claim is settled (an
+        # orphan deleted, a run's outcome): its ref must still count as found.
+        claimed = {family_hash(family_id): family_id for family_id in state.claims}
         found: dict[str, str] = {}
         async for branch, _sha in api.branches(CLAIM_BRANCH_PREFIX):
-            family = state.family_by_hash(branch[len(CLAIM_BRANCH_PREFIX):])
-            if family is not None:
-                found[family.id] = branch
+            fam16 = branch[len(CLAIM_BRANCH_PREFIX):]
+            family = state.family_by_hash(fam16)
+            family_id = family.id if family is not None else claimed.get(fam16)
+            if family_id is not None:
+                found[family_id] = branch
         for family_id in list(state.claims):
             # A dispatch keeps its family in flight even if someone deleted the ref.
             if family_id not in found and family_id not in state.dispatches:

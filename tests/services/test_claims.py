@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import yaml
+
 from bot.core.domain import claim_ref
 from bot.core.events import Artifact, Job, Step, WorkflowRun, WorkflowRunEvent
 from bot.services.claims import UNLINKED_CHECK_AFTER
@@ -226,3 +228,22 @@ async def test_the_start_up_failure_of_an_unlinked_dispatch_is_recorded_with_our
         f"the run's start-up failure was never recorded (attempts={attempts}); the family is "
         f"{'still in flight' if family in kit.state.dispatches else 'released for the next wave'}"
     )
+
+
+async def test_the_claim_ref_of_a_family_removed_from_the_configs_is_deleted_too(kit: Kit) -> None:
+    # A claim made elsewhere, then its family removed by a push: the claim is still an
+    # orphan to settle, not a ref nobody will ever look at again.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.branches_at[claim_ref(H200)] = kit.repo.head
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert H200 in kit.state.claims
+    configs = yaml.safe_load(sc.NVIDIA)
+    del configs[H200.split(":", 1)[1]]
+    kit.repo.put_files({"configs/nvidia-master.yaml": yaml.safe_dump(configs)})
+    await kit.reconciler.reconcile(REPO, 1)
+    assert H200 not in kit.state.catalog
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert claim_ref(H200) in kit.repo.branches_at  # younger than one wave: kept
+    kit.clock.advance(timedelta(minutes=121).total_seconds())
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert claim_ref(H200) not in kit.repo.branches_at and H200 not in kit.state.claims

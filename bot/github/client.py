@@ -27,6 +27,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from functools import partial
+from operator import itemgetter
 from typing import Any, NamedTuple
 from urllib.parse import urlencode, urljoin, urlsplit
 
@@ -89,7 +90,10 @@ MAX_CALL_WAIT = 60.0
 # No wait GitHub asks for is believed beyond this: its quotas reset within the hour.
 MAX_RATE_LIMIT_WAIT = 3600.0
 MAX_BACKOFF = 30.0
-ETAG_CACHE_SIZE = 1024
+# Per installation, in bytes of the answers as received (decoded they take a few times more):
+# a count alone let a thousand pages of pull-request files, up to 3 MB each, be kept.
+ETAG_CACHE_BYTES = 8 * 1024 * 1024
+ETAG_ENTRY_OVERHEAD = 512  # the key, the ETag and the entry's own objects
 TOKEN_CACHE_SIZE = 4096
 DOWNLOAD_CHUNK = 64 * 1024
 ERROR_BODY_LIMIT = 64 * 1024
@@ -329,6 +333,8 @@ class _Response(NamedTuple):
 
 # The media type of the GET in progress in this task, read by its conditional-request cache.
 _ACCEPT: ContextVar[str] = ContextVar("klaud_accept", default="")
+# The size of the answer last received in this task: gidgethub caches what it decoded from it.
+_ANSWER_BYTES: ContextVar[int] = ContextVar("klaud_answer_bytes", default=0)
 # An answer at a commit's sha never changes and is not asked for again: not worth keeping.
 _PINNED_TO_A_COMMIT = re.compile(r"[?&]ref=[0-9a-f]{40}(?:&|$)")
 
@@ -340,17 +346,27 @@ class _ConditionalCache:
     with 304: keyed by URL alone, the raw read of a config over 1 MB got the cached JSON,
     and every family of that file was dropped. Answers pinned to a commit are not kept
     (one per push and config file, a few hundred KB each, none ever asked again).
+    Bounded by the bytes of the answers kept: least recently used first out.
     """
 
-    def __init__(self, size: int) -> None:
-        self._entries: cachetools.LRUCache[tuple[str, str], Any] = cachetools.LRUCache(maxsize=size)
+    def __init__(self, max_bytes: int) -> None:
+        # Each value is (gidgethub's entry, its size in bytes).
+        self._entries: cachetools.LRUCache[tuple[str, str], tuple[Any, int]] = cachetools.LRUCache(
+            maxsize=max_bytes, getsizeof=itemgetter(1)
+        )
 
     def __getitem__(self, url: str) -> Any:
-        return self._entries[(_ACCEPT.get(), url)]
+        return self._entries[(_ACCEPT.get(), url)][0]
 
     def __setitem__(self, url: str, entry: Any) -> None:
-        if not _PINNED_TO_A_COMMIT.search(url):
-            self._entries[(_ACCEPT.get(), url)] = entry
+        if _PINNED_TO_A_COMMIT.search(url):
+            return
+        key = (_ACCEPT.get(), url)
+        size = _ANSWER_BYTES.get() + ETAG_ENTRY_OVERHEAD
+        if size > self._entries.maxsize:
+            self._entries.pop(key, None)  # an older, smaller answer of it is out of date
+            return
+        self._entries[key] = (entry, size)
 
 
 def _budget_of(url: str) -> str:
@@ -523,7 +539,9 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
     ) -> tuple[int, Mapping[str, str], bytes]:
         if self._dry_run and changes_state(method, url):
             return self._pretend(method, url, body)
-        return await self._exchange(method, url, headers, body, read=_read_all)
+        response = await self._exchange(method, url, headers, body, read=_read_all)
+        _ANSWER_BYTES.set(len(response.body))
+        return response
 
     async def download(self, url: str, *, max_bytes: int) -> bytes:
         target = sansio.format_url(url, {}, base_url=self.base_url)
@@ -949,7 +967,7 @@ class GitHubApp:
                 credential=partial(self._installation_credential, installation_id),
                 dry_run=self._dry_run,
                 creates_are_safe=False,
-                etag_cache=_ConditionalCache(ETAG_CACHE_SIZE),
+                etag_cache=_ConditionalCache(ETAG_CACHE_BYTES),
             )
             client = InstallationClient(
                 api, installation_id, clock=self._clock, max_attempts=self._transport.max_attempts

@@ -631,6 +631,33 @@ async def test_etags_are_sent_and_a_304_is_served_from_the_installation_cache(
     assert requests_metric("GET", "/repos/{owner}/{repo}/pulls/{number}/files", "304") == before + 1
 
 
+async def test_the_etag_cache_keeps_answers_up_to_a_budget_of_bytes(
+    make_app: Callable[..., GitHubApp], stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pages of pull-request files run up to megabytes: a count of entries bounded nothing.
+    monkeypatch.setattr(client_module, "ETAG_CACHE_BYTES", 100_000)
+
+    async def files(request: web.Request) -> web.StreamResponse:
+        number = request.path.split("/")[-2]
+        etag = f'"{number}"'
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers={"ETag": etag})
+        size = 150_000 if number == "99" else 20_000
+        return web.json_response({"patch": "x" * size}, headers={"ETag": etag})
+
+    for number in [*range(1, 11), 99]:
+        stub.route("GET", f"/repos/acme/bench/pulls/{number}/files", files)
+    inst = make_app().installation(7)
+    for number in [*range(1, 11), 99]:  # ten answers of 20 KB, then one over the budget
+        await inst.getitem(f"/repos/acme/bench/pulls/{number}/files")
+    for number in (99, 10, 6, 5, 1):
+        assert (await inst.getitem(f"/repos/acme/bench/pulls/{number}/files"))["patch"].startswith("x")
+    sent = {s.path.split("/")[-2]: s.headers.get("If-None-Match") for s in stub.seen[-5:]}
+    # Room for four: the newest (10, 9, 8, 7), then 6 again from GitHub; the one over the
+    # budget was never kept.
+    assert sent == {"99": None, "10": '"10"', "6": None, "5": None, "1": None}
+
+
 async def test_requests_are_logged_with_their_route_and_never_the_token(inst: InstallationClient, stub: Stub) -> None:
     with capture_logs() as logs:
         await inst.getitem("/repos/acme/bench/pulls/{number}", {"number": 12})

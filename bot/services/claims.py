@@ -11,7 +11,9 @@ Every claim and dispatch has an end that does not depend on a webhook arriving:
   completed ones: found, it is linked (or its outcome recorded); absent, the claim goes;
 - a claim ref without a dispatch (a crash between claim and dispatch, a failed delete,
   another planner's leftover) is deleted once it is older than one wave and no run of its
-  candidate is in flight; a run in flight is adopted as the family's dispatch instead;
+  candidate is in flight; a run in flight is adopted as the family's dispatch instead; a
+  ref naming a family no config names any more is deleted the same way (its run, if any,
+  ends on its own);
 - the light reconcile reads the runs of every in-flight dispatch, so a lost `workflow_run`
   delivery is recovered within one light reconcile, and lists the claim refs on GitHub.
 
@@ -69,12 +71,16 @@ class ClaimKeeper:
         # orphan deleted, a run's outcome): its ref must still count as found.
         claimed = {family_hash(family_id): family_id for family_id in state.claims}
         found: dict[str, str] = {}
+        strays: set[str] = set()
         async for branch, _sha in api.branches(CLAIM_BRANCH_PREFIX):
             fam16 = branch[len(CLAIM_BRANCH_PREFIX):]
             family = state.family_by_hash(fam16)
             family_id = family.id if family is not None else claimed.get(fam16)
             if family_id is not None:
                 found[family_id] = branch
+            else:
+                strays.add(fam16)
+        state.stray_refs = {fam16: state.stray_refs.get(fam16, now) for fam16 in strays}
         for family_id in list(state.claims):
             # A dispatch keeps its family in flight even if someone deleted the ref.
             if family_id not in found and family_id not in state.dispatches:
@@ -97,13 +103,19 @@ class ClaimKeeper:
         one_wave = timedelta(minutes=state.policy.wave_every_minutes)
         return [c for c in state.claims.values() if c.family not in state.dispatches and now - c.at >= one_wave]
 
+    def _old_strays(self, state: RepoState, now: datetime) -> list[str]:
+        one_wave = timedelta(minutes=state.policy.wave_every_minutes)
+        return [fam16 for fam16, seen in state.stray_refs.items() if now - seen >= one_wave]
+
     async def _resolve(self, state: RepoState, api: RepoAPI, now: datetime, change: Change, *, every_run: bool) -> set[str]:
         dispatches = list(state.dispatches.values()) if every_run else self._due_dispatches(state, now)
         orphans = self._orphans(state, now)
+        strays = self._old_strays(state, now)
         families: set[str] = set()
         unlinked = [d for d in dispatches if d.run_id is None]
         since = min((d.at for d in unlinked), default=now)
-        in_flight = await self._runs_by_candidate(state, api, since=since, active=True) if unlinked or orphans else {}
+        wanted = unlinked or orphans or strays
+        in_flight = await self._runs_by_candidate(state, api, since=since, active=True) if wanted else {}
         titled = in_flight
         if any(d.candidate not in in_flight for d in unlinked):
             # Its run may have finished with every `workflow_run` delivery lost.
@@ -113,6 +125,8 @@ class ClaimKeeper:
             families |= await self._settle_dispatch(state, api, dispatch, run, now, change)
         for claim in orphans:
             families |= await self._settle_orphan(state, api, claim, in_flight.get(claim.candidate), change)
+        for fam16 in strays:
+            await self._settle_stray(state, api, fam16, in_flight)
         return families
 
     async def _run_of(self, api: RepoAPI, dispatch: Dispatch, titled: dict[str, WorkflowRun]) -> WorkflowRun | None:
@@ -158,6 +172,15 @@ class ClaimKeeper:
             return {claim.family}
         log.info("claim.orphan_deleted", family=claim.family, since=claim.at.isoformat())
         return await self._release(state, api, claim.family, change)
+
+    async def _settle_stray(self, state: RepoState, api: RepoAPI, fam16: str, in_flight: dict[str, WorkflowRun]) -> None:
+        """A claim ref of a family no config names (removed while another planner held it,
+        or with the store lost): no wave will ever settle it, so its age does."""
+        if any(candidate.startswith(f"{fam16}-") for candidate in in_flight):
+            return  # its run ends first; the ref is looked at again at the next light reconcile
+        await api.delete_branch(CLAIM_BRANCH_PREFIX + fam16)
+        del state.stray_refs[fam16]
+        log.info("claim.stray_deleted", ref=CLAIM_BRANCH_PREFIX + fam16)
 
     async def _release(self, state: RepoState, api: RepoAPI, family: str, change: Change) -> set[str]:
         await api.delete_branch(claim_ref(family))

@@ -107,6 +107,10 @@ class RepoState:
         self.claims: dict[str, Claim] = {}
         self.dispatches: dict[str, Dispatch] = {}
         self.pending_artifacts: dict[str, dict[str, Any]] = {}
+        # Claim refs on GitHub naming no family known here (fam16 -> when first listed):
+        # deleted once older than a wave with no run of theirs in flight. Kept in memory
+        # only: a restart delays a deletion by a wave at most.
+        self.stray_refs: dict[str, datetime] = {}
         # Incremental planning: each family's verdict (with the candidate and the time it
         # was made for), dropped when an event touches the family; the priority order,
         # dropped when the catalog changes; so are the times of the images' last changes.

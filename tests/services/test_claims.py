@@ -247,3 +247,27 @@ async def test_the_claim_ref_of_a_family_removed_from_the_configs_is_deleted_too
     kit.clock.advance(timedelta(minutes=121).total_seconds())
     await kit.reconciler.reconcile(REPO, 1, light=True)
     assert claim_ref(H200) not in kit.repo.branches_at and H200 not in kit.state.claims
+
+
+async def test_a_claim_ref_naming_no_known_family_is_deleted_once_a_wave_old_without_a_run(kit: Kit) -> None:
+    # Removed from the configs while another planner held it, or left when the store was
+    # lost: no claim here names it, and no wave will ever settle it.
+    await kit.reconciler.reconcile(REPO, 1)
+    stray, running = "klaud/claim-0123456789abcdef", "klaud/claim-fedcba9876543210"
+    kit.repo.branches_at[stray] = kit.repo.head
+    kit.repo.branches_at[running] = kit.repo.head
+    kit.repo.runs[78] = WorkflowRun(
+        id=78, path=".github/workflows/klaud-candidate.yml", head_sha=kit.repo.head, status="queued",
+        display_title="Klaud Cold candidate fedcba9876543210-0000000000000001", created_at=kit.clock.now(),
+    )
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    kit.clock.advance(timedelta(minutes=119).total_seconds())
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert {stray, running} <= set(kit.repo.branches_at)  # younger than one wave: kept
+    kit.clock.advance(timedelta(minutes=2).total_seconds())
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert stray not in kit.repo.branches_at
+    assert running in kit.repo.branches_at  # its run is still in flight
+    set_run(kit, 78, status="completed", conclusion="failure")
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert running not in kit.repo.branches_at

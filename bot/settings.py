@@ -91,21 +91,6 @@ class Settings(BaseModel):
             raise ValueError("must be an http(s) URL")
         return value.rstrip("/") if value else value
 
-    @property
-    def db_path(self) -> str:
-        """The SQLite file (only for sqlite:/// URLs)."""
-        return self.db[len("sqlite:///") :]
-
-    @property
-    def uses_postgres(self) -> bool:
-        return self.db.startswith(("postgresql://", "postgres://"))
-
-    def is_bot(self, login: str | None) -> bool:
-        if not login:
-            return False
-        wanted = login.lower()
-        return any(wanted == bot.lower() for bot in self.bot_logins)
-
     def secrets(self) -> list[str]:
         """Webhook secrets to accept, current first."""
         return [

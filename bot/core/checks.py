@@ -228,6 +228,3 @@ def _overlap_lines(view: CheckView, web_url: str) -> list[str]:
         f"- [#{o.pr}]({web_url}/{view.repo}/pull/{o.pr}) ({o.kind}): {o.reason}"
         for o in view.overlaps
     ]
-
-
-# -------------------------------------------------------------------------- coalescer

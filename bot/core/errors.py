@@ -11,12 +11,6 @@ from __future__ import annotations
 import sqlite3
 
 
-class PermanentError(Exception):
-    """Raised by handlers for input that can never be processed (bad payload, gone object)."""
-
-    transient = False
-
-
 class RepositoryMoved(Exception):
     """The event's repository is called `to` now, and another replica keeps it under that
     name: the delivery is handed on to that name, whose owner processes it."""

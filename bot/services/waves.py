@@ -2,7 +2,8 @@
 
 A wave reads nothing from GitHub. Its inputs are the live state and one capacity reading;
 its only GitHub calls are the writes that claim and dispatch the selected candidates (and
-the deletion of claims whose TTL ran out). A dry plan (`klaud plan`, `/plan`,
+the release of a claim whose dispatch GitHub refused; claims whose TTL ran out are settled
+by `bot.services.claims` before the wave). A dry plan (`klaud plan`, `/plan`,
 `/klaud status`) is the same planner call without any write and without consuming a
 `/klaud retry` approval.
 """

@@ -19,7 +19,6 @@ ACQUIRE = (
 )
 # Only while the row still names the owner: once another replica took the lease, or it was
 # released, renewing fails and the owner knows to stop.
-RENEW = "UPDATE leases SET expires_at = {now} + ? WHERE name = ? AND owner = ?"
 RENEW_MANY = "UPDATE leases SET expires_at = {now} + ? WHERE owner = ? AND name IN ({names}) RETURNING name"
 RELEASE = "DELETE FROM leases WHERE name = ? AND owner = ?"
 HOLDERS = "SELECT name, owner FROM leases WHERE expires_at > {now}"
@@ -44,16 +43,11 @@ class LeaseStore:
     def __init__(self, db: Engine) -> None:
         self.db = db
         self._acquire = ACQUIRE.format(now=db.now_sql)
-        self._renew = RENEW.format(now=db.now_sql)
         self._holders = HOLDERS.format(now=db.now_sql)
 
     async def acquire(self, name: str, owner: str, ttl_seconds: float) -> bool:
         """Take lease `name` for `ttl_seconds` unless someone else holds it unexpired."""
         return await self._changed(self._acquire, name, owner, ttl_seconds)
-
-    async def renew(self, name: str, owner: str, ttl_seconds: float) -> bool:
-        """Extend `owner`'s lease to `ttl_seconds` from now; False when it is no longer theirs."""
-        return await self._changed(self._renew, ttl_seconds, name, owner)
 
     async def renew_all(self, names: set[str], owner: str, ttl_seconds: float) -> set[str]:
         """Renew every lease of `names` `owner` still holds, in one statement; answer those."""

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 from pydantic import ValidationError
 
-from bot.core.errors import PermanentError, is_permanent
+from bot.core.errors import is_permanent
 from bot.core.events import WorkflowRunEvent
 from bot.github.errors import (
     BadRequest,
@@ -45,7 +45,6 @@ def test_github_and_store_trouble_is_transient(exc: BaseException) -> None:
     [
         NotFound(404, "Not Found"),
         BadRequest(403, "Resource not accessible by integration"),
-        PermanentError("gone"),
         KeyError("a bug"),
         ValueError("a bug"),
     ],

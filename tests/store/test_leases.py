@@ -12,13 +12,13 @@ async def test_a_lease_is_held_by_one_owner_until_it_expires_then_another_may_ta
     assert await leases.acquire(NAME, "a", 0.4)
     assert not await leases.acquire(NAME, "b", 30)
     assert await leases.acquire(NAME, "a", 0.4)  # its own: extended
-    assert await leases.renew(NAME, "a", 0.4)
-    assert not await leases.renew(NAME, "b", 30)
+    assert await leases.renew_all({NAME}, "a", 0.4) == {NAME}
+    assert await leases.renew_all({NAME}, "b", 30) == set()
     assert await leases.holders() == {NAME: "a"}
     await asyncio.sleep(0.5)
     assert await leases.holders() == {}
     assert await leases.acquire(NAME, "b", 30)  # expired: taken over
-    assert not await leases.renew(NAME, "a", 30)  # the old owner learns it lost the lease
+    assert await leases.renew_all({NAME}, "a", 30) == set()  # the old owner learns it lost the lease
     await leases.release(NAME, "a")  # not a's any more: nothing happens
     assert await leases.holders() == {NAME: "b"}
     await leases.release(NAME, "b")

@@ -18,7 +18,6 @@ from gidgethub import routing
 from structlog.testing import capture_logs
 
 from bot.app import Klaud
-from bot.core.errors import PermanentError
 from bot.web import inbox as inbox_module
 from bot.web import webhook as webhook_module
 from tests.harness import (
@@ -234,12 +233,12 @@ async def test_persistent_error_ends_failed_after_eight_attempts(tmp_path):
 
 
 async def test_permanent_error_fails_at_once(tmp_path):
-    recorder = Recorder(failures=1, exc=PermanentError)
+    recorder = Recorder(failures=1, exc=ValueError)  # a bug: a retry would only repeat it
     with capture_logs() as logs:
         async with running_klaud(make_klaud(tmp_path, recorder)) as run:
             await run.post("pull_request", PR_PAYLOAD, delivery="gone")
             failed = await wait_status(run, "gone", "failed")
-    assert failed["attempts"] == 1 and "PermanentError" in failed["error"]
+    assert failed["attempts"] == 1 and "ValueError" in failed["error"]
     assert any(e["event"] == "delivery.failed" and e["log_level"] == "warning" for e in logs)
 
 
@@ -565,7 +564,7 @@ def test_invalid_private_key_exits_2_without_printing_it(monkeypatch, capsys):
 async def test_prune_removes_finished_deliveries_after_their_retention(tmp_path):
     import time as time_module
 
-    recorder = Recorder(failures=1, exc=PermanentError)
+    recorder = Recorder(failures=1, exc=ValueError)
     async with running_klaud(make_klaud(tmp_path, recorder)) as run:
         await run.post("pull_request", PR_PAYLOAD, delivery="will-fail")
         await run.post("pull_request", dict(PR_PAYLOAD, number=2), delivery="will-pass")

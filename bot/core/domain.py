@@ -91,9 +91,12 @@ def candidate_id(family: str, image: str) -> str:
     return f"{family_hash(family)}-{identity(normalized_image(image))[:16]}"
 
 
+CLAIM_BRANCH_PREFIX = "klaud/claim-"
+
+
 def claim_ref(family: str) -> str:
     """Branch name (without `refs/heads/`) of a family's claim."""
-    return f"klaud/claim-{family_hash(family)}"
+    return CLAIM_BRANCH_PREFIX + family_hash(family)
 
 
 def candidate_branch(candidate: str) -> str:

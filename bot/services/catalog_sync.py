@@ -20,7 +20,7 @@ from bot.core.catalog import (
     parse_runners,
     read_master,
 )
-from bot.core.domain import Claim
+from bot.core.domain import CLAIM_BRANCH_PREFIX, Claim
 from bot.core.events import PushEvent, Repository
 from bot.core.policy import POLICY_PATH
 from bot.core.setup import workflow_path, workflow_setup_errors
@@ -32,7 +32,7 @@ from bot.store.change import Change
 
 log = structlog.get_logger("klaud.catalog")
 
-CLAIM_PREFIX = "refs/heads/klaud/claim-"
+CLAIM_PREFIX = "refs/heads/" + CLAIM_BRANCH_PREFIX
 ZERO_SHA = "0" * 40
 
 

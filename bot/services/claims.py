@@ -27,7 +27,14 @@ from datetime import datetime, timedelta
 
 import structlog
 
-from bot.core.domain import ACTIVE_RUN_STATUSES, Claim, Dispatch, claim_ref, family_hash
+from bot.core.domain import (
+    ACTIVE_RUN_STATUSES,
+    CLAIM_BRANCH_PREFIX,
+    Claim,
+    Dispatch,
+    claim_ref,
+    family_hash,
+)
 from bot.core.events import WorkflowRun
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
@@ -37,7 +44,6 @@ from bot.store.change import Change
 
 log = structlog.get_logger("klaud.claims")
 
-CLAIM_BRANCH_PREFIX = "klaud/claim-"
 # GitHub lists a dispatched run within seconds; until then an unlinked dispatch is kept.
 UNLINKED_CHECK_AFTER = timedelta(minutes=10)
 CANDIDATE_IN_TEXT = re.compile(r"\b[0-9a-f]{16}-[0-9a-f]{16}\b")

@@ -58,6 +58,11 @@ def _readable_body(delivery_id: str, encoding: str | None, stored: bytes) -> byt
         return None
 
 
+def repo_queue(repo: str) -> str:
+    """The ordering key of a repository's deliveries (one queue, processed in order)."""
+    return f"repo:{repo.lower()}"
+
+
 @dataclass(slots=True)
 class Delivery:
     id: str
@@ -77,7 +82,7 @@ class Delivery:
     def ordering_key(self) -> str:
         # Deliveries without a repository (installation events) are ordered per installation.
         if self.repo:
-            return f"repo:{self.repo.lower()}"
+            return repo_queue(self.repo)
         return f"installation:{self.installation}"
 
     def status_document(self) -> dict[str, Any]:

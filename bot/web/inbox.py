@@ -33,6 +33,7 @@ from bot.store.deliveries import (
     DeliveryStore,
     Progress,
     moved_statement,
+    repo_queue,
     status_statement,
 )
 from bot.store.engine import Result
@@ -290,13 +291,13 @@ class Inbox:
 
     def busy(self, repo: str) -> bool:
         """Whether deliveries of `repo` wait or run here."""
-        key = f"repo:{repo.lower()}"
+        key = repo_queue(repo)
         return bool(self._queues.get(key)) or key in self._active
 
     def release(self, repo: str) -> None:
         """Stop working on `repo` (its lease is gone): what waits here is dropped; its claims
         pass to the next owner, who takes over deliveries claimed by anyone else."""
-        self._released.add(f"repo:{repo.lower()}")
+        self._released.add(repo_queue(repo))
         self._wake.set()
 
     async def _claim_loop(self, ownership: Ownership) -> None:
@@ -435,7 +436,7 @@ class Inbox:
     async def _reload_stale(self, key: str, head: Delivery) -> bool:
         """Read back from the store the repositories whose last commit it refused, or whose
         memory a failed section left ahead of it."""
-        stale = {repo for repo in self.stale if f"repo:{repo.lower()}" == key}
+        stale = {repo for repo in self.stale if repo_queue(repo) == key}
         if not stale:
             return True
         try:

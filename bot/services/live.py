@@ -21,6 +21,7 @@ from cachetools import LRUCache
 
 from bot.core.clock import Clock
 from bot.core.domain import DecisionKind, Wave, stamp
+from bot.core.errors import is_permanent
 from bot.metrics import forget_repo
 from bot.services.api import RepoAPI, ReposAPI
 from bot.services.repo_state import RepoMeta, RepoState
@@ -109,9 +110,13 @@ class LiveState:
     async def _read_back_after_error(self, repo: str) -> None:
         try:
             await self._read_back(repo)
-        # The store cannot be read now either: the next batch or tick reads it back.
+        # The store cannot be read now either (or a bug, logged with its traceback): the
+        # next batch or tick reads it back.
         except Exception as exc:  # noqa: BLE001
-            log.warning("live.read_back_failed", repo=repo, error=f"{type(exc).__name__}: {exc}")
+            log.warning(
+                "live.read_back_failed", repo=repo, error=f"{type(exc).__name__}: {exc}",
+                exc_info=exc if is_permanent(exc) else None,
+            )
             self.stale.add(repo.lower())
 
     async def _read_back(self, name: str) -> None:

@@ -442,7 +442,8 @@ class Inbox:
         try:
             for repo in sorted(stale):
                 await self.reload(repo)
-        # The store still cannot be read: the queue waits and tries again, like a failed commit.
+        # The store still cannot be read (or a bug, logged with its traceback): the queue
+        # waits and tries again, like after a failed commit.
         except Exception as exc:  # noqa: BLE001
             self._wait_for_store(key, head, exc)
             return False
@@ -628,6 +629,8 @@ class Inbox:
             deliveries=ids or [head.id],
             retry_in_s=round(delay, 3),
             error=f"{type(exc).__name__}: {exc}",
+            # The store's trouble is one line; anything else is a bug, shown whole.
+            exc_info=exc if is_permanent(exc) else None,
         )
 
     def _ended(self, key: str, ended: Ended) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from structlog.testing import capture_logs
 
 from bot.core.clock import ManualClock
 from bot.core.events import Job
@@ -17,7 +18,8 @@ from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.pulls import PullSync
 from bot.services.reconcile import Reconciler
-from tests.services.conftest import REPO
+from bot.store.errors import StoreUnavailable
+from tests.services.conftest import REPO, Kit
 from tests.services.crash import INCOMPATIBLE, CrashKit
 from tests.services.test_outcomes import failed_run
 
@@ -141,3 +143,20 @@ async def test_a_failed_section_keeps_what_it_persisted_before_failing_whatever_
 
     assert H200 in live.repo(name).holds  # type: ignore[union-attr]
     await db.close()
+
+
+@pytest.mark.parametrize(("error", "traceback"), [(StoreUnavailable("the store restarts"), False),
+                                                  (TypeError("a bug in reading back"), True)])
+async def test_a_failed_read_back_after_a_failed_section_shows_a_bug_whole(
+    kit: Kit, monkeypatch: pytest.MonkeyPatch, error: Exception, traceback: bool
+) -> None:
+    async def read_back(name: str) -> None:
+        raise error
+
+    monkeypatch.setattr(kit.live, "_read_back", read_back)
+    with capture_logs() as logs, pytest.raises(Unavailable):
+        async with kit.live.lock(REPO):
+            raise Unavailable(502, "Bad Gateway")
+    [failed] = [e for e in logs if e["event"] == "live.read_back_failed"]
+    assert (failed.get("exc_info") is error) is traceback
+    assert REPO in kit.live.stale  # read back at the next batch or tick

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from bot.core.clock import Clock
 from bot.core.domain import Attempt
@@ -20,6 +21,7 @@ from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore
 from bot.store.engine import Statement
+from bot.store.errors import StoreUnavailable
 from bot.store.records import StateStore
 from bot.web.inbox import Inbox
 from tests.store.recording import RecordingDatabase
@@ -411,3 +413,34 @@ async def test_a_delivery_handed_on_again_and_again_fails_after_its_attempts(db:
     stored = await inbox.store.get("d1")
     assert stored is not None and stored.status == "failed" and stored.attempts == 3
     assert stored.error is not None and "RepositoryMoved" in stored.error
+
+
+@pytest.mark.parametrize(("error", "traceback"), [(StoreUnavailable("the store restarts"), False),
+                                                  (TypeError("a bug in reading back"), True)])
+async def test_a_failed_read_back_waits_and_shows_a_bug_whole(db: RecordingDatabase, error: Exception,
+                                                              traceback: bool) -> None:
+    # Reading a repository back is more than a read of the store: a bug there must not pass
+    # for the store's trouble, one line retried for ever.
+    store = DeliveryStore(db)
+    handler = Handler(StateStore(db, store.writer))
+    failures = [error]
+    reloaded: list[str] = []
+
+    async def reload(repo: str) -> None:
+        if failures:
+            raise failures.pop()
+        reloaded.append(repo)
+        stale.discard(repo)
+
+    stale = {"acme/bench"}
+    inbox = Inbox(store, handler, base_delay=0.01, max_delay=0.02, reload=reload, stale=stale)
+    await inbox.open()
+    await store.put(delivery(1))
+    with capture_logs() as logs:
+        await inbox.start()
+        await inbox.drained()
+        await inbox.stop()
+    [failed] = [e for e in logs if e["event"] == "delivery.store_failed"]
+    assert failed["error"] == f"{type(error).__name__}: {error}"
+    assert (failed.get("exc_info") is error) is traceback
+    assert reloaded == ["acme/bench"] and handler.seen == ["d1"]  # read back, then run

@@ -112,7 +112,7 @@ class LiveState:
             await self._read_back(repo)
         # The store cannot be read now either (or a bug, logged with its traceback): the
         # next batch or tick reads it back.
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning(
                 "live.read_back_failed", repo=repo, error=f"{type(exc).__name__}: {exc}",
                 exc_info=exc if is_permanent(exc) else None,

@@ -34,10 +34,8 @@ from bot.services.scheduler import Scheduler
 from bot.services.status_view import StatusViews
 from bot.services.waves import WaveRunner
 from bot.settings import Settings
-from bot.store import engine_for
-from bot.store.deliveries import Delivery, DeliveryStore
-from bot.store.leases import LeaseStore
-from bot.store.records import StateStore
+from bot.store import Stores, engine_for
+from bot.store.deliveries import Delivery
 from bot.web.inbox import Inbox
 from handlers import router as default_router
 from handlers.context import WebhookEvent
@@ -88,11 +86,10 @@ class Klaud:
         self.settings = settings
         self.clock = clock or Clock()
         self.router = router or default_router
-        self.db = engine_for(settings.db)
-        deliveries = DeliveryStore(self.db)
-        self.inbox = Inbox(deliveries, self.handle, **(inbox_options or {}))
-        # One writer: a delivery's status commits in the transaction of the state it changed.
-        self.store = StateStore(self.db, deliveries.writer)
+        stores = Stores.over(engine_for(settings.db))
+        self.db = stores.engine
+        self.inbox = Inbox(stores.deliveries, self.handle, **(inbox_options or {}))
+        self.store = stores.state
         self.session = aiohttp.ClientSession()
         self.github = GitHubApp(
             self.session,
@@ -129,7 +126,7 @@ class Klaud:
         self.replicas: Replicas | None = None
         if self.db.dialect == "postgresql":
             self.replicas = Replicas(
-                LeaseStore(self.db), deliveries, self.live, busy=self.inbox.busy, release=self.inbox.release
+                stores.leases, stores.deliveries, self.live, busy=self.inbox.busy, release=self.inbox.release
             )
         self.scheduler = Scheduler(
             self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune,

@@ -1,7 +1,8 @@
 """The store: state records, the delivery inbox and leases, on SQLite or PostgreSQL.
 
 `open_stores(url)` picks the engine from `KLAUD_DB`'s URL, takes its lock, migrates the
-schema and returns the stores that share it.
+schema and returns the stores that share it; `Stores.over(engine)` builds them unopened
+(the process opens the engine as it starts).
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ class Stores:
     deliveries: DeliveryStore
     leases: LeaseStore
 
+    @classmethod
+    def over(cls, engine: Engine) -> Stores:
+        """The stores of one engine. The state store writes through the delivery store's
+        writer, so a delivery's status commits in the transaction of the state it changed."""
+        deliveries = DeliveryStore(engine)
+        return cls(engine, StateStore(engine, deliveries.writer), deliveries, LeaseStore(engine))
+
     async def close(self) -> None:
         """Commit the writes already asked for, then close the engine (and free its lock)."""
         await self.deliveries.flushed()
@@ -52,5 +60,4 @@ async def open_stores(url: str) -> Stores:
     """
     engine = engine_for(url)
     await engine.open()
-    deliveries = DeliveryStore(engine)
-    return Stores(engine, StateStore(engine, deliveries.writer), deliveries, LeaseStore(engine))
+    return Stores.over(engine)

@@ -47,6 +47,7 @@ from bench.ingest import Load, Sent, make_load, median_round, send, wait_drained
 from tests.harness import SECRET
 from tests.helpers.slow_server import SCRIPT as KLAUD_SERVER
 from tests.helpers.slow_server import wait_for_urls
+from tests.ports import free_port
 
 TICK = os.sysconf("SC_CLK_TCK")
 PROBOT_VERSION = "14"
@@ -202,11 +203,6 @@ def serve_bedevere(urls_file: Path) -> None:
         await asyncio.Event().wait()
 
     asyncio.run(main())
-
-
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as sock:
-        return int(sock.getsockname()[1])
 
 
 def wait_until_serving(url: str, process: subprocess.Popen, timeout: float = 60.0) -> None:

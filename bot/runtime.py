@@ -6,7 +6,6 @@ same way through `start_stack`, so what the tests exercise is what `serve` runs.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,12 +25,6 @@ from bot.web.webhook import create_webhook_app
 log = structlog.get_logger("klaud.runtime")
 
 SANDBOX_APP_ID = 1
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def generate_app_key() -> tuple[str, Any]:

@@ -11,11 +11,12 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.ports import free_port
 
 PROGRAMS = ("initdb", "pg_ctl", "postgres")
 # Settings of a server whose data is thrown away: durability against a machine crash buys
@@ -70,7 +71,7 @@ class PostgresServer:
         if run_as is not None:
             user = pwd.getpwnam(run_as)
             os.chown(root, user.pw_uid, user.pw_gid)
-        server = cls(bindir, root, _free_port(), run_as)
+        server = cls(bindir, root, free_port(), run_as)
         try:
             server._run("initdb", "-D", str(server.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
                         "--no-sync")
@@ -117,9 +118,3 @@ def _server_user() -> str | None:
     if shutil.which("runuser") is None:
         raise Unavailable("running as root and `runuser` is missing to run the server as `postgres`")
     return "postgres"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

@@ -28,6 +28,7 @@ from tests.harness import (
     running_klaud,
 )
 from tests.helpers.slow_server import wait_for_urls
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PR_PAYLOAD = {
@@ -517,9 +518,7 @@ async def test_malformed_payload_fails_at_once_with_the_reason(tmp_path, event, 
 
 
 async def test_serve_sandbox_stops_cleanly_on_sigterm(tmp_path):
-    from bot.runtime import free_port
-
-    port, admin_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    port, admin_port = free_port(), free_port()
     env = {**os.environ, "KLAUD_DB": f"sqlite:///{tmp_path / 'serve.db'}", "KLAUD_PORT": str(port),
            "KLAUD_ADMIN_PORT": str(admin_port),
            "KLAUD_WEBHOOK_SECRET": SECRET, "KLAUD_LOG_FORMAT": "json"}

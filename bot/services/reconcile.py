@@ -9,6 +9,7 @@ policy only when it moved) and the open PRs' heads (files only for heads that mo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,7 +18,7 @@ import structlog
 
 from bot.core.domain import stamp
 from bot.core.errors import RepositoryMoved
-from bot.core.events import RepoEvent, Repository
+from bot.core.events import Named, RepoEvent, Repository
 from bot.github.errors import GitHubError
 from bot.services.api import RepoAPI
 from bot.services.catalog_sync import CatalogSync
@@ -199,6 +200,29 @@ class Reconciler:
         self.live.put(state)
         await self.live.persist(change)
         return {"repo": state.name, "light": light, "before": before, "after": _counts(state), **pulls}
+
+    # -- installations ------------------------------------------------------------------
+
+    def installation_repos(self, installation: int) -> list[str]:
+        """The repositories kept for `installation`: GitHub names none in the payloads of
+        `suspend` and `unsuspend`."""
+        return sorted(state.name for state in self.live.repos.values() if state.meta.installation == installation)
+
+    async def reconcile_all(self, installation: int, names: Iterable[str], *, light: bool = False) -> None:
+        for name in names:
+            await self.reconcile(name, installation, light=light)
+
+    async def forget(self, installation: int, repositories: Iterable[Named]) -> None:
+        """Forget the repositories `installation` no longer has, found by name or by id (one
+        renamed while its event was lost), and only while this installation keeps them: after
+        an uninstall and a re-install, the old installation's `deleted` may come last."""
+        for repo in repositories:
+            state = self.live.repo(repo.full_name) or self.live.by_id(repo.id)
+            if state is not None and state.meta.installation != installation:
+                log.info("installation.forget_skipped", repo=state.name, installation=installation,
+                         kept_for=state.meta.installation)
+                continue
+            await self.live.forget(state.name if state is not None else repo.full_name)
 
     async def reconcile_new_installations(self) -> list[str]:
         """Reconcile every installed repository that has no local state yet.

@@ -186,34 +186,23 @@ async def test_a_missed_rename_whose_old_name_was_reused_follows_the_kept_reposi
     assert newcomer.writes() == [], "nothing done on the repository that took the name"
 
 
-def installation_context(kit: Kit):  # type: ignore[no-untyped-def]
-    from types import SimpleNamespace
-
-    return SimpleNamespace(repos=kit.reconciler)
-
-
 async def test_an_old_installations_deleted_event_leaves_the_new_installations_repository(kit: Kit) -> None:
-    from handlers.installation import forget_all, reconcile_all
-
     await planned_and_held(kit)
-    ctx = installation_context(kit)
     # Uninstalled (installation 1) and installed again (2): GitHub does not promise the order,
     # and the two are queued apart, so 'created' may be processed first.
-    await reconcile_all(ctx, 2, [REPO])
-    await forget_all(ctx, 1, [Named(full_name=REPO, id=4242)])
+    await kit.reconciler.reconcile_all(2, [REPO])
+    await kit.reconciler.forget(1, [Named(full_name=REPO, id=4242)])
 
     assert kit.live.repo(REPO) is not None and kit.state.meta.installation == 2
-    await forget_all(ctx, 2, [Named(full_name=REPO, id=4242)])
+    await kit.reconciler.forget(2, [Named(full_name=REPO, id=4242)])
     assert kit.live.repo(REPO) is None and await kit.live.store.repos() == []
 
 
 async def test_removing_a_repository_by_the_name_of_a_missed_rename_forgets_its_state(kit: Kit) -> None:
-    from handlers.installation import forget_all
-
     await planned_and_held(kit)
     rename_on_github(kit)
 
-    await forget_all(installation_context(kit), 1, [Named(full_name=NEW, id=4242)])
+    await kit.reconciler.forget(1, [Named(full_name=NEW, id=4242)])
 
     assert kit.live.repos == {} and await kit.live.store.repos() == []
 

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import bigstate as big
-from bot.core.catalog import parse_master, parse_runners
+from bot.core.catalog import parse_runners, read_master
 from bot.core.clock import ManualClock
 from bot.core.domain import Attempt, PullRequest
 from bot.log import configure_logging
@@ -65,7 +65,7 @@ async def load_catalog(state: RepoState, store: StateStore, fams: list[big.Synth
     state.meta.head_sha = "c" * 40
     change = Change()
     for path, text in big.master_configs(fams).items():
-        change.extend(state.replace_families(path, parse_master(path, text, runners), None))
+        change.extend(state.replace_families(path, list(read_master(path, text, runners).families), None))
     await store.apply(state.save_meta(change))
 
 

@@ -129,10 +129,6 @@ class Runners(Mapping[str, tuple[str, ...]]):
             problem=_runner_problem(runner, "is not cluster:<id>, a declared cluster or a label in runners.yaml")
         )
 
-    def clusters_for(self, runner: str) -> tuple[str, ...]:
-        """Clusters a runner label targets; () for a label that names none."""
-        return self.targets(runner).clusters
-
     @property
     def problems(self) -> tuple[str, ...]:
         """One configuration error per runner name under a label that resolves to no cluster.
@@ -251,11 +247,6 @@ class MasterConfig:
     path: str
     families: tuple[Family, ...]
     problems: tuple[str, ...]
-
-
-def parse_master(path: str, text: str, runners: Runners | None) -> list[Family]:
-    """Families of one master config, in file order (see `read_master` for the problems)."""
-    return list(read_master(path, text, runners).families)
 
 
 def read_master(path: str, text: str, runners: Runners | None) -> MasterConfig:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator
 
@@ -45,7 +45,6 @@ Outcome = Literal[
     "handoff",
     "unexpected-error",
 ]
-OUTCOMES: tuple[str, ...] = get_args(Outcome)
 TouchKind = Literal["image", "flags", "patch-unavailable"]
 DecisionKind = Literal[
     "selected",
@@ -97,10 +96,6 @@ CLAIM_BRANCH_PREFIX = "klaud/claim-"
 def claim_ref(family: str) -> str:
     """Branch name (without `refs/heads/`) of a family's claim."""
     return CLAIM_BRANCH_PREFIX + family_hash(family)
-
-
-def candidate_branch(candidate: str) -> str:
-    return f"klaud/auto-{candidate}"
 
 
 TIME_RANGE = (1970, 9000)  # years

@@ -274,9 +274,6 @@ class DeliveryStore:
         rows = await self.db.fetch(SELECT_PROGRESS.format(marks=", ".join("?" * len(delivery_ids))), *delivery_ids)
         return {row[0]: Progress(row[1], row[2], row[3]) for row in rows}
 
-    async def save_status(self, delivery: Delivery) -> None:
-        await self.writer.write([status_statement(delivery.id, delivery.status, delivery.attempts, delivery.error)])
-
     async def claim_owned(
         self, owner: str, repos: set[str], *, unrouted: bool, limit: int, own_stale_after: float = 30.0
     ) -> list[Delivery]:

@@ -17,7 +17,6 @@ from bot.core.catalog import (
     glob_match,
     hardware_of,
     is_master_config,
-    parse_master,
     parse_runners,
     read_master,
 )
@@ -142,10 +141,10 @@ def test_a_block_that_cannot_be_read_is_a_problem_and_the_next_block_still_count
 
 def test_clusters_for_cluster_runner_and_labels() -> None:
     table = runners()
-    assert table.clusters_for("cluster:h100-dgxc") == ("h100-dgxc",)
-    assert table.clusters_for("h100") == ("h100-cw", "h100-dgxc")
-    assert table.clusters_for("b200-nb") == ("b200-nb",)  # a declared id that is not a label
-    assert table.clusters_for("unknown") == ()
+    assert table.targets("cluster:h100-dgxc").clusters == ("h100-dgxc",)
+    assert table.targets("h100").clusters == ("h100-cw", "h100-dgxc")
+    assert table.targets("b200-nb").clusters == ("b200-nb",)  # a declared id that is not a label
+    assert table.targets("unknown").clusters == ()
 
 
 def test_hardware_is_the_gpu_family_of_the_runner() -> None:
@@ -196,7 +195,6 @@ def test_master_families_values_and_spans() -> None:
             "a declared cluster or a label in runners.yaml"
         ),
     )
-    assert parse_master("configs/x-master.yaml", MASTER, runners()) == list(parsed.families)
 
 
 def test_blocks_that_cannot_be_families_are_reported_not_fatal() -> None:
@@ -239,13 +237,13 @@ def test_anchors_and_merge_keys_resolve() -> None:
 
 def test_unparseable_master_names_file_and_line() -> None:
     with pytest.raises(CatalogError, match=r"^configs/x-master.yaml: not valid YAML at line 3$"):
-        parse_master("configs/x-master.yaml", "a:\n  image: x\n  - item\nb: 1\n", runners())
+        read_master("configs/x-master.yaml", "a:\n  image: x\n  - item\nb: 1\n", runners())
 
 
 def test_non_mapping_master_is_rejected_and_empty_master_has_no_families() -> None:
     with pytest.raises(CatalogError, match="mapping of families"):
-        parse_master("configs/x-master.yaml", "- a\n- b\n", runners())
-    assert parse_master("configs/x-master.yaml", "# nothing yet\n", runners()) == []
+        read_master("configs/x-master.yaml", "- a\n- b\n", runners())
+    assert read_master("configs/x-master.yaml", "# nothing yet\n", runners()).families == ()
 
 
 def test_real_master_configs(fixtures: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import get_args
 
 import pytest
 
@@ -14,7 +15,7 @@ from bot.core.checks import (
     render_check,
 )
 from bot.core.commands import VERBS, help_text
-from bot.core.domain import NEUTRAL_OUTCOMES, OUTCOMES, Attempt, Family, Hold, Overlap
+from bot.core.domain import NEUTRAL_OUTCOMES, Attempt, Family, Hold, Outcome, Overlap
 
 FAMILY_ID = "configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"
 AT = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
@@ -73,7 +74,7 @@ def view(**changes: object) -> CheckView:
 # ------------------------------------------------------------------------- rendering
 
 
-@pytest.mark.parametrize("outcome", OUTCOMES)
+@pytest.mark.parametrize("outcome", get_args(Outcome))
 def test_conclusion_follows_latest_verified_outcome(outcome: str) -> None:
     out = render_check(view(attempts=[attempt(1, outcome)]))
     if outcome == "validated":

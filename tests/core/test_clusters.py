@@ -233,7 +233,7 @@ def test_a_runners_yaml_in_neither_layout_is_an_error(text: str, message: str) -
 
 def test_labels_are_optional_when_clusters_are_declared() -> None:
     runners = parse_runners("clusters: {h100-dgxc: {}}\n")
-    assert (dict(runners), runners.clusters_for("h100-dgxc"), runners.problems) == ({}, ("h100-dgxc",), ())
+    assert (dict(runners), runners.targets("h100-dgxc").clusters, runners.problems) == ({}, ("h100-dgxc",), ())
 
 
 # --- the stored form -----------------------------------------------------------------

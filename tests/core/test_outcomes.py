@@ -11,12 +11,12 @@ import zipfile
 import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from pydantic import ValidationError
 
-from bot.core.domain import NEUTRAL_OUTCOMES, OUTCOMES, Attempt, candidate_id
+from bot.core.domain import NEUTRAL_OUTCOMES, Attempt, Outcome, candidate_id
 from bot.core.outcomes import (
     ERROR_CODES,
     MAX_ARCHIVE_BYTES,
@@ -879,7 +879,7 @@ def test_retry_needs_a_failure() -> None:
 # --- check conclusions -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("outcome", OUTCOMES)
+@pytest.mark.parametrize("outcome", get_args(Outcome))
 def test_check_conclusion(outcome: str) -> None:
     expected = {
         "validated": "success",

@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 
-from bot.core.catalog import Catalog, parse_master, parse_runners
+from bot.core.catalog import Catalog, parse_runners, read_master
 from bot.core.domain import (
     Family,
     FileChange,
     Overlap,
     PullRequest,
-    candidate_branch,
     candidate_id,
 )
 from bot.core.overlap import (
@@ -41,6 +40,11 @@ BOTS = ("klaud-cold[bot]", "Klaud-Cold")
 # --- helpers --------------------------------------------------------------------
 
 
+def candidate_branch(candidate: str) -> str:
+    """The branch the agent opens a candidate's pull request from."""
+    return f"klaud/auto-{candidate}"
+
+
 def load_patch(fixtures: Path, commit: str) -> dict[str, dict[str, Any]]:
     data = json.loads((fixtures / "inferencex" / "patches" / f"{commit}.json").read_text())
     return {file["filename"]: file for file in data["files"]}
@@ -52,7 +56,7 @@ def base_catalog(fixtures: Path, files: dict[str, dict[str, Any]]) -> Catalog:
     families: list[Family] = []
     for name, file in files.items():
         if name in (NV, AMD):
-            families.extend(parse_master(name, file["base_content"], runners))
+            families.extend(read_master(name, file["base_content"], runners).families)
     return Catalog(families)
 
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 
 from bench import bigstate as big
-from bot.core.catalog import parse_master, parse_runners
+from bot.core.catalog import parse_runners, read_master
 from bot.core.domain import (
     Attempt,
     CapacityReading,
@@ -36,7 +36,7 @@ def catalogued(fams: list[big.SynthFamily], meta: RepoMeta) -> RepoState:
     runners = parse_runners(big.runners_yaml())
     state.meta.runners = runners.document()
     for path, text in big.master_configs(fams).items():
-        state.replace_families(path, list(parse_master(path, text, runners)), None)
+        state.replace_families(path, list(read_master(path, text, runners).families), None)
     return state
 
 

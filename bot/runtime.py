@@ -19,7 +19,7 @@ from bot.app import Klaud
 from bot.sandbox import Sandbox, load_scenario
 from bot.settings import Settings
 from bot.web.admin import create_admin_app
-from bot.web.server import ListenError, Listeners, bind, start_listeners
+from bot.web.server import Bound, ListenError, Listeners, bind, start_listeners
 from bot.web.webhook import create_webhook_app
 
 log = structlog.get_logger("klaud.runtime")
@@ -80,35 +80,12 @@ async def start_stack(
     with the bot's secret, and the bot follows the sandbox clock.
     """
     # Bound first: an address that cannot be used stops start-up before anything opens.
-    webhook_socket = bind(settings.host, settings.port, "KLAUD_HOST/KLAUD_PORT")
-    try:
-        admin_socket = bind(settings.admin_host, settings.admin_port, "KLAUD_ADMIN_HOST/KLAUD_ADMIN_PORT")
-    except ListenError:
-        webhook_socket.sock.close()
-        raise
+    webhook_socket, admin_socket = _bind_both(settings)
     url = webhook_socket.url
     sandbox = None
-    clock = None
     if sandbox_mode:
-        private_pem, public_key = generate_app_key()
-        secret = settings.secrets()[0] if settings.secrets() else None
-        sandbox = Sandbox(
-            scenario if scenario is not None else load_scenario(None),
-            webhook_secret=secret,
-            deliver_to=f"{url}/webhook",
-            app_id=SANDBOX_APP_ID,
-            app_public_key=public_key,
-        )
-        clock = sandbox.clock
-        settings = settings.model_copy(
-            update={
-                "github_url": f"{url}/_sandbox/github",
-                "app_id": SANDBOX_APP_ID,
-                "private_key": SecretStr(private_pem),
-                "capacity_url": settings.capacity_url or f"{url}/_sandbox/capacity",
-            }
-        )
-    klaud = Klaud(settings, clock=clock, **(klaud_options or {}))
+        sandbox, settings = _sandboxed(settings, url, scenario)
+    klaud = Klaud(settings, clock=sandbox.clock if sandbox else None, **(klaud_options or {}))
     webhook_app = create_webhook_app(klaud, extra_routes=sandbox.add_routes if sandbox else None)
     admin_app = create_admin_app(klaud, token=settings.admin_token.get_secret_value() if settings.admin_token else None)
     # shutdown_timeout: how long a stop waits for open requests to finish before closing them.
@@ -126,6 +103,41 @@ async def start_stack(
         raise
     log.info("serve.listening", url=url, admin_url=listeners.admin_url, sandbox=sandbox is not None)
     return Stack(klaud, listeners, sandbox)
+
+
+def _bind_both(settings: Settings) -> tuple[Bound, Bound]:
+    """The webhook and admin sockets, or neither."""
+    webhook_socket = bind(settings.host, settings.port, "KLAUD_HOST/KLAUD_PORT")
+    try:
+        admin_socket = bind(settings.admin_host, settings.admin_port, "KLAUD_ADMIN_HOST/KLAUD_ADMIN_PORT")
+    except ListenError:
+        webhook_socket.sock.close()
+        raise
+    return webhook_socket, admin_socket
+
+
+def _sandboxed(settings: Settings, url: str, scenario: dict[str, Any] | None) -> tuple[Sandbox, Settings]:
+    """A sandbox GitHub served at `url`, and the settings that point the bot at it (its API,
+    its capacity feed, an App key it trusts); its webhooks go to the bot's /webhook, signed
+    with the bot's secret."""
+    private_pem, public_key = generate_app_key()
+    secret = settings.secrets()[0] if settings.secrets() else None
+    sandbox = Sandbox(
+        scenario if scenario is not None else load_scenario(None),
+        webhook_secret=secret,
+        deliver_to=f"{url}/webhook",
+        app_id=SANDBOX_APP_ID,
+        app_public_key=public_key,
+    )
+    pointed = settings.model_copy(
+        update={
+            "github_url": f"{url}/_sandbox/github",
+            "app_id": SANDBOX_APP_ID,
+            "private_key": SecretStr(private_pem),
+            "capacity_url": settings.capacity_url or f"{url}/_sandbox/capacity",
+        }
+    )
+    return sandbox, pointed
 
 
 def scenario_from(path: Path | None) -> dict[str, Any] | None:

@@ -270,7 +270,7 @@ class LiveState:
         for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry"):
             change.clear(name, kind)
         change.clear_waves(name)
-        change.delete("", "repo", name)
+        change.drop_repo(name)
         await self.persist(change)
         log.info("live.forgotten", repo=name)
 

@@ -23,6 +23,10 @@ class Change:
         self.wave_puts: list[tuple[str, int, bytes]] = []
         self.wave_deletes: list[tuple[str, int]] = []
         self.wave_clears: list[str] = []
+        # Repositories leaving the store (uninstalled). With replicas their lease passes to
+        # the writer in the same transaction: the replica that kept one can no longer write
+        # it back (the lease fence), and lets it go at its next round.
+        self.dropped: list[str] = []
 
     def put(self, repo: str, kind: str, key: str | int, value: Any) -> Change:
         self.puts.append((repo, kind, str(key), encode(kind, value)))
@@ -36,6 +40,11 @@ class Change:
         """Delete every record of `kind`; puts of the same change are applied after."""
         self.clears.append((repo, kind))
         return self
+
+    def drop_repo(self, repo: str) -> Change:
+        """The repository leaves the store: its meta record goes (with what `clear` clears)."""
+        self.dropped.append(repo)
+        return self.delete("", "repo", repo)
 
     def put_wave(self, repo: str, number: int, document: Any) -> Change:
         self.wave_puts.append((repo, number, encode_document(document)))
@@ -56,6 +65,7 @@ class Change:
         self.wave_puts.extend(other.wave_puts)
         self.wave_deletes.extend(other.wave_deletes)
         self.wave_clears.extend(other.wave_clears)
+        self.dropped.extend(other.dropped)
         return self
 
     def __bool__(self) -> bool:

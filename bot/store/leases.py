@@ -33,6 +33,14 @@ def repo_lease(repo: str) -> str:
     return f"repo:{repo.lower()}"
 
 
+def lease_taken_over(repos: Iterable[str], owner: str) -> Statement:
+    """A statement that makes `owner` the holder of the leases of `repos` held by another
+    replica, until they expire (PostgreSQL): that replica's renewal fails, and what it
+    writes of them meanwhile is refused by the lease fence."""
+    names = sorted({repo_lease(repo) for repo in repos})
+    return Statement("UPDATE leases SET owner = ? WHERE name = ANY(?::text[]) AND owner <> ?", (owner, names, owner))
+
+
 def lease_fence(repos: Iterable[str], owner: str) -> Statement:
     """A statement that fails its transaction (`LeaseTaken`) when another replica than
     `owner` holds the lease of one of `repos` (PostgreSQL)."""

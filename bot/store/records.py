@@ -20,7 +20,7 @@ import structlog
 from bot.store.change import Change
 from bot.store.codec import decode_document, decode_many, decode_one, unreadable_reason
 from bot.store.engine import Dialect, Engine, Statement, as_count, inflate, stored_as
-from bot.store.leases import lease_fence
+from bot.store.leases import lease_fence, lease_taken_over
 from bot.store.migrations import SQLITE_RECORDS_V1
 from bot.store.writer import Writer
 
@@ -95,7 +95,11 @@ class StateStore:
         ]
         if change:
             repos = change.repos()
-            fence = lease_fence(repos, self.lease_owner) if self.lease_owner is not None else None
+            fence = None
+            if self.lease_owner is not None:
+                fence = lease_fence(repos, self.lease_owner)
+                if change.dropped:
+                    statements.append(lease_taken_over(change.dropped, self.lease_owner))
             await self.writer.apply([statement for statement in statements if statement.args], repos, fence)
 
     async def rename(self, old: str, new: str) -> None:

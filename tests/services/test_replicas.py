@@ -268,6 +268,28 @@ async def test_a_stalled_owners_write_outside_a_delivery_is_refused_once_another
     assert (await a.stores.state.get("", "repo", "o/a") or {})["wave"] == 5
 
 
+async def test_a_repository_uninstalled_at_another_replica_is_not_written_back_by_its_keeper(nodes):
+    # The replica leading installation events forgets a repository another one keeps: a
+    # wave that keeper was running must not write it back (a ghost, reconciled in vain
+    # for good), and the keeper lets it go.
+    b = await nodes("b")
+    await stored_repository(b, "o/a", 3)
+    await b.replicas.round()
+    state = b.live.repo("o/a")
+    assert state is not None
+    a = await nodes("a")
+
+    await a.live.forget("o/a")  # the uninstall, in a delivery of the leader's
+
+    assert "o/a" not in await a.stores.state.repos()
+    state.meta.wave = 4  # b's wave ends
+    with pytest.raises(LeaseTaken):
+        await b.live.persist(state.save_meta())
+    assert "o/a" not in await b.stores.state.repos()
+    await b.replicas.round()
+    assert not b.replicas.owns("o/a") and b.live.repo("o/a") is None
+
+
 async def stored_repository(node: Node, name: str, wave: int) -> None:
     stored = node.live.new_state(name, 7)
     stored.meta.wave = wave

@@ -270,7 +270,14 @@ class LiveState:
         for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry"):
             change.clear(name, kind)
         change.clear_waves(name)
-        change.drop_repo(name)
+        if state is None:
+            # Kept by another replica, if any (an uninstall at the replica leading
+            # installation events): its lease passes here, so its keeper stops writing it.
+            change.drop_repo(name)
+        else:
+            # Kept here: as any write of this replica's, it lands only while no other replica
+            # took the repository since (a stall past the lease), never taking it back.
+            change.delete("", "repo", name)
         await self.persist(change)
         log.info("live.forgotten", repo=name)
 

@@ -290,6 +290,28 @@ async def test_a_repository_uninstalled_at_another_replica_is_not_written_back_b
     assert not b.replicas.owns("o/a") and b.live.repo("o/a") is None
 
 
+async def test_a_stalled_keepers_forget_is_refused_and_takes_nothing_back(nodes):
+    # A replica that stalled past its lease forgets the repository it still keeps in
+    # memory (its light reconcile found the name reused elsewhere): that write must fail
+    # the fence like any other, not take the lease back and delete the new owner's state.
+    a = await nodes("a", lease_seconds=0.3)
+    await stored_repository(a, "o/a", 3)
+    await a.replicas.round()
+    assert a.live.repo("o/a") is not None
+    await asyncio.sleep(0.4)  # a stalls past its lease
+    b = await nodes("b")
+    await b.replicas.round()
+    assert b.replicas.owns("o/a")
+
+    with pytest.raises(LeaseTaken):
+        await a.live.forget("o/a")
+
+    assert (await b.stores.leases.holders())[repo_lease("o/a")] == "b"
+    assert "o/a" in await b.stores.state.repos()
+    await a.replicas.round()
+    assert b.replicas.owns("o/a") and not a.replicas.owns("o/a")
+
+
 async def stored_repository(node: Node, name: str, wave: int) -> None:
     stored = node.live.new_state(name, 7)
     stored.meta.wave = wave

@@ -110,7 +110,13 @@ class ClaimKeeper:
         return [c for c in state.claims.values() if c.family not in state.dispatches and now - c.at >= one_wave]
 
     def _old_strays(self, state: RepoState, now: datetime) -> list[str]:
+        """The strays noted a wave ago or more that still name no family and no claim (the
+        list is as old as the last listing: a push may have brought a family back since,
+        and its ref is then a claim like any other)."""
         one_wave = timedelta(minutes=state.policy.wave_every_minutes)
+        claimed = {family_hash(family_id) for family_id in state.claims}
+        for fam16 in [fam16 for fam16 in state.stray_refs if fam16 in claimed or state.family_by_hash(fam16)]:
+            del state.stray_refs[fam16]
         return [fam16 for fam16, seen in state.stray_refs.items() if now - seen >= one_wave]
 
     async def _resolve(self, state: RepoState, api: RepoAPI, now: datetime, change: Change, *, every_run: bool) -> set[str]:

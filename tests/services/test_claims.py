@@ -6,8 +6,15 @@ from datetime import datetime, timedelta
 
 import yaml
 
-from bot.core.domain import claim_ref
-from bot.core.events import Artifact, Job, Step, WorkflowRun, WorkflowRunEvent
+from bot.core.domain import Claim, claim_ref
+from bot.core.events import (
+    Artifact,
+    Job,
+    PushEvent,
+    Step,
+    WorkflowRun,
+    WorkflowRunEvent,
+)
 from bot.services.claims import UNLINKED_CHECK_AFTER
 from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
@@ -247,6 +254,53 @@ async def test_the_claim_ref_of_a_family_removed_from_the_configs_is_deleted_too
     kit.clock.advance(timedelta(minutes=121).total_seconds())
     await kit.reconciler.reconcile(REPO, 1, light=True)
     assert claim_ref(H200) not in kit.repo.branches_at and H200 not in kit.state.claims
+
+
+async def test_a_stray_whose_family_came_back_is_a_claim_again_not_deleted(kit: Kit) -> None:
+    # The strays are as old as the last listing (a light reconcile): a family back in the
+    # configs since, claimed afresh elsewhere, keeps its ref for the orphan rule's wave.
+    await kit.reconciler.reconcile(REPO, 1)
+    first, second, third = kit.repo.head, "a" * 40, "b" * 40
+    configs = yaml.safe_load(sc.NVIDIA)
+    del configs[H200.split(":", 1)[1]]
+    kit.repo.files[second] = {**kit.repo.files[first], "configs/nvidia-master.yaml": yaml.safe_dump(configs)}
+    kit.repo.files[third] = dict(kit.repo.files[first])
+    await pushed(kit, second)  # the family removed
+    kit.repo.branches_at[claim_ref(H200)] = second
+    await kit.reconciler.reconcile(REPO, 1, light=True)  # its leftover ref noted as a stray
+    assert set(kit.state.stray_refs) == {claim_ref(H200).removeprefix("klaud/claim-")}
+    del kit.repo.branches_at[claim_ref(H200)]
+    await pushed(kit, third)  # the family is back
+    other = next(family.id for family in kit.state.catalog if family.id != H200)
+    kit.clock.advance(60)
+    claim_elsewhere(kit, other)  # an orphan by the time of the check below
+    kit.clock.advance(timedelta(minutes=99).total_seconds())
+    claim_elsewhere(kit, H200)  # claimed anew, its run not listed yet
+    kit.clock.advance(timedelta(minutes=21).total_seconds())
+
+    await kit.claims.check_due(kit.state)  # due for the orphan; the stray is a wave old
+
+    assert claim_ref(other) not in kit.repo.branches_at
+    assert claim_ref(H200) in kit.repo.branches_at and H200 in kit.state.claims
+
+
+async def pushed(kit: Kit, head: str) -> None:
+    """A push of `head` to the default branch, as its event reaches Klaud."""
+    before, kit.repo.head = kit.repo.head, head
+    event = PushEvent.model_validate({
+        "ref": "refs/heads/main", "before": before, "after": head, "deleted": False,
+        "repository": {"full_name": REPO, "pushed_at": int(kit.clock.now().timestamp())},
+        "installation": {"id": 1}, "sender": {"login": "a-maintainer"},
+    })
+    await kit.catalog.on_push(kit.state, event)
+
+
+def claim_elsewhere(kit: Kit, family: str) -> None:
+    """A claim ref made by another planner, as its push makes it known here."""
+    kit.repo.branches_at[claim_ref(family)] = kit.repo.head
+    known = kit.state.catalog.get(family)
+    assert known is not None
+    kit.state.claims[family] = Claim(family, known.candidate, None, claim_ref(family), kit.clock.now())
 
 
 async def test_a_claim_ref_naming_no_known_family_is_deleted_once_a_wave_old_without_a_run(kit: Kit) -> None:

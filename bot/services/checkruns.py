@@ -23,6 +23,7 @@ from bot.github.errors import GitHubError
 from bot.services.coalescer import Coalescer
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
+from bot.store.errors import StoreError
 
 log = structlog.get_logger("klaud.checks")
 
@@ -33,8 +34,9 @@ class CheckPublisher:
     def __init__(self, live: LiveState, clock: Clock, *, delay_seconds: float = 3.0) -> None:
         self.live = live
         self.clock = clock
-        # Transient GitHub errors are logged and the next change publishes again.
-        self.coalescer: Coalescer[Key] = Coalescer(self.publish, delay_seconds, errors=(GitHubError,))
+        # GitHub's errors and the store's (down a moment, or the repository taken by another
+        # replica meanwhile) are logged, and the next change publishes again.
+        self.coalescer: Coalescer[Key] = Coalescer(self.publish, delay_seconds, errors=(GitHubError, StoreError))
         live.listeners.append(self.families_changed)
 
     async def families_changed(self, state: RepoState, families: set[str], pulls: set[int]) -> None:

@@ -31,6 +31,7 @@ from bot.services.live import LiveState
 from bot.services.permissions import Permissions
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
+from bot.store.errors import StoreError
 
 log = structlog.get_logger("klaud.dashboard")
 
@@ -40,7 +41,8 @@ class DashboardKeeper:
         self.live = live
         self.permissions = permissions
         self.clock = clock
-        self.coalescer: Coalescer[str] = Coalescer(self.publish, delay_seconds, errors=(GitHubError,))
+        # As the check runs': GitHub's and the store's errors wait for the next change.
+        self.coalescer: Coalescer[str] = Coalescer(self.publish, delay_seconds, errors=(GitHubError, StoreError))
         self._last_wave: dict[str, Wave] = {}
         live.gone_listeners.append(self._gone)
 

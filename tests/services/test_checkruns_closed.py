@@ -6,9 +6,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from bot.core.events import PullRequestEvent
 from bot.services.checkruns import CheckPublisher
+from bot.store.change import Change
+from bot.store.errors import StoreUnavailable
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import pull_event
@@ -72,3 +75,32 @@ async def test_a_check_run_is_looked_for_only_when_a_creation_for_its_head_may_h
     await checks.close()
 
     assert [call[0] for call in kit.repo.calls] == ["check_run_on", "update_check_run"]
+
+
+async def test_a_store_refusing_a_check_runs_record_leaves_its_key_usable(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The store down for a moment, or the repository taken by another replica meanwhile:
+    # the flush fails like after GitHub trouble, and the next change publishes again.
+    await kit.reconciler.reconcile(REPO, 1)
+    checks = CheckPublisher(kit.live, kit.clock, delay_seconds=0)
+    head_ref = f"klaud/auto-{sc.candidate(H200)}"
+    apply = kit.live.store.apply
+    refusals: list[Exception] = []
+
+    async def refused_once(change: Change) -> None:
+        if refusals:
+            raise refusals.pop()
+        await apply(change)
+
+    monkeypatch.setattr(kit.live.store, "apply", refused_once)
+    with capture_logs() as logs:
+        await kit.pulls.on_pull_request(kit.state, event("opened", 1000, head_ref))
+        refusals.append(StoreUnavailable("the store restarts"))  # when the check run's record is written
+        await checks.settle()
+    assert [e["event"] for e in logs if "flush" in e["event"]] == ["check_flush_failed"]
+    await kit.live.reload_stale()
+    await kit.pulls.on_pull_request(kit.state, event("synchronize", 1000, head_ref))
+    await checks.settle()
+    await checks.close()
+    # Published again, the run created before the refusal was found, not created twice.
+    assert not refusals and kit.state.meta.check_runs["1000"]["id"] == 9001
+    assert [call[0] for call in kit.repo.calls].count("create_check_run") == 1

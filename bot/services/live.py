@@ -85,6 +85,11 @@ class LiveState:
         # Repositories (lowercase) that left this process and are not kept again since.
         self._departed: LRUCache[str, bool] = LRUCache(maxsize=FORMER_NAMES)
 
+    def in_use(self, repo: str) -> bool:
+        """Whether a section holds the repository's lock now (a reconcile admitting it)."""
+        lock = self._locks.get(repo.lower())
+        return lock is not None and lock.locked()
+
     def lock(self, repo: str) -> AbstractAsyncContextManager[None]:
         """The repository's lock, held to change its state.
 

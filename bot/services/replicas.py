@@ -66,7 +66,7 @@ class Replicas:
         self.leases = leases
         self.deliveries = deliveries
         self.live = live
-        self.owner = owner or replica_id()
+        self.owner = owner or replica_id()  # (the store's lease fence is named with it)
         self.lease_seconds = lease_seconds
         self.round_seconds = round_seconds
         self._busy = busy  # whether the inbox works on a repository right now
@@ -80,9 +80,17 @@ class Replicas:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         live.admit = self.admit
-        # What this process writes outside a delivery commits only while no other replica
-        # holds the repository (a delivery's writes are fenced by its claim).
-        live.store.lease_owner = self.owner
+
+    @property
+    def owner(self) -> str:
+        return self._owner
+
+    @owner.setter
+    def owner(self, owner: str) -> None:
+        # What this process writes commits only while no other replica holds the
+        # repository: the store fences its writes with the same name as the leases.
+        self._owner = owner
+        self.live.store.lease_owner = owner
 
     # -- what the inbox and the scheduler ask ---------------------------------------------
 
@@ -219,7 +227,9 @@ class Replicas:
             await self.deliveries.unclaim(repo)
 
     async def _give_up(self, repos: list[str], reason: str) -> None:
-        for repo in repos:
+        # Not one a section works on: a new repository's admitting reconcile has stored
+        # nothing yet, and let go meanwhile it would stay in memory here, owned elsewhere.
+        for repo in [repo for repo in repos if not self.live.in_use(repo)]:
             await self.leases.release(repo_lease(repo), self.owner)
             self._drop(repo)
             log.info("replica.gave_up", repo=repo, owner=self.owner, reason=reason)

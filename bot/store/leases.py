@@ -8,9 +8,11 @@ Times are the database's clock, the one every replica shares.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from bot.store.engine import Engine, Statement, as_count, as_rows
+from bot.store.engine import Dialect, Engine, Statement, as_count, as_rows
 
 ACQUIRE = (
     "INSERT INTO leases (name, owner, expires_at) VALUES (?, ?, {now} + ?)"
@@ -43,8 +45,24 @@ def lease_taken_over(repos: Iterable[str], owner: str) -> Statement:
 
 def lease_fence(repos: Iterable[str], owner: str) -> Statement:
     """A statement that fails its transaction (`LeaseTaken`) when another replica than
-    `owner` holds the lease of one of `repos` (PostgreSQL)."""
-    return Statement(LEASES_FREE, (sorted({repo_lease(repo) for repo in repos}), owner), rows=True)
+    `owner` holds the lease of one of `repos` (PostgreSQL). The fences of a transaction
+    are one statement (`LeaseFences`)."""
+    return Statement(LEASES_FREE, (sorted({repo_lease(repo) for repo in repos}), owner), rows=True, coalesce=LEASE_FENCES)
+
+
+@dataclass(frozen=True)
+class LeaseFences:
+    """The `Coalesce` of lease fences: one check per transaction and replica, over the
+    leases of every repository its statements write."""
+
+    def statements(self, dialect: Dialect, args: list[Sequence[Any]]) -> list[Statement]:
+        by_owner: dict[str, set[str]] = {}
+        for names, owner in args:
+            by_owner.setdefault(owner, set()).update(names)
+        return [Statement(LEASES_FREE, (sorted(names), owner), rows=True) for owner, names in by_owner.items()]
+
+
+LEASE_FENCES = LeaseFences()
 
 
 class LeaseStore:

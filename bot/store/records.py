@@ -75,9 +75,10 @@ class StateStore:
         completed_at = COMPLETED_AT[db.dialect]
         self._load_since = LOAD_SINCE.format(completed_at=completed_at)
         self._prune_attempts = PRUNE_ATTEMPTS.format(completed_at=completed_at)
-        # Replicas (PostgreSQL): this process's owner name (set by `Replicas`). Changes
-        # written outside a delivery then commit only while no other replica holds their
-        # repositories' leases (a delivery's changes are fenced by its claim instead).
+        # Replicas (PostgreSQL): this process's owner name (set by `Replicas`). Changes then
+        # commit only while no other replica holds their repositories' leases (a delivery's
+        # are fenced by its claim as well: a claim still held does not say whether the
+        # repository was taken or uninstalled meanwhile).
         self.lease_owner: str | None = None
 
     async def open(self) -> None:
@@ -103,8 +104,11 @@ class StateStore:
             await self.writer.apply([statement for statement in statements if statement.args], repos, fence)
 
     async def rename(self, old: str, new: str) -> None:
-        """Move every record and wave of `old` to `new` (the store has nothing of `new`)."""
+        """Move every record and wave of `old` to `new` (the store has nothing of `new`);
+        with replicas, only while no other replica holds either name."""
         statements = [Statement(sql, (new, old)) for sql in RENAME]
+        if self.lease_owner is not None:
+            statements.append(lease_fence([old, new], self.lease_owner))
         await self.writer.write(statements, {old, new})
 
     async def repos(self) -> list[str]:

@@ -319,12 +319,14 @@ class Writer:
             return None
         return unit
 
-    async def apply(self, statements: Group, repos: set[str], alone_fence: Statement | None = None) -> None:
-        """Write state changes: collected by the running unit (which carries its own fence),
-        else committed now, with `alone_fence` checked in the same transaction."""
+    async def apply(self, statements: Group, repos: set[str], fence: Statement | None = None) -> None:
+        """Write state changes, with `fence` checked in the transaction that commits them:
+        collected by the running unit (whose own fence joins it), else committed now."""
+        if fence is not None:
+            statements = [*statements, fence]
         unit = self.current_unit()
         if unit is None:
-            await self.write([*statements, alone_fence] if alone_fence is not None else statements, repos)
+            await self.write(statements, repos)
             return
         for other in self._holding(repos):
             if other is not unit:

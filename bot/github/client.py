@@ -91,8 +91,10 @@ MAX_CALL_WAIT = 60.0
 MAX_RATE_LIMIT_WAIT = 3600.0
 MAX_BACKOFF = 30.0
 # Per installation, in bytes of the answers as received (decoded they take a few times more):
-# a count alone let a thousand pages of pull-request files, up to 3 MB each, be kept.
-ETAG_CACHE_BYTES = 8 * 1024 * 1024
+# a count alone let a thousand pages of pull-request files, up to 3 MB each, be kept. Room
+# for the open pull requests' listing of a busy repository (10 pages of 100, ~2.5 MB each)
+# and a thousand single answers besides: a scan larger than the cache would hit nothing.
+ETAG_CACHE_BYTES = 32 * 1024 * 1024
 ETAG_ENTRY_OVERHEAD = 512  # the key, the ETag and the entry's own objects
 TOKEN_CACHE_SIZE = 4096
 DOWNLOAD_CHUNK = 64 * 1024

@@ -165,6 +165,7 @@ class Replicas:
         await self.leases.acquire(f"replica:{self.owner}", self.owner, self.lease_seconds)
         await self._renew()
         self._valid_until = sent + self.lease_seconds * LEASE_TRUST
+        self._drop_unowned()
         holders = await self.leases.holders()
         self.live_replicas = max(1, sum(1 for name in holders if name.startswith("replica:")))
         # The repositories there is something to keep: state in the store, or deliveries.
@@ -247,6 +248,15 @@ class Replicas:
         self._installations = await self.leases.acquire(INSTALLATIONS, self.owner, self.lease_seconds)
         if self._installations:
             log.info("replica.leads", owner=self.owner)
+
+    def _drop_unowned(self) -> None:
+        """A state in memory whose repository this replica does not own (a path that kept
+        one past its lease, by a race not foreseen) would plan waves beside its owner's,
+        refused by the fence tick after tick: it leaves memory, unless a section holds it
+        (a reconcile admitting the repository owns it already, or is about to)."""
+        for name in [name for name in self.live.repos if name not in self._repos and not self.live.in_use(name)]:
+            log.warning("replica.unowned_state_dropped", repo=name, owner=self.owner)
+            self.live.drop(name)
 
     def _drop(self, repo: str) -> None:
         self._repos.discard(repo)

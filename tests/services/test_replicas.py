@@ -343,3 +343,19 @@ async def test_a_renamed_repository_whose_new_name_another_replica_holds_is_drop
     # One repository is never planned by two replicas: a keeps nothing of it.
     assert a.live.repo("o/a") is None and a.live.repo("o/renamed") is None
     assert "o/a" not in await a.stores.state.repos() and not a.replicas.owns("o/renamed")
+
+
+async def test_a_state_kept_in_memory_without_the_lease_leaves_at_the_next_round(nodes):
+    # Whatever race left it there, a state this replica does not own would plan waves
+    # beside its owner's: the next round drops it.
+    a, b = await nodes("a"), await nodes("b")
+    await stored_repository(a, "o/a", 3)
+    await b.replicas.round()  # b owns every repository
+    assert b.replicas.owns("o/a")
+    stray = await a.live.load_repo("o/a")  # loaded at a, not owned there
+    assert stray is not None and a.live.repo("o/a") is not None
+
+    await a.replicas.round()
+
+    assert a.live.repo("o/a") is None and not a.replicas.owns("o/a")
+    assert b.live.repo("o/a") is not None

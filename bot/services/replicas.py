@@ -66,7 +66,7 @@ class Replicas:
         self.leases = leases
         self.deliveries = deliveries
         self.live = live
-        self.owner = owner or replica_id()  # (the store's lease fence is named with it)
+        self.owner = owner or replica_id()
         self.lease_seconds = lease_seconds
         self.round_seconds = round_seconds
         self._busy = busy  # whether the inbox works on a repository right now

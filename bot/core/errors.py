@@ -12,12 +12,20 @@ import sqlite3
 
 
 class RepositoryMoved(Exception):
-    """The event's repository is called `to` now, and another replica keeps it under that
-    name: the delivery is handed on to that name, whose owner processes it."""
+    """Another replica keeps the event's repository under the name `to` (its new name, or
+    the name it was stored under before a rename this event reports): the delivery is
+    handed on to that name, whose owner processes it."""
 
     def __init__(self, to: str) -> None:
-        super().__init__(f"the repository is called {to} now, and another replica keeps it")
+        super().__init__(f"another replica keeps the repository as {to}")
         self.to = to
+
+
+class RepositoryBusy(Exception):
+    """A renamed repository's new name is leased by another replica that keeps nothing of
+    it yet (it took the name for a delivery it handed on): a later try finds it free."""
+
+    transient = True
 
 
 def is_transient(exc: BaseException) -> bool:

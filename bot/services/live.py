@@ -21,7 +21,7 @@ from cachetools import LRUCache
 
 from bot.core.clock import Clock
 from bot.core.domain import DecisionKind, Wave, stamp
-from bot.core.errors import is_permanent
+from bot.core.errors import RepositoryBusy, is_permanent
 from bot.metrics import forget_repo
 from bot.services.api import RepoAPI, ReposAPI
 from bot.services.repo_state import RepoMeta, RepoState
@@ -300,6 +300,10 @@ class LiveState:
             if state is None:
                 kept = self.repo(new)
             elif self.repo(new) is None and not await self.admit(new):
+                if await self.store.get("", "repo", new) is None:
+                    # Leased for a delivery that replica handed on here, nothing kept: it
+                    # lets the name go at its next round; dropped now, this state is lost.
+                    raise RepositoryBusy(f"{new} is leased by another replica that keeps nothing of it yet")
                 await self._drop_renamed(state, new, "another replica keeps the new name")
                 kept = None
             elif kept := self.repo(new) or await self.load_repo(new):

@@ -93,11 +93,28 @@ class Reconciler:
         name, installation = event.repository.full_name, event.installation.id
         state = self._kept_as(name, event.repository.id) or await self._same_repository(event)
         if state is None:
+            kept_as = await self._stored_elsewhere(event)
+            if kept_as is not None:
+                raise RepositoryMoved(kept_as)
             report = await self.reconcile(name, installation)
             state = self._kept_as(name, event.repository.id)
             if state is None and "moved_from" in report and "skipped" in report:
                 raise RepositoryMoved(report["repo"])
         return state
+
+    async def _stored_elsewhere(self, event: RepoEvent) -> str | None:
+        """The name the event's repository is stored under by another replica: renamed
+        since, its events are queued under the new name, whose lease this replica may hold.
+        Built here from GitHub, it would be a second state of one repository beside the
+        keeper's (its holds and wave counter lost when the two meet); its keeper follows the
+        rename instead."""
+        repo_id = event.repository.id
+        if repo_id is None:
+            return None
+        stored = await self.live.store.name_of(repo_id)
+        if stored is None or stored.lower() == event.repository.full_name.lower() or self.live.repo(stored):
+            return None
+        return stored
 
     def _kept_as(self, name: str, repo_id: int | None) -> RepoState | None:
         """The state kept under `name`, or under the name a repository once called so moved

@@ -54,6 +54,7 @@ RENAME = (
 )
 GET_WAVE = "SELECT encoding, body FROM waves WHERE repo = ? AND number = ?"
 REPOS = "SELECT key FROM records WHERE repo = '' AND kind = 'repo'"
+REPO_METAS = "SELECT key, data FROM records WHERE repo = '' AND kind = 'repo'"
 LOAD = "SELECT kind, key, data FROM records WHERE repo = ?"
 GET = "SELECT data FROM records WHERE repo = ? AND kind = ? AND key = ?"
 # An attempt's completion time (ISO text), NULL when the record has none. SQLite's TEXT
@@ -135,6 +136,12 @@ class StateStore:
         """Delete attempts that completed before `before` (ISO text, as stored)."""
         results = await self.writer.write([Statement(self._prune_attempts, (before,))])
         return as_count(results[0])
+
+    async def name_of(self, repo_id: int) -> str | None:
+        """The name the repository whose GitHub id is `repo_id` is stored under, if any."""
+        rows = await self.db.fetch(REPO_METAS)
+        metas = _decode("", "repo", [row[0] for row in rows], [row[1] for row in rows])
+        return next((name for name, meta in metas.items() if meta.get("repo_id") == repo_id), None)
 
     async def get(self, repo: str, kind: str, key: str) -> Any | None:
         """The record's value; None when it is absent or unreadable (then reported)."""

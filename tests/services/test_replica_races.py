@@ -19,6 +19,7 @@ import pytest
 
 from bot.core.clock import ManualClock
 from bot.core.domain import Hold
+from bot.core.errors import RepositoryBusy, RepositoryMoved
 from bot.core.events import Named, RepoEvent
 from bot.github.errors import NotFound
 from bot.services.catalog_sync import CatalogSync
@@ -29,7 +30,7 @@ from bot.services.pulls import PullSync
 from bot.services.reconcile import Reconciler
 from bot.services.replicas import Replicas
 from bot.store import Stores, open_stores
-from bot.store.deliveries import Delivery, status_statement
+from bot.store.deliveries import Delivery, moved_statement, status_statement
 from bot.store.errors import LeaseTaken
 from tests.conftest import fresh_database
 from tests.services.conftest import scenario_repo
@@ -254,3 +255,39 @@ async def test_a_round_during_the_admitting_reconcile_does_not_leave_an_unowned_
             wave_refused = True
 
     assert (owned_after_reconcile, both, wave_refused) == (True, False, False)
+
+
+async def test_a_rename_event_taken_by_another_replica_is_handed_to_the_repositorys_keeper(nodes, github):
+    # The `renamed` event is queued under the new name, whose lease another replica takes.
+    # Built there from GitHub, it was a second state of one repository beside the keeper's,
+    # until a light reconcile up to 6 h later lost its hold and wave counter.
+    a = await nodes("a")
+    await a.replicas.round()
+    await a.reconciler.reconcile("o/a", 1)
+    state = a.live.repo("o/a")
+    assert state is not None
+    await a.live.persist(state.hold(Hold(H200, "alice", "driver bug", NOW)))
+    state.meta.wave = 17
+    await a.live.persist(state.save_meta())
+    rename_on_github(github, "o/a", "o/new")
+    await put_delivery(a, "r1", "o/new", "repository")
+    b = await nodes("b")
+    await b.replicas.round()  # b takes the free o/new for its delivery
+    await a.replicas.round()
+    assert b.replicas.owns("o/new") and a.replicas.owns("o/a")
+    assert await claim(b) == ["r1"]
+
+    with pytest.raises(RepositoryMoved) as moved:  # the inbox hands the delivery on
+        await b.reconciler.state_for(event("o/new"))
+    assert moved.value.to == "o/a" and b.live.repo("o/new") is None
+    await b.stores.deliveries.writer.write([moved_statement("r1", moved.value.to, 1, str(moved.value))])
+
+    assert await claim(a) == ["r1"]
+    with pytest.raises(RepositoryBusy):  # o/new is still b's lease: the delivery waits
+        await a.reconciler.state_for(event("o/new"))
+    await b.replicas.round()  # nothing to keep under o/new: b lets it go
+    followed = await a.reconciler.state_for(event("o/new"))  # the inbox's retry
+
+    assert followed is not None and followed.name == "o/new" and followed.meta.wave == 17
+    assert H200 in followed.holds and await a.stores.state.repos() == ["o/new"]
+    assert b.live.repo("o/new") is None and a.replicas.owns("o/new")

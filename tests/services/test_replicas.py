@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pytest
 
 from bot.core.clock import ManualClock
+from bot.core.errors import RepositoryBusy
 from bot.services.live import LiveState
 from bot.services.replicas import INSTALLATIONS, Replicas
 from bot.services.repo_state import RepoState
@@ -337,6 +338,12 @@ async def test_a_renamed_repository_whose_new_name_another_replica_holds_is_drop
     await stored_repository(a, "o/a", 12)
     await a.replicas.round()
     assert await b.replicas.admit("o/renamed")  # its events reached b first
+
+    # Only leased there, nothing kept yet: the rename waits rather than lose the state.
+    with pytest.raises(RepositoryBusy):
+        await a.live.rename("o/a", "o/renamed")
+    assert a.live.repo("o/a") is not None
+    await stored_repository(b, "o/renamed", 1)  # b built it from GitHub meanwhile
 
     assert await a.live.rename("o/a", "o/renamed") is None
 

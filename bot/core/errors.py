@@ -21,13 +21,6 @@ class RepositoryMoved(Exception):
         self.to = to
 
 
-class RepositoryBusy(Exception):
-    """A renamed repository's new name is leased by another replica that keeps nothing of
-    it yet (it took the name for a delivery it handed on): a later try finds it free."""
-
-    transient = True
-
-
 def is_transient(exc: BaseException) -> bool:
     # Klaud's own errors (the GitHub client's, the store's) say whether a retry can help.
     marked = getattr(exc, "transient", None)

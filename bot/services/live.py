@@ -21,7 +21,7 @@ from cachetools import LRUCache
 
 from bot.core.clock import Clock
 from bot.core.domain import DecisionKind, Wave, stamp
-from bot.core.errors import RepositoryBusy, is_permanent
+from bot.core.errors import is_permanent
 from bot.metrics import forget_repo
 from bot.services.api import RepoAPI, ReposAPI
 from bot.services.repo_state import RepoMeta, RepoState
@@ -51,8 +51,12 @@ class GoneRepository(RuntimeError):
     transient = True
 
 
-async def _always(_name: str) -> bool:
+async def _always(_name: str, *, take_over: bool = False) -> bool:
     return True
+
+
+def _nowhere(_name: str) -> bool:
+    return False
 
 
 def _forget_metrics(name: str) -> None:
@@ -76,7 +80,9 @@ class LiveState:
         self.gone_listeners: list[Callable[[str], None]] = [_forget_metrics]
         # Whether this process may take up a repository it has no state for. With replicas
         # (`bot.services.replicas`) only the holder of the repository's lease may.
-        self.admit: Callable[[str], Awaitable[bool]] = _always
+        self.admit: Callable[..., Awaitable[bool]] = _always
+        # Replicas: whether another process may keep `name` (one this process does not own).
+        self.kept_elsewhere: Callable[[str], bool] = _nowhere
         # Repositories (lowercase) whose memory is ahead of the store (a change it refused, a
         # section that failed or was cancelled), to read back; the inbox shares the set.
         self.stale: set[str] = set()
@@ -299,11 +305,7 @@ class LiveState:
             state = self.repo(old)
             if state is None:
                 kept = self.repo(new)
-            elif self.repo(new) is None and not await self.admit(new):
-                if await self.store.get("", "repo", new) is None:
-                    # Leased for a delivery that replica handed on here, nothing kept: it
-                    # lets the name go at its next round; dropped now, this state is lost.
-                    raise RepositoryBusy(f"{new} is leased by another replica that keeps nothing of it yet")
+            elif self.repo(new) is None and not await self._admit_renamed(new):
                 await self._drop_renamed(state, new, "another replica keeps the new name")
                 kept = None
             elif kept := self.repo(new) or await self.load_repo(new):
@@ -315,6 +317,15 @@ class LiveState:
                 log.info("live.renamed", repo=state.name, to=new)
             self.former[old.lower()] = new
         return kept
+
+    async def _admit_renamed(self, new: str) -> bool:
+        """Keep `new` here for a rename. A replica that leases the new name but stores
+        nothing under it took it for the events GitHub queues there, and hands them on
+        here: waiting for it to let go, every later event would keep it leased. Its lease
+        is taken over instead; what it still writes of the name is refused by the fence."""
+        if await self.admit(new):
+            return True
+        return not await self.store.stores(new) and await self.admit(new, take_over=True)
 
     async def _drop_renamed(self, state: RepoState, new: str, reason: str) -> None:
         log.info("live.rename_dropped", repo=state.name, to=new, reason=reason)

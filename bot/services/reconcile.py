@@ -114,7 +114,9 @@ class Reconciler:
         stored = await self.live.store.name_of(repo_id)
         if stored is None or stored.lower() == event.repository.full_name.lower() or self.live.repo(stored):
             return None
-        return stored
+        # Stored under a name this process owns but could not load: handed on, it would
+        # come back here; rebuilt from GitHub instead, as before replicas.
+        return stored if self.live.kept_elsewhere(stored) else None
 
     def _kept_as(self, name: str, repo_id: int | None) -> RepoState | None:
         """The state kept under `name`, or under the name a repository once called so moved

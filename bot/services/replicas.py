@@ -80,6 +80,7 @@ class Replicas:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         live.admit = self.admit
+        live.kept_elsewhere = lambda repo: repo.lower() not in self._repos
 
     @property
     def owner(self) -> str:
@@ -115,13 +116,15 @@ class Replicas:
     def _valid(self) -> bool:
         return time.monotonic() < self._valid_until
 
-    async def admit(self, repo: str) -> bool:
+    async def admit(self, repo: str, *, take_over: bool = False) -> bool:
         """Take `repo`'s lease to start keeping it (a new installation); False when another
-        replica holds it (that one keeps it)."""
+        replica holds it (that one keeps it). `take_over`: from whoever holds it (the new
+        name of a repository kept here, only leased elsewhere)."""
         name = repo.lower()
         if name in self._repos:
             return True
-        if not await self.leases.acquire(repo_lease(name), self.owner, self.lease_seconds):
+        take = self.leases.take_over if take_over else self.leases.acquire
+        if not await take(repo_lease(name), self.owner, self.lease_seconds):
             return False
         await self._own(name)
         log.info("replica.admitted", repo=name, owner=self.owner)

@@ -20,7 +20,6 @@ import structlog
 
 from bot.core.clock import Clock
 from bot.core.domain import parse_time, stamp
-from bot.core.errors import RepositoryBusy
 from bot.github.errors import GitHubError
 from bot.services.live import ATTEMPT_MEMORY, LiveState
 from bot.services.outcomes import OutcomeRecorder
@@ -171,11 +170,10 @@ class Scheduler:
                 attempts=attempts, retry_at=stamp(retry_at),
             )
             return False
-        except (LeaseTaken, RepositoryBusy) as exc:
+        except LeaseTaken as exc:
             # Another replica took the repository while this one worked on it (it stalled
             # past its lease): the store refused the write, the new owner finds on GitHub
             # whatever this work did there, and the next lease round lets the repository go.
-            # Or a renamed repository's new name is leased elsewhere a moment: tried again.
             log.warning("scheduler.lease_taken", repo=name, work=kind, error=str(exc))
             return False
         # A bug in one repository's work (its traceback logged) must not stop every later

@@ -19,6 +19,10 @@ ACQUIRE = (
     " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
     " WHERE leases.owner = excluded.owner OR leases.expires_at <= {now}"
 )
+TAKE_OVER = (
+    "INSERT INTO leases (name, owner, expires_at) VALUES (?, ?, {now} + ?)"
+    " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
+)
 # Only while the row still names the owner: once another replica took the lease, or it was
 # released, renewing fails and the owner knows to stop.
 RENEW_MANY = "UPDATE leases SET expires_at = {now} + ? WHERE owner = ? AND name IN ({names}) RETURNING name"
@@ -70,10 +74,16 @@ class LeaseStore:
         self.db = db
         self._acquire = ACQUIRE.format(now=db.now_sql)
         self._holders = HOLDERS.format(now=db.now_sql)
+        self._take_over = TAKE_OVER.format(now=db.now_sql)
 
     async def acquire(self, name: str, owner: str, ttl_seconds: float) -> bool:
         """Take lease `name` for `ttl_seconds` unless someone else holds it unexpired."""
         return await self._changed(self._acquire, name, owner, ttl_seconds)
+
+    async def take_over(self, name: str, owner: str, ttl_seconds: float) -> bool:
+        """Take lease `name` for `ttl_seconds` whoever holds it: its holder's renewal fails,
+        and what it writes meanwhile is refused by the lease fence."""
+        return await self._changed(self._take_over, name, owner, ttl_seconds)
 
     async def renew_all(self, names: set[str], owner: str, ttl_seconds: float) -> set[str]:
         """Renew every lease of `names` `owner` still holds, in one statement; answer those."""

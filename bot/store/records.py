@@ -54,7 +54,14 @@ RENAME = (
 )
 GET_WAVE = "SELECT encoding, body FROM waves WHERE repo = ? AND number = ?"
 REPOS = "SELECT key FROM records WHERE repo = '' AND kind = 'repo'"
-REPO_METAS = "SELECT key, data FROM records WHERE repo = '' AND kind = 'repo'"
+# The name a repository's GitHub id is stored under: one meta record read, not all decoded.
+NAME_OF: dict[Dialect, str] = {
+    "sqlite": "SELECT key FROM records WHERE repo = '' AND kind = 'repo'"
+    " AND CASE WHEN json_valid(data) THEN json_extract(data, '$.repo_id') END = ?",
+    "postgresql": "SELECT key FROM records WHERE repo = '' AND kind = 'repo' AND (data ->> 'repo_id') = ?",
+}
+# Whether anything is stored under a name, as GitHub compares names (readable or not).
+STORED = "SELECT 1 FROM records WHERE repo = '' AND kind = 'repo' AND lower(key) = lower(?)"
 LOAD = "SELECT kind, key, data FROM records WHERE repo = ?"
 GET = "SELECT data FROM records WHERE repo = ? AND kind = ? AND key = ?"
 # An attempt's completion time (ISO text), NULL when the record has none. SQLite's TEXT
@@ -139,9 +146,14 @@ class StateStore:
 
     async def name_of(self, repo_id: int) -> str | None:
         """The name the repository whose GitHub id is `repo_id` is stored under, if any."""
-        rows = await self.db.fetch(REPO_METAS)
-        metas = _decode("", "repo", [row[0] for row in rows], [row[1] for row in rows])
-        return next((name for name, meta in metas.items() if meta.get("repo_id") == repo_id), None)
+        # PostgreSQL's ->> answers text; SQLite's json_extract the stored integer.
+        wanted: int | str = str(repo_id) if self.db.dialect == "postgresql" else repo_id
+        rows = await self.db.fetch(NAME_OF[self.db.dialect], wanted)
+        return str(rows[0][0]) if rows else None
+
+    async def stores(self, name: str) -> bool:
+        """Whether a repository's record is stored under `name` (in any case, readable or not)."""
+        return bool(await self.db.fetch(STORED, name))
 
     async def get(self, repo: str, kind: str, key: str) -> Any | None:
         """The record's value; None when it is absent or unreadable (then reported)."""

@@ -6,11 +6,14 @@ both names with the same repository), and events name it as it was called when t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bot.core.domain import Hold
 from bot.core.errors import RepositoryMoved
 from bot.core.events import Named, RepoEvent
+from bot.store.change import Change
 from tests.services.conftest import NOW, REPO, Kit
 
 NEW = "acme/bench-next"
@@ -221,3 +224,18 @@ async def test_a_section_that_took_its_state_before_the_removal_writes_no_ghost_
     assert await kit.live.store.repos() == [] and kit.live.repos == {}
     await kit.reconciler.reconcile(REPO, 1)  # added back: kept, and written, again
     assert await kit.live.store.repos() == [REPO]
+
+
+async def test_a_repository_stored_under_an_old_name_it_cannot_load_is_rebuilt_not_handed_on(kit: Kit) -> None:
+    # One process (no replicas): a record under an earlier name that cannot be loaded
+    # (written by another version, or damaged) names the repository's id. Handed on to
+    # that name, the event would come back here until it failed, and every later one too.
+    damaged = Change()
+    damaged.puts.append(("", "repo", "acme/bench-old", json.dumps({"installation": "one", "repo_id": 4242})))
+    await kit.live.store.apply(damaged)
+    await kit.live.load()
+    assert kit.live.repo("acme/bench-old") is None
+
+    state = await kit.reconciler.state_for(event(REPO))
+
+    assert state is not None and state.name == REPO

@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 import pytest
 
 from bot.core.clock import ManualClock
-from bot.core.errors import RepositoryBusy
 from bot.services.live import LiveState
 from bot.services.replicas import INSTALLATIONS, Replicas
 from bot.services.repo_state import RepoState
@@ -333,17 +332,30 @@ async def test_a_renamed_repository_moves_to_its_new_name_and_lease(nodes):
     assert "o/renamed" in await a.stores.state.repos() and "o/a" not in await a.stores.state.repos()
 
 
+async def test_a_renamed_repository_whose_new_name_is_only_leased_elsewhere_takes_the_lease_over(nodes):
+    # b leased the new name for the events GitHub queues under it, and keeps nothing of it
+    # (it hands them on to the keeper): waiting for b to let go, every later event would
+    # keep it leased.
+    a, b = await nodes("a"), await nodes("b")
+    await stored_repository(a, "o/a", 12)
+    await a.replicas.round()
+    assert await b.replicas.admit("o/renamed")
+
+    moved = await a.live.rename("o/a", "O/Renamed")
+
+    assert moved is not None and moved.meta.wave == 12 and a.replicas.owns("o/renamed")
+    assert (await a.stores.leases.holders())[repo_lease("o/renamed")] == "a"
+    await b.replicas.round()  # its renewal fails: b lets the name go
+    assert not b.replicas.owns("o/renamed")
+
+
 async def test_a_renamed_repository_whose_new_name_another_replica_holds_is_dropped_here(nodes):
     a, b = await nodes("a"), await nodes("b")
     await stored_repository(a, "o/a", 12)
     await a.replicas.round()
     assert await b.replicas.admit("o/renamed")  # its events reached b first
 
-    # Only leased there, nothing kept yet: the rename waits rather than lose the state.
-    with pytest.raises(RepositoryBusy):
-        await a.live.rename("o/a", "o/renamed")
-    assert a.live.repo("o/a") is not None
-    await stored_repository(b, "o/renamed", 1)  # b built it from GitHub meanwhile
+    await stored_repository(b, "o/renamed", 1)  # b built it from GitHub
 
     assert await a.live.rename("o/a", "o/renamed") is None
 

@@ -108,11 +108,14 @@ class Reconciler:
         Built here from GitHub, it would be a second state of one repository beside the
         keeper's (its holds and wave counter lost when the two meet); its keeper follows the
         rename instead."""
-        repo_id = event.repository.id
+        return await self._kept_elsewhere_by_id(event.repository.id, event.repository.full_name)
+
+    async def _kept_elsewhere_by_id(self, repo_id: int | None, name: str) -> str | None:
+        """The other name `repo_id` is stored under, when another process may keep it."""
         if repo_id is None:
             return None
         stored = await self.live.store.name_of(repo_id)
-        if stored is None or stored.lower() == event.repository.full_name.lower() or self.live.repo(stored):
+        if stored is None or stored.lower() == name.lower() or self.live.repo(stored):
             return None
         # Stored under a name this process owns but could not load: handed on, it would
         # come back here; rebuilt from GitHub instead, as before replicas.
@@ -268,8 +271,11 @@ class Reconciler:
                 continue
             self.failures.pop(f"installation {installation}", None)
             for repo in repositories:
-                # One kept under an earlier name is followed by its own reconciles and events.
+                # One kept under an earlier name is followed by its own reconciles and events,
+                # here or at the replica keeping it (built here, it would be a second state).
                 known = self.live.repo(repo.full_name) or self.live.by_id(repo.id)
+                if known is None and await self._kept_elsewhere_by_id(repo.id, repo.full_name):
+                    continue
                 if known is None and await self._try_reconcile(repo.full_name, installation):
                     done.append(repo.full_name)
         return done

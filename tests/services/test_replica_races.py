@@ -289,3 +289,21 @@ async def test_a_rename_event_taken_by_another_replica_is_handed_to_the_reposito
     assert H200 in followed.holds and await a.stores.state.repos() == ["o/new"]
     await b.replicas.round()
     assert b.live.repo("o/new") is None and a.replicas.owns("o/new") and not b.replicas.owns("o/new")
+
+
+async def test_the_leaders_discovery_builds_no_second_state_of_a_repository_renamed_elsewhere(nodes, github):
+    # Discovery lists installed repositories under their current names. One renamed while
+    # another replica keeps it under its old name (that replica has not followed yet) was
+    # built afresh under the new name: the keeper then dropped its own state on following.
+    b = await nodes("b")
+    await b.replicas.round()  # b leads installation events and discovery
+    a = await nodes("a")
+    await a.replicas.round()
+    await a.reconciler.reconcile("o/a", 1)  # a keeps o/a
+    assert b.replicas.leads() and a.replicas.owns("o/a")
+    rename_on_github(github, "o/a", "o/new")
+    github.repos.pop("o/a")  # listed once, under the new name
+
+    assert await b.reconciler.reconcile_new_installations() == []
+
+    assert await b.stores.state.repos() == ["o/a"] and b.live.repo("o/new") is None

@@ -37,6 +37,7 @@ from bot.store.deliveries import (
     status_statement,
 )
 from bot.store.engine import Result
+from bot.store.errors import StoreError
 from bot.web.events import event_label
 
 log = structlog.get_logger("klaud.inbox")
@@ -629,8 +630,9 @@ class Inbox:
             deliveries=ids or [head.id],
             retry_in_s=round(delay, 3),
             error=f"{type(exc).__name__}: {exc}",
-            # The store's trouble is one line; anything else is a bug, shown whole.
-            exc_info=exc if is_permanent(exc) else None,
+            # The store's trouble (a lease another replica took, included) is one line;
+            # anything else is a bug, shown whole.
+            exc_info=exc if is_permanent(exc) and not isinstance(exc, StoreError) else None,
         )
 
     def _ended(self, key: str, ended: Ended) -> None:

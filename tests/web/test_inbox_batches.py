@@ -21,7 +21,7 @@ from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore
 from bot.store.engine import Statement
-from bot.store.errors import StoreUnavailable
+from bot.store.errors import LeaseTaken, StoreUnavailable
 from bot.store.records import StateStore
 from bot.web import inbox as inbox_module
 from bot.web.inbox import Inbox
@@ -422,6 +422,7 @@ async def test_a_delivery_handed_on_again_and_again_fails_after_its_attempts(db:
 
 
 @pytest.mark.parametrize(("error", "traceback"), [(StoreUnavailable("the store restarts"), False),
+                                                  (LeaseTaken("leases repo:acme/bench (b) are held"), False),
                                                   (TypeError("a bug in reading back"), True)])
 async def test_a_failed_read_back_waits_and_shows_a_bug_whole(db: RecordingDatabase, error: Exception,
                                                               traceback: bool) -> None:

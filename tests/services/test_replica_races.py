@@ -17,43 +17,33 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.core.clock import ManualClock
 from bot.core.domain import Hold
 from bot.core.errors import RepositoryMoved
 from bot.core.events import Named, RepoEvent
 from bot.github.errors import NotFound
 from bot.services.catalog_sync import CatalogSync
 from bot.services.claims import ClaimKeeper
-from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.pulls import PullSync
 from bot.services.reconcile import Reconciler
-from bot.services.replicas import Replicas
 from bot.store import Stores, open_stores
 from bot.store.deliveries import Delivery, moved_statement, status_statement
 from bot.store.errors import LeaseTaken
 from tests.conftest import fresh_database
 from tests.services.conftest import scenario_repo
 from tests.services.fakes import FakeRepos
+from tests.services.test_replicas import Node as ReplicaNode
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 
 
-class Node:
-    """One replica: its own connection, LiveState, Replicas and Reconciler; GitHub is shared."""
+class Node(ReplicaNode):
+    """A replica of test_replicas.py with a Reconciler over GitHub, which all share."""
 
     def __init__(self, stores: Stores, owner: str, github: FakeRepos, lease_seconds: float) -> None:
-        self.stores = stores
-        self.owner = owner
-        self.busy: set[str] = set()
-        self.released: list[str] = []
-        self.live = LiveState(stores.state, github, ManualClock(NOW), ())
-        self.replicas = Replicas(
-            stores.leases, stores.deliveries, self.live, busy=self.busy.__contains__,
-            release=self.released.append, owner=owner, lease_seconds=lease_seconds,
-        )
+        super().__init__(stores, owner, lease_seconds, github, NOW)
         catalog, pulls, outcomes = CatalogSync(self.live), PullSync(self.live), OutcomeRecorder(self.live)
         self.reconciler = Reconciler(self.live, catalog, pulls, outcomes, ClaimKeeper(self.live, outcomes))
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pytest
 
 from bot.core.clock import ManualClock
+from bot.services.api import ReposAPI
 from bot.services.live import LiveState
 from bot.services.replicas import INSTALLATIONS, Replicas
 from bot.services.repo_state import RepoState
@@ -30,11 +31,15 @@ class Node:
     """One replica: its own connection to the store, its LiveState, its Replicas, and a
     record of what it was told to drop."""
 
-    def __init__(self, stores: Stores, owner: str, lease_seconds: float = 10.0) -> None:
+    def __init__(
+        self, stores: Stores, owner: str, lease_seconds: float = 10.0, github: ReposAPI | None = None,
+        now: datetime = datetime(2026, 12, 1, tzinfo=UTC),
+    ) -> None:
         self.stores = stores
+        self.owner = owner
         self.busy: set[str] = set()
         self.released: list[str] = []
-        self.live = LiveState(stores.state, None, ManualClock(datetime(2026, 12, 1, tzinfo=UTC)), ())
+        self.live = LiveState(stores.state, github, ManualClock(now), ())
         self.replicas = Replicas(
             stores.leases, stores.deliveries, self.live, busy=self.busy.__contains__,
             release=self.released.append, owner=owner, lease_seconds=lease_seconds,

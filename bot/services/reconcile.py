@@ -93,7 +93,7 @@ class Reconciler:
         name, installation = event.repository.full_name, event.installation.id
         state = self._kept_as(name, event.repository.id) or await self._same_repository(event)
         if state is None:
-            kept_as = await self._stored_elsewhere(event)
+            kept_as = await self._kept_elsewhere_by_id(event.repository.id, name)
             if kept_as is not None:
                 raise RepositoryMoved(kept_as)
             report = await self.reconcile(name, installation)
@@ -102,16 +102,12 @@ class Reconciler:
                 raise RepositoryMoved(report["repo"])
         return state
 
-    async def _stored_elsewhere(self, event: RepoEvent) -> str | None:
-        """The name the event's repository is stored under by another replica: renamed
-        since, its events are queued under the new name, whose lease this replica may hold.
-        Built here from GitHub, it would be a second state of one repository beside the
-        keeper's (its holds and wave counter lost when the two meet); its keeper follows the
-        rename instead."""
-        return await self._kept_elsewhere_by_id(event.repository.id, event.repository.full_name)
-
     async def _kept_elsewhere_by_id(self, repo_id: int | None, name: str) -> str | None:
-        """The other name `repo_id` is stored under, when another process may keep it."""
+        """The other name than `name` that `repo_id` is stored under, when another process
+        may keep it. A renamed repository's events (and discovery) come under the new name,
+        whose lease this replica may hold: built here from GitHub, it would be a second
+        state beside the keeper's (its holds and wave counter lost when the two meet); the
+        keeper follows the rename instead."""
         if repo_id is None:
             return None
         stored = await self.live.store.name_of(repo_id)

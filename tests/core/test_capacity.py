@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from bot.core.capacity import evaluate_feed, target_eligibility
+from bot.core.capacity import (
+    CLOCK_SKEW,
+    MAX_AGE,
+    evaluate_feed,
+    target_eligibility,
+    usable_until,
+)
 from bot.core.domain import CapacityReading, stamp
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
@@ -275,3 +281,55 @@ def test_target_eligibility_with_an_unusable_feed_says_why() -> None:
         False,
         "capacity feed unavailable (http-503): every cluster counts as busy",
     )
+
+
+def test_a_node_count_that_is_missing_or_invalid_makes_the_cluster_ineligible_even_if_the_rest_add_up() -> None:
+    # §4.5: allocated, mixed, idle, down and other nodes are ints >= 0 summing to total.
+    # Here the others still sum to total (2 + 0 + 6 + 0 = 8), so only the count check can refuse.
+    for bad in (None, -1, "0", True, 0.0):
+        entry = cluster("b200-nscale")
+        if bad is None:
+            del entry["summary"]["downNodes"]
+        else:
+            entry["summary"]["downNodes"] = bad
+        assert evaluate(feed(entry)).eligible == frozenset(), bad
+    assert evaluate(feed(cluster("b200-nscale"))).eligible == {"b200-nscale"}
+
+
+def test_a_one_node_cluster_with_its_node_idle_is_eligible() -> None:
+    # idle > 0 and (0 + 0) * 5 < 1 * 4
+    one = cluster("h100-one", summary={"totalNodes": 1, "allocatedNodes": 0, "idleNodes": 1})
+    assert evaluate(feed(one)).eligible == {"h100-one"}
+
+
+def test_no_idle_node_means_no_capacity_however_little_is_busy() -> None:
+    # 2 of 8 busy is under 80 %, but idleNodes must be > 0 (the rest are down).
+    down = cluster("b200-nscale", summary={"idleNodes": 0, "downNodes": 6})
+    assert evaluate(feed(down)).eligible == frozenset()
+    assert evaluate(feed(down)).known == {"b200-nscale"}
+
+
+def test_observed_exactly_the_clock_skew_after_received_is_accepted() -> None:
+    # §4.5: observedAt - receivedAt <= 5 s.
+    received = NOW - timedelta(seconds=29)
+    at_skew = cluster("b200-nscale", observedAt=stamp(received + timedelta(seconds=5)), receivedAt=stamp(received))
+    past_skew = cluster("b200-nscale", observedAt=stamp(received + timedelta(seconds=6)), receivedAt=stamp(received))
+    assert evaluate(feed(at_skew)).eligible == {"b200-nscale"}
+    assert evaluate(feed(past_skew)).eligible == frozenset()
+
+
+def test_received_exactly_the_clock_skew_after_generated_is_accepted() -> None:
+    # §4.5: receivedAt - generatedAt <= 5 s (generatedAt is NOW in these feeds).
+    at_skew = cluster("b200-nscale", observedAt=stamp(NOW + timedelta(seconds=5)), receivedAt=stamp(NOW + timedelta(seconds=5)))
+    past_skew = cluster("b200-nscale", observedAt=stamp(NOW + timedelta(seconds=6)), receivedAt=stamp(NOW + timedelta(seconds=6)))
+    assert evaluate(feed(at_skew)).eligible == {"b200-nscale"}
+    assert evaluate(feed(past_skew)).eligible == frozenset()
+
+
+def test_a_reading_is_usable_until_the_older_of_generation_and_retrieval_ages_out() -> None:
+    # §4.5: both the local retrieval and generatedAt must be <= 120 s old (+5 s skew).
+    generated = NOW - timedelta(seconds=60)
+    assert usable_until(feed(at=generated), NOW) == generated + MAX_AGE + CLOCK_SKEW
+    assert usable_until(feed(at=NOW + timedelta(seconds=3)), NOW) == NOW + MAX_AGE + CLOCK_SKEW
+    assert usable_until({"kind": "x"}, NOW) == NOW + MAX_AGE + CLOCK_SKEW
+    assert usable_until(["not", "a", "document"], NOW) == NOW + MAX_AGE + CLOCK_SKEW

@@ -15,6 +15,7 @@ from bot.core.commands import (
     Command,
     StatusView,
     answered_comments,
+    clip,
     code_span,
     compose_reply,
     effective_permission,
@@ -32,7 +33,15 @@ from bot.core.commands import (
     resolve_command,
     resolve_target,
 )
-from bot.core.domain import Attempt, Decision, Family, Hold, Overlap, candidate_id
+from bot.core.domain import (
+    Attempt,
+    Blocked,
+    Decision,
+    Family,
+    Hold,
+    Overlap,
+    candidate_id,
+)
 
 FAMILY_ID = "configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"
 OTHER_ID = "configs/amd-master.yaml:llama70b-fp8-mi300x-vllm"
@@ -493,3 +502,71 @@ def test_status_caps_the_attempts_shown() -> None:
     assert "runs/30/attempts/1" in reply
     assert "runs/10/attempts/1" not in reply
     assert "10 older attempts not shown." in reply
+
+
+def resolve(body: str, default_family: str | None):
+    [command] = parse_commands(body)
+    return resolve_command(command, families=FAMILIES, default_family=default_family)
+
+
+def test_a_family_key_alone_after_the_verb_names_its_family() -> None:
+    # DESIGN §4 "Commands": the target may be a family key alone when it is unique
+    # (`/klaud retry dsr1-fp8-h200-trt`), on an issue as on any PR.
+    key = FAMILIES[OTHER_ID].key
+    assert resolve(f"/klaud retry {key}", None).family == OTHER_ID
+    assert resolve(f"/klaud status {key}", FAMILY_ID).family == OTHER_ID
+    held = resolve(f"/klaud hold {key} new weights", FAMILY_ID)
+    assert (held.family, held.text) == (OTHER_ID, "new weights")
+
+
+def test_a_command_without_target_on_a_klaud_pr_acts_on_its_family() -> None:
+    # DESIGN §4 "Commands": on a Klaud PR the target defaults to that PR's family.
+    for body in ("/klaud retry", "/klaud unhold", "/klaud status", "/klaud hold"):
+        assert resolve(body, FAMILY_ID).family == FAMILY_ID, body
+    assert resolve("/klaud retry", None).error == "this is not a Klaud pull request: name a family"
+
+
+def test_a_mistyped_key_is_refused_not_defaulted_to_the_pull_requests_family() -> None:
+    typo = resolve("/klaud retry llama70b-fp8-mi300x-vlm", FAMILY_ID)
+    assert typo.family is None and typo.error is not None
+    assert "did you mean `llama70b-fp8-mi300x-vllm`" in typo.error
+
+
+def test_resume_when_dispatch_is_not_paused_arms_nothing() -> None:
+    reply = render_resume(False, None)
+    assert reply == "Dispatch is not paused: nothing to resume."
+
+
+def test_status_shows_a_paused_repository() -> None:
+    # DESIGN §4 "Failures before an outcome": the pause shows on `/klaud status`.
+    blocked = Blocked("dispatch-paused", "dispatch paused: 3 of the 4 finished runs of wave 7 failed", AT)
+    reply = render_status(_status_view(blocked=blocked))
+    assert "| Dispatch | **blocked** since 2026-11-30 08:00 UTC: dispatch paused: 3 of the 4" in reply
+    assert "| Dispatch |" not in render_status(_status_view())
+
+
+def test_a_clipped_reply_is_exactly_githubs_65536_limit() -> None:
+    # GitHub refuses (422) a comment body over 65,536 characters; a clipped reply uses it all.
+    commands = parse_commands("\n".join(["/klaud help"] * 5000))
+    reply = compose_reply(5, [(c, render_help()) for c in commands])
+    assert len(reply.encode()) == 65_536
+
+
+def test_a_reply_of_exactly_the_limit_is_not_clipped() -> None:
+    assert clip("x" * 10, 10, "…") == "x" * 10
+    assert clip("x" * 11, 10, "…") == "x" * 7 + "…"  # "…" is 3 UTF-8 bytes
+
+
+def test_status_shows_an_attempts_reason_code() -> None:
+    failed = attempt(3, "failed", phase="baseline", reason_code="baseline-provenance-unverified")
+    reply = render_status(_status_view(attempts=[failed]))
+    assert "| failed |" not in reply  # outcome is bold
+    row = next(line for line in reply.splitlines() if "runs/3/attempts/1" in line)
+    assert "| baseline | baseline-provenance-unverified |" in row
+
+
+def test_code_span_outlasts_any_run_of_backticks_in_the_text() -> None:
+    # Hold reasons are user text shown in code spans: no run of backticks may close it early.
+    assert code_span("a ``` b ` c") == "````a ``` b ` c````"
+    assert code_span("`x") == "`` `x ``"
+    assert code_span("x`") == "`` x` ``"

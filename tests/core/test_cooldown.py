@@ -180,3 +180,32 @@ def test_an_outcome_between_two_run_failures_breaks_the_row() -> None:
 def test_retry_clears_a_run_failure_cooldown() -> None:
     state = check([run_failed(3, 301), run_failed(1, 302)], retry=True)
     assert state.eligible and "cleared by /klaud retry" in state.reason
+
+
+def test_the_latest_verified_attempt_is_the_last_completed_not_the_highest_run_id() -> None:
+    # DESIGN §4 "Cooldown": the latest verified attempt *that completed* decides. A run that
+    # started first (lower id) can finish last, e.g. a long targeted phase.
+    slow_failure = attempt("failed", hours_ago=1, run_id=100)
+    quick_deferral = attempt("capacity-deferred", hours_ago=3, run_id=101)
+    for order in ([slow_failure, quick_deferral], [quick_deferral, slow_failure]):
+        state = check(order)
+        assert not state.eligible and state.attempt is slow_failure
+    # and the same order decides whether an unread attempt is newer than the verified one
+    unread = attempt(None, hours_ago=2, run_id=99, error="download-failed")
+    deferred = attempt("capacity-deferred", hours_ago=3, run_id=101)
+    assert "could not be read (download-failed)" in check([deferred, unread]).reason
+
+
+def test_two_run_failures_in_a_row_cool_down_even_when_the_first_left_the_window() -> None:
+    # DESIGN §4 "Failures before an outcome": two in a row put the candidate in cooldown
+    # for cooldown_hours (from the second); the first may be older than the window.
+    first, second = run_failed(25, 301), run_failed(2, 302)
+    state = check([first, second])
+    assert not state.eligible
+    assert state.until == NOW - timedelta(hours=2) + timedelta(hours=24)
+
+
+def test_a_run_failure_cooldown_ends_exactly_cooldown_hours_after_the_second_failure() -> None:
+    # Same boundary as a verified outcome's cooldown (test_window_ends_exactly_…).
+    assert check([run_failed(30, 301), run_failed(24, 302)]).eligible
+    assert not check([run_failed(30, 301), run_failed(23.99, 302)]).eligible

@@ -72,3 +72,14 @@ def test_a_failing_job_must_be_at_least_half_of_the_finished_runs() -> None:
     for job in ("a", "a", "b", "b", "c", "c"):
         count_finished(runs_split, ended("run-failed", job))
     assert pause_reason(7, runs_split) is None  # no single job failed three times
+
+
+def test_a_job_failing_exactly_half_of_the_finished_runs_pauses_dispatch() -> None:
+    # DESIGN §4: at least 3 of them *and at least half* of that wave's finished dispatches.
+    runs = WaveRuns(dispatched=6)
+    for _ in range(3):
+        count_finished(runs, ended("run-failed", "get-jobs"))
+    for _ in range(3):
+        count_finished(runs, ended(None, outcome="validated"))
+    reason = pause_reason(7, runs)
+    assert reason is not None and "3 of the 6 finished runs of wave 7" in reason

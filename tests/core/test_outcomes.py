@@ -16,7 +16,9 @@ from typing import Any, get_args
 import pytest
 from pydantic import ValidationError
 
+from bot.core import outcomes
 from bot.core.domain import NEUTRAL_OUTCOMES, Attempt, Outcome, candidate_id
+from bot.core.events import Job, Step
 from bot.core.outcomes import (
     ERROR_CODES,
     MAX_ARCHIVE_BYTES,
@@ -28,9 +30,11 @@ from bot.core.outcomes import (
     RunInfo,
     attempt_from_outcome,
     check_conclusion,
+    first_failure,
     next_retry_at,
     parse_receipt,
     read_outcome_artifact,
+    run_failed_attempt,
     unverified_attempt,
 )
 
@@ -917,3 +921,121 @@ def test_a_zip64_archive_declares_its_count_in_the_zip64_record() -> None:
     eocd[8:12] = b"\xff\xff\xff\xff"
     hostile = bytes(data[:at]) + record + locator + bytes(eocd)
     assert artifact_error(hostile).code == "too-many-entries"
+
+
+# --- receipts (domain §6.3: the payload is JSON until "\n-->") -------------------------
+
+
+def test_an_unclosed_receipt_is_refused_even_when_the_rest_is_valid_json() -> None:
+    # The existing "no closing" case still carries text after the JSON, so it fails as
+    # invalid JSON whether or not the closing line is checked.
+    with pytest.raises(ReceiptError, match="never closed"):
+        parse_receipt(f"<!-- klaud-outcome:28123456789:{CANDIDATE}\n{VALID_PAYLOAD}\n")
+
+
+# --- failures before an outcome (DESIGN §4: naming the first failed job and step) ------
+
+
+def test_a_failed_run_names_its_first_failed_job_and_that_jobs_first_failed_step() -> None:
+    jobs = [
+        Job(name="plan", conclusion="success", steps=(Step(name="checkout", conclusion="success"),)),
+        Job(name="get-jobs", conclusion="failure", steps=(
+            Step(name="Set up job", conclusion="success"),
+            Step(name="Validate matrix", conclusion="failure"),
+            Step(name="Upload", conclusion="cancelled"),
+        )),
+        Job(name="later", conclusion="cancelled", steps=(Step(name="x", conclusion="failure"),)),
+    ]
+    assert first_failure(jobs) == ("get-jobs", "Validate matrix")
+    attempt = run_failed_attempt(CANDIDATE, FAMILY, run(), jobs)
+    assert (attempt.error, attempt.failed_job, attempt.failed_step, attempt.verified) == (
+        "run-failed", "get-jobs", "Validate matrix", False
+    )
+    assert first_failure([Job(name="timed", conclusion="timed_out")]) == ("timed", None)
+    assert first_failure([Job(name="ok", conclusion="success")]) == (None, None)
+
+
+# --- archive bounds: "at most" the cap, not below it -----------------------------------
+
+
+def test_a_member_of_exactly_the_member_cap_is_read() -> None:
+    content = diagnostics(outcome_doc())
+    for method in (zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED):
+        archive = zip_of({MEMBER: content}, method)
+        assert read_outcome_artifact(archive, max_member_bytes=len(content)).outcome == "failed"
+        assert artifact_error(archive, max_member_bytes=len(content) - 1).code == "member-too-large"
+
+
+def test_an_archive_of_exactly_the_download_cap_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = zip_of({MEMBER: diagnostics(outcome_doc())})
+    monkeypatch.setattr(outcomes, "MAX_ARCHIVE_BYTES", len(archive))
+    assert read_outcome_artifact(archive).outcome == "failed"
+    monkeypatch.setattr(outcomes, "MAX_ARCHIVE_BYTES", len(archive) - 1)
+    assert artifact_error(archive).code == "download-too-large"
+
+
+# --- hostile archive structure (DESIGN §4 "Outcomes": archives are untrusted) ----------
+
+
+def test_a_member_whose_local_header_is_not_one_is_refused() -> None:
+    content = diagnostics(outcome_doc())
+    archive = bytearray(hand_made_zip(MEMBER, deflated(content), crc=zlib.crc32(content), declared_size=len(content)))
+    assert read_outcome_artifact(bytes(archive)).outcome == "failed"
+    archive[0:4] = b"PK\x03\x05"  # the central directory still points here
+    error = artifact_error(bytes(archive))
+    assert error.code == "not-a-zip" and "no valid local header" in error.detail
+
+
+def test_an_end_record_claiming_zip64_without_a_zip64_record_is_no_crash() -> None:
+    # 0xFFFF entries in the classic end record means "see the zip64 record". Without a
+    # zip64 locator before it the archive is read by its directory; a locator pointing
+    # past the archive's end is a broken archive: an ArtifactError, never a struct.error.
+    data = bytearray(zip_of({MEMBER: diagnostics(outcome_doc())}))
+    at = data.rfind(b"PK\x05\x06")
+    data[at + 8 : at + 12] = struct.pack("<HH", 0xFFFF, 0xFFFF)
+    assert read_outcome_artifact(bytes(data)).outcome == "failed"
+    for record_at in (len(data) * 4, 2**40):
+        locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, record_at, 1)
+        hostile = bytes(data[:at]) + locator + bytes(data[at:])
+        assert artifact_error(hostile).code == "not-a-zip"
+
+
+# --- the ledger forgets what no wave can use ------------------------------------------
+
+
+def test_forget_before_drops_older_attempts_and_empty_candidates() -> None:
+    old = verified(run_id=1, at=T0 - timedelta(days=5))
+    kept = unverified(run_id=2, at=T0)
+    gone = verified(NEXT_CANDIDATE, run_id=3, at=T0 - timedelta(days=4))
+    ledger = OutcomeLedger([old, kept, gone])
+    assert ledger.for_candidate(CANDIDATE) == [kept, old]  # builds the cached order
+    assert ledger.forget_before(T0 - timedelta(days=3)) == 2
+    assert len(ledger) == 1
+    assert ledger.for_candidate(CANDIDATE) == [kept]
+    assert ledger.for_candidate(NEXT_CANDIDATE) == []
+    assert ledger.recent_for([CANDIDATE, NEXT_CANDIDATE], T0 - timedelta(days=10)) == {CANDIDATE: [kept]}
+    assert not ledger.knows_run(NEXT_CANDIDATE, 3)
+    assert ledger.forget_before(T0 - timedelta(days=3)) == 0
+
+
+def test_a_zip64_archive_with_few_entries_is_read() -> None:
+    # The existing zip64 test declares 10**6 entries, which the classic end record's 0xFFFF
+    # already exceeds; here only the zip64 record tells the real count.
+    data = zip_of({MEMBER: diagnostics(outcome_doc())})
+    at = data.rfind(b"PK\x05\x06")
+    size_cd, offset_cd = struct.unpack_from("<LL", data, at + 12)
+    record = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 1, 1, size_cd, offset_cd)
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, at, 1)
+    eocd = bytearray(data[at:])
+    eocd[8:12] = b"\xff\xff\xff\xff"
+    assert read_outcome_artifact(data[:at] + record + locator + bytes(eocd)).outcome == "failed"
+
+
+def test_knows_run_is_any_attempt_of_that_run_of_that_candidate() -> None:
+    # The claim keeper skips runs whose outcome is already recorded when it looks up an
+    # unlinked dispatch's run by title (bot/services/claims.py `_runs_by_candidate`).
+    ledger = OutcomeLedger([unverified(run_id=7, run_attempt=2)])
+    assert ledger.knows_run(CANDIDATE, 7)
+    assert not ledger.knows_run(CANDIDATE, 2)
+    assert not ledger.knows_run(CANDIDATE, 8)
+    assert not ledger.knows_run(NEXT_CANDIDATE, 7)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bot.core import events
 from bot.core.catalog import Catalog, parse_runners, read_master
 from bot.core.domain import (
     Family,
@@ -24,6 +25,7 @@ from bot.core.overlap import (
     file_change_from_patch,
     is_idle,
     is_klaud_own,
+    pull_record,
     pull_touches,
     top_level_key,
     touched_keys,
@@ -641,3 +643,161 @@ def test_many_prs_keep_answers_per_family() -> None:
         index.remove(number)
     assert index.overlaps(families[7], NOW, 7) == []
     assert len(index) == 1000 - 20
+
+
+# --- the hunk rule: which line is the family's own `image:` line (DESIGN §4 "Overlap index")
+
+
+def test_image_line_in_a_hunk_without_its_key_line_uses_the_usual_indentation() -> None:
+    # The header's context names the block; no key line in the hunk shows how deep its
+    # children are, so YAML's usual two spaces decide that this is the family's own image.
+    patch = "@@ -12,3 +12,3 @@ alpha:\n   runner: b200\n-  image: a:1\n+  image: a:2\n"
+    assert touched_keys(patch) == {"alpha": "image"}
+
+
+def test_only_the_first_line_after_a_key_shows_its_childrens_indentation() -> None:
+    # A hunk that starts deep inside a block must not learn its indentation from there.
+    patch = "@@ -12,4 +12,4 @@ alpha:\n       - conc: 4\n-  image: a:1\n+  image: a:2\n"
+    assert touched_keys(patch) == {"alpha": "image"}
+
+
+def test_blank_and_comment_lines_after_a_key_do_not_set_its_childrens_indentation() -> None:
+    for between in (" ", " # bump below", "   # indented comment"):
+        # the first real child line (four spaces) shows the depth, not the blank or comment
+        patch = f"@@ -1,5 +1,5 @@\n alpha:\n{between}\n     runner: b200\n-    image: a:1\n+    image: a:2\n"
+        assert touched_keys(patch) == {"alpha": "image"}, between
+
+
+# --- the contents fallback gives what the patch rule gives ------------------------------
+
+
+def test_contents_fallback_finds_the_image_line_of_a_two_line_block() -> None:
+    change = file_change_from_contents(NV, "alpha:\n  image: a:1\n", "alpha:\n  image: a:2\n")
+    assert change.keys == {"alpha": "image"}
+
+
+def test_contents_fallback_finds_an_image_line_that_is_not_the_first_child() -> None:
+    base = "alpha:\n  runner: b200\n  image: a:1\n  tp: 8\n"
+    assert file_change_from_contents(NV, base, base.replace("a:1", "a:2")).keys == {"alpha": "image"}
+    assert file_change_from_contents(NV, base, base.replace("tp: 8", "tp: 4")).keys == {"alpha": "flags"}
+
+
+def test_contents_fallback_handles_a_one_line_block() -> None:
+    assert file_change_from_contents(NV, "alpha: 1\nbeta:\n  image: b\n", "alpha: 2\nbeta:\n  image: b\n").keys == {
+        "alpha": "flags"
+    }
+
+
+def test_contents_fallback_keeps_the_previous_name_of_a_rename_only() -> None:
+    # As file_change_from_patch does: a renamed master config still touches the families
+    # of its old path; a copy leaves its source untouched.
+    base, head = "alpha:\n  image: a:1\n", "alpha:\n  image: a:2\n"
+    renamed = file_change_from_contents("configs/new-master.yaml", base, head, NV, "renamed")
+    assert renamed.previous_filename == NV
+    assert pull_touches(pull(1, (renamed,)), Catalog([ALPHA])) == {ALPHA.id: "image"}
+    copied = file_change_from_contents("configs/new-master.yaml", base, head, NV, "copied")
+    assert copied.previous_filename is None
+    assert pull_touches(pull(2, (copied,)), Catalog([ALPHA])) == {}
+
+
+def test_flags_win_over_patch_unavailable_whatever_the_file_order() -> None:
+    # The existing test adds the family_files match first; the rank must decide, not the order.
+    catalog = Catalog([make_family("alpha"), make_family("beta")])
+    mixed = (FileChange(NV, unavailable=True), FileChange("recipes/beta.yaml"))
+    assert pull_touches(pull(10, mixed), catalog, ("recipes/{key}.yaml",)) == {
+        f"{NV}:alpha": "patch-unavailable",
+        f"{NV}:beta": "flags",
+    }
+
+
+# --- Klaud's own PRs as the index records them ----------------------------------------
+
+
+def pull_event(head_ref: str, login: str | None, head_repo: str | None) -> events.PullRequest:
+    return events.PullRequest.model_validate(
+        {
+            "number": 77,
+            "title": "x",
+            "user": {"login": login},
+            "head": {"ref": head_ref, "sha": "a" * 40, "repo": None if head_repo is None else {"full_name": head_repo}},
+            "base": {"ref": "main", "sha": "b" * 40, "repo": {"full_name": "acme/bench"}},
+            "created_at": "2026-08-20T12:00:00Z",
+            "updated_at": "2026-08-20T12:00:00Z",
+        }
+    )
+
+
+def record(head_ref: str, login: str | None, head_repo: str | None):
+    return pull_record("acme/bench", pull_event(head_ref, login, head_repo), BOTS, changes=(), files_complete=True, files_sha=None)
+
+
+def test_pull_record_klaud_branch_counts_only_in_the_same_repository() -> None:
+    # DESIGN §4: Klaud's own when its head branch matches klaud/auto-<fam16>- *in the same
+    # repository* (names are case-insensitive) or its author is a bot login.
+    branch = candidate_branch(ALPHA.candidate)
+    same = record(branch, "bob", "ACME/Bench")
+    assert (same.klaud_own, same.own_family_hash) == (True, ALPHA.family_hash)
+    fork = record(branch, "bob", "mallory/bench")
+    assert (fork.klaud_own, fork.own_family_hash) == (False, None)
+    deleted_fork = record(branch, "bob", None)
+    assert (deleted_fork.klaud_own, deleted_fork.own_family_hash) == (False, None)
+
+
+def test_pull_record_by_a_bot_login_is_klaud_own_and_keeps_its_author() -> None:
+    bot = record("bump-x", "Klaud-Cold", "acme/bench")
+    assert bot.klaud_own and bot.own_family_hash is None and bot.author == "Klaud-Cold"
+    human = record("bump-x", "bob", "acme/bench")
+    assert not human.klaud_own and human.author == "bob"
+    assert record("bump-x", None, "acme/bench").author == ""
+
+
+def test_closing_one_of_two_klaud_prs_of_a_family_keeps_the_other() -> None:
+    def own(number: int):
+        return pull(number, klaud_own=True, own_family_hash=ALPHA.family_hash, head_ref=candidate_branch(ALPHA.candidate))
+
+    index = index_with(own(60), own(61))
+    assert index.klaud_pr(ALPHA) == 60 and index.klaud_prs() == {ALPHA.id: 60}
+    index.remove(60)
+    assert index.klaud_pr(ALPHA) == 61 and index.klaud_prs() == {ALPHA.id: 61}
+    assert [o.pr for o in index.overlaps(ALPHA, NOW, 7)] == [61]
+    index.remove(61)
+    assert index.klaud_pr(ALPHA) is None and index.klaud_prs() == {}
+
+
+def test_overlaps_until_is_when_the_first_active_human_pr_goes_idle() -> None:
+    touching = (FileChange(NV, keys={"alpha": "flags"}),)
+    index = index_with(
+        pull(1, touching, updated_at=NOW - timedelta(days=3)),
+        pull(2, touching, updated_at=NOW - timedelta(days=1)),
+        pull(3, touching, updated_at=NOW - timedelta(days=9)),  # idle already
+    )
+    assert index.overlaps_until(ALPHA, NOW, 7) == NOW + timedelta(days=4)
+    assert index.overlaps_until(BETA, NOW, 7) is None
+
+
+def test_families_of_a_pull_request() -> None:
+    branch = candidate_branch(ALPHA.candidate)
+    index = index_with(
+        pull(1, (FileChange(NV, keys={"beta": "flags"}),)),
+        pull(2, (FileChange(NV, keys={"beta": "image"}),), klaud_own=True, own_family_hash=ALPHA.family_hash, head_ref=branch),
+    )
+    assert index.families_of(1) == ({BETA.id}, None)
+    assert index.families_of(2) == ({BETA.id}, ALPHA.family_hash)
+    assert index.families_of(99) == (set(), None)
+
+
+def test_blocking_lists_every_family_some_open_pr_blocks_now_and_only_those() -> None:
+    # The planner's snapshot input (DESIGN §4 "Overlap index"): an active human PR blocks
+    # what it touches, an idle one blocks nothing, a Klaud PR always blocks its family.
+    gamma_branch = candidate_branch(make_family("gamma").candidate)
+    index = index_with(
+        pull(1, (FileChange(NV, keys={"alpha": "flags"}),)),
+        pull(2, (FileChange(NV, keys={"beta": "image"}),), updated_at=NOW - timedelta(days=30)),
+        pull(3, updated_at=NOW - timedelta(days=30), klaud_own=True,
+             own_family_hash=make_family("gamma").family_hash, head_ref=gamma_branch),
+    )
+    blocking = index.blocking(NOW, 7)
+    assert {family_id: [o.pr for o in found] for family_id, found in blocking.items()} == {
+        ALPHA.id: [1],
+        make_family("gamma").id: [3],
+    }

@@ -24,7 +24,7 @@ from bot.core.domain import (
     candidate_id,
     claim_ref,
 )
-from bot.core.planner import Snapshot, plan
+from bot.core.planner import Facts, Snapshot, plan, verdict
 from bot.core.policy import Policy
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
@@ -595,3 +595,44 @@ def test_settled_decisions_are_kept_and_free_their_slot() -> None:
     failed = replace(first.decisions[0], decision="dispatch-failed", reason="dispatch failed (502)")
     again = plan(snapshot(families, settled={failed.family: failed}), Policy(max_candidates_per_wave=1), OPEN, NOW)
     assert [d.decision for d in again.decisions] == ["dispatch-failed", "selected", "cap"]
+
+
+def test_a_run_adopted_from_an_orphan_claim_is_in_flight_without_a_check_time() -> None:
+    # The claim keeper adopts a run it finds for an orphan claim as the family's dispatch
+    # with the run's status but no check yet (bot/services/claims.py `_settle_orphan`);
+    # the rung must decide it in flight and not describe a check that never happened.
+    adopted = dispatch(A, hours_ago=1, run_status="queued")
+    assert adopted.checked_at is None
+    decision = decide(snapshot([A], dispatches={A.id: adopted}))[A.key]
+    assert decision.decision == "in-flight"
+    assert "still" not in decision.reason
+    assert decision.reason.endswith("waiting for its outcome")
+
+
+def test_in_flight_reason_names_the_run() -> None:
+    decision = decide(snapshot([A], dispatches={A.id: dispatch(A, hours_ago=1)}))[A.key]
+    assert "dispatched by wave 16 at" in decision.reason and ", run 555;" in decision.reason
+
+
+def test_a_dispatch_exactly_at_its_claim_ttl_is_due_for_its_run_to_be_read() -> None:
+    # `claim_ttl_hours` passed means the claim keeper reads the run (claims.py counts a
+    # dispatch due at `now - at >= ttl`); the reason must say so from that very moment.
+    at_ttl = dispatch(A, hours_ago=12)
+    decision = decide(snapshot([A], dispatches={A.id: at_ttl}))[A.key]
+    assert decision.decision == "in-flight"
+    assert decision.until == NOW
+    assert "its claim TTL passed" in decision.reason
+    just_before = decide(snapshot([A], dispatches={A.id: dispatch(A, hours_ago=12 - 1 / 60)}))[A.key]
+    assert just_before.reason.endswith("waiting for its outcome")
+    assert just_before.until == NOW + timedelta(minutes=1)
+
+
+def test_an_eligible_verdict_holds_until_the_first_attempt_leaves_the_cooldown_window() -> None:
+    # Verdict contract (planner.py): `valid_until` is when time alone may change it; the
+    # live repository reuses a verdict until then (repo_state._verdict), so the reason of a
+    # selection must not keep quoting an attempt that has left the window.
+    older, newer = attempt(A, None, hours_ago=20, run_id=1), attempt(A, None, hours_ago=2, run_id=2)
+    facts = Facts(hold=None, dispatch=None, claim=None, klaud_pr=None, attempts=(older, newer), retry=None, overlaps=())
+    found = verdict(A, A.candidate, facts, Policy(), 17, NOW)
+    assert found.decision is None
+    assert found.valid_until == NOW + timedelta(hours=4)

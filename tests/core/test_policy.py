@@ -29,3 +29,39 @@ def test_an_unreadable_policy_is_a_policy_error_naming_the_file(text: str, messa
     with pytest.raises(PolicyError, match=r"^\.github/klaud\.yml: ") as raised:
         parse_policy(text)
     assert raised.match(message)
+
+
+def test_defaults_are_the_ones_design_3_6_lists() -> None:
+    policy = Policy()
+    assert policy.model_dump() == {
+        "cooldown_hours": 24,
+        "wave_every_minutes": 120,
+        "max_candidates_per_wave": 5,
+        "max_in_flight": 10,
+        "idle_days": 7,
+        "candidate_workflow": "klaud-candidate.yml",
+        "outcome_workflows": ("klaud-candidate.yml", "klaud-plan.yml"),
+        "config_globs": ("configs/*-master.yaml",),
+        "runners_file": "configs/runners.yaml",
+        "family_files": (),
+        "capacity_rule": "all",
+        "claim_ttl_hours": 12,
+        "enabled": True,
+        "candidate_inputs": {"candidate": "candidate", "family": "family", "base": "base", "wave": "wave"},
+        "dashboard": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("key", "lowest", "highest"),
+    [
+        ("cooldown_hours", 1, 168),  # domain §4.6: cooldown 24 h (1–168 allowed)
+        ("max_candidates_per_wave", 1, 256),  # domain §1.2: MAX_CANDIDATES_PER_RUN, CLI range 1–256
+    ],
+)
+def test_bounds_the_domain_gives(key: str, lowest: int, highest: int) -> None:
+    assert getattr(parse_policy(f"{key}: {lowest}\n"), key) == lowest
+    assert getattr(parse_policy(f"{key}: {highest}\n"), key) == highest
+    for outside in (lowest - 1, highest + 1):
+        with pytest.raises(PolicyError, match=key):
+            parse_policy(f"{key}: {outside}\n")

@@ -325,3 +325,33 @@ async def test_a_claim_ref_naming_no_known_family_is_deleted_once_a_wave_old_wit
     set_run(kit, 78, status="completed", conclusion="failure")
     await kit.reconciler.reconcile(REPO, 1, light=True)
     assert running not in kit.repo.branches_at
+
+
+async def test_a_claim_whose_ref_was_deleted_elsewhere_is_dropped_unless_a_dispatch_keeps_it(kit: Kit) -> None:
+    # DESIGN §4 "Claims and runs never get stuck": the light reconcile lists the claim refs;
+    # a claim made elsewhere whose ref is gone no longer claims the family, while a family
+    # with a dispatch of ours stays in flight even if someone deleted its ref.
+    family, _, _ = await dispatched(kit)
+    preview = await kit.waves.preview(REPO)
+    assert preview is not None
+    other = next(d.family for d in preview.decisions if d.family != family and d.decision != "in-flight")
+    kit.repo.branches_at[claim_ref(other)] = kit.repo.head  # another planner's claim
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert other in kit.state.claims and kit.state.claims[other].wave is None
+    del kit.repo.branches_at[claim_ref(other)]
+    del kit.repo.branches_at[claim_ref(family)]
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert other not in kit.state.claims
+    assert family in kit.state.claims and family in kit.state.dispatches
+
+
+async def test_claims_found_on_github_carry_their_own_familys_candidate(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    preview = await kit.waves.preview(REPO)
+    assert preview is not None
+    families = [d.family for d in preview.decisions[:3]]
+    for family in families:
+        kit.repo.branches_at[claim_ref(family)] = kit.repo.head
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    for family in families:
+        assert kit.state.claims[family].candidate == kit.state.catalog.get(family).candidate, family

@@ -44,7 +44,6 @@ class Verb:
     help: str
     needs_write: bool
     takes_text: bool = False  # free text after the target (a hold's reason)
-    repository: bool = False  # acts on the repository, not on a family
 
 
 _TARGET_HELP = (
@@ -82,7 +81,6 @@ VERBS: Mapping[str, Verb] = MappingProxyType(
                 "after a dispatch pause: arm a canary, the next wave dispatches one candidate and "
                 "its outcome resumes dispatch",
                 needs_write=True,
-                repository=True,
             ),
             Verb(
                 "status",

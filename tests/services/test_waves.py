@@ -209,3 +209,41 @@ async def test_a_claim_refused_for_its_family_alone_lets_the_next_family_take_th
     # GitHub unwell for one request: the wave goes on with every other eligible family.
     assert [d.decision for d in wave.decisions].count("dispatch-failed") == 1
     assert len(wave.selected) == len(kit.state.catalog) - 1 == 4
+
+
+async def test_a_failed_last_dispatch_of_a_wave_gives_its_slot_to_the_next_family(kit: Kit) -> None:
+    # DESIGN §4: "A failed dispatch deletes its claim and the wave goes on with the next
+    # candidate", also when it is the last selection the plan made.
+    kit.repo.put_files({".github/klaud.yml": "max_candidates_per_wave: 2\n"})
+    await kit.reconciler.reconcile(REPO, 1)
+    answered = kit.repo.dispatch
+    calls = 0
+
+    async def second_refused(workflow: str, branch: str, inputs: dict[str, str]) -> int | None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise Unavailable(502, "Bad Gateway")
+        return await answered(workflow, branch, inputs)
+
+    kit.repo.dispatch = second_refused  # type: ignore[method-assign]
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None
+    assert [d.decision for d in wave.decisions][:3] == ["selected", "dispatch-failed", "selected"]
+    assert len(wave.selected) == 2 == len(kit.repo.dispatched)
+
+
+async def test_a_refused_canary_dispatch_leaves_the_canary_to_the_next_family(kit: Kit) -> None:
+    # A paused repository's canary (DESIGN §4 "Failures before an outcome") is spent only by
+    # a run that went out: GitHub refusing its dispatch hands it to the next family.
+    await kit.reconciler.reconcile(REPO, 1)
+    async with kit.live.lock(REPO):
+        kit.state.meta.pause = {"reason": "dispatch paused: 3 of 3 runs failed", "since": "2026-11-30T07:00:00Z"}
+        assert kit.state.arm_canary()
+        await kit.live.persist(kit.state.save_meta())
+    kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway"))
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None
+    assert [d.decision for d in wave.decisions][:2] == ["dispatch-failed", "selected"]
+    [canary] = [d["inputs"]["candidate"] for d in kit.repo.dispatched]
+    assert wave.selected == (canary,) and kit.state.canary_running() == canary

@@ -23,6 +23,7 @@ Every claim and dispatch has an end that does not depend on a webhook arriving:
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 
 import structlog
@@ -46,6 +47,11 @@ log = structlog.get_logger("klaud.claims")
 
 # GitHub lists a dispatched run within seconds; until then an unlinked dispatch is kept.
 UNLINKED_CHECK_AFTER = timedelta(minutes=10)
+# How far back a run may have been created and still be in flight: GitHub keeps a job queued
+# up to 24 hours and lets it run up to 5 days on a self-hosted runner. A claim found on GitHub
+# (another planner's, or after the store was lost) is as new as its listing, while its run
+# may have started days before: a shorter window would miss that run and delete its claim.
+IN_FLIGHT_WINDOW = timedelta(days=7)
 CANDIDATE_IN_TEXT = re.compile(r"\b[0-9a-f]{16}-[0-9a-f]{16}\b")
 
 
@@ -127,11 +133,11 @@ class ClaimKeeper:
         unlinked = [d for d in dispatches if d.run_id is None]
         since = min((d.at for d in unlinked), default=now)
         wanted = unlinked or orphans or strays
-        in_flight = await self._runs_by_candidate(state, api, since=since, active=True) if wanted else {}
+        in_flight = await self._runs_in_flight(state, api, now) if wanted else {}
         titled = in_flight
         if any(d.candidate not in in_flight for d in unlinked):
             # Its run may have finished with every `workflow_run` delivery lost.
-            titled = await self._runs_by_candidate(state, api, since=since, active=False) | in_flight
+            titled = await self._runs_completed_since(state, api, since) | in_flight
         for dispatch in dispatches:
             run = await self._run_of(api, dispatch, titled)
             families |= await self._settle_dispatch(state, api, dispatch, run, now, change)
@@ -200,16 +206,25 @@ class ClaimKeeper:
         change.extend(state.drop_dispatch(family))
         return {family}
 
-    async def _runs_by_candidate(
-        self, state: RepoState, api: RepoAPI, *, since: datetime, active: bool
-    ) -> dict[str, WorkflowRun]:
-        """Candidate id -> its newest run of the candidate workflow that is queued or running
-        (`active`), or that completed, created since `since` (an older one is an earlier attempt)."""
+    async def _runs_in_flight(self, state: RepoState, api: RepoAPI, now: datetime) -> dict[str, WorkflowRun]:
+        """Candidate id -> its newest run of the candidate workflow that is queued or running."""
+        runs = api.workflow_runs(state.policy.candidate_workflow, created_since=(now - IN_FLIGHT_WINDOW).date(), active=True)
+        return await self._by_candidate(state, runs)
+
+    async def _runs_completed_since(self, state: RepoState, api: RepoAPI, since: datetime) -> dict[str, WorkflowRun]:
+        """Candidate id -> its newest completed run created since `since` (an older one is an
+        earlier attempt's)."""
+        runs = api.workflow_runs(
+            state.policy.candidate_workflow, created_since=(since - timedelta(days=1)).date(), active=False
+        )
+        return await self._by_candidate(
+            state, (run async for run in runs if run.created_at is None or run.created_at >= since - UNLINKED_SKEW)
+        )
+
+    @staticmethod
+    async def _by_candidate(state: RepoState, runs: AsyncIterator[WorkflowRun]) -> dict[str, WorkflowRun]:
         found: dict[str, WorkflowRun] = {}
-        cutoff = since - timedelta(days=1)
-        async for run in api.workflow_runs(state.policy.candidate_workflow, created_since=cutoff.date(), active=active):
-            if not active and run.created_at is not None and run.created_at < since - UNLINKED_SKEW:
-                continue
+        async for run in runs:
             for candidate in CANDIDATE_IN_TEXT.findall(run.display_title or ""):
                 if not state.ledger.knows_run(candidate, run.id):  # an earlier attempt's run
                     found.setdefault(candidate, run)

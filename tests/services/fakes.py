@@ -206,7 +206,9 @@ class FakeRepo:
     async def workflow_runs(self, workflow: str, *, created_since: date, active: bool = False) -> AsyncIterator[WorkflowRun]:
         self._call("workflow_runs", workflow, "active" if active else "completed")
         for run in self.runs.values():
-            if run.path.endswith(f"/{workflow}") and (run.status != "completed") == active:
+            # GitHub's `created=>=DATE` filter; a run made here without a time is always listed.
+            listed = run.created_at is None or run.created_at.date() >= created_since
+            if listed and run.path.endswith(f"/{workflow}") and (run.status != "completed") == active:
                 yield run
 
     async def run(self, run_id: int) -> WorkflowRun | None:

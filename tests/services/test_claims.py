@@ -355,3 +355,21 @@ async def test_claims_found_on_github_carry_their_own_familys_candidate(kit: Kit
     await kit.reconciler.reconcile(REPO, 1, light=True)
     for family in families:
         assert kit.state.claims[family].candidate == kit.state.catalog.get(family).candidate, family
+
+
+async def test_a_claim_found_on_github_whose_run_started_days_ago_is_adopted_not_deleted(kit: Kit) -> None:
+    # The store was lost (or another planner claimed): the claim is as new as its listing,
+    # its run started three days before and still runs. Deleting the claim would dispatch
+    # the family again beside it.
+    await kit.reconciler.reconcile(REPO, 1)
+    cand = sc.candidate(H200)
+    kit.repo.branches_at[claim_ref(H200)] = kit.repo.head
+    kit.repo.runs[77] = WorkflowRun(
+        id=77, path=".github/workflows/klaud-candidate.yml", head_sha=kit.repo.head, status="in_progress",
+        display_title=f"Klaud Cold candidate {cand}", created_at=kit.clock.now() - timedelta(days=3),
+    )
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    kit.clock.advance(timedelta(minutes=121).total_seconds())
+    await kit.claims.check_due(kit.state)
+    assert kit.state.dispatches[H200].run_id == 77
+    assert claim_ref(H200) in kit.repo.branches_at

@@ -373,3 +373,18 @@ async def test_a_claim_found_on_github_whose_run_started_days_ago_is_adopted_not
     await kit.claims.check_due(kit.state)
     assert kit.state.dispatches[H200].run_id == 77
     assert claim_ref(H200) in kit.repo.branches_at
+
+
+async def test_a_completed_run_whose_only_outcome_is_another_candidates_releases_its_claim(kit: Kit) -> None:
+    # The run's artifact answers for some other candidate: its outcome is recorded for that
+    # one, and this dispatch, left with no attempt of its own, must not stay in flight.
+    family, cand, run_id = await dispatched(kit)
+    other = next(f.candidate for f in kit.state.catalog if f.id != family)
+    set_run(kit, run_id, status="completed", conclusion="success", updated_at=kit.clock.now())
+    kit.repo.artifacts_of[run_id] = [Artifact(id=6, name=f"klaud-candidate-{other}", expired=False, archive_download_url="x")]
+    kit.repo.archives[6] = artifact_zip(OUTCOME)
+    kit.clock.advance(TTL.total_seconds())
+    await kit.claims.check_due(kit.state)
+    assert kit.state.ledger.for_candidate(cand) == []
+    assert family not in kit.state.dispatches and family not in kit.state.claims
+    assert claim_ref(family) not in kit.repo.branches_at

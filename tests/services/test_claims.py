@@ -388,3 +388,23 @@ async def test_a_completed_run_whose_only_outcome_is_another_candidates_releases
     assert kit.state.ledger.for_candidate(cand) == []
     assert family not in kit.state.dispatches and family not in kit.state.claims
     assert claim_ref(family) not in kit.repo.branches_at
+
+
+async def test_unlinked_dispatches_of_two_waves_each_find_their_completed_run(kit: Kit) -> None:
+    # Runs are looked up from the oldest unlinked dispatch on: from the newest, the older
+    # dispatch's run would be taken for absent and its outcome lost with its claim.
+    kit.repo.answer_run_ids = False
+    await dispatched(kit)
+    kit.clock.advance(timedelta(hours=2).total_seconds())
+    second_wave = await kit.waves.run(REPO, trigger="test")
+    assert second_wave is not None and len(second_wave.selected) == 1
+    made = {d.candidate: d.at for d in kit.state.dispatches.values()}
+    assert len(set(made.values())) == 2
+    for dispatch in kit.repo.dispatched:
+        at = made[dispatch["inputs"]["candidate"]]
+        set_run(kit, dispatch["run_id"], status="completed", conclusion="success", created_at=at, updated_at=at)
+    kit.clock.advance(UNLINKED_CHECK_AFTER.total_seconds())
+    await kit.claims.check_due(kit.state)
+    recorded = {a.candidate: a.run_id for a in kit.state.ledger.all()}
+    assert recorded == {d["inputs"]["candidate"]: d["run_id"] for d in kit.repo.dispatched}
+    assert kit.state.dispatches == {}

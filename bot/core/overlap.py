@@ -104,8 +104,9 @@ def _blocks(text: str) -> dict[str, tuple[str, ...]]:
     """Top-level key -> the meaningful lines of its block, key line included."""
     blocks: dict[str, list[str]] = {}
     current: list[str] | None = None
+    # Lines are compared as they are, trailing blanks included: the patch rule counts an edit
+    # of only those as a change, and so does git when it merges Klaud's edit of the line.
     for line in text.split("\n"):
-        line = line.rstrip()
         if _is_blank_or_comment(line):
             continue
         key = top_level_key(line)

@@ -682,6 +682,14 @@ def test_contents_fallback_finds_an_image_line_that_is_not_the_first_child() -> 
     assert file_change_from_contents(NV, base, base.replace("tp: 8", "tp: 4")).keys == {"alpha": "flags"}
 
 
+def test_an_edit_of_only_trailing_blanks_is_a_touch_for_both_rules() -> None:
+    # Git conflicts on the line all the same when Klaud's pull request bumps the image.
+    base, head = "alpha:\n  image: a:1  \n  tp: 8\n", "alpha:\n  image: a:1\n  tp: 8\n"
+    assert file_change_from_contents(NV, base, head).keys == {"alpha": "image"}
+    patch = "@@ -1,3 +1,3 @@\n alpha:\n-  image: a:1  \n+  image: a:1\n   tp: 8\n"
+    assert touched_keys(patch) == {"alpha": "image"}
+
+
 def test_contents_fallback_handles_a_one_line_block() -> None:
     assert file_change_from_contents(NV, "alpha: 1\nbeta:\n  image: b\n", "alpha: 2\nbeta:\n  image: b\n").keys == {
         "alpha": "flags"

@@ -125,6 +125,20 @@ def test_fence_closes_only_with_same_character_and_enough_length() -> None:
     assert [c.verb for c in parse_commands(body)] == ["help"]
 
 
+def test_fences_and_commands_follow_commonmarks_three_spaces_of_indentation() -> None:
+    # Up to three spaces a line is still what it would be at column 0: a closing fence, a
+    # command; at four, a fence line is code (the block stays open).
+    assert [c.verb for c in parse_commands("```\n/klaud retry\n   ```\n   /klaud status")] == ["status"]
+    assert parse_commands("```\n/klaud retry\n    ```\n/klaud status") == []
+
+
+def test_a_backtick_in_the_info_string_opens_a_tilde_fence_only() -> None:
+    # CommonMark: a backtick fence's info string cannot hold a backtick (the line is inline
+    # code then), a tilde fence's can.
+    assert [c.verb for c in parse_commands("~~~ a`b\n/klaud retry\n~~~\n/klaud status")] == ["status"]
+    assert [c.verb for c in parse_commands("``` a`b\n/klaud retry")] == ["retry"]
+
+
 def test_unclosed_fence_runs_to_the_end() -> None:
     assert parse_commands("```\n/klaud retry") == []
 

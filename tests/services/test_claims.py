@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import pytest
 import yaml
 
 from bot.core.domain import Claim, claim_ref
@@ -118,14 +119,18 @@ async def test_an_orphan_claim_ref_is_deleted_after_a_wave_without_runs(kit: Kit
     assert len(dispatched_candidates) == len(set(dispatched_candidates))  # nothing twice
 
 
-async def test_an_orphan_claim_whose_run_is_in_flight_is_adopted(kit: Kit) -> None:
-    # A crash after the dispatch, before it was stored: the run exists and names its candidate.
+@pytest.mark.parametrize("run_age", [timedelta(0), timedelta(days=3)])
+async def test_an_orphan_claim_whose_run_is_in_flight_is_adopted(kit: Kit, run_age: timedelta) -> None:
+    # The run exists and names its candidate: a crash after the dispatch, before it was
+    # stored; or a claim found on GitHub (another planner's, or after the store was lost),
+    # as new as its listing while its run started days before. Deleting the claim would
+    # dispatch the family again beside that run.
     await kit.reconciler.reconcile(REPO, 1)
     cand = sc.candidate(H200)
     kit.repo.branches_at[claim_ref(H200)] = kit.repo.head
     kit.repo.runs[77] = WorkflowRun(
         id=77, path=".github/workflows/klaud-candidate.yml", head_sha=kit.repo.head, status="in_progress",
-        display_title=f"Klaud Cold candidate {cand}", created_at=kit.clock.now(),
+        display_title=f"Klaud Cold candidate {cand}", created_at=kit.clock.now() - run_age,
     )
     await kit.reconciler.reconcile(REPO, 1, light=True)
     kit.clock.advance(timedelta(minutes=121).total_seconds())
@@ -356,23 +361,6 @@ async def test_claims_found_on_github_carry_their_own_familys_candidate(kit: Kit
     for family in families:
         assert kit.state.claims[family].candidate == kit.state.catalog.get(family).candidate, family
 
-
-async def test_a_claim_found_on_github_whose_run_started_days_ago_is_adopted_not_deleted(kit: Kit) -> None:
-    # The store was lost (or another planner claimed): the claim is as new as its listing,
-    # its run started three days before and still runs. Deleting the claim would dispatch
-    # the family again beside it.
-    await kit.reconciler.reconcile(REPO, 1)
-    cand = sc.candidate(H200)
-    kit.repo.branches_at[claim_ref(H200)] = kit.repo.head
-    kit.repo.runs[77] = WorkflowRun(
-        id=77, path=".github/workflows/klaud-candidate.yml", head_sha=kit.repo.head, status="in_progress",
-        display_title=f"Klaud Cold candidate {cand}", created_at=kit.clock.now() - timedelta(days=3),
-    )
-    await kit.reconciler.reconcile(REPO, 1, light=True)
-    kit.clock.advance(timedelta(minutes=121).total_seconds())
-    await kit.claims.check_due(kit.state)
-    assert kit.state.dispatches[H200].run_id == 77
-    assert claim_ref(H200) in kit.repo.branches_at
 
 
 async def test_a_completed_run_whose_only_outcome_is_another_candidates_releases_its_claim(kit: Kit) -> None:

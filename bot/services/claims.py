@@ -214,6 +214,7 @@ class ClaimKeeper:
     async def _runs_completed_since(self, state: RepoState, api: RepoAPI, since: datetime) -> dict[str, WorkflowRun]:
         """Candidate id -> its newest completed run created since `since` (an older one is an
         earlier attempt's)."""
+        # GitHub filters by date only: the day before is listed too, the time checked here.
         runs = api.workflow_runs(
             state.policy.candidate_workflow, created_since=(since - timedelta(days=1)).date(), active=False
         )

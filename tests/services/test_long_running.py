@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import pytest
 from structlog.testing import capture_logs
 
-from bot.core.domain import Attempt, stamp
+from bot.core.domain import Attempt, parse_time, stamp
 from bot.github.errors import Unavailable
 from bot.services.live import ATTEMPT_MEMORY
 from bot.services.reconcile import MAX_RETRY, retry_delay
@@ -162,3 +162,21 @@ async def test_a_retry_approval_leaves_with_its_candidate_when_the_image_changes
     await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
 
     assert kit.state.retries == {} and (await kit.live.store.load(REPO)).get("retry", {}) == {}
+
+
+async def test_a_disabled_repositorys_scheduled_wave_moves_on_to_its_next_slot(kit: Kit) -> None:
+    # Left at the slot that passed, it was due, and skipped with a log line, every tick.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.state.set_policy_text("enabled: false\n")
+    ticks = idle_scheduler(kit)
+    await ticks.tick()  # sets the first slot
+    due = kit.state.meta.next_wave_at
+    assert due is not None
+    kit.clock.advance(timedelta(minutes=kit.state.policy.wave_every_minutes + 5).total_seconds())
+    with capture_logs() as logs:
+        for _ in range(60):
+            await ticks.tick()
+            kit.clock.advance(1)
+    assert [entry["event"] for entry in logs].count("wave.skipped") == 1
+    assert kit.state.meta.next_wave_at is not None and kit.state.meta.next_wave_at > due
+    assert parse_time(kit.state.meta.next_wave_at) > kit.clock.now()

@@ -124,3 +124,90 @@ async def test_pushes_of_klauds_own_claim_refs_are_skipped_however_late_they_com
     assert H200 in kit.state.claims
     await kit.catalog.on_push(kit.state, own(kit.repo.head, "0" * 40, deleted=True))
     assert H200 in kit.state.claims
+
+
+NVIDIA = "configs/nvidia-master.yaml"
+
+
+async def test_a_push_deleting_a_master_config_drops_its_families(kit: Kit) -> None:
+    # A family whose config is gone must not be planned (and dispatched) any more.
+    await kit.reconciler.reconcile(REPO, 1)
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {k: v for k, v in kit.repo.files[before].items() if k != NVIDIA}
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert kit.state.catalog.families_of(NVIDIA) == []
+    assert {f.path for f in kit.state.catalog} == {"configs/amd-master.yaml"}
+
+
+async def test_a_full_reconcile_drops_the_families_of_a_config_deleted_meanwhile(kit: Kit) -> None:
+    # DESIGN §4 Families: kept from the default branch, re-read at reconcile (a push lost).
+    await kit.reconciler.reconcile(REPO, 1)
+    after = "e" * 40
+    kit.repo.files[after] = {k: v for k, v in kit.repo.files[kit.repo.head].items() if k != NVIDIA}
+    kit.repo.head = after
+    await kit.reconciler.reconcile(REPO, 1)
+    assert {f.path for f in kit.state.catalog} == {"configs/amd-master.yaml"}
+
+
+async def test_a_push_changing_runners_yaml_retargets_the_families(kit: Kit) -> None:
+    # DESIGN §4 Clusters: a runner label targets the clusters `runners.yaml` lists for it.
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.state.catalog.get(H200).clusters == ("h200-nb",)
+    before, after = kit.repo.head, "e" * 40
+    runners = sc.RUNNERS.replace("    - h200-nb_0\n    - h200-nb_1\n", "    - b200-dgxc_0\n")
+    kit.repo.files[after] = {**kit.repo.files[before], "configs/runners.yaml": runners}
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert kit.state.catalog.get(H200).clusters == ("b200-dgxc",)
+
+
+async def test_a_runner_label_that_resolves_to_no_cluster_is_a_config_error_of_its_file(kit: Kit) -> None:
+    # DESIGN §4 Clusters: listed in `config_errors`, never silently waiting on a cluster.
+    await kit.reconciler.reconcile(REPO, 1)
+    before, after = kit.repo.head, "e" * 40
+    broken = sc.NVIDIA.replace("  runner: h200\n", "  runner: h100\n", 1)
+    kit.repo.files[after] = {**kit.repo.files[before], NVIDIA: broken}
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert "h100" in kit.state.meta.config_errors.get(NVIDIA, "")
+
+
+WORKFLOW = ".github/workflows/klaud-candidate.yml"
+
+
+async def test_a_push_fixing_only_the_candidate_workflow_lifts_the_setup_error(kit: Kit) -> None:
+    # DESIGN §4 Setup errors: waves select nothing "until a push fixes it"; the push that
+    # fixes it may change the workflow file alone (no policy change).
+    broken = sc.CANDIDATE_WORKFLOW.replace("      wave: {required: true, type: string}\n", "")
+    kit.repo.put_files({WORKFLOW: broken})
+    await kit.reconciler.reconcile(REPO, 1)
+    blocked = kit.state.blocked()
+    assert blocked is not None and blocked.code == "setup-error"
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {**kit.repo.files[before], WORKFLOW: sc.CANDIDATE_WORKFLOW}
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert kit.state.blocked() is None
+
+
+async def test_a_push_that_makes_the_policy_invalid_re_renders_every_family(kit: Kit) -> None:
+    # DESIGN §4 Check run: a push that makes the policy or a config invalid re-renders every
+    # Klaud check run at once.
+    await kit.reconciler.reconcile(REPO, 1)
+    told: list[set[str]] = []
+
+    async def listener(state, families, pulls):  # type: ignore[no-untyped-def]
+        told.append(set(families))
+
+    kit.live.listeners.append(listener)
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {**kit.repo.files[before], ".github/klaud.yml": "max_candidates_per_wave: [\n"}
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert kit.state.meta.policy_error
+    assert told and told[-1] == {f.id for f in kit.state.catalog}
+
+
+async def test_a_push_deleting_runners_yaml_keeps_the_last_runners_and_says_why(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {k: v for k, v in kit.repo.files[before].items() if k != "configs/runners.yaml"}
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert "not found" in kit.state.meta.config_errors.get("configs/runners.yaml", "")
+    assert kit.state.catalog.get(H200).clusters == ("h200-nb",)

@@ -190,3 +190,248 @@ async def test_a_rerun_whose_artifact_read_fails_is_retried_for_its_own_attempt(
     kit.clock.advance(timedelta(hours=1).total_seconds())
     assert await kit.outcomes.retry_artifacts() == 2
     assert {(a.run_attempt, a.verified) for a in kit.state.ledger.for_candidate(CAND)} == {(1, True), (2, True)}
+
+
+async def test_a_transient_read_that_keeps_failing_is_given_up_after_the_retry_window(kit: Kit) -> None:
+    # DESIGN §4 Outcomes: transient errors are retried with backoff *while the artifact can
+    # still exist*, not forever; the window runs from the first failure.
+    await kit.reconciler.reconcile(REPO, 1)
+    with_artifact(kit, 306)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, completed(306))
+    assert len(kit.state.pending_artifacts) == 1
+    kit.repo.fail("artifact", Unavailable(502, "Bad Gateway"), times=1000)
+    tries = 0
+    for _ in range(5 * 4):  # five days, every six hours
+        kit.clock.advance(timedelta(hours=6).total_seconds())
+        tries += await kit.outcomes.retry_artifacts()
+    assert tries > 1  # it was retried meanwhile
+    assert kit.state.pending_artifacts == {}, "the retry was never given up"
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.verified, attempt.error) == (False, "download-failed")
+
+
+def started(run_id: int, action: str = "in_progress") -> WorkflowRunEvent:
+    event = completed(run_id)
+    run = event.workflow_run.model_copy(
+        update={"path": ".github/workflows/klaud-candidate.yml", "status": action, "conclusion": None}
+    )
+    return event.model_copy(update={"action": action, "workflow_run": run})
+
+
+async def test_a_run_that_only_started_records_nothing_and_keeps_its_dispatch_and_claim(kit: Kit) -> None:
+    # DESIGN §4 "Claims and runs never get stuck": a run still queued or running keeps its
+    # claim and is never dispatched again meanwhile. Only `completed` carries an outcome.
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and CAND in wave.selected
+    run_id = kit.state.dispatches[H200].run_id
+    assert run_id is not None
+    for action in ("requested", "in_progress"):
+        await kit.outcomes.on_workflow_run(kit.state, started(run_id, action))
+    assert kit.state.ledger.for_candidate(CAND) == []
+    assert kit.state.dispatches[H200].run_id == run_id
+    assert claim_ref(H200) in kit.repo.branches_at
+
+
+# -- which runs and comments count ------------------------------------------------------
+
+
+async def test_a_run_of_another_workflow_is_not_read_even_with_a_candidate_artifact(kit: Kit) -> None:
+    # DESIGN §4 Outcomes: only runs of an `outcome_workflows` workflow are read; any other
+    # workflow (a person's CI) must not be able to record an outcome or end a dispatch.
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and CAND in wave.selected
+    with_artifact(kit, 310)
+    event = completed(310)
+    other = event.model_copy(update={"workflow_run": event.workflow_run.model_copy(update={"path": ".github/workflows/ci.yml"})})
+    await kit.outcomes.on_workflow_run(kit.state, other)
+    assert kit.state.ledger.for_candidate(CAND) == []
+    assert H200 in kit.state.dispatches and claim_ref(H200) in kit.repo.branches_at
+
+
+async def test_a_bot_comment_that_is_not_a_receipt_is_ignored(kit: Kit) -> None:
+    from bot.core.events import Account, Comment
+
+    await kit.reconciler.reconcile(REPO, 1)
+    reply = Comment(id=3, body="<!-- klaud-command:12 -->\nHeld.", user=Account(login="klaud-cold[bot]", type="Bot"),
+                    created_at=kit.clock.now())
+    assert not await kit.outcomes.on_receipt(kit.state, reply)
+    assert kit.state.ledger.for_candidate(CAND) == []
+
+
+async def test_a_receipt_completes_when_it_was_posted_not_when_it_was_read(kit: Kit) -> None:
+    # The attempt's completed time starts the cooldown (DESIGN §4 Cooldown).
+    from bot.core.events import Account, Comment
+
+    await kit.reconciler.reconcile(REPO, 1)
+    body = (
+        f"<!-- klaud-outcome:778:{CAND}\n"
+        '{"head": "' + "b" * 40 + '", "outcome": {"outcome": "incompatible", "phase": "targeted", '
+        '"pull-request": 9, "run-ids": [], "repairs-used": 1}, "validation": null}\n-->\n'
+    )
+    posted = kit.clock.now() - timedelta(hours=2)
+    bot = Comment(id=4, body=body, user=Account(login="klaud-cold[bot]", type="Bot"), created_at=posted)
+    assert await kit.outcomes.on_receipt(kit.state, bot)
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert attempt.completed_at == posted
+
+
+# -- permanent read errors are recorded once, transient ones retried when due ------------
+
+
+async def test_an_expired_artifact_is_not_downloaded_and_not_retried(kit: Kit) -> None:
+    from bot.core.events import Artifact
+
+    await kit.reconciler.reconcile(REPO, 1)
+    with_artifact(kit, 311)
+    kit.repo.artifacts_of[311] = [Artifact(id=77, name=f"klaud-candidate-{CAND}", expired=True, archive_download_url="x")]
+    await kit.outcomes.on_workflow_run(kit.state, completed(311))
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.verified, attempt.error) == (False, "artifact-expired")
+    assert ("download", 77) not in kit.repo.calls and kit.state.pending_artifacts == {}
+
+
+async def test_an_invalid_archive_is_recorded_unverified_and_not_retried(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    with_artifact(kit, 312)
+    kit.repo.archives[77] = b"not a zip"
+    await kit.outcomes.on_workflow_run(kit.state, completed(312))
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert not attempt.verified and attempt.error
+    assert kit.state.pending_artifacts == {}  # the same bytes would fail again
+
+
+async def test_an_artifact_not_found_is_recorded_as_such_and_not_retried(kit: Kit) -> None:
+    from bot.github.errors import NotFound
+
+    await kit.reconciler.reconcile(REPO, 1)
+    with_artifact(kit, 313)
+    kit.repo.fail("download", NotFound(404, "Not Found"))
+    await kit.outcomes.on_workflow_run(kit.state, completed(313))
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.verified, attempt.error) == (False, "artifact-not-found")
+    assert kit.state.pending_artifacts == {}
+
+
+async def test_a_retried_artifact_that_is_gone_is_recorded_and_dropped(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    with_artifact(kit, 314)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, completed(314))
+    kit.repo.artifacts_of[314] = []  # deleted meanwhile: the lookup answers None
+    kit.clock.advance(timedelta(hours=1).total_seconds())
+    assert await kit.outcomes.retry_artifacts() == 1
+    assert [a.error for a in kit.state.ledger.for_candidate(CAND)] == ["artifact-not-found"]
+    assert kit.state.pending_artifacts == {}
+
+
+async def test_a_failed_read_is_not_retried_before_it_is_due(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    with_artifact(kit, 315)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, completed(315))
+    assert await kit.outcomes.retry_artifacts() == 0  # backoff: not at once
+    assert len(kit.state.pending_artifacts) == 1
+
+
+# -- a pause shows on every check run ---------------------------------------------------
+
+
+async def test_the_outcome_that_pauses_dispatch_re_renders_every_family(kit: Kit) -> None:
+    # DESIGN §4: a pause shows on every Klaud check run, which re-render at once.
+    from bot.core.events import Job
+    from tests.services.test_outcomes import failed_run
+
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and len(wave.selected) >= 3
+    told: list[set[str]] = []
+
+    async def listener(state, families, pulls):  # type: ignore[no-untyped-def]
+        told.append(set(families))
+
+    kit.live.listeners.append(listener)
+    for dispatch in list(kit.state.dispatches.values())[:3]:
+        assert dispatch.run_id is not None
+        kit.repo.jobs_of[dispatch.run_id] = [Job(name="get-jobs", conclusion="failure")]
+        await kit.outcomes.on_workflow_run(kit.state, failed_run(dispatch.run_id))
+    assert kit.state.blocked() is not None
+    assert told[-1] == {f.id for f in kit.state.catalog}
+
+
+# -- unlinked dispatches (a 204 answer) are matched by their own candidate only ----------
+
+
+def run_event(kit: Kit, run_id: int, action: str) -> WorkflowRunEvent:
+    return WorkflowRunEvent.model_validate({
+        "action": action, "workflow_run": kit.repo.runs[run_id].model_dump(mode="json"),
+        "repository": {"full_name": REPO}, "installation": {"id": 1},
+    })
+
+
+async def unlinked_wave(kit: Kit) -> list[tuple[str, int]]:
+    """A wave of several dispatches that no answer linked: (candidate, run id) of each."""
+    kit.repo.answer_run_ids = False  # an older GitHub answers 204 (DESIGN §4 A wave)
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and len(wave.selected) >= 2
+    assert all(d.run_id is None for d in kit.state.dispatches.values())
+    for d in kit.repo.dispatched:
+        kit.repo.runs[d["run_id"]] = kit.repo.runs[d["run_id"]].model_copy(update={"created_at": kit.clock.now()})
+    return [(d["inputs"]["candidate"], d["run_id"]) for d in kit.repo.dispatched]
+
+
+async def test_a_started_run_links_only_the_dispatch_of_its_own_candidate(kit: Kit) -> None:
+    runs = await unlinked_wave(kit)
+    cand, run_id = runs[-1]
+    kit.repo.runs[run_id] = kit.repo.runs[run_id].model_copy(update={"status": "in_progress"})
+    await kit.outcomes.on_workflow_run(kit.state, run_event(kit, run_id, "in_progress"))
+    linked = {d.candidate: d.run_id for d in kit.state.dispatches.values() if d.run_id is not None}
+    assert linked == {cand: run_id}
+
+
+async def test_an_unlinked_run_failing_without_an_artifact_is_recorded_for_its_own_candidate(kit: Kit) -> None:
+    from bot.core.events import Job
+
+    runs = await unlinked_wave(kit)
+    cand, run_id = runs[-1]
+    kit.repo.runs[run_id] = kit.repo.runs[run_id].model_copy(
+        update={"status": "completed", "conclusion": "failure", "updated_at": kit.clock.now()}
+    )
+    kit.repo.jobs_of[run_id] = [Job(name="get-jobs", conclusion="failure")]
+    await kit.outcomes.on_workflow_run(kit.state, run_event(kit, run_id, "completed"))
+    recorded = {(a.candidate, a.error) for c, _ in runs for a in kit.state.ledger.for_candidate(c)}
+    assert recorded == {(cand, "run-failed")}
+    assert {d.candidate for d in kit.state.dispatches.values()} == {c for c, _ in runs[:-1]}
+
+
+# -- a full reconcile reads the completed runs of the last days -----------------------------
+
+
+async def test_a_full_reconcile_records_the_outcome_of_a_run_whose_event_was_lost(kit: Kit) -> None:
+    # reconcile.py: a full reconcile reads "the completed runs of the last days"; the artifact
+    # comes from the repository's artifact list (one request, not one per run).
+    from bot.core.events import Artifact
+    from tests.services.fakes import artifact_zip
+    from tests.services.test_outcomes import OUTCOME
+
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and CAND in wave.selected
+    run_id = kit.state.dispatches[H200].run_id
+    assert run_id is not None
+    kit.clock.advance(3600)
+    now = kit.clock.now()
+    kit.repo.runs[run_id] = kit.repo.runs[run_id].model_copy(update={
+        "status": "completed", "conclusion": "success", "created_at": now - timedelta(minutes=50), "updated_at": now,
+    })
+    kit.repo.artifacts_of[run_id] = [Artifact(id=88, name=f"klaud-candidate-{CAND}", expired=False,
+                                              archive_download_url="x", created_at=now)]
+    kit.repo.archives[88] = artifact_zip(OUTCOME)
+    await kit.reconciler.reconcile(REPO, 1)  # every workflow_run delivery of it was lost
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.verified, attempt.outcome, attempt.run_id) == (True, "readiness-blocked", run_id)
+    assert H200 not in kit.state.dispatches and claim_ref(H200) not in kit.repo.branches_at
+    assert ("run_artifacts", run_id) not in kit.repo.calls

@@ -95,3 +95,92 @@ async def test_events_delivered_late_do_not_roll_the_index_back(kit: Kit) -> Non
     assert kit.state.overlap.get(12) is not None
     await kit.pulls.on_pull_request(kit.state, at("closed", 2))  # the first close, late
     assert kit.state.overlap.touches(12) == {H200: "flags"}
+
+
+PATCH = "@@ -14,3 +14,3 @@ dsr1-fp8-h200-trt:\n-  tp: 8\n+  tp: 4\n"
+
+
+async def test_a_renamed_master_config_overlaps_the_families_of_its_old_path(kit: Kit) -> None:
+    # DESIGN §4 Overlap index: a rename changes two paths; the families of the old one are
+    # touched (else a PR moving a config away blocks nothing and its families are dispatched).
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[21] = [
+        PullFile(filename="configs/nvidia-old.yaml", previous_filename=NVIDIA, status="renamed", patch=PATCH)
+    ]
+    await kit.pulls.on_pull_request(kit.state, event("opened", 21))
+    assert kit.state.overlap.touches(21) == {H200: "flags"}
+
+
+def docs(count: int) -> list[PullFile]:
+    return [PullFile(filename=f"docs/page-{i}.md", patch="@@ -1 +1 @@\n-a\n+b\n") for i in range(count)]
+
+
+async def test_a_pr_listing_3000_files_may_hide_more_and_overlaps_every_family(kit: Kit) -> None:
+    # GitHub lists at most 3,000 files: a listing of exactly 3,000 may be truncated, and what
+    # it left out may touch any family (bot/core/overlap.py `files_complete`).
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[22] = docs(3000)
+    await kit.pulls.on_pull_request(kit.state, event("opened", 22))
+    touches = kit.state.overlap.touches(22)
+    assert set(touches) == set(sc.FAMILIES) and set(touches.values()) == {"patch-unavailable"}
+
+
+async def test_a_pr_listing_2999_files_is_complete_and_its_docs_overlap_nothing(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[23] = docs(2999)
+    await kit.pulls.on_pull_request(kit.state, event("opened", 23))
+    assert kit.state.overlap.touches(23) == {}
+
+
+async def test_a_shared_file_without_a_patch_is_not_read_and_overlaps_nothing(kit: Kit) -> None:
+    # Shared files never overlap (DESIGN §4): a large non-config diff is not compared from
+    # base and head contents (two reads per file, and a transient error would fail the event).
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[24] = [PullFile(filename="docs/huge.md", patch=None),
+                                  PullFile(filename="configs/notes.yaml", patch=None)]
+    kit.repo.calls.clear()
+    await kit.pulls.on_pull_request(kit.state, event("opened", 24))
+    assert kit.repo.calls == [("pull_files", 24)]
+    assert kit.state.overlap.touches(24) == {}
+
+
+async def test_a_yaml_file_outside_config_globs_keeps_its_keys_from_the_patch(kit: Kit) -> None:
+    # pulls.py: a YAML file's keys are kept so that a push widening `config_globs` to it makes
+    # the PR overlap its families without a re-read.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[25] = [PullFile(filename="configs/extra.yaml", patch=PATCH)]
+    await kit.pulls.on_pull_request(kit.state, event("opened", 25))
+    record = kit.state.overlap.get(25)
+    assert record is not None
+    [change] = record.changes
+    assert (change.unavailable, change.keys) == (False, {"dsr1-fp8-h200-trt": "flags"})
+
+
+async def test_a_yaml_file_outside_config_globs_without_a_patch_is_kept_as_unavailable(kit: Kit) -> None:
+    # The same contract when GitHub omits its patch: nothing is read now, and once the globs
+    # widen to it the PR overlaps every family of the file as `patch-unavailable`.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[26] = [PullFile(filename="configs/notes.yaml", patch=None)]
+    await kit.pulls.on_pull_request(kit.state, event("opened", 26))
+    record = kit.state.overlap.get(26)
+    assert record is not None
+    [change] = record.changes
+    assert change.unavailable and change.keys == {}
+
+
+async def test_a_transient_error_reading_contents_fails_the_event_so_a_later_delivery_reads_again(kit: Kit) -> None:
+    # Files are read once per head: recorded as `patch-unavailable` after a mere 502, the PR
+    # would block every family of the file until its next push. Raised, the head stays unread.
+    import pytest
+
+    from bot.github.errors import Unavailable
+
+    await kit.reconciler.reconcile(REPO, 1)
+    head = "c" * 40
+    kit.repo.put_files({NVIDIA: sc.NVIDIA.replace("release:1.2.0rc4", "release:1.2.1")}, ref=head)
+    kit.repo.pull_files_of[27] = [PullFile(filename=NVIDIA, patch=None)]
+    kit.repo.fail("file_text", Unavailable(502, "Bad Gateway"))
+    with pytest.raises(Unavailable):
+        await kit.pulls.on_pull_request(kit.state, event("opened", 27, head_sha=head))
+    await kit.pulls.on_pull_request(kit.state, event("opened", 27, head_sha=head))  # redelivered
+    assert kit.state.overlap.touches(27) == {H200: "image"}

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from bot.core.domain import claim_ref
 from bot.core.events import Account, Artifact, Comment, Job, Step, WorkflowRunEvent
-from bot.github.errors import BadRequest, Unavailable
+from bot.github.errors import BadRequest, NotFound, Unavailable
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import artifact_zip
@@ -252,7 +252,6 @@ async def test_a_run_of_another_workflow_is_not_read_even_with_a_candidate_artif
 
 
 async def test_a_bot_comment_that_is_not_a_receipt_is_ignored(kit: Kit) -> None:
-    from bot.core.events import Account, Comment
 
     await kit.reconciler.reconcile(REPO, 1)
     reply = Comment(id=3, body="<!-- klaud-command:12 -->\nHeld.", user=Account(login="klaud-cold[bot]", type="Bot"),
@@ -263,7 +262,6 @@ async def test_a_bot_comment_that_is_not_a_receipt_is_ignored(kit: Kit) -> None:
 
 async def test_a_receipt_completes_when_it_was_posted_not_when_it_was_read(kit: Kit) -> None:
     # The attempt's completed time starts the cooldown (DESIGN §4 Cooldown).
-    from bot.core.events import Account, Comment
 
     await kit.reconciler.reconcile(REPO, 1)
     body = (
@@ -282,7 +280,6 @@ async def test_a_receipt_completes_when_it_was_posted_not_when_it_was_read(kit: 
 
 
 async def test_an_expired_artifact_is_not_downloaded_and_not_retried(kit: Kit) -> None:
-    from bot.core.events import Artifact
 
     await kit.reconciler.reconcile(REPO, 1)
     with_artifact(kit, 311)
@@ -304,7 +301,6 @@ async def test_an_invalid_archive_is_recorded_unverified_and_not_retried(kit: Ki
 
 
 async def test_an_artifact_not_found_is_recorded_as_such_and_not_retried(kit: Kit) -> None:
-    from bot.github.errors import NotFound
 
     await kit.reconciler.reconcile(REPO, 1)
     with_artifact(kit, 313)
@@ -341,8 +337,6 @@ async def test_a_failed_read_is_not_retried_before_it_is_due(kit: Kit) -> None:
 
 async def test_the_outcome_that_pauses_dispatch_re_renders_every_family(kit: Kit) -> None:
     # DESIGN §4: a pause shows on every Klaud check run, which re-render at once.
-    from bot.core.events import Job
-    from tests.services.test_outcomes import failed_run
 
     await kit.reconciler.reconcile(REPO, 1)
     wave = await kit.waves.run(REPO, trigger="test")
@@ -393,7 +387,6 @@ async def test_a_started_run_links_only_the_dispatch_of_its_own_candidate(kit: K
 
 
 async def test_an_unlinked_run_failing_without_an_artifact_is_recorded_for_its_own_candidate(kit: Kit) -> None:
-    from bot.core.events import Job
 
     runs = await unlinked_wave(kit)
     cand, run_id = runs[-1]
@@ -413,9 +406,6 @@ async def test_an_unlinked_run_failing_without_an_artifact_is_recorded_for_its_o
 async def test_a_full_reconcile_records_the_outcome_of_a_run_whose_event_was_lost(kit: Kit) -> None:
     # reconcile.py: a full reconcile reads "the completed runs of the last days"; the artifact
     # comes from the repository's artifact list (one request, not one per run).
-    from bot.core.events import Artifact
-    from tests.services.fakes import artifact_zip
-    from tests.services.test_outcomes import OUTCOME
 
     await kit.reconciler.reconcile(REPO, 1)
     wave = await kit.waves.run(REPO, trigger="test")

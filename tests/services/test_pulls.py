@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from bot.core.events import PullFile, PullRequestEvent
-from bot.github.errors import BadRequest
+from bot.github.errors import BadRequest, Unavailable
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import pull, pull_event
@@ -173,7 +173,6 @@ async def test_a_transient_error_reading_contents_fails_the_event_so_a_later_del
     # would block every family of the file until its next push. Raised, the head stays unread.
     import pytest
 
-    from bot.github.errors import Unavailable
 
     await kit.reconciler.reconcile(REPO, 1)
     head = "c" * 40

@@ -111,6 +111,16 @@ async def test_receipts_count_only_from_bot_accounts(kit: Kit) -> None:
     assert (attempt.outcome, attempt.run_id) == ("incompatible", 777)
 
 
+async def dispatched_run(kit: Kit) -> int:
+    """Reconcile, run a wave that dispatches CAND; the id of its run."""
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and CAND in wave.selected
+    run_id = kit.state.dispatches[H200].run_id
+    assert run_id is not None
+    return run_id
+
+
 def failed_run(run_id: int, conclusion: str = "failure") -> WorkflowRunEvent:
     event = completed(run_id)
     run = event.workflow_run.model_copy(
@@ -120,11 +130,7 @@ def failed_run(run_id: int, conclusion: str = "failure") -> WorkflowRunEvent:
 
 
 async def test_a_dispatched_run_failing_before_an_outcome_names_its_job_and_step(kit: Kit) -> None:
-    await kit.reconciler.reconcile(REPO, 1)
-    wave = await kit.waves.run(REPO, trigger="test")
-    assert wave is not None and CAND in wave.selected
-    run_id = kit.state.dispatches[H200].run_id
-    assert run_id is not None
+    run_id = await dispatched_run(kit)
     kit.repo.jobs_of[run_id] = [
         Job(name="prepare", conclusion="success", steps=(Step(name="checkout", conclusion="success"),)),
         Job(name="get-jobs", conclusion="failure", steps=(Step(name="Validate matrix", conclusion="failure"),)),
@@ -222,11 +228,7 @@ def started(run_id: int, action: str = "in_progress") -> WorkflowRunEvent:
 async def test_a_run_that_only_started_records_nothing_and_keeps_its_dispatch_and_claim(kit: Kit) -> None:
     # DESIGN §4 "Claims and runs never get stuck": a run still queued or running keeps its
     # claim and is never dispatched again meanwhile. Only `completed` carries an outcome.
-    await kit.reconciler.reconcile(REPO, 1)
-    wave = await kit.waves.run(REPO, trigger="test")
-    assert wave is not None and CAND in wave.selected
-    run_id = kit.state.dispatches[H200].run_id
-    assert run_id is not None
+    run_id = await dispatched_run(kit)
     for action in ("requested", "in_progress"):
         await kit.outcomes.on_workflow_run(kit.state, started(run_id, action))
     assert kit.state.ledger.for_candidate(CAND) == []
@@ -407,11 +409,7 @@ async def test_a_full_reconcile_records_the_outcome_of_a_run_whose_event_was_los
     # reconcile.py: a full reconcile reads "the completed runs of the last days"; the artifact
     # comes from the repository's artifact list (one request, not one per run).
 
-    await kit.reconciler.reconcile(REPO, 1)
-    wave = await kit.waves.run(REPO, trigger="test")
-    assert wave is not None and CAND in wave.selected
-    run_id = kit.state.dispatches[H200].run_id
-    assert run_id is not None
+    run_id = await dispatched_run(kit)
     kit.clock.advance(3600)
     now = kit.clock.now()
     kit.repo.runs[run_id] = kit.repo.runs[run_id].model_copy(update={

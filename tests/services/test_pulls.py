@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from bot.core.events import PullFile, PullRequestEvent
 from bot.github.errors import BadRequest, Unavailable
 from tests import scenarios as sc
@@ -144,36 +146,28 @@ async def test_a_shared_file_without_a_patch_is_not_read_and_overlaps_nothing(ki
     assert kit.state.overlap.touches(24) == {}
 
 
-async def test_a_yaml_file_outside_config_globs_keeps_its_keys_from_the_patch(kit: Kit) -> None:
-    # pulls.py: a YAML file's keys are kept so that a push widening `config_globs` to it makes
-    # the PR overlap its families without a re-read.
+@pytest.mark.parametrize(
+    ("patch", "unavailable", "keys"), [(PATCH, False, {"dsr1-fp8-h200-trt": "flags"}), (None, True, {})]
+)
+async def test_a_yaml_file_outside_config_globs_keeps_what_its_patch_says(
+    kit: Kit, patch: str | None, unavailable: bool, keys: dict[str, str]
+) -> None:
+    # pulls.py: a YAML file's keys are kept (nothing read when GitHub omits its patch: it is
+    # kept as unavailable), so that a push widening `config_globs` to it makes the PR
+    # overlap its families (every one, as `patch-unavailable`, without a patch) without a
+    # re-read.
     await kit.reconciler.reconcile(REPO, 1)
-    kit.repo.pull_files_of[25] = [PullFile(filename="configs/extra.yaml", patch=PATCH)]
+    kit.repo.pull_files_of[25] = [PullFile(filename="configs/extra.yaml", patch=patch)]
     await kit.pulls.on_pull_request(kit.state, event("opened", 25))
     record = kit.state.overlap.get(25)
     assert record is not None
     [change] = record.changes
-    assert (change.unavailable, change.keys) == (False, {"dsr1-fp8-h200-trt": "flags"})
-
-
-async def test_a_yaml_file_outside_config_globs_without_a_patch_is_kept_as_unavailable(kit: Kit) -> None:
-    # The same contract when GitHub omits its patch: nothing is read now, and once the globs
-    # widen to it the PR overlaps every family of the file as `patch-unavailable`.
-    await kit.reconciler.reconcile(REPO, 1)
-    kit.repo.pull_files_of[26] = [PullFile(filename="configs/notes.yaml", patch=None)]
-    await kit.pulls.on_pull_request(kit.state, event("opened", 26))
-    record = kit.state.overlap.get(26)
-    assert record is not None
-    [change] = record.changes
-    assert change.unavailable and change.keys == {}
+    assert (change.unavailable, change.keys) == (unavailable, keys)
 
 
 async def test_a_transient_error_reading_contents_fails_the_event_so_a_later_delivery_reads_again(kit: Kit) -> None:
     # Files are read once per head: recorded as `patch-unavailable` after a mere 502, the PR
     # would block every family of the file until its next push. Raised, the head stays unread.
-    import pytest
-
-
     await kit.reconciler.reconcile(REPO, 1)
     head = "c" * 40
     kit.repo.put_files({NVIDIA: sc.NVIDIA.replace("release:1.2.0rc4", "release:1.2.1")}, ref=head)

@@ -96,13 +96,18 @@ async def test_a_retried_artifact_that_is_then_refused_is_recorded_and_dropped(k
     assert await kit.outcomes.retry_artifacts() == 0
 
 
-async def test_receipts_count_only_from_bot_accounts(kit: Kit) -> None:
-    await kit.reconciler.reconcile(REPO, 1)
-    body = (
-        f"<!-- klaud-outcome:777:{CAND}\n"
+def receipt(run_id: int) -> str:
+    """A receipt comment's body: CAND's outcome of run `run_id` (domain §6.3)."""
+    return (
+        f"<!-- klaud-outcome:{run_id}:{CAND}\n"
         '{"head": "' + "b" * 40 + '", "outcome": {"outcome": "incompatible", "phase": "targeted", '
         '"pull-request": 9, "run-ids": [], "repairs-used": 1}, "validation": null}\n-->\n'
     )
+
+
+async def test_receipts_count_only_from_bot_accounts(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    body = receipt(777)
     person = Comment(id=1, body=body, user=Account(login="Klaud-Cold", type="User"), created_at=NOW)
     assert not await kit.outcomes.on_receipt(kit.state, person)
     bot = Comment(id=2, body=body, user=Account(login="klaud-cold[bot]", type="Bot"), created_at=NOW)
@@ -254,7 +259,6 @@ async def test_a_run_of_another_workflow_is_not_read_even_with_a_candidate_artif
 
 
 async def test_a_bot_comment_that_is_not_a_receipt_is_ignored(kit: Kit) -> None:
-
     await kit.reconciler.reconcile(REPO, 1)
     reply = Comment(id=3, body="<!-- klaud-command:12 -->\nHeld.", user=Account(login="klaud-cold[bot]", type="Bot"),
                     created_at=kit.clock.now())
@@ -264,13 +268,8 @@ async def test_a_bot_comment_that_is_not_a_receipt_is_ignored(kit: Kit) -> None:
 
 async def test_a_receipt_completes_when_it_was_posted_not_when_it_was_read(kit: Kit) -> None:
     # The attempt's completed time starts the cooldown (DESIGN §4 Cooldown).
-
     await kit.reconciler.reconcile(REPO, 1)
-    body = (
-        f"<!-- klaud-outcome:778:{CAND}\n"
-        '{"head": "' + "b" * 40 + '", "outcome": {"outcome": "incompatible", "phase": "targeted", '
-        '"pull-request": 9, "run-ids": [], "repairs-used": 1}, "validation": null}\n-->\n'
-    )
+    body = receipt(778)
     posted = kit.clock.now() - timedelta(hours=2)
     bot = Comment(id=4, body=body, user=Account(login="klaud-cold[bot]", type="Bot"), created_at=posted)
     assert await kit.outcomes.on_receipt(kit.state, bot)
@@ -282,7 +281,6 @@ async def test_a_receipt_completes_when_it_was_posted_not_when_it_was_read(kit: 
 
 
 async def test_an_expired_artifact_is_not_downloaded_and_not_retried(kit: Kit) -> None:
-
     await kit.reconciler.reconcile(REPO, 1)
     with_artifact(kit, 311)
     kit.repo.artifacts_of[311] = [Artifact(id=77, name=f"klaud-candidate-{CAND}", expired=True, archive_download_url="x")]
@@ -303,7 +301,6 @@ async def test_an_invalid_archive_is_recorded_unverified_and_not_retried(kit: Ki
 
 
 async def test_an_artifact_not_found_is_recorded_as_such_and_not_retried(kit: Kit) -> None:
-
     await kit.reconciler.reconcile(REPO, 1)
     with_artifact(kit, 313)
     kit.repo.fail("download", NotFound(404, "Not Found"))
@@ -339,7 +336,6 @@ async def test_a_failed_read_is_not_retried_before_it_is_due(kit: Kit) -> None:
 
 async def test_the_outcome_that_pauses_dispatch_re_renders_every_family(kit: Kit) -> None:
     # DESIGN §4: a pause shows on every Klaud check run, which re-render at once.
-
     await kit.reconciler.reconcile(REPO, 1)
     wave = await kit.waves.run(REPO, trigger="test")
     assert wave is not None and len(wave.selected) >= 3
@@ -389,7 +385,6 @@ async def test_a_started_run_links_only_the_dispatch_of_its_own_candidate(kit: K
 
 
 async def test_an_unlinked_run_failing_without_an_artifact_is_recorded_for_its_own_candidate(kit: Kit) -> None:
-
     runs = await unlinked_wave(kit)
     cand, run_id = runs[-1]
     kit.repo.runs[run_id] = kit.repo.runs[run_id].model_copy(
@@ -408,7 +403,6 @@ async def test_an_unlinked_run_failing_without_an_artifact_is_recorded_for_its_o
 async def test_a_full_reconcile_records_the_outcome_of_a_run_whose_event_was_lost(kit: Kit) -> None:
     # reconcile.py: a full reconcile reads "the completed runs of the last days"; the artifact
     # comes from the repository's artifact list (one request, not one per run).
-
     run_id = await dispatched_run(kit)
     kit.clock.advance(3600)
     now = kit.clock.now()

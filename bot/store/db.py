@@ -115,8 +115,6 @@ class Database:
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             raise RuntimeError("database is closed")
-        if self._lock is not None:
-            self._lock.keep()
         return self._conn
 
     async def _run_sync(self, fn: Callable[..., T], *args: Any) -> T:

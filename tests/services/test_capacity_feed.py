@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import socket
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
@@ -15,7 +18,8 @@ from aiohttp.test_utils import TestServer
 
 from bot.core.capacity import evaluate_feed
 from bot.core.clock import ManualClock
-from bot.services.capacity_feed import CapacityFeed
+from bot.services import capacity_feed
+from bot.services.capacity_feed import CLOSED_RECHECK, MAX_BODY_BYTES, CapacityFeed
 from tests.core.test_capacity import NOW, cluster, feed
 
 # --- CapacityFeed against a local server -------------------------------------------------
@@ -280,3 +284,175 @@ async def test_a_clock_stepped_back_does_not_keep_the_cached_reading(server: Fee
     assert reading.error is None and reading.eligible == {"b200-nscale"}, (
         f"still the reading made at the wrong time ({reading.error}); requests={len(server.requests)}"
     )
+
+
+def valid_document(clock) -> bytes:
+    now = clock.now()
+    return json.dumps(feed(cluster("b200-nscale", at=now), at=now)).encode()
+
+
+# --- caching ---------------------------------------------------------------------------
+
+
+async def test_concurrent_reads_share_one_request(server, session, clock) -> None:
+    # What this catches: without the lock every wave waiting on the feed sent its own request.
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.2)
+        return await server.valid_feed(request)
+
+    server.handler = slow
+    capacity = CapacityFeed(session, server.url, None, clock)
+    first, second = await asyncio.gather(capacity.read(), capacity.read())
+    assert first is second and len(server.requests) == 1
+
+
+async def test_a_failed_read_is_kept_for_the_whole_ttl(server, session, clock) -> None:
+    # What this catches: a failure was kept CLOSED_RECHECK (10 s), not the TTL: a broken feed was
+    # asked (three times, with retries) every 10 s.
+    server.handler = answer(503)
+    capacity = CapacityFeed(session, server.url, None, clock, ttl_seconds=120)
+    assert (await capacity.read()).error == "http-503"
+    clock.advance(60)
+    assert (await capacity.read()).error == "http-503"
+    assert len(server.requests) == 3
+
+
+async def test_a_stale_document_is_not_fetched_again_for_every_read(server, session, clock) -> None:
+    # What this catches: the closed reading of a stale document was not kept CLOSED_RECHECK,
+    # so every preview and wave fetched the feed again.
+    old = NOW - timedelta(minutes=10)
+
+    async def stale(_: web.Request) -> web.StreamResponse:
+        return web.json_response(feed(cluster("b200-nscale", at=old), at=old))
+
+    server.handler = stale
+    capacity = CapacityFeed(session, server.url, None, clock)
+    assert (await capacity.read()).error == "stale-feed"
+    clock.advance(1)
+    assert (await capacity.read()).error == "stale-feed"
+    assert len(server.requests) == 1
+    clock.advance((CLOSED_RECHECK - timedelta(seconds=1)).total_seconds())
+    await capacity.read()
+    assert len(server.requests) == 2  # asked again once CLOSED_RECHECK has passed
+
+
+# --- timeouts --------------------------------------------------------------------------
+
+
+async def test_a_feed_that_never_answers_is_a_closed_reading_not_an_exception(server, session, clock, monkeypatch) -> None:
+    # What this catches: aiohttp raises a bare TimeoutError (not a ClientError) at the total timeout:
+    # it escaped read() and failed the wave. And: no request timeout, the wave waited
+    # on the feed (holding the repository's lock) for aiohttp's default 5 minutes.
+    monkeypatch.setattr(capacity_feed, "REQUEST_TIMEOUT", aiohttp.ClientTimeout(total=0.2))
+
+    async def hanging(_: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(30)
+        return web.json_response({})
+
+    server.handler = hanging
+    reading = await asyncio.wait_for(CapacityFeed(session, server.url, None, clock).read(), timeout=5)
+    assert reading.error == "network-error" and reading.eligible == frozenset()
+    assert len(server.requests) == 3  # a timeout is transient: retried
+
+
+# --- what is accepted ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("status", "requests"), [(408, 3), (202, 1), (204, 1)])
+async def test_statuses_other_than_200_fail_closed(server, session, clock, status, requests) -> None:
+    # What this catches: 408 was not retried. And: any 2xx was read as the feed.
+    async def answering(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=status, body=b"" if status == 204 else valid_document(clock),
+                            content_type="application/json")
+
+    server.handler = answering
+    reading = await CapacityFeed(session, server.url, None, clock).read()
+    assert reading.error == f"http-{status}" and reading.eligible == frozenset()
+    assert len(server.requests) == requests
+
+
+@pytest.mark.parametrize(
+    ("content_encoding", "content_type", "zipped"),
+    [
+        ("GZIP", "application/json", True),  # content codings are case-insensitive (RFC 9110 §8.4.1)
+        ("identity", "application/json", False),
+        ("", "Application/JSON; charset=utf-8", False),  # so are media types (§8.3.1)
+    ],
+)
+async def test_equivalent_spellings_of_encoding_and_type_are_read(server, session, clock, content_encoding, content_type, zipped) -> None:
+    # What this catches: Content-Encoding not lowercased/stripped. And: "identity" refused.
+    # What this catches: Content-Type compared case-sensitively.
+    async def answering(_: web.Request) -> web.StreamResponse:
+        body = valid_document(clock)
+        headers = {"Content-Type": content_type}
+        if content_encoding:
+            headers["Content-Encoding"] = content_encoding
+        return web.Response(body=gzip.compress(body) if zipped else body, headers=headers)
+
+    server.handler = answering
+    reading = await CapacityFeed(session, server.url, None, clock).read()
+    assert reading.error is None and reading.eligible == {"b200-nscale"}
+
+
+def padded_to_cap(document: bytes) -> bytes:
+    """`document` followed by whitespace: exactly MAX_BODY_BYTES, still valid JSON."""
+    return document + b" " * (MAX_BODY_BYTES - len(document))
+
+
+@pytest.mark.parametrize("declared", [True, False])
+async def test_a_body_of_exactly_16_mib_is_read(server, session, clock, declared) -> None:
+    # What this catches: a declared length of exactly the cap refused. And: a streamed body
+    # of exactly the cap refused. (The cap is "over 16 MiB", as the 17 MiB tests say.)
+    async def exactly(request: web.Request) -> web.StreamResponse:
+        body = padded_to_cap(valid_document(clock))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        if declared:
+            response.content_length = len(body)
+        else:
+            response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(body)
+        await response.write_eof()
+        return response
+
+    server.handler = exactly
+    reading = await CapacityFeed(session, server.url, None, clock).read()
+    assert reading.error is None and reading.eligible == {"b200-nscale"}
+
+
+async def test_a_gzip_body_inflating_to_exactly_16_mib_is_read(server, session, clock) -> None:
+    # What this catches: `len(body) > MAX_BODY_BYTES` became `>=` after inflating.
+    async def zipped(_: web.Request) -> web.StreamResponse:
+        body = gzip.compress(padded_to_cap(valid_document(clock)), compresslevel=1)
+        return web.Response(body=body, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+
+    server.handler = zipped
+    reading = await CapacityFeed(session, server.url, None, clock).read()
+    assert reading.error is None and reading.eligible == {"b200-nscale"}
+
+
+def gzip_of_spaces(mib: int) -> bytes:
+    packer = zlib.compressobj(1, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    chunk = b" " * (1024 * 1024)
+    return b"".join([*(packer.compress(chunk) for _ in range(mib)), packer.flush()])
+
+
+async def test_a_gzip_bomb_is_refused_without_inflating_it_in_memory(server, session, clock) -> None:
+    # What this catches: the inflation was unbounded: a 64 MiB bomb (~64 KiB on the wire) was
+    # inflated whole before the size check (a 1 GiB one would take 1 GiB).
+    bomb = gzip_of_spaces(64)
+
+    async def bombing(_: web.Request) -> web.StreamResponse:
+        return web.Response(body=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+
+    server.handler = bombing
+    capacity = CapacityFeed(session, server.url, None, clock)
+    tracemalloc.start()
+    try:
+        reading = await capacity.read()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert reading.error == "response-too-large"
+    # Bounded, the inflation peaks near 2 x 16 MiB (the output buffer and its copy); whole, near 2 x 64 MiB.
+    assert peak < 3 * MAX_BODY_BYTES, f"peak {peak / 2**20:.0f} MiB while refusing a bomb"

@@ -9,13 +9,15 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
 from bot.core.clock import ManualClock
+from bot.services import replicas as replicas_module
 from bot.services.api import ReposAPI
 from bot.services.live import LiveState
-from bot.services.replicas import INSTALLATIONS, Replicas
+from bot.services.replicas import INSTALLATIONS, LEASE_TRUST, Replicas
 from bot.services.repo_state import RepoState
 from bot.store import Stores, open_stores
 from bot.store.change import Change
@@ -383,3 +385,219 @@ async def test_a_state_kept_in_memory_without_the_lease_leaves_at_the_next_round
 
     assert a.live.repo("o/a") is None and not a.replicas.owns("o/a")
     assert b.live.repo("o/a") is not None
+
+
+class FakeMonotonic:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def mono(monkeypatch) -> FakeMonotonic:
+    """The monotonic clock the coordinator reads (the event loop keeps the real one)."""
+    fake = FakeMonotonic()
+    monkeypatch.setattr(replicas_module, "time", SimpleNamespace(monotonic=fake.monotonic))
+    return fake
+
+
+async def claimed_by(node, repo: str = "o/a") -> list[str]:
+    """What `node` claims of `repo` now (its own claims in hand are not claimed again)."""
+    return [d.id for d in await node.stores.deliveries.claim_owned(node.owner, {repo}, unrouted=False, limit=9)]
+
+
+# --- the validity horizon --------------------------------------------------------------
+
+
+async def test_a_replica_owns_nothing_once_the_trusted_share_of_its_leases_has_passed(nodes, mono) -> None:
+    # What this catches: owned up to the very expiry, when another may take it.
+    # What this catches: owns() ignored the validity (the inbox kept claiming for lapsed leases).
+    # What this catches: owned at the exact end of the horizon.
+    a = await nodes("a", lease_seconds=10.0)
+    await a.replicas.round()
+    mono.now = 1000.0 + 10.0 * LEASE_TRUST - 0.01
+    assert a.replicas.owns("o/a") and a.replicas.owns(None) and a.replicas.leads()
+    mono.now = 1000.0 + 10.0 * LEASE_TRUST
+    assert not a.replicas.owns("o/a") and not a.replicas.owns(None)
+    mono.now = 1000.0 + 10.0 * 0.9
+    assert a.replicas.repos() == set() and not a.replicas.owns("o/a") and not a.replicas.owns(None)
+    assert not a.replicas.leads()
+
+
+async def test_the_validity_counts_from_when_the_renewal_was_sent(nodes, mono) -> None:
+    # What this catches: counted from when the renewal's answer came: a renewal that took 3 s
+    # (a slow store) left the replica owner 3 s past the store's expiry of its leases.
+    a = await nodes("a", lease_seconds=10.0)
+    renew_all = a.stores.leases.renew_all
+
+    async def slow_renewal(*args, **kwargs):
+        mono.now += 3.0
+        return await renew_all(*args, **kwargs)
+
+    a.stores.leases.renew_all = slow_renewal
+    await a.replicas.round()  # sent at 1000, answered at 1003
+    mono.now = 1000.0 + 10.0 * LEASE_TRUST + 0.5
+    assert not a.replicas.owns("o/a") and not a.replicas.leads()
+
+
+async def test_a_failed_round_while_the_leases_are_valid_keeps_every_repository(nodes) -> None:
+    # What this catches: one failed round (a store hiccup) let every repository go at once, and,
+    # their leases still held in the store, none could be taken back until they expired.
+    a = await nodes("a", lease_seconds=10.0)
+    a.replicas.round_seconds = 0.02
+    await a.replicas.start()
+    holders = a.stores.leases.holders
+    failures = [ConnectionError("connection reset")]
+    rounds: list[int] = []
+
+    async def hiccup() -> dict[str, str]:
+        rounds.append(1)
+        if failures:
+            raise failures.pop()
+        return await holders()
+
+    a.stores.leases.holders = hiccup
+    for _ in range(200):
+        if len(rounds) >= 3:
+            break
+        await asyncio.sleep(0.01)
+    await a.replicas.stop()  # (stop clears what is owned; check what was released before)
+    assert len(rounds) >= 3 and a.released == []
+
+
+# --- admission -------------------------------------------------------------------------
+
+
+async def test_admitting_a_repository_kept_here_leaves_its_claims_in_hand(nodes) -> None:
+    # What this catches: admit() of a repository already owned took its lease again and requeued
+    # the deliveries this replica had claimed: claimed a second time, run twice.
+    a = await nodes("a")
+    await a.replicas.round()
+    assert await claimed_by(a) == ["d0"]
+    assert await a.replicas.admit("O/A")
+    assert await claimed_by(a) == []
+
+
+async def test_admitting_a_repository_requeues_this_replicas_claims_from_before(nodes) -> None:
+    # What this catches: admit() did not take claims back (as a round's takeover does):
+    # this replica's own claim from before it let the repository go was never worked on.
+    a = await nodes("a")
+    await a.replicas.round()
+    assert await claimed_by(a) == ["d0"]
+    await a.replicas.stop()
+    assert await a.replicas.admit("o/a")
+    assert await claimed_by(a) == ["d0"]
+
+
+async def test_taking_a_repository_up_keeps_the_claims_the_inbox_works_on(nodes) -> None:
+    # What this catches: the claims were requeued even while the inbox worked on the repository:
+    # the delivery in hand was claimed (and run) a second time.
+    a = await nodes("a")
+    a.busy.add("o/a")
+    assert await claimed_by(a) == ["d0"]
+    assert await a.replicas.admit("o/a")
+    assert await claimed_by(a) == []
+
+
+async def test_a_repository_stored_with_capitals_and_owned_here_is_not_kept_elsewhere(nodes) -> None:
+    # What this catches: kept_elsewhere compared the name as stored ("O/C") with the lowercase
+    # leases: a repository owned here counted as another replica's.
+    a = await nodes("a")
+    await a.replicas.round()
+    assert a.replicas.owns("o/c")
+    assert not a.live.kept_elsewhere("O/C") and a.live.kept_elsewhere("o/elsewhere")
+
+
+# --- shares ----------------------------------------------------------------------------
+
+
+async def test_a_replica_takes_no_more_than_its_share_in_the_first_place(nodes) -> None:
+    # What this catches: it took every free repository, loaded their states, then gave the ones
+    # above its share up in the same round (the inbox told to drop their queues).
+    a, b = await nodes("a"), await nodes("b")
+    assert await b.stores.leases.acquire("replica:b", "b", 10.0)  # b is alive, holds nothing yet
+    await a.replicas.round()
+    assert len(a.replicas.repos()) == 2 and a.released == []
+    holders = await a.stores.leases.holders()
+    assert sorted(name for name, owner in holders.items() if owner == "a" and name.startswith("repo:")) == sorted(
+        repo_lease(repo) for repo in a.replicas.repos()
+    )
+
+
+async def test_a_repository_the_inbox_works_on_is_kept_though_nothing_is_stored(nodes) -> None:
+    # What this catches: a repository with no state and no waiting delivery was given up even while
+    # the inbox worked on it (its first delivery, claimed: not waiting any more).
+    a = await nodes("a")
+    await a.replicas.round()
+    assert await a.replicas.admit("o/new")
+    a.busy.add("o/new")
+    await a.replicas.round()
+    assert a.replicas.owns("o/new") and "o/new" not in a.released
+
+
+async def test_replicas_prefer_different_orders_of_the_repositories(nodes) -> None:
+    # What this catches: every replica reached for the same leases first (starting at once, all
+    # but one lost every race).
+    firsts = set()
+    for owner in ("a", "b", "c", "d"):
+        node = await nodes(owner)
+        firsts.add(min((repo.lower() for repo in REPOS), key=node.replicas._spread))
+    assert len(firsts) > 1
+
+
+# --- the installations lease, memory, stopping -----------------------------------------
+
+
+async def test_a_replica_that_let_go_after_a_lapse_leads_again_while_its_lease_stands(nodes, mono) -> None:
+    # What this catches: the installations lease still in its own name (not expired in the store)
+    # was not taken back: no replica led installation events until it expired.
+    a = await nodes("a", lease_seconds=10.0)
+    await a.replicas.round()
+    mono.now += 10.0  # past the trusted share: the loop's failed round lets go
+    a.replicas._let_go_if_lapsed()
+    assert not a.replicas.leads()
+    assert (await a.stores.leases.holders())[INSTALLATIONS] == "a"  # the store's clock: 10 s not passed
+    await a.replicas.round()
+    assert a.replicas.leads()
+
+
+async def test_a_state_a_section_holds_is_not_dropped_by_a_round(nodes) -> None:
+    # What this catches: a state in memory without the lease was dropped even while a section
+    # (a reconcile admitting the repository) held it.
+    a, b = await nodes("a"), await nodes("b")
+    await stored_repository(a, "o/a", 3)
+    await b.replicas.round()  # b owns every repository
+    assert await a.live.load_repo("o/a") is not None  # loaded at a, not owned there
+    async with a.live.lock("o/a"):
+        await a.replicas.round()
+        assert a.live.repo("o/a") is not None
+    await a.replicas.round()
+    assert a.live.repo("o/a") is None
+
+
+async def test_a_stopped_replica_owns_nothing(nodes) -> None:
+    # What this catches: after stop() it still answered owns()/repos() for the leases it released.
+    a = await nodes("a")
+    await a.replicas.round()
+    await a.replicas.stop()
+    assert a.replicas.repos() == set() and not a.replicas.owns("o/a") and not a.replicas.leads()
+
+
+async def test_stopping_goes_on_whatever_a_release_raises(nodes) -> None:
+    # What this catches: only a ConnectionError was caught: any other error of the store ended
+    # stop() half way, the remaining leases left to lapse.
+    a, b = await nodes("a"), await nodes("b")
+    await a.replicas.round()
+    release = a.stores.leases.release
+
+    async def refusing_once(name: str, owner: str) -> None:
+        if name == repo_lease("o/a"):
+            raise RuntimeError("the pool is closing")
+        await release(name, owner)
+
+    a.stores.leases.release = refusing_once
+    await a.replicas.stop()
+    holders = await b.stores.leases.holders()
+    assert {name for name, owner in holders.items() if owner == "a"} == {repo_lease("o/a")}

@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from types import SimpleNamespace
 
 import asyncpg
 import pytest
+from structlog.testing import capture_logs
 
-from bot.store import Stores
-from bot.store.deliveries import Delivery
+from bot.store import Stores, open_stores
+from bot.store.change import Change
+from bot.store.deliveries import Delivery, DeliveryStore
 from bot.store.engine import Result, Statement
+from bot.store.records import StateStore
+from bot.web import inbox as inbox_module
 from bot.web.inbox import Inbox
-from tests.web.test_inbox_batches import OwnerOf
+from tests.conftest import fresh_database
+from tests.store.recording import RecordingDatabase
+from tests.web.test_inbox_batches import OwnerOf, wait_for
 
 POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 BODY = json.dumps({"repository": {"full_name": "acme/bench"}}).encode()
@@ -187,3 +194,144 @@ async def test_a_delivery_another_replica_finished_leaves_the_queue_and_the_next
     assert inbox.stale == {"acme/bench"}, "noted in lowercase, as the live state clears it"
     stored = await stores.deliveries.get("d2")
     assert stored is not None and stored.status == "done"
+
+
+async def test_a_commit_whose_answer_was_lost_is_accounted_at_once_without_a_backoff(db: RecordingDatabase) -> None:
+    # What this catches: asked about only before it would run again, the delivery held its queue for a
+    # whole backoff (here 5-10 s) and logged a store failure that was not one.
+    runs: list[str] = []
+
+    async def handler(item: Delivery) -> None:
+        runs.append(item.id)
+
+    db.transaction = losing_the_first_status_answer(SimpleNamespace(engine=db))
+    inbox = Inbox(DeliveryStore(db), handler, base_delay=10.0, max_delay=10.0)
+    await inbox.open()
+    with capture_logs() as logs:
+        await inbox.start()
+        assert await inbox.put(delivery(1))
+        await wait_for(lambda: runs == ["d1"] and inbox.backlog == 0)
+        await inbox.stop()
+    assert not [e for e in logs if e["event"] == "delivery.store_failed"]
+    stored = await inbox.store.get("d1")
+    assert stored is not None and (stored.status, stored.attempts) == ("done", 1)
+
+
+async def test_a_refused_commit_holds_back_the_rest_of_its_batch_in_one_store_failure(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches: only d1 was held in doubt, and d2's other repository was not noted stale (its
+    # memory stays ahead of the store). And: one store failure logged per later delivery.
+    monkeypatch.setattr(inbox_module, "HOLD_LOOP_SECONDS", 60.0)  # one batch, one transaction
+    store = DeliveryStore(db)
+    state = StateStore(db, store.writer)
+
+    async def handler(item: Delivery) -> None:
+        change = Change().put(item.repo or "", "wave", item.id, {"by": item.id})
+        if item.id == "d2":
+            change.put("o/x", "wave", item.id, {"by": item.id})  # e.g. an installation-wide write
+        await state.apply(change)
+
+    async def reload(repo: str) -> None:
+        pass
+
+    stale: set[str] = set()
+    inbox = Inbox(store, handler, base_delay=0.5, max_delay=0.5, reload=reload, stale=stale)
+    await inbox.open()
+    for n in range(3):
+        await store.put(delivery(n))
+    db.refuse = "'d1'"
+    with capture_logs() as logs:
+        await inbox.start()
+        await wait_for(lambda: any(e["event"] == "delivery.store_failed" for e in logs))
+        db.refuse = None
+        noted = set(stale)
+        await inbox.drained()
+        await inbox.stop()
+    failures = [e["deliveries"] for e in logs if e["event"] == "delivery.store_failed"]
+    assert failures == [["d1", "d2"]]
+    assert {"acme/bench", "o/x"} <= noted
+    assert [(await store.get(f"d{n}")).status for n in range(3)] == ["done"] * 3
+
+
+# -- replicas (PostgreSQL: claim fences exist only there) ------------------------------
+
+
+@pytest.fixture
+async def pg(postgres_server) -> AsyncIterator[Stores]:
+    async with fresh_database(postgres_server) as url:
+        stores = await open_stores(url)
+        yield stores
+        await stores.close()
+
+
+async def test_a_delivery_another_replica_processed_is_read_back_with_every_repository_it_wrote(pg: Stores) -> None:
+    # What this catches: the store's attempts matching this run's made the other replica's commit pass for
+    # this one's: nothing read back. And: the other repository d1 wrote was not read back.
+    runs: list[str] = []
+    reloaded: list[str] = []
+    finished_elsewhere = asyncio.Event()
+
+    async def handler(item: Delivery) -> None:
+        runs.append(item.id)
+        await pg.state.apply(Change().put("acme/other", "wave", item.id, {"by": item.id}))
+        if item.id == "d1":
+            await finished_elsewhere.wait()
+
+    async def reload(repo: str) -> None:
+        reloaded.append(repo)
+
+    owner = OwnerOf("replica-a", "acme/bench")
+    inbox = Inbox(pg.deliveries, handler, ownership=owner, base_delay=0.05, claim_every=0.02, batch_size=1,
+                  reload=reload)
+    await inbox.open()
+    for n in (1, 2):
+        assert await inbox.put(delivery(n))
+    await inbox.start()
+    await until(lambda: "d1" in runs)
+    # The former owner claimed d1 back and processed it once: the store counts one attempt.
+    await pg.engine.transaction([Statement(
+        "UPDATE deliveries SET claimed_by = 'replica-b', status = 'done', attempts = 1 WHERE id = 'd1'", ())])
+    finished_elsewhere.set()
+    await until(lambda: "d2" in runs and inbox.backlog == 0)
+    await inbox.stop()
+    assert runs == ["d1", "d2"]
+    assert reloaded == ["acme/bench"]
+    assert {"acme/bench", "acme/other"} <= inbox.stale
+
+
+async def test_a_delivery_put_back_in_the_queue_under_its_run_is_run_again_here_not_taken_elsewhere(
+    pg: Stores,
+) -> None:
+    # What this catches: a claim reset to nobody (the repository taken up again requeues its claims) is
+    # not another replica's: no read-back, no "taken elsewhere".
+    runs: list[str] = []
+    reloaded: list[str] = []
+    requeued = asyncio.Event()
+
+    async def handler(item: Delivery) -> None:
+        runs.append(item.id)
+        if len(runs) == 1:
+            await requeued.wait()
+
+    async def reload(repo: str) -> None:
+        reloaded.append(repo)
+
+    inbox = Inbox(pg.deliveries, handler, ownership=OwnerOf("replica-a", "acme/bench"), base_delay=0.05,
+                  claim_every=0.02, reload=reload)
+    await inbox.open()
+    with capture_logs() as logs:
+        await inbox.start()
+        assert await inbox.put(delivery(1))
+        await until(lambda: bool(runs))
+        await pg.engine.transaction([Statement(
+            "UPDATE deliveries SET claimed_by = NULL, status = 'queued' WHERE id = 'd1'", ())])
+        requeued.set()
+        await until(lambda: len(runs) == 2 and inbox.backlog == 0)
+        await inbox.stop()
+    assert not [e for e in logs if e["event"] == "delivery.taken_elsewhere"]
+    assert reloaded == []
+    stored = await pg.deliveries.get("d1")
+    assert stored is not None and stored.status == "done"
+
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -15,6 +16,7 @@ from structlog.testing import capture_logs
 from bot.core.clock import Clock
 from bot.core.domain import Attempt
 from bot.core.errors import RepositoryMoved
+from bot.github.errors import RateLimited
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.repo_state import RepoMeta, RepoState
@@ -451,3 +453,380 @@ async def test_a_failed_read_back_waits_and_shows_a_bug_whole(db: RecordingDatab
     assert failed["error"] == f"{type(error).__name__}: {error}"
     assert (failed.get("exc_info") is error) is traceback
     assert reloaded == ["acme/bench"] and handler.seen == ["d1"]  # read back, then run
+
+
+class Leases(OwnerOf):
+    """An `OwnerOf` whose lease the test takes away or gives back."""
+
+    def __init__(self, owner: str, repo: str) -> None:
+        super().__init__(owner, repo)
+        self.held = True
+
+    def repos(self) -> set[str]:
+        return {self.repo} if self.held else set()
+
+    def owns(self, repo: str | None) -> bool:
+        return self.held and super().owns(repo)
+
+
+class Gate:
+    """A handler that records each run and holds the deliveries named in `held` until opened."""
+
+    def __init__(self, held: set[str] | None = None) -> None:
+        self.held = held
+        self.open = asyncio.Event()
+        self.runs: list[str] = []
+        self.running: set[str] = set()
+
+    async def __call__(self, item: Delivery) -> None:
+        self.runs.append(item.id)
+        self.running.add(item.id)
+        try:
+            if self.held is None or item.id in self.held:
+                await self.open.wait()
+        finally:
+            self.running.discard(item.id)
+
+
+# -- storing ---------------------------------------------------------------------------
+
+
+async def test_a_replica_claims_a_delivery_it_stored_at_once_not_at_its_next_round(db: RecordingDatabase) -> None:
+    # What this catches: without the nudge, the delivery waits for the claim loop's next round (here 30 s).
+    gate = Gate(held=set())
+    inbox = Inbox(DeliveryStore(db), gate, ownership=Owner(), claim_every=30.0)
+    await inbox.open()
+    await inbox.start()
+    await asyncio.sleep(0.05)  # the first round found nothing and waits
+    assert await inbox.put(delivery(1))
+    await wait_for(lambda: gate.runs == ["d1"] and inbox.backlog == 0)
+    await inbox.stop()
+
+
+async def test_a_store_that_answers_a_put_again_makes_the_replica_ready_again(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches: a put that raised set store_error; the next put that the store answers must clear
+    # it, not leave /readyz at 503 until its next probe.
+    store = DeliveryStore(db)
+    inbox = Inbox(store, Handler(StateStore(db, store.writer)))
+    await inbox.open()
+    put_soon = store.put_soon
+
+    def failing(item: Delivery) -> asyncio.Future[bool]:
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        future.set_exception(ConnectionRefusedError("connection refused"))
+        return future
+
+    monkeypatch.setattr(store, "put_soon", failing)
+    with pytest.raises(ConnectionRefusedError):
+        await inbox.put_in_time(delivery(1), 1.0)
+    assert not inbox.ready and "ConnectionRefusedError" in (inbox.store_error or "")
+    monkeypatch.setattr(store, "put_soon", put_soon)
+    assert await inbox.put_in_time(delivery(2), 1.0) is True
+    assert inbox.store_error is None and inbox.ready
+
+
+# -- replicas' claims ------------------------------------------------------------------
+
+
+async def test_a_released_repositorys_waiting_deliveries_leave_this_replica(db: RecordingDatabase) -> None:
+    # What this catches: nothing dropped; the backlog keeping them; or, dropped under the running
+    # batch, its end counting the backlog below zero.
+    gate = Gate(held={"d1"})
+    lease = Leases("replica-a", "acme/bench")
+    inbox = Inbox(DeliveryStore(db), gate, ownership=lease, claim_every=0.01, batch_size=1)
+    await inbox.open()
+    for n in (1, 2):
+        assert await inbox.store.put(delivery(n))  # stored by another replica
+    await inbox.start()
+    await wait_for(lambda: gate.runs == ["d1"] and inbox.backlog == 2)
+    lease.held = False  # the lease went to another replica
+    inbox.release("acme/bench")
+    await asyncio.sleep(0.05)
+    gate.open.set()
+    await wait_for(lambda: not gate.running)
+    await asyncio.sleep(0.1)
+    assert gate.runs == ["d1"], "d2 is the next owner's"
+    assert inbox.backlog == 0 and not inbox.busy("acme/bench")
+    await inbox.stop()
+
+
+async def test_a_repository_released_while_idle_and_taken_back_runs_its_deliveries(db: RecordingDatabase) -> None:
+    # What this catches: the release mark outlived the lease's return and dropped the claimed delivery.
+    gate = Gate(held=set())
+    inbox = Inbox(DeliveryStore(db), gate, ownership=OwnerOf("replica-a", "acme/bench"), claim_every=0.01)
+    await inbox.open()
+    await inbox.start()
+    inbox.release("acme/bench")  # the lease went while nothing of it waited here ...
+    await asyncio.sleep(0.05)
+    assert await inbox.put(delivery(1))  # ... and came back
+    await wait_for(lambda: gate.runs == ["d1"] and inbox.backlog == 0)
+    await inbox.stop()
+    stored = await inbox.store.get("d1")
+    assert stored is not None and stored.status == "done"
+
+
+async def test_after_a_claim_that_found_work_the_replica_claims_again_at_once(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches: without claiming again, the rest of a burst other replicas stored waits claim_every.
+    store = DeliveryStore(db)
+    claim_owned = store.claim_owned
+    claims: list[int] = []
+
+    async def counted(*args: object, **kwargs: object) -> list[Delivery]:
+        claimed = await claim_owned(*args, **kwargs)
+        claims.append(len(claimed))
+        return claimed
+
+    monkeypatch.setattr(store, "claim_owned", counted)
+    gate = Gate(held=set())
+    inbox = Inbox(store, gate, ownership=Owner(), claim_every=30.0)
+    await inbox.open()
+    assert await store.put(delivery(1))  # stored by another replica
+    await inbox.start()
+    await wait_for(lambda: len(claims) >= 2)
+    assert claims[:2] == [1, 0]
+    await inbox.stop()
+
+
+async def test_a_replica_keeps_at_most_claim_limit_deliveries_in_memory(db: RecordingDatabase) -> None:
+    # What this catches: the claim ignored what waits here already; the rest must wait in the store.
+    gate = Gate()
+    inbox = Inbox(DeliveryStore(db), gate, ownership=Owner(), claim_every=0.01, claim_limit=2)
+    await inbox.open()
+    for n in range(5):
+        assert await inbox.store.put(delivery(n))  # stored by another replica
+    await inbox.start()
+    await wait_for(lambda: bool(gate.runs))
+    await asyncio.sleep(0.1)  # several rounds
+    assert inbox.backlog == 2
+    gate.open.set()
+    await wait_for(lambda: len(gate.runs) == 5 and inbox.backlog == 0)
+    await inbox.stop()
+    assert gate.runs == [f"d{n}" for n in range(5)]
+
+
+async def test_a_delivery_waiting_for_its_retry_is_not_claimed_a_second_time(db: RecordingDatabase) -> None:
+    # What this catches: waiting for its retry, the delivery is `queued` in the store; the claim finds it
+    # again, and queued twice here it ran three times.
+    runs: list[str] = []
+
+    async def handler(item: Delivery) -> None:
+        runs.append(item.id)
+        if len(runs) == 1:
+            raise ConnectionError("transient")
+
+    inbox = Inbox(DeliveryStore(db), handler, ownership=Owner(), claim_every=0.01, base_delay=0.3, max_delay=0.3)
+    await inbox.open()
+    await inbox.start()
+    assert await inbox.put(delivery(1))
+    await wait_for(lambda: len(runs) == 2 and inbox.backlog == 0)
+    await asyncio.sleep(0.2)
+    await inbox.stop()
+    assert runs == ["d1", "d1"]
+    stored = await inbox.store.get("d1")
+    assert stored is not None and (stored.status, stored.attempts) == ("done", 2)
+
+
+async def test_a_delivery_whose_lease_went_during_the_claim_is_left_to_the_next_owner(db: RecordingDatabase) -> None:
+    # What this catches: the claim's answer came after the lease went; run here it would race the new owner.
+    class LeaseGoesDuringTheClaim(OwnerOf):
+        calls = 0
+
+        def repos(self) -> set[str]:
+            self.calls += 1
+            return {self.repo} if self.calls == 1 else set()
+
+    gate = Gate(held=set())
+    inbox = Inbox(DeliveryStore(db), gate, ownership=LeaseGoesDuringTheClaim("replica-a", "acme/bench"),
+                  claim_every=0.01)
+    await inbox.open()
+    assert await inbox.store.put(delivery(1))
+    await inbox.start()
+    await asyncio.sleep(0.2)
+    await inbox.stop()
+    assert gate.runs == [] and inbox.backlog == 0
+
+
+# -- memory ----------------------------------------------------------------------------
+
+
+async def test_bodies_past_the_budget_are_not_kept_and_are_read_back_at_their_turn(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches: a body past the budget stayed in memory (the budget only counted).
+    store = DeliveryStore(db)
+    read_bodies = store.bodies
+    read_back: list[str] = []
+
+    async def bodies(ids: list[str]) -> dict[str, bytes]:
+        read_back.extend(ids)
+        return await read_bodies(ids)
+
+    monkeypatch.setattr(store, "bodies", bodies)
+    gate = Gate(held={"new-0"})
+    inbox = Inbox(store, gate, body_budget=100)  # room for three 30-byte bodies
+    await inbox.open()
+    await inbox.start()
+    for n in range(6):
+        await inbox.put(Delivery(f"new-{n}", "push", b'{"n": %d, "pad": "..........."}' % n, repo="o/r"))
+    kept = sum(len(item.body) for queue in inbox._queues.values() for item in queue if item.body is not None)
+    gate.open.set()
+    await inbox.drained()
+    await inbox.stop()
+    assert kept <= 100
+    assert read_back == ["new-3", "new-4", "new-5"]
+
+
+# -- scheduling ------------------------------------------------------------------------
+
+
+async def test_a_retry_due_soon_is_not_held_behind_another_repositorys_later_retry(db: RecordingDatabase) -> None:
+    # What this catches: the worker slept until the latest due time, not the earliest.
+    runs: list[tuple[str, float]] = []
+
+    async def handler(item: Delivery) -> None:
+        runs.append((item.id, time.monotonic()))
+        if [i for i, _ in runs].count(item.id) == 1:
+            raise RateLimited(403, "API rate limit exceeded", retry_after=0.05 if item.id == "d1" else 3.0)
+
+    inbox = Inbox(DeliveryStore(db), handler, base_delay=0.001, max_delay=0.002)
+    await inbox.open()
+    await inbox.store.put(delivery(1, "acme/soon"))
+    await inbox.store.put(delivery(2, "acme/later"))
+    await inbox.start()
+    await wait_for(lambda: [i for i, _ in runs].count("d1") == 2)
+    first, second = [at for i, at in runs if i == "d1"]
+    await inbox.stop(grace=0)
+    assert second - first < 1.0
+
+
+async def test_no_more_repositories_run_at_once_than_the_concurrency(db: RecordingDatabase) -> None:
+    # What this catches: one batch past the limit.
+    gate = Gate()
+    inbox = Inbox(DeliveryStore(db), gate, concurrency=2)
+    await inbox.open()
+    for n in range(3):
+        await inbox.store.put(delivery(n, f"acme/r{n}"))
+    await inbox.start()
+    await wait_for(lambda: len(gate.running) == 2)
+    await asyncio.sleep(0.1)
+    assert len(gate.running) == 2
+    gate.open.set()
+    await inbox.drained()
+    await inbox.stop()
+    assert sorted(gate.runs) == ["d0", "d1", "d2"]
+
+
+# -- stale repositories ----------------------------------------------------------------
+
+
+async def test_a_batch_reads_back_only_its_own_repositorys_stale_state(db: RecordingDatabase) -> None:
+    # What this catches: another queue's repository read back under its running batch would replace the
+    # memory its handler works on.
+    store = DeliveryStore(db)
+    reloaded: list[str] = []
+
+    async def reload(repo: str) -> None:
+        reloaded.append(repo)
+        stale.discard(repo)
+
+    stale = {"acme/other"}
+    inbox = Inbox(store, Handler(StateStore(db, store.writer)), reload=reload, stale=stale)
+    await inbox.open()
+    await store.put(delivery(1))
+    await inbox.start()
+    await inbox.drained()
+    await inbox.stop()
+    assert reloaded == [] and stale == {"acme/other"}
+
+
+# -- backoff ---------------------------------------------------------------------------
+
+
+def test_a_retry_waits_at_least_half_its_backoff() -> None:
+    # What this catches: full jitter down to 0 would retry a failing delivery (or a refusing store) at once.
+    inbox = Inbox.__new__(Inbox)
+    inbox.base_delay, inbox.max_delay = 2.0, 600.0
+    assert all(1.0 <= inbox.retry_delay(1) <= 2.0 for _ in range(200))
+    assert all(8.0 <= inbox.retry_delay(4) <= 16.0 for _ in range(200))
+    assert all(300.0 <= inbox.retry_delay(40) <= 600.0 for _ in range(200))
+
+
+# -- bodies read back ------------------------------------------------------------------
+
+
+async def test_a_batch_whose_bodies_cannot_be_read_waits_rather_than_running_without_them(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches: run without their bodies, the deliveries fail their parse: lost for good.
+    store = DeliveryStore(db)
+    read_bodies = store.bodies
+    failures = [ConnectionError("the connection was closed")]
+
+    async def bodies(ids: list[str]) -> dict[str, bytes]:
+        if failures:
+            raise failures.pop()
+        return await read_bodies(ids)
+
+    monkeypatch.setattr(store, "bodies", bodies)
+    seen: list[bytes | None] = []
+
+    async def handler(item: Delivery) -> None:
+        seen.append(item.body)
+
+    inbox = Inbox(store, handler, base_delay=0.01, max_delay=0.02)
+    await inbox.open()
+    await store.put(Delivery("d1", "push", b'{"n": 1}', repo="o/r"))  # recovered without its body
+    await inbox.start()
+    await inbox.drained()
+    await inbox.stop()
+    assert seen == [b'{"n": 1}'] and not failures
+    assert (await store.get("d1")).status == "done"  # type: ignore[union-attr]
+
+
+# -- handed on to a new name -----------------------------------------------------------
+
+
+async def test_a_replica_hands_a_delivery_on_and_leaves_it_to_the_new_names_owner(db: RecordingDatabase) -> None:
+    # What this catches: the old owner kept the delivery at its queue's head and ran it again itself.
+    old_ran: list[tuple[str, str | None]] = []
+    new_ran: list[tuple[str, str | None]] = []
+    old = Inbox(DeliveryStore(db), moved_to("acme/next", old_ran), ownership=OwnerOf("replica-a", "acme/bench"),
+                claim_every=0.01)
+    new = Inbox(DeliveryStore(db), moved_to("acme/next", new_ran), ownership=OwnerOf("replica-b", "acme/next"),
+                claim_every=0.01)
+    for inbox in (old, new):
+        await inbox.open()
+        await inbox.start()
+    assert await old.put(delivery(1))
+    await wait_for(lambda: bool(new_ran) and old.backlog == 0 and new.backlog == 0)
+    await asyncio.sleep(0.1)
+    for inbox in (old, new):
+        await inbox.stop()
+    assert old_ran == [("d1", "acme/bench")] and new_ran == [("d1", "acme/next")]
+
+
+async def test_a_replica_owning_both_names_claims_the_delivery_it_handed_on(db: RecordingDatabase) -> None:
+    # What this catches: the finished delivery's id stayed among the queued ones, and the claim of it under
+    # its new name was taken for a duplicate: claimed by this replica, run by none.
+    class BothNames(OwnerOf):
+        def repos(self) -> set[str]:
+            return {"acme/bench", "acme/next"}
+
+        def owns(self, repo: str | None) -> bool:
+            return repo is not None and repo.lower() in self.repos()
+
+    ran: list[tuple[str, str | None]] = []
+    inbox = Inbox(DeliveryStore(db), moved_to("acme/next", ran), ownership=BothNames("replica-a", "acme/bench"),
+                  claim_every=0.01)
+    await inbox.open()
+    await inbox.start()
+    assert await inbox.put(delivery(1))
+    await wait_for(lambda: ("d1", "acme/next") in ran and inbox.backlog == 0)
+    await inbox.stop()
+    assert ran == [("d1", "acme/bench"), ("d1", "acme/next")]
+    stored = await inbox.store.get("d1")
+    assert stored is not None and (stored.repo, stored.status) == ("acme/next", "done")

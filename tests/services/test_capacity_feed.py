@@ -381,7 +381,7 @@ async def test_statuses_other_than_200_fail_closed(server, session, clock, statu
 )
 async def test_equivalent_spellings_of_encoding_and_type_are_read(server, session, clock, content_encoding, content_type, zipped) -> None:
     # What this catches: Content-Encoding not lowercased/stripped. And: "identity" refused.
-    # What this catches: Content-Type compared case-sensitively.
+    # And: Content-Type compared case-sensitively.
     async def answering(_: web.Request) -> web.StreamResponse:
         body = valid_document(clock)
         headers = {"Content-Type": content_type}

@@ -413,7 +413,7 @@ async def claimed_by(node, repo: str = "o/a") -> list[str]:
 
 async def test_a_replica_owns_nothing_once_the_trusted_share_of_its_leases_has_passed(nodes, mono) -> None:
     # What this catches: owned up to the very expiry, when another may take it.
-    # What this catches: owns() ignored the validity (the inbox kept claiming for lapsed leases).
+    # And: owns() ignored the validity (the inbox kept claiming for lapsed leases).
     # What this catches: owned at the exact end of the horizon.
     a = await nodes("a", lease_seconds=10.0)
     await a.replicas.round()

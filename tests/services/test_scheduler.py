@@ -401,7 +401,7 @@ async def test_old_attempts_leave_memory_after_the_clock_came_back_from_a_jump(k
 
 async def test_a_replica_that_does_not_lead_trims_memory_but_neither_discovers_nor_prunes(kit: Kit, monkeypatch) -> None:
     # What this catches: every replica discovered installations and pruned the store.
-    # What this catches: a follower never trimmed its repositories' attempts.
+    # And: a follower never trimmed its repositories' attempts.
     await kit.reconciler.reconcile(REPO, 1)
     calls: list[str] = []
 

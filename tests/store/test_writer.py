@@ -20,6 +20,15 @@ def put(repo: str, key: str, value: object) -> Change:
     return Change().put(repo, "wave", key, {"value": value})
 
 
+async def delivery_changing(
+    state: StateStore, key: str, value: str, after: asyncio.Future | None = None
+) -> asyncio.Future:
+    """A delivery's unit that puts `key` of o/r, ended: the future of its commit."""
+    unit = state.writer.begin_unit(after=after)
+    await state.apply(put("o/r", key, value))
+    return state.writer.end_unit(unit, [])
+
+
 async def test_a_units_changes_commit_with_its_status_in_one_transaction(db: RecordingDatabase) -> None:
     deliveries = DeliveryStore(db)
     state = StateStore(db, deliveries.writer)
@@ -122,19 +131,13 @@ async def test_a_group_that_comes_after_a_refused_one_is_not_committed(db: Recor
     # The next delivery of a repository ran before the one before it was committed: when that
     # commit is refused (and the store takes the next transaction), it must not land alone.
     state = StateStore(db)
-    writer = state.writer
-
-    async def delivery_changing(key: str, value: str, after: asyncio.Future | None = None) -> asyncio.Future:
-        unit = writer.begin_unit(after=after)
-        await state.apply(put("o/r", key, value))
-        return writer.end_unit(unit, [])
 
     db.refuse = "first"
-    first = await delivery_changing("f", "first")
+    first = await delivery_changing(state, "f", "first")
     await asyncio.gather(first, return_exceptions=True)
     db.refuse = None  # the store takes the next transaction
-    second = await delivery_changing("g", "second", after=first)
-    other = await delivery_changing("h", "unrelated")
+    second = await delivery_changing(state, "g", "second", after=first)
+    other = await delivery_changing(state, "h", "unrelated")
     results = await asyncio.gather(second, other, return_exceptions=True)
 
     assert isinstance(results[0], RuntimeError) and not isinstance(results[1], BaseException)
@@ -305,17 +308,11 @@ async def test_a_unit_that_wrote_a_repository_earlier_keeps_its_later_changes_fr
 async def test_a_group_after_a_refused_one_in_the_same_batch_is_not_committed_alone(db: RecordingDatabase) -> None:
     # What this catches: tried one by one after the batch failed, the next delivery's group was committed though the one before it was just refused.
     state = StateStore(db)
-    writer = state.writer
-
-    async def delivery_changing(key: str, value: str, after: asyncio.Future | None = None) -> asyncio.Future:
-        unit = writer.begin_unit(after=after)
-        await state.apply(put("o/r", key, value))
-        return writer.end_unit(unit, [])
 
     db.refuse = "poison"
     # No wait between the two: both groups are in the flusher's next batch.
-    first = await delivery_changing("f", "poison")
-    second = await delivery_changing("g", "second", after=first)
+    first = await delivery_changing(state, "f", "poison")
+    second = await delivery_changing(state, "g", "second", after=first)
     results = await asyncio.gather(first, second, return_exceptions=True)
 
     assert [type(result).__name__ for result in results] == ["RuntimeError", "RuntimeError"]

@@ -33,8 +33,12 @@ class PidLock:
             os.close(fd)
             raise StoreLocked(f"{self.db_path} is in use by another Klaud process (pid {self._holder()})") from None
         self._fd = fd
-        with open(self.pid_path, "w", encoding="ascii") as pid_file:
-            pid_file.write(f"{os.getpid()}\n")
+        try:
+            with open(self.pid_path, "w", encoding="ascii") as pid_file:
+                pid_file.write(f"{os.getpid()}\n")
+        except OSError:
+            self.release()  # the caller never gets a lock to release
+            raise
 
     def _holder(self) -> str:
         try:

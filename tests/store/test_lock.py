@@ -80,3 +80,13 @@ async def test_in_memory_stores_take_no_lock():
 def test_a_url_of_no_known_engine_is_refused():
     with pytest.raises(ValueError, match="not a store URL"):
         engine_for("mysql://klaud@db/klaud")
+
+
+async def test_a_pid_file_that_cannot_be_written_leaves_the_database_unlocked(tmp_path):
+    path = tmp_path / "klaud.db"
+    (tmp_path / "klaud.db.lock").mkdir()  # in the way of the pid file
+    with pytest.raises(IsADirectoryError):
+        await open_stores(f"sqlite:///{path}")
+    (tmp_path / "klaud.db.lock").rmdir()
+    again = await open_stores(f"sqlite:///{path}")
+    await again.close()

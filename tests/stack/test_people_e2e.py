@@ -15,6 +15,7 @@ NV = "configs/nvidia-master.yaml"
 B200 = f"{NV}:dsr1-fp4-b200-sglang"
 H200 = f"{NV}:dsr1-fp8-h200-trt"
 GPTOSS = f"{NV}:gptoss-fp4-b200-vllm"
+FAILING_JOBS = [{"name": "get-jobs", "conclusion": "failure", "steps": [{"name": "matrix", "conclusion": "failure"}]}]
 
 
 def klaud_pr(number: int, family: str) -> dict:
@@ -298,3 +299,109 @@ async def test_one_klaud_check_run_per_head_after_its_creation_answer_was_lost(t
                        "body": "/klaud hold waiting"})
         [check] = checks(run, head)
         assert "held" in check["output"]["title"]
+
+
+async def test_a_retry_approved_on_a_klaud_pr_clears_the_cooldown_on_its_check_run(tmp_path):
+    # What this catches: the check run ignored a retry approval and kept saying the candidate cools down.
+    cand = sc.candidate(H200)
+    scenario = sc.scenario(pulls=[klaud_pr(50, H200)], runs=[sc.run(301, cand, "readiness-blocked")])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await run.klaud.checks.publish(("acme/bench", 50))
+        assert "cooling down until" in checks(run)[0]["output"]["summary"]
+        await comment(run, 50, "bob", "/klaud retry")
+        await run.settle()
+        [check] = checks(run)
+        assert "cooling down until" not in check["output"]["summary"], check["output"]["summary"]
+
+
+async def test_a_rerequest_of_another_check_run_leaves_the_klaud_check_run_alone(tmp_path):
+    # What this catches: a re-run asked for any check run of the head re-rendered (and rewrote) the Klaud Cold one.
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await run.klaud.checks.publish(("acme/bench", 50))
+        [check] = checks(run)
+        run.reset_requests()
+        payload = {"action": "rerequested", "check_run": {"id": 4321, "name": "CI", "head_sha": check["head_sha"]},
+                   "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}}
+        await run.klaud.handle(delivery("rr-other", "check_run", json.dumps(payload).encode()))
+        assert run.requests["total"] == 0
+
+
+async def test_resume_arms_one_canary_keeps_it_and_says_why_dispatch_was_paused(tmp_path):
+    # What this catches: /klaud resume armed a canary without storing it or refreshing the check runs, forgot the pause reason, or armed a second canary while one ran.
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await run.klaud.waves.run("acme/bench", trigger="test")
+        for dispatch in run.github()["dispatches"][:3]:
+            await run.act({"action": "complete_run", "repo": "acme/bench",
+                           "run": {"id": dispatch["run_id"], "conclusion": "failure", "jobs": FAILING_JOBS}})
+        state = run.klaud.live.repo("acme/bench")
+        assert state.blocked().code == "dispatch-paused"
+        reason = state.meta.pause["reason"]
+        await run.settle()
+        assert "a canary is armed" not in checks(run)[0]["output"]["summary"]
+        await comment(run, 77, "bob", "/klaud resume")
+        reply = replies(run, 77)[-1]
+        assert "Canary armed" in reply and f"({reason})" in reply, reply
+        await run.settle()
+        assert "a canary is armed" in checks(run)[0]["output"]["summary"]
+        canary = await run.klaud.waves.run("acme/bench", trigger="test")
+        assert len(canary.selected) == 1
+        await comment(run, 77, "bob", "/klaud resume")
+        assert "A canary is already running" in replies(run, 77)[-1]
+
+
+async def test_a_marker_typed_by_a_person_does_not_count_as_an_answer(tmp_path):
+    # What this catches: reply markers were counted in anyone's comments, so a person could stop the bot answering another comment.
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        first = await comment(run, 12, "carol", "just a remark")
+        # The next comment ids, in the sandbox's order: this one, then bob's command.
+        decoy = await comment(run, 12, "carol", f"quoting <!-- klaud-command:{first['comment_id'] + 2} -->")
+        assert decoy["comment_id"] == first["comment_id"] + 1
+        command = await comment(run, 12, "bob", f"/klaud hold {H200} maintenance")
+        assert command["comment_id"] == first["comment_id"] + 2
+        assert H200 in run.klaud.live.repo("acme/bench").holds
+        [reply] = replies(run, 12)
+        assert reply.startswith(f"<!-- klaud-command:{command['comment_id']} -->")
+
+
+async def test_unhold_without_a_target_releases_the_family_of_the_klaud_pr(tmp_path):
+    # What this catches: an unhold without a target bypassed the PR's default family and released nothing.
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await comment(run, 50, "alice", "/klaud hold waiting for weights")
+        assert H200 in run.klaud.live.repo("acme/bench").holds
+        await comment(run, 50, "alice", "/klaud unhold")
+        assert H200 not in run.klaud.live.repo("acme/bench").holds
+        assert "Released" in replies(run, 50)[-1]
+
+
+async def test_status_shows_the_hold_the_overlapping_prs_and_an_approved_retry(tmp_path):
+    # What this catches: status left out the family's hold, its overlapping PRs, or that a retry was approved.
+    cand = sc.candidate(H200)
+    scenario = sc.scenario(runs=[sc.run(101, cand, "readiness-blocked")], pulls=[sc.image_bump(12)])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await comment(run, 77, "carol", f"/klaud status {B200}")
+        assert "| Overlapping PRs | #12 (" in replies(run, 77)[-1]
+        await comment(run, 77, "carol", f"/klaud status {H200}")
+        cooling = replies(run, 77)[-1]
+        assert "cooling down until" in cooling, cooling
+        await comment(run, 77, "bob", f"/klaud retry {cand}")
+        await comment(run, 77, "carol", f"/klaud status {H200}")
+        approved = replies(run, 77)[-1]
+        assert "cooling down until" not in approved, approved
+        await comment(run, 77, "bob", f"/klaud hold {H200} new weights soon")
+        await comment(run, 77, "carol", f"/klaud status {H200}")
+        held = replies(run, 77)[-1]
+        assert "| Hold | by " in held and "new weights soon" in held, held
+
+
+async def test_a_canary_armed_by_resume_is_stored_at_once(tmp_path):
+    # What this catches: the armed canary stayed in memory only (lost on a restart) unless some other write stored it.
+    async with sandbox_stack(tmp_path, sc.scenario(policy="dashboard: false\n")) as run:
+        await run.klaud.waves.run("acme/bench", trigger="test")
+        for dispatch in run.github()["dispatches"][:3]:
+            await run.act({"action": "complete_run", "repo": "acme/bench",
+                           "run": {"id": dispatch["run_id"], "conclusion": "failure", "jobs": FAILING_JOBS}})
+        assert run.klaud.live.repo("acme/bench").blocked().code == "dispatch-paused"
+        await comment(run, 77, "bob", "/klaud resume")
+        assert "Canary armed" in replies(run, 77)[-1]
+        stored = await run.klaud.live.store.get("", "repo", "acme/bench")
+        assert stored["canary"]["armed"] is True, stored.get("canary")

@@ -471,7 +471,7 @@ async def test_the_loop_goes_on_after_a_tick_raised(kit: Kit) -> None:
 
 async def test_stop_returns_within_its_grace_when_a_tick_hangs(kit: Kit) -> None:
     # What this catches: the tick past its grace was not cancelled; stop() waited for it for good
-    # (test_scheduler.py's test passes anyway: its wait_for cancels the awaited tick).
+    # (the other stop test passes anyway: its wait_for cancels the awaited tick).
     ticks = scheduler(kit)
     waiting = asyncio.Event()
 
@@ -483,8 +483,5 @@ async def test_stop_returns_within_its_grace_when_a_tick_hangs(kit: Kit) -> None
     ticks.tick = tick_waiting_on_github  # type: ignore[method-assign]
     ticks.start()
     await waiting.wait()
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    await asyncio.wait_for(ticks.stop(grace=0.05), timeout=5)
-    assert loop.time() - started < 1.0
+    await asyncio.wait_for(ticks.stop(grace=0.05), timeout=5)  # a stop that waits for good fails here
     assert ticks._task is not None and ticks._task.cancelled()

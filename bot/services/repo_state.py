@@ -152,7 +152,8 @@ class RepoState:
         vars(self).update(vars(other))
 
     def save_meta(self, change: Change | None = None) -> Change:
-        change = change or Change()
+        # `is None`, not `or`: an empty Change is falsy, and the caller's change must get the put.
+        change = Change() if change is None else change
         # Encoded as it is put (msgspec writes the dataclass in C): the stored record is
         # this moment's, and no deep copy is made (asdict took 1.5 ms with 70 Klaud PRs).
         return change.put("", "repo", self.name, self.meta)

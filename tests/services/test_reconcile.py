@@ -1,13 +1,26 @@
-"""Reconcile against an in-memory repository: what it reads, what it rebuilds."""
+"""Reconcile against an in-memory repository: what it reads, what it rebuilds, what it
+stores; renames and names reused; installations, discovery and retries with backoff."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from bot.core.domain import claim_ref
-from bot.core.events import PullFile
+import pytest
+
+from bot.core.dashboard import TITLE, Remembered, _marker
+from bot.core.domain import Hold, claim_ref, stamp
+from bot.core.events import Account, Issue, Named, PullFile, RepoEvent, Repository
+from bot.github.errors import Unavailable
+from bot.services.reconcile import (
+    DISCOVERY,
+    FIRST_RETRY,
+    MAX_RETRY,
+    ReconcileFailure,
+    Reconciler,
+    retry_delay,
+)
 from tests import scenarios as sc
-from tests.services.conftest import NOW, REPO, Kit
+from tests.services.conftest import NOW, REPO, Kit, scenario_repo
 from tests.services.fakes import pull
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
@@ -81,3 +94,395 @@ async def test_a_stored_repository_not_in_memory_is_reconciled_from_its_stored_s
     assert kit.state.meta.wave == 1 and H200 in kit.state.dispatches
     stored = await kit.live.load_repo(REPO)
     assert stored is not None and stored.meta.wave == 1  # not written over with a fresh record
+
+
+NEW = "acme/bench-next"
+OTHER = "acme/other"
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+
+
+def event(name: str, repo_id: int | None = 4242) -> RepoEvent:
+    return RepoEvent.model_validate({"repository": {"full_name": name, "id": repo_id}, "installation": {"id": 1}})
+
+
+def rename_on_github(kit: Kit) -> None:
+    kit.repo.name = NEW
+    kit.live.github.repos[NEW] = kit.repo
+
+
+async def held(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    await kit.live.persist(kit.state.hold(Hold(H200, "alice", "driver bug", NOW)))
+
+
+# -- backoff ------------------------------------------------------------------------------
+
+
+def test_the_backoff_doubles_from_a_minute_up_to_the_hour() -> None:
+    assert [retry_delay(n) for n in (1, 2, 6)] == [timedelta(minutes=1), timedelta(minutes=2), timedelta(minutes=32)]
+    assert retry_delay(7) == MAX_RETRY == timedelta(hours=1)
+
+
+def test_a_failure_document_names_its_error_attempts_and_retry_time() -> None:
+    failure = ReconcileFailure(1, "502 Bad Gateway", 3, NOW)
+    assert failure.document() == {"error": "502 Bad Gateway", "attempts": 3, "retry_at": stamp(NOW)}
+
+
+# -- state_for ----------------------------------------------------------------------------
+
+
+async def test_an_event_of_a_repository_another_replica_owns_is_ignored_not_handed_on(kit: Kit) -> None:
+    # Stored under its own name, not in memory here, leased by another replica: the event is
+    # for that replica; handing it on to the name it already has would loop.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.live.drop(REPO)
+
+    async def refuse(_name: str, *, take_over: bool = False) -> bool:
+        return False
+
+    kit.live.admit = refuse
+    kit.live.kept_elsewhere = lambda _name: True
+    kit.repo.calls.clear()
+
+    assert await kit.reconciler.state_for(event(REPO)) is None
+    assert kit.live.repos == {}
+
+
+async def test_an_old_named_event_of_a_repository_first_heard_of_gets_the_state_at_its_new_name(kit: Kit) -> None:
+    rename_on_github(kit)
+
+    state = await kit.reconciler.state_for(event(REPO))
+
+    assert state is not None and state is kit.live.repo(NEW) and len(state.catalog) == 5
+
+
+async def test_an_event_of_another_repository_than_the_one_its_name_redirects_to_is_not_handed_on(kit: Kit) -> None:
+    # The event's repository (id 5555) is not the one GitHub now answers its name with (4242,
+    # renamed away from it): handed on to the new name, it would act on the wrong repository.
+    rename_on_github(kit)
+
+    assert await kit.reconciler.state_for(event(REPO, repo_id=5555)) is None
+
+
+async def test_a_state_stored_before_ids_were_kept_answers_an_event_with_an_id_without_asking_github(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    state = kit.state
+    state.meta.repo_id = None
+    kit.repo.calls.clear()
+
+    assert await kit.reconciler.state_for(event(REPO, repo_id=4242)) is state
+    assert kit.repo.calls == []
+
+
+# -- reconcile ----------------------------------------------------------------------------
+
+
+async def test_the_reconcile_of_a_kept_repository_does_not_ask_for_its_lease(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    asked: list[str] = []
+
+    async def admit(name: str, *, take_over: bool = False) -> bool:
+        asked.append(name)
+        return False
+
+    kit.live.admit = admit
+    report = await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert "skipped" not in report and asked == []
+
+
+async def test_a_name_github_answers_in_another_case_is_not_a_rename(kit: Kit) -> None:
+    await held(kit)
+    kit.repo.name = "Acme/Bench"  # GitHub's names are case-insensitive; its answer keeps the owner's case
+    kit.live.github.repos["Acme/Bench"] = kit.repo
+
+    report = await kit.reconciler.reconcile(REPO, 1, light=True)
+
+    assert "moved_from" not in report
+    assert kit.live.repo(REPO) is not None and H200 in kit.state.holds
+
+
+async def test_reconciling_the_current_name_reports_the_name_the_state_moved_from(kit: Kit) -> None:
+    await held(kit)
+    rename_on_github(kit)
+
+    report = await kit.reconciler.reconcile(NEW, 1)
+
+    assert report["moved_from"] == REPO and report["repo"] == NEW
+    assert kit.live.former.get(NEW.lower()) is None, "the current name is no former name"
+
+
+async def test_a_reconcile_tells_the_listeners_every_family(kit: Kit) -> None:
+    # The check-run publisher listens: Klaud's own PRs get their checks again after a rebuild.
+    told: list[tuple[set[str], set[int]]] = []
+
+    async def listener(state, families, pulls):
+        told.append((families, pulls))
+
+    kit.live.listeners.append(listener)
+    await kit.reconciler.reconcile(REPO, 1)
+    assert told == [(set(sc.FAMILIES), set())]
+
+
+async def test_an_unknown_name_github_redirects_is_reconciled_in_full_at_its_new_name(kit: Kit) -> None:
+    # Nothing was kept under the old name: a light reconcile would start from an empty state.
+    rename_on_github(kit)
+
+    report = await kit.reconciler.reconcile(REPO, 1, light=True)
+
+    assert report["repo"] == NEW and report["light"] is False and report["moved_from"] == REPO
+    assert ("workflow_runs", "klaud-candidate.yml", "completed") in kit.repo.calls
+
+
+async def test_a_kept_repository_followed_from_a_reused_name_is_not_read_again_in_full(kit: Kit) -> None:
+    await held(kit)
+    rename_on_github(kit)
+    newcomer = scenario_repo()
+    newcomer.id = 9999
+    kit.live.github.repos[REPO] = newcomer
+    kit.repo.calls.clear()
+
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+
+    assert kit.live.repo(NEW) is not None and H200 in kit.live.repo(NEW).holds
+    assert ("directory", "configs", kit.repo.head) not in kit.repo.calls, "moved, not rebuilt by a full reconcile"
+
+
+async def test_a_reused_name_whose_kept_repository_left_the_installation_is_forgotten_and_built_anew(kit: Kit) -> None:
+    await held(kit)
+    newcomer = scenario_repo()
+    newcomer.id = 9999
+    kit.live.github.repos = {REPO: newcomer}  # 4242 is gone from the installation
+
+    report = await kit.reconciler.reconcile(REPO, 1, light=True)
+
+    fresh = kit.live.repo(REPO)
+    assert report["repo"] == REPO and fresh is not None and fresh.meta.repo_id == 9999
+    assert fresh.holds == {} and set(kit.live.repos) == {REPO}
+
+
+async def test_a_full_reconcile_of_a_kept_repository_does_not_restore_from_the_dashboard(kit: Kit) -> None:
+    from bot.services.dashboard import DashboardKeeper
+    from bot.services.permissions import Permissions
+
+    dashboard = DashboardKeeper(kit.live, Permissions(kit.clock), kit.clock, delay_seconds=0)
+    reconciler = Reconciler(kit.live, kit.catalog, kit.pulls, kit.outcomes, kit.claims, dashboard)
+    await reconciler.reconcile(REPO, 1)
+    # The dashboard still shows a hold released here since (its update not published yet).
+    body = _marker(Remembered(holds=(Hold(H200, "alice", "driver bug", NOW),), retries=()))
+    kit.repo.issues[7] = Issue(number=7, title=TITLE, body=body, user=Account(login="klaud-cold[bot]", type="Bot"))
+
+    await reconciler.reconcile(REPO, 1)  # `klaud reconcile`
+
+    assert H200 not in kit.state.holds
+
+
+async def test_a_reconcile_stamps_and_stores_when_it_ran(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.state.meta.reconciled_at == stamp(NOW)
+    kit.live.drop(REPO)  # a restart: the scheduler must not reconcile again at once
+    stored = await kit.live.load_repo(REPO)
+    assert stored is not None and stored.meta.reconciled_at == stamp(NOW)
+
+
+async def test_a_light_reconcile_that_changed_nothing_stamps_when_it_ran(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await kit.reconciler.reconcile(REPO, 1, light=True)  # nothing moved
+    assert kit.state.meta.reconciled_at == stamp(kit.clock.now())
+
+
+async def test_a_light_reconcile_that_changed_nothing_stores_when_it_ran(kit: Kit) -> None:
+    # An empty Change is falsy: save_meta(change) used to put into a new one, so the time of a
+    # quiet reconcile was never stored and every quiet repository was reconciled again after a restart.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await kit.reconciler.reconcile(REPO, 1, light=True)  # nothing moved
+    kit.live.drop(REPO)  # a restart: the scheduler would reconcile again at its first tick
+    stored = await kit.live.load_repo(REPO)
+    assert stored is not None and stored.meta.reconciled_at == stamp(kit.clock.now())
+
+
+async def test_the_report_counts_what_was_kept_before_the_reconcile(kit: Kit) -> None:
+    report = await kit.reconciler.reconcile(REPO, 1)
+    assert report["before"] == {"families": 0, "pulls": 0, "attempts": 0, "claims": 0}
+    assert report["after"]["families"] == 5
+
+
+# -- installations ------------------------------------------------------------------------
+
+
+async def test_the_repositories_of_an_installation_are_those_kept_for_it(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.reconciler.installation_repos(1) == [REPO] and kit.reconciler.installation_repos(2) == []
+
+
+async def test_an_unsuspended_installations_repositories_are_reconciled_light(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.calls.clear()
+    await kit.reconciler.reconcile_all(1, [REPO], light=True)
+    assert ("directory", "configs", kit.repo.head) not in kit.repo.calls
+    assert kit.repo.calls == [("repository",), ("head_sha", "main"), ("open_pulls",), ("branches", "klaud/claim-")]
+
+
+async def test_forgetting_goes_on_past_a_repository_kept_for_another_installation(kit: Kit) -> None:
+    other = scenario_repo()
+    other.name, other.id = OTHER, 5151
+    kit.live.github.repos[OTHER] = other
+    await kit.reconciler.reconcile_all(2, [REPO])  # re-installed: kept for installation 2 now
+    await kit.reconciler.reconcile_all(1, [OTHER])
+
+    await kit.reconciler.forget(1, [Named(full_name=REPO, id=4242), Named(full_name=OTHER, id=5151)])
+
+    assert kit.live.repo(REPO) is not None and kit.live.repo(OTHER) is None
+    assert await kit.live.store.repos() == [REPO]
+
+
+async def test_a_failed_discovery_is_remembered_retried_after_its_backoff_and_cleared(kit: Kit, monkeypatch) -> None:
+    github = kit.live.github
+    listing = github.installations
+
+    async def down() -> list[int]:
+        raise Unavailable(502, "Bad Gateway")
+
+    monkeypatch.setattr(github, "installations", down)
+    assert await kit.reconciler.reconcile_new_installations() == []
+    failure = kit.reconciler.failures[DISCOVERY]
+    assert failure.attempts == 1 and failure.next_at == NOW + FIRST_RETRY and "502" in failure.error
+
+    monkeypatch.setattr(github, "installations", listing)
+    kit.clock.advance(FIRST_RETRY.total_seconds())
+    await kit.reconciler.retry_failed()
+    assert kit.live.repo(REPO) is not None and kit.reconciler.failures == {}
+
+
+async def test_an_installation_whose_listing_fails_holds_up_no_other_and_is_retried(kit: Kit, monkeypatch) -> None:
+    github = kit.live.github
+    listing = github.repositories
+    broken = {1}
+
+    async def installations() -> list[int]:
+        return [1, 2]
+
+    async def repositories(installation: int) -> list[Repository]:
+        if installation in broken:
+            raise Unavailable(502, "Bad Gateway")
+        return [] if installation == 1 else await listing(installation)
+
+    monkeypatch.setattr(github, "installations", installations)
+    monkeypatch.setattr(github, "repositories", repositories)
+
+    assert await kit.reconciler.reconcile_new_installations() == [REPO]  # installation 2's
+    assert set(kit.reconciler.failures) == {"installation 1"}
+    assert kit.reconciler.failures["installation 1"].installation == 1
+
+    broken.clear()
+    kit.clock.advance(FIRST_RETRY.total_seconds())
+    await kit.reconciler.retry_failed()
+    assert kit.reconciler.failures == {}
+
+
+async def test_discovery_answers_the_repositories_it_reconciled(kit: Kit) -> None:
+    assert await kit.reconciler.reconcile_new_installations() == [REPO]
+    assert await kit.reconciler.reconcile_new_installations() == []  # kept now
+
+
+async def test_a_failed_reconcile_waits_out_its_backoff_and_is_retried_as_soon_as_it_ends(kit: Kit) -> None:
+    kit.repo.fail("repository", Unavailable(502, "Bad Gateway"), times=2)
+    assert await kit.reconciler._try_reconcile(REPO, 1) is False
+    kit.clock.advance(FIRST_RETRY.total_seconds() - 1)
+    kit.repo.calls.clear()
+    await kit.reconciler.retry_failed()  # a second early: not tried
+    assert kit.repo.calls == [] and kit.reconciler.failures[REPO].attempts == 1
+    kit.clock.advance(1)  # exactly at `next_at`
+    await kit.reconciler.retry_failed()
+    assert kit.repo.calls == [("repository",)] and kit.reconciler.failures[REPO].attempts == 2
+    kit.clock.advance(retry_delay(2).total_seconds())
+    await kit.reconciler.retry_failed()
+    assert kit.live.repo(REPO) is not None and kit.reconciler.failures == {}
+
+
+@pytest.mark.parametrize("times", [1, 2, 3])
+async def test_each_failure_in_a_row_doubles_the_wait(kit: Kit, times: int) -> None:
+    kit.repo.fail("repository", Unavailable(502, "Bad Gateway"), times=times)
+    for _ in range(times):
+        assert await kit.reconciler._try_reconcile(REPO, 1) is False
+    failure = kit.reconciler.failures[REPO]
+    assert failure.attempts == times and failure.next_at == NOW + retry_delay(times)
+
+
+# -- pulls --------------------------------------------------------------------------------
+
+
+async def test_the_report_counts_every_pr_whose_files_were_read(kit: Kit) -> None:
+    from tests.services.fakes import pull
+
+    for number in (12, 13):
+        kit.repo.pulls[number] = pull(number, updated_at=NOW)
+    report = await kit.reconciler.reconcile(REPO, 1)
+    assert report["open_pulls"] == 2 and report["files_fetched"] == 2
+    kit.repo.pulls[13] = pull(13, updated_at=NOW + timedelta(minutes=5), head_sha="f" * 40)
+    report = await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert report["files_fetched"] == 1  # only the moved head
+
+
+async def test_a_pr_reopened_just_after_the_listing_that_missed_it_comes_back(kit: Kit) -> None:
+    from tests.services.fakes import pull, pull_event
+
+    kit.repo.pulls[13] = pull(13, updated_at=NOW)
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=1).total_seconds())
+    del kit.repo.pulls[13]  # closed, its webhook lost
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert kit.state.overlap.get(13) is None
+    # Reopened right after the listing; GitHub's clock half a minute behind ours.
+    reopened = pull_event("reopened", 13, updated_at=kit.clock.now() - timedelta(seconds=30))
+    await kit.pulls.on_pull_request(kit.state, reopened)
+    assert kit.state.overlap.get(13) is not None
+
+
+async def test_a_pr_closed_while_its_event_was_lost_leaves_the_store_too(kit: Kit) -> None:
+    from tests.services.fakes import pull
+
+    kit.repo.pulls[13] = pull(13, updated_at=NOW)
+    await kit.reconciler.reconcile(REPO, 1)
+    del kit.repo.pulls[13]
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    kit.live.drop(REPO)  # a restart
+    stored = await kit.live.load_repo(REPO)
+    assert stored is not None and stored.overlap.get(13) is None
+
+
+# -- identity -----------------------------------------------------------------------------
+
+
+async def test_a_state_stored_before_ids_were_kept_is_reconciled_not_replaced(kit: Kit) -> None:
+    await held(kit)
+    kit.state.meta.repo_id = None
+
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+
+    assert H200 in kit.state.holds and kit.state.meta.repo_id == 4242
+
+
+async def test_an_answer_without_an_id_does_not_make_the_kept_state_another_repositorys(kit: Kit) -> None:
+    await held(kit)
+    kit.repo.id = None
+
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+
+    assert H200 in kit.state.holds and kit.state.meta.repo_id == 4242
+
+
+async def test_an_old_named_event_in_another_case_after_a_restart_asks_github_once(kit: Kit) -> None:
+    await held(kit)
+    rename_on_github(kit)
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    kit.live.former.clear()  # a restart: only the store is left
+    kit.live.github.repos["Acme/Bench"] = kit.repo  # GitHub's names ignore case
+    kit.repo.calls.clear()
+
+    assert await kit.reconciler.state_for(event("Acme/Bench")) is kit.live.repo(NEW)
+    assert kit.repo.calls.count(("repository",)) == 1  # the light reconcile of the kept state, nothing more
+    kit.repo.calls.clear()
+    assert await kit.reconciler.state_for(event("Acme/Bench")) is kit.live.repo(NEW)
+    assert kit.repo.calls == []

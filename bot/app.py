@@ -237,6 +237,9 @@ class Klaud:
     def repo_names(self) -> list[str]:
         return sorted(state.name for state in self.live.repos.values())
 
+    def reconcile_failures(self) -> dict[str, dict[str, object]]:
+        return {name: failure.document() for name, failure in sorted(self.reconciler.failures.items())}
+
     async def plan_document(self, repo: str, at: datetime | None = None) -> dict[str, Any] | None:
         wave = await self.waves.preview(repo, at)
         return None if wave is None else wave.document()

@@ -247,7 +247,7 @@ class Reconciler:
 
         GitHub trouble never stops Klaud from serving: a repository whose reconcile fails is
         remembered with its error and tried again with backoff (`retry_failed`), and the
-        failures show on /readyz and the admin API (`failures`).
+        failures show in the admin API (`GET /api/v1/repos`, `failing`).
         """
         github = self.live.github
         done: list[str] = []

@@ -74,7 +74,8 @@ async def repo_state(request: web.Request) -> web.Response:
 
 
 async def repos(request: web.Request) -> web.Response:
-    return json_response({"repos": klaud_of(request).repo_names()})
+    klaud = klaud_of(request)
+    return json_response({"repos": klaud.repo_names(), "failing": klaud.reconcile_failures()})
 
 
 async def repo_plan(request: web.Request) -> web.Response:

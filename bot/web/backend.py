@@ -35,6 +35,11 @@ class Backend(Protocol):
         """The repositories this process keeps, sorted."""
         ...
 
+    def reconcile_failures(self) -> dict[str, dict[str, object]]:
+        """The reconciles that failed and wait for their retry, by repository (or
+        installation): why a repository is missing from `repo_names`."""
+        ...
+
     async def plan_document(self, repo: str, at: datetime | None = None) -> dict[str, Any] | None: ...
 
     async def wave_documents(self, repo: str, limit: int) -> list[dict[str, Any]] | None:

@@ -100,6 +100,12 @@ async def test_a_403_or_a_persistent_502_during_startup_reconcile_does_not_stop_
             assert run.klaud.live.repo(REPO) is None
             failure = run.klaud.reconciler.failures[REPO]
             assert str(status) in failure.error and failure.attempts == 1
+            # The operator sees why the repository is missing.
+            async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos") as response:
+                assert response.status == 200
+                body = await response.json()
+            assert body["repos"] == []
+            assert body["failing"] == {REPO: failure.document()} and body["failing"][REPO]["attempts"] == 1
             # Serving goes on: a delivery is still acknowledged.
             payload = {"zen": "ok", "hook_id": 1}
             assert await post(run, "ping", payload, f"ping-{status}") == 200

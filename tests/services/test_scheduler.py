@@ -233,6 +233,8 @@ async def test_a_success_resets_the_backoff(kit: Kit) -> None:
     assert reads(kit, "head_sha") == 2 and ticks._failing == {}
     kit.repo.fail("head_sha", NotFound(404, "Not Found"), times=1000)
     kit.state.meta.reconciled_at = stamp(kit.clock.now() - LIGHT_RECONCILE_EVERY)
+    # Stored too: the failed reconcile's section reads the repository back from the store.
+    await kit.live.persist(kit.state.save_meta())
     await ticks.tick()  # a new first failure
     kit.clock.advance(retry_delay(1).total_seconds())
     await ticks.tick()

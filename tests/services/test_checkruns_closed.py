@@ -108,7 +108,6 @@ async def test_a_store_refusing_a_check_runs_record_leaves_its_key_usable(kit: K
     assert [call[0] for call in kit.repo.calls].count("create_check_run") == 1
 
 
-H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 async def test_a_klaud_pr_works_on_the_candidate_its_branch_names(kit: Kit) -> None:
     # What this catches: the check run showed the family's current candidate, not the older one the PR's branch names.
     await kit.reconciler.reconcile(REPO, 1)

@@ -11,6 +11,8 @@ from bot.core.dashboard import TITLE, Remembered, _marker
 from bot.core.domain import Hold, claim_ref, stamp
 from bot.core.events import Account, Issue, Named, PullFile, RepoEvent, Repository
 from bot.github.errors import Unavailable
+from bot.services.dashboard import DashboardKeeper
+from bot.services.permissions import Permissions
 from bot.services.reconcile import (
     DISCOVERY,
     FIRST_RETRY,
@@ -21,9 +23,11 @@ from bot.services.reconcile import (
 )
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit, scenario_repo
-from tests.services.fakes import pull
+from tests.services.fakes import pull, pull_event
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+NEW = "acme/bench-next"
+OTHER = "acme/other"
 IMAGE_PATCH = "@@ -14,7 +14,7 @@ dsr1-fp8-h200-trt:\n-  image: a\n+  image: b\n"
 
 
@@ -73,8 +77,6 @@ async def test_a_missed_push_is_caught_up_from_the_moved_head(kit: Kit) -> None:
 
 
 async def test_state_for_reconciles_a_repository_first_heard_of(kit: Kit) -> None:
-    from bot.core.events import RepoEvent
-
     event = RepoEvent.model_validate({"repository": {"full_name": REPO}, "installation": {"id": 1}})
     state = await kit.reconciler.state_for(event)
     assert state is not None and len(state.catalog) == 5
@@ -94,11 +96,6 @@ async def test_a_stored_repository_not_in_memory_is_reconciled_from_its_stored_s
     assert kit.state.meta.wave == 1 and H200 in kit.state.dispatches
     stored = await kit.live.load_repo(REPO)
     assert stored is not None and stored.meta.wave == 1  # not written over with a fresh record
-
-
-NEW = "acme/bench-next"
-OTHER = "acme/other"
-H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 
 
 def event(name: str, repo_id: int | None = 4242) -> RepoEvent:
@@ -261,9 +258,6 @@ async def test_a_reused_name_whose_kept_repository_left_the_installation_is_forg
 
 
 async def test_a_full_reconcile_of_a_kept_repository_does_not_restore_from_the_dashboard(kit: Kit) -> None:
-    from bot.services.dashboard import DashboardKeeper
-    from bot.services.permissions import Permissions
-
     dashboard = DashboardKeeper(kit.live, Permissions(kit.clock), kit.clock, delay_seconds=0)
     reconciler = Reconciler(kit.live, kit.catalog, kit.pulls, kit.outcomes, kit.claims, dashboard)
     await reconciler.reconcile(REPO, 1)
@@ -414,8 +408,6 @@ async def test_each_failure_in_a_row_doubles_the_wait(kit: Kit, times: int) -> N
 
 
 async def test_the_report_counts_every_pr_whose_files_were_read(kit: Kit) -> None:
-    from tests.services.fakes import pull
-
     for number in (12, 13):
         kit.repo.pulls[number] = pull(number, updated_at=NOW)
     report = await kit.reconciler.reconcile(REPO, 1)
@@ -426,8 +418,6 @@ async def test_the_report_counts_every_pr_whose_files_were_read(kit: Kit) -> Non
 
 
 async def test_a_pr_reopened_just_after_the_listing_that_missed_it_comes_back(kit: Kit) -> None:
-    from tests.services.fakes import pull, pull_event
-
     kit.repo.pulls[13] = pull(13, updated_at=NOW)
     await kit.reconciler.reconcile(REPO, 1)
     kit.clock.advance(timedelta(hours=1).total_seconds())
@@ -441,8 +431,6 @@ async def test_a_pr_reopened_just_after_the_listing_that_missed_it_comes_back(ki
 
 
 async def test_a_pr_closed_while_its_event_was_lost_leaves_the_store_too(kit: Kit) -> None:
-    from tests.services.fakes import pull
-
     kit.repo.pulls[13] = pull(13, updated_at=NOW)
     await kit.reconciler.reconcile(REPO, 1)
     del kit.repo.pulls[13]

@@ -27,6 +27,12 @@ from tests.core.test_capacity import NOW, cluster, feed
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def valid_document(clock: ManualClock) -> bytes:
+    """A feed document naming one eligible cluster, fresh at the clock's time."""
+    now = clock.now()
+    return json.dumps(feed(cluster("b200-nscale", at=now), at=now)).encode()
+
+
 class FeedServer:
     """A capacity endpoint on 127.0.0.1 whose answer each test chooses."""
 
@@ -44,8 +50,7 @@ class FeedServer:
         return await self.handler(request)
 
     async def valid_feed(self, request: web.Request) -> web.StreamResponse:
-        now = self.clock.now()
-        return web.json_response(feed(cluster("b200-nscale", at=now), at=now))
+        return web.Response(body=valid_document(self.clock), content_type="application/json")
 
     @property
     def url(self) -> str:
@@ -284,11 +289,6 @@ async def test_a_clock_stepped_back_does_not_keep_the_cached_reading(server: Fee
     assert reading.error is None and reading.eligible == {"b200-nscale"}, (
         f"still the reading made at the wrong time ({reading.error}); requests={len(server.requests)}"
     )
-
-
-def valid_document(clock) -> bytes:
-    now = clock.now()
-    return json.dumps(feed(cluster("b200-nscale", at=now), at=now)).encode()
 
 
 # --- caching ---------------------------------------------------------------------------

@@ -414,7 +414,7 @@ async def claimed_by(node, repo: str = "o/a") -> list[str]:
 async def test_a_replica_owns_nothing_once_the_trusted_share_of_its_leases_has_passed(nodes, mono) -> None:
     # What this catches: owned up to the very expiry, when another may take it.
     # And: owns() ignored the validity (the inbox kept claiming for lapsed leases).
-    # What this catches: owned at the exact end of the horizon.
+    # And: owned at the exact end of the horizon.
     a = await nodes("a", lease_seconds=10.0)
     await a.replicas.round()
     mono.now = 1000.0 + 10.0 * LEASE_TRUST - 0.01

@@ -352,13 +352,11 @@ async def test_a_repository_never_reconciled_gets_a_light_reconcile_at_once(kit:
 # --- housekeeping ----------------------------------------------------------------------
 
 
-def record_old_and_recent(kit: Kit, run_id: int) -> tuple[object, object]:
+def record_old_and_recent(kit: Kit, run_id: int) -> None:
+    """An attempt older than any rule reads (`run_id`) and a recent one (`run_id + 1`)."""
     family = next(iter(kit.state.catalog))
-    old = failed(family.candidate, run_id, kit.clock.now() - ATTEMPT_MEMORY - timedelta(hours=1))
-    recent = failed(family.candidate, run_id + 1, kit.clock.now() - timedelta(days=1))
-    for each in (old, recent):
-        kit.state.record_attempt(each)
-    return old, recent
+    kit.state.record_attempt(failed(family.candidate, run_id, kit.clock.now() - ATTEMPT_MEMORY - timedelta(hours=1)))
+    kit.state.record_attempt(failed(family.candidate, run_id + 1, kit.clock.now() - timedelta(days=1)))
 
 
 def kept(kit: Kit) -> set[int]:

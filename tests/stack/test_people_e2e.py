@@ -326,13 +326,18 @@ async def test_a_rerequest_of_another_check_run_leaves_the_klaud_check_run_alone
         assert run.requests["total"] == 0
 
 
+async def paused_by_failed_runs(run) -> None:
+    """A wave whose first three runs fail before any GPU work: dispatch pauses."""
+    await run.klaud.waves.run("acme/bench", trigger="test")
+    for dispatch in run.github()["dispatches"][:3]:
+        await run.act({"action": "complete_run", "repo": "acme/bench",
+                       "run": {"id": dispatch["run_id"], "conclusion": "failure", "jobs": FAILING_JOBS}})
+
+
 async def test_resume_arms_one_canary_keeps_it_and_says_why_dispatch_was_paused(tmp_path):
     # What this catches: /klaud resume armed a canary without storing it or refreshing the check runs, forgot the pause reason, or armed a second canary while one ran.
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
-        await run.klaud.waves.run("acme/bench", trigger="test")
-        for dispatch in run.github()["dispatches"][:3]:
-            await run.act({"action": "complete_run", "repo": "acme/bench",
-                           "run": {"id": dispatch["run_id"], "conclusion": "failure", "jobs": FAILING_JOBS}})
+        await paused_by_failed_runs(run)
         state = run.klaud.live.repo("acme/bench")
         assert state.blocked().code == "dispatch-paused"
         reason = state.meta.pause["reason"]
@@ -396,10 +401,7 @@ async def test_status_shows_the_hold_the_overlapping_prs_and_an_approved_retry(t
 async def test_a_canary_armed_by_resume_is_stored_at_once(tmp_path):
     # What this catches: the armed canary stayed in memory only (lost on a restart) unless some other write stored it.
     async with sandbox_stack(tmp_path, sc.scenario(policy="dashboard: false\n")) as run:
-        await run.klaud.waves.run("acme/bench", trigger="test")
-        for dispatch in run.github()["dispatches"][:3]:
-            await run.act({"action": "complete_run", "repo": "acme/bench",
-                           "run": {"id": dispatch["run_id"], "conclusion": "failure", "jobs": FAILING_JOBS}})
+        await paused_by_failed_runs(run)
         assert run.klaud.live.repo("acme/bench").blocked().code == "dispatch-paused"
         await comment(run, 77, "bob", "/klaud resume")
         assert "Canary armed" in replies(run, 77)[-1]

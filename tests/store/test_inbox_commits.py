@@ -22,7 +22,7 @@ from bot.web import inbox as inbox_module
 from bot.web.inbox import Inbox
 from tests.conftest import fresh_database
 from tests.store.recording import RecordingDatabase
-from tests.web.test_inbox_batches import OwnerOf, wait_for
+from tests.web.test_inbox_batches import OwnerOf
 
 POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 BODY = json.dumps({"repository": {"full_name": "acme/bench"}}).encode()
@@ -210,7 +210,7 @@ async def test_a_commit_whose_answer_was_lost_is_accounted_at_once_without_a_bac
     with capture_logs() as logs:
         await inbox.start()
         assert await inbox.put(delivery(1))
-        await wait_for(lambda: runs == ["d1"] and inbox.backlog == 0)
+        await until(lambda: runs == ["d1"] and inbox.backlog == 0)
         await inbox.stop()
     assert not [e for e in logs if e["event"] == "delivery.store_failed"]
     stored = await inbox.store.get("d1")
@@ -243,7 +243,7 @@ async def test_a_refused_commit_holds_back_the_rest_of_its_batch_in_one_store_fa
     db.refuse = "'d1'"
     with capture_logs() as logs:
         await inbox.start()
-        await wait_for(lambda: any(e["event"] == "delivery.store_failed" for e in logs))
+        await until(lambda: any(e["event"] == "delivery.store_failed" for e in logs))
         db.refuse = None
         noted = set(stale)
         await inbox.drained()

@@ -308,7 +308,6 @@ async def test_a_unit_that_wrote_a_repository_earlier_keeps_its_later_changes_fr
 async def test_a_group_after_a_refused_one_in_the_same_batch_is_not_committed_alone(db: RecordingDatabase) -> None:
     # What this catches: tried one by one after the batch failed, the next delivery's group was committed though the one before it was just refused.
     state = StateStore(db)
-
     db.refuse = "poison"
     # No wait between the two: both groups are in the flusher's next batch.
     first = await delivery_changing(state, "f", "poison")

@@ -746,10 +746,10 @@ async def test_a_batch_reads_back_only_its_own_repositorys_stale_state(db: Recor
 # -- backoff ---------------------------------------------------------------------------
 
 
-def test_a_retry_waits_at_least_half_its_backoff() -> None:
+async def test_a_retry_waits_at_least_half_its_backoff(db: RecordingDatabase) -> None:
     # What this catches: full jitter down to 0 would retry a failing delivery (or a refusing store) at once.
-    inbox = Inbox.__new__(Inbox)
-    inbox.base_delay, inbox.max_delay = 2.0, 600.0
+    store = DeliveryStore(db)
+    inbox = Inbox(store, Handler(StateStore(db, store.writer)), base_delay=2.0, max_delay=600.0)
     assert all(1.0 <= inbox.retry_delay(1) <= 2.0 for _ in range(200))
     assert all(8.0 <= inbox.retry_delay(4) <= 16.0 for _ in range(200))
     assert all(300.0 <= inbox.retry_delay(40) <= 600.0 for _ in range(200))
@@ -784,7 +784,8 @@ async def test_a_batch_whose_bodies_cannot_be_read_waits_rather_than_running_wit
     await inbox.drained()
     await inbox.stop()
     assert seen == [b'{"n": 1}'] and not failures
-    assert (await store.get("d1")).status == "done"  # type: ignore[union-attr]
+    stored = await store.get("d1")
+    assert stored is not None and stored.status == "done"
 
 
 # -- handed on to a new name -----------------------------------------------------------

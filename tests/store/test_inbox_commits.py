@@ -305,6 +305,8 @@ async def test_a_delivery_put_back_in_the_queue_under_its_run_is_run_again_here_
 ) -> None:
     # What this catches: a claim reset to nobody (the repository taken up again requeues its claims) is
     # not another replica's: no read-back, no "taken elsewhere".
+    # The replica holds no lease until its commit is refused: its claim loop would otherwise take d1
+    # back before the commit, which then lands at the first run.
     runs: list[str] = []
     reloaded: list[str] = []
     requeued = asyncio.Event()
@@ -317,16 +319,19 @@ async def test_a_delivery_put_back_in_the_queue_under_its_run_is_run_again_here_
     async def reload(repo: str) -> None:
         reloaded.append(repo)
 
-    inbox = Inbox(pg.deliveries, handler, ownership=OwnerOf("replica-a", "acme/bench"), base_delay=0.05,
-                  claim_every=0.02, reload=reload)
+    ownership = OwnerOf("replica-a", "acme/bench")
+    inbox = Inbox(pg.deliveries, handler, ownership=ownership, base_delay=0.05, claim_every=0.02, reload=reload)
     await inbox.open()
     with capture_logs() as logs:
         await inbox.start()
         assert await inbox.put(delivery(1))
         await until(lambda: bool(runs))
+        ownership.repo = "acme/nothing"
         await pg.engine.transaction([Statement(
             "UPDATE deliveries SET claimed_by = NULL, status = 'queued' WHERE id = 'd1'", ())])
         requeued.set()
+        await until(lambda: any(e["event"] == "delivery.store_failed" for e in logs))
+        ownership.repo = "acme/bench"
         await until(lambda: len(runs) == 2 and inbox.backlog == 0)
         await inbox.stop()
     assert not [e for e in logs if e["event"] == "delivery.taken_elsewhere"]

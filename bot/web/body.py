@@ -7,7 +7,9 @@ the bytes all bodies in flight may hold together (`BodyBudget`). Each request is
 for the bytes it really holds, as they arrive and decode: charged for what it announced,
 two stalled senders announcing 25 and 15 MiB and sending 6 bytes held the whole budget,
 and GitHub's deliveries waited past its 10 s. A request whose next bytes do not fit waits,
-unread: the kernel's socket buffers hold them, not this process.
+unread: the kernel's socket buffers hold them, not this process. Bytes are only granted while
+every body in flight can still finish (`BodyBudget.fits`): two bodies that each fit alone but
+not together would otherwise hold half each and wait for one another until both timed out.
 """
 
 from __future__ import annotations
@@ -47,22 +49,29 @@ class BodyBudget:
         self.limit = limit
         self.in_use = 0
         self._waiters: list[asyncio.Future[None]] = []
+        self._accounts: set[Account] = set()
+        self._most_total = 0  # what the open accounts may hold at most, together
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
     @asynccontextmanager
-    async def account(self) -> AsyncIterator[Account]:
-        """What one request holds of the budget; all of it is given back when the block ends."""
-        account = Account(self)
+    async def account(self, most: int) -> AsyncIterator[Account]:
+        """What one request holds of the budget, `most` bytes at most (`most_held`); all of
+        it is given back when the block ends."""
+        account = Account(self, min(most, self.limit))
+        self._accounts.add(account)
+        self._most_total += account.most
         try:
             yield account
         finally:
+            self._accounts.discard(account)
+            self._most_total -= account.most
             self._release(account.held)
 
-    async def acquire(self, size: int) -> None:
-        while self.in_use + size > self.limit:
+    async def acquire(self, account: Account, size: int) -> None:
+        while not self.fits(account, size):
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
@@ -70,6 +79,28 @@ class BodyBudget:
             finally:
                 self._waiters.remove(waiter)
         self.in_use += size
+
+    def fits(self, account: Account, size: int) -> bool:
+        """Whether `account` may hold `size` more bytes: they fit, and afterwards the bodies
+        can still all finish in some order, each getting what it may still need from what the
+        ones before it gave back (a banker's check; the order that asks least first is the
+        one to try). A body waiting for bytes keeps those it holds, so without this two that
+        each fit alone but not together could hold half each and wait for one another."""
+        if self.in_use + size > self.limit:
+            return False
+        if self._most_total <= self.limit:  # every body may hold its most at once
+            return True
+        free = self.limit - self.in_use - size
+        needs = sorted(
+            (max(0, other.most - other.held - grant), other.held + grant)
+            for other in self._accounts
+            for grant in [size if other is account else 0]
+        )
+        for still_needed, held in needs:
+            if still_needed > free:
+                return False
+            free += held
+        return True
 
     def _release(self, size: int) -> None:
         self.in_use -= size
@@ -82,21 +113,31 @@ class BodyBudget:
 class Account:
     """The bytes of one body, charged to the budget as they come."""
 
-    def __init__(self, budget: BodyBudget) -> None:
+    def __init__(self, budget: BodyBudget, most: int) -> None:
         self.budget = budget
+        self.most = most
         self.held = 0
 
     async def charge(self, size: int) -> int:
         """Wait until `size` more bytes fit; what was charged (a body is never charged more
-        than the whole budget)."""
-        size = min(size, self.budget.limit - self.held)
-        await self.budget.acquire(size)
+        than its `most`)."""
+        size = max(0, min(size, self.most - self.held))
+        await self.budget.acquire(self, size)
         self.held += size
         return size
 
     def refund(self, size: int) -> None:
         self.held -= size
         self.budget._release(size)
+
+
+def most_held(request: web.Request) -> int:
+    """The most `read_body` holds of the budget at once for `request`: its announced length
+    and the one byte asked for to find its end; unannounced or compressed, the largest body
+    and one read (the compressed bytes are held while they inflate)."""
+    if request.content_length is not None and encoding_of(request) == "identity":
+        return request.content_length + 1
+    return MAX_BODY + READ_CHUNK
 
 
 def encoding_of(request: web.Request) -> str:

@@ -34,6 +34,7 @@ from bot.web.body import (
     BodyBudget,
     Rejected,
     encoding_of,
+    most_held,
     read_body,
     too_large,
 )
@@ -107,7 +108,7 @@ async def _receive(request: web.Request, klaud: Backend, budget: AsyncExitStack)
     deadline = asyncio.get_running_loop().time() + intake.read_timeout
     try:
         async with asyncio.timeout_at(deadline):
-            account = await budget.enter_async_context(intake.budget.account())
+            account = await budget.enter_async_context(intake.budget.account(most_held(request)))
             chunks = await read_body(request, account)
     except TimeoutError:
         raise Rejected(408, "request-timeout", f"the body did not arrive within {intake.read_timeout:g} s") from None

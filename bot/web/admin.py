@@ -38,7 +38,9 @@ async def bearer_token(request: web.Request, handler: Handler) -> web.StreamResp
     token = request.app[TOKEN_KEY]
     if not token or request.path in OPEN_PATHS:
         return await handler(request)
-    given = request.headers.get("Authorization", "").encode()
+    # The header's bytes as sent: aiohttp keeps those that are not UTF-8 as surrogates,
+    # which a plain encode() refuses (a 500 with a traceback for any client).
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
     # Constant time: how much of a guess matched must not show in the answer's timing.
     if not hmac.compare_digest(given, b"Bearer " + token):
         response = error(401, "unauthorized", "this listener wants Authorization: Bearer <KLAUD_ADMIN_TOKEN>")

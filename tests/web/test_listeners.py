@@ -3,7 +3,9 @@ the API and /metrics; each endpoint on its own listener and 404 on the other."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -105,3 +107,65 @@ def test_admin_settings_are_read_from_the_environment(tmp_path):
     assert (settings.admin_host, settings.admin_port) == ("0.0.0.0", 9100)
     assert settings.admin_token is not None and settings.admin_token.get_secret_value() == "x"
     assert "x" not in repr(settings)
+
+
+async def test_an_unknown_delivery_id_is_404_not_found(tmp_path):
+    # What this catches: a delivery id nobody sent answered with a 500 instead of a 404.
+    async with running_klaud(make_klaud(tmp_path)) as run:
+        status, body = await run.get_json("/api/v1/deliveries/never-sent")
+    assert (status, body["error"]) == (404, "not-found")
+
+
+async def test_the_admin_token_is_compared_case_sensitively(tmp_path):
+    # What this catches: a token that differs only in letter case let through.
+    async with running_klaud(make_klaud(tmp_path), admin_token="s3cret") as run:
+        assert (await run.get_json("/api/v1/repos", {"Authorization": "Bearer S3CRET"}))[0] == 401
+        assert (await run.get_json("/api/v1/repos", {"Authorization": "Bearer s3cret"}))[0] == 200
+
+
+async def test_a_refused_admin_request_names_the_bearer_scheme(tmp_path):
+    # What this catches: a 401 without the WWW-Authenticate header that says which credentials to send.
+    async with running_klaud(make_klaud(tmp_path), admin_token="s3cret") as run, \
+            run.session.get(f"{run.admin_url}/api/v1/repos") as response:
+        assert response.status == 401
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize("limit", ["0010", "9" * 5000])
+async def test_a_waves_limit_of_more_than_three_digits_is_400(tmp_path, limit):
+    # What this catches: a limit of thousands of digits reaching int() (a 500) or zero-padded ones let through.
+    async with running_klaud(make_klaud(tmp_path)) as run:
+        status, body = await run.get_json(f"/api/v1/repos/acme/bench/waves?limit={limit}")
+    assert (status, body["error"]) == (400, "invalid-parameter")
+
+
+async def test_the_plan_endpoint_plans_for_the_time_asked(tmp_path):
+    # What this catches: `/plan?at=` parsed and then ignored, the plan made for the present instead.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run, \
+            run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/bench/plan",
+                                  params={"at": "2026-11-30T09:00:00Z"}) as response:
+        assert response.status == 200
+        document = await response.json()
+    assert document["at"] == "2026-11-30T09:00:00Z"
+
+
+@pytest.mark.parametrize("limit", ["1", "100"])
+async def test_waves_limits_1_and_100_are_accepted(tmp_path, limit):
+    # What this catches: the documented bounds of `limit` themselves refused with 400.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run, \
+            run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/bench/waves", params={"limit": limit}) as response:
+        assert response.status == 200
+
+
+async def test_a_non_utf8_authorization_header_is_a_json_401(tmp_path):
+    # What this catches: header bytes that are not UTF-8 answered with aiohttp's plain-text 500
+    # (and a traceback in the log) instead of the contract's 401.
+    async with running_klaud(make_klaud(tmp_path), admin_token="s3cret") as run:
+        where = urlsplit(run.admin_url)
+        reader, writer = await asyncio.open_connection(where.hostname, where.port)
+        writer.write(b"GET /api/v1/repos HTTP/1.1\r\nHost: k\r\nAuthorization: Bearer \xff\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 401")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"] == "unauthorized"

@@ -137,3 +137,80 @@ async def test_undeclared_errors_end_the_task_are_logged_at_once_and_leave_the_c
     await coalescer.close()
     assert calls == ["pr-1", "pr-1"]
 
+
+async def test_settle_also_waits_for_keys_marked_by_a_flush_it_ran() -> None:
+    # What this catches: settle()/close() returning while a key marked during the settle (here by another key's flush) is still unflushed, so shutdown drops it.
+    calls: Counter[str] = Counter()
+    coalescer: Coalescer[str]
+
+    async def flush(key: str) -> None:
+        if key == "dashboard":
+            coalescer.mark("check-run")
+        else:
+            for _ in range(5):
+                await asyncio.sleep(0)  # a PATCH in flight
+        calls[key] += 1
+
+    coalescer = Coalescer(flush, delay_seconds=3600)
+    coalescer.mark("dashboard")
+    await asyncio.wait_for(coalescer.settle(), 5)
+    assert calls == {"dashboard": 1, "check-run": 1}
+    assert coalescer.pending == frozenset()
+    await coalescer.close()
+
+
+async def test_after_a_settle_marks_coalesce_again() -> None:
+    # What this catches: a settle leaving the coalescer in "hurry" mode, so every later mark flushes at once and bursts are no longer coalesced (one PATCH per change).
+    calls: Counter[str] = Counter()
+
+    async def flush(key: str) -> None:
+        calls[key] += 1
+
+    coalescer: Coalescer[str] = Coalescer(flush, delay_seconds=3600)
+    coalescer.mark("pr-1")
+    await coalescer.settle()
+    coalescer.mark("pr-1")
+    for _ in range(5):
+        await asyncio.sleep(0)  # let a task that wrongly skips its window run its flush
+    coalescer.mark("pr-1")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert calls == {"pr-1": 1}
+    await asyncio.wait_for(coalescer.close(), 5)
+    assert calls == {"pr-1": 2}
+
+
+async def test_a_second_burst_after_a_flush_is_flushed_once() -> None:
+    # What this catches: a key left marked "running" after its flush, so every later burst of it is flushed twice (and the set of running keys grows for good).
+    calls: Counter[str] = Counter()
+
+    async def flush(key: str) -> None:
+        calls[key] += 1
+
+    coalescer: Coalescer[str] = Coalescer(flush, delay_seconds=3600)
+    coalescer.mark("pr-1")
+    await coalescer.settle()
+    coalescer.mark("pr-1")
+    coalescer.mark("pr-1")
+    await coalescer.close()
+    assert calls == {"pr-1": 2}
+
+
+async def test_a_crashed_flush_leaves_no_pending_extra_flush_behind() -> None:
+    # What this catches: a "flush again" request left over from a flush that crashed, causing a spurious extra flush on the key's next burst.
+    calls: list[str] = []
+    coalescer: Coalescer[str]
+
+    async def buggy(key: str) -> None:
+        calls.append(key)
+        if len(calls) == 1:
+            coalescer.mark(key)  # a change arrives while this flush runs
+            raise KeyError("bug")
+
+    coalescer = Coalescer(buggy, delay_seconds=3600, errors=(ConnectionError,))
+    coalescer.mark("pr-1")
+    await coalescer.settle()
+    assert calls == ["pr-1"]
+    coalescer.mark("pr-1")
+    await coalescer.close()
+    assert calls == ["pr-1", "pr-1"]

@@ -4,6 +4,7 @@ end to end against the sandbox GitHub."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ from bot.sandbox import Sandbox
 from bot.services.claims import UNLINKED_CHECK_AFTER
 from bot.web.webhook import create_webhook_app
 from tests import scenarios as sc
+from tests.builders import delivery
 from tests.harness import SECRET, make_settings, sandbox_stack
 
 REPO = "acme/bench"
@@ -258,3 +260,17 @@ async def test_a_claim_ref_refused_by_a_ruleset_fails_the_dispatch_instead_of_re
         assert "claimed" not in kinds and "dispatch-failed" in kinds
         assert any("Cannot create ref" in d.reason for d in wave.decisions)
         assert run.klaud.live.repo(REPO).claims == {}
+
+
+async def test_new_permissions_accepted_reconciles_the_repositories_it_names(tmp_path):
+    # What this catches: an installation's `new_permissions_accepted` not reconciling its repositories (state missing, e.g. lost while a permission was refused, is never rebuilt).
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        removed = {"action": "removed", "installation": {"id": 1}, "repositories_removed": [{"full_name": REPO}],
+                   "repositories_added": [], "sender": {"login": "alice"}}
+        await run.klaud.handle(delivery("r", "installation_repositories", json.dumps(removed).encode()))
+        assert run.klaud.live.repo(REPO) is None
+        accepted = {"action": "new_permissions_accepted", "installation": {"id": 1},
+                    "repositories": [{"full_name": REPO}], "sender": {"login": "alice"}}
+        await run.klaud.handle(delivery("n", "installation", json.dumps(accepted).encode()))
+        state = run.klaud.live.repo(REPO)
+        assert state is not None and {f.id for f in state.catalog} == set(sc.FAMILIES)

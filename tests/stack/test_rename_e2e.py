@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bot.core.doctor import REQUIRED_EVENTS
 from tests import scenarios as sc
+from tests.builders import delivery
 from tests.harness import sandbox_stack
 
 OLD, NEW = "acme/bench", "acme/bench-next"
@@ -58,3 +60,19 @@ async def test_without_the_repository_event_the_first_event_under_the_new_name_m
         assert_followed(run, dispatched)
         replies = [c for c in run.github(NEW)["comments"] if c["user"] == "klaud-cold[bot]"]
         assert replies, "the command under the new name was answered"
+
+
+async def test_repository_transferred_moves_the_state_to_its_new_name(tmp_path):
+    # What this catches: a `repository` `transferred` event ignored, so holds and state stay under the old name until some later event happens to move them.
+    scenario = sc.scenario()
+    scenario["repositories"][0]["events"] = sorted(REQUIRED_EVENTS - {"repository"})
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await run.act({"action": "comment", "repo": OLD, "number": 12, "user": "alice", "body": f"/klaud hold {H200} w"})
+        repo_id = run.klaud.live.repo(OLD).meta.repo_id
+        await run.act({"action": "rename_repository", "repo": OLD, "name": "bench-next"})
+        assert run.klaud.live.repo(OLD) is not None, "the sandbox withheld the repository event"
+        transferred = {"action": "transferred", "repository": {"full_name": NEW, "id": repo_id},
+                       "installation": {"id": 1}, "sender": {"login": "alice"}}
+        await run.klaud.handle(delivery("t", "repository", json.dumps(transferred).encode()))
+        assert [state.name for state in run.klaud.live.repos.values()] == [NEW]
+        assert H200 in run.klaud.live.repo(NEW).holds

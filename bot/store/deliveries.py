@@ -164,6 +164,10 @@ PRUNE = f"DELETE FROM deliveries WHERE {PRUNABLE}"
 # seconds (claimed before it lost the lease and took it back; the inbox skips those it
 # still holds). `?` 3 says whether to take deliveries without a repository, `?` 4 is a JSON
 # array of lowercase repository names.
+# On PostgreSQL, SKIP LOCKED passes over a row another transaction holds (the last owner's
+# claim or commit still in flight): `held_back` keeps the repository's later deliveries out of
+# this claim, or they would run before the one passed over. Rows not picked for another
+# reason are this owner's own fresh claims, already queued here, or past the LIMIT.
 CLAIM_OWNED: dict[Dialect, str] = {
     "sqlite": """
         WITH picked AS (
@@ -177,15 +181,22 @@ CLAIM_OWNED: dict[Dialect, str] = {
         RETURNING {columns}, seq""",
     "postgresql": """
         WITH picked AS MATERIALIZED (
-            SELECT seq FROM deliveries
+            SELECT seq, lower(repo) AS name FROM deliveries
             WHERE (status = 'queued'
-                   OR (status = 'processing' AND (claimed_by IS DISTINCT FROM ? OR claimed_at < {now} - ?)))
-              AND ((repo IS NULL AND ?::boolean) OR lower(repo) IN (SELECT json_array_elements_text(?::json)))
-            ORDER BY seq LIMIT ?
+                   OR (status = 'processing' AND (claimed_by IS DISTINCT FROM $1 OR claimed_at < {now} - $2)))
+              AND ((repo IS NULL AND $3::boolean) OR lower(repo) IN (SELECT json_array_elements_text($4::json)))
+            ORDER BY seq LIMIT $5
             FOR UPDATE SKIP LOCKED
+        ), held_back AS (
+            SELECT lower(repo) AS name, min(seq) AS seq FROM deliveries
+            WHERE status IN ('queued', 'processing') AND seq < (SELECT max(seq) FROM picked)
+              AND lower(repo) IN (SELECT name FROM picked) AND seq NOT IN (SELECT seq FROM picked)
+              AND NOT (status = 'processing' AND claimed_by = $1 AND claimed_at >= {now} - $2)
+            GROUP BY lower(repo)
         )
-        UPDATE deliveries SET status = 'processing', claimed_by = ?, claimed_at = {now}
-        WHERE seq IN (SELECT seq FROM picked)
+        UPDATE deliveries SET status = 'processing', claimed_by = $1, claimed_at = {now}
+        WHERE seq IN (SELECT picked.seq FROM picked LEFT JOIN held_back ON held_back.name = picked.name
+                      WHERE held_back.seq IS NULL OR picked.seq < held_back.seq)
         RETURNING {columns}, seq""",
 }
 UNCLAIM = (
@@ -283,7 +294,9 @@ class DeliveryStore:
         if not repos and not unrouted:
             return []
         wanted = msgspec.json.encode(sorted(repo.lower() for repo in repos)).decode()
-        args = (owner, own_stale_after, unrouted, wanted, limit, owner)
+        args: tuple[Any, ...] = (owner, own_stale_after, unrouted, wanted, limit)
+        if self.db.dialect == "sqlite":  # its `?` are positional; PostgreSQL's $1 is used twice
+            args += (owner,)
         results = await self.db.transaction([Statement(self._claim_owned, args, rows=True)])
         rows = sorted(as_rows(results[0]), key=lambda row: row[-1])
         return [_row_to_delivery(row) for row in rows]

@@ -140,16 +140,22 @@ async def test_replicas_claiming_at_once_get_exactly_the_deliveries_of_the_repos
 
 @POSTGRESQL_ONLY
 async def test_a_claim_skips_deliveries_another_transaction_holds_without_waiting(stores, store_url):
-    for n in range(5):
+    for n in range(3):
         await stores.deliveries.put(delivery(n))
+    for n in range(3, 5):
+        await stores.deliveries.put(delivery(n, "o/s"))
     holder = await asyncpg.connect(store_url)
     try:
         async with holder.transaction():
-            await holder.execute("SELECT seq FROM deliveries WHERE id IN ('d0', 'd1') FOR UPDATE")
-            claimed = await asyncio.wait_for(stores.deliveries.claim_owned("b", {"o/r"}, unrouted=False, limit=3), 5)
+            await holder.execute("SELECT seq FROM deliveries WHERE id = 'd1' FOR UPDATE")
+            claimed = await asyncio.wait_for(
+                stores.deliveries.claim_owned("b", {"o/r", "o/s"}, unrouted=False, limit=5), 5)
     finally:
         await holder.close()
-    assert [d.id for d in claimed] == ["d2", "d3", "d4"]
+    # o/r's d2 waits with the d1 passed over, or it would run before it; o/s's are free.
+    assert [d.id for d in claimed] == ["d0", "d3", "d4"]
+    again = await stores.deliveries.claim_owned("b", {"o/r", "o/s"}, unrouted=False, limit=5)
+    assert [d.id for d in again] == ["d1", "d2"]
 
 
 @POSTGRESQL_ONLY

@@ -74,9 +74,13 @@ class Ownership(Protocol):
 
 
 MIB = 1024 * 1024
-# Between two claims that found work. Claiming again at once took 3-4 deliveries a claim
-# under load with three replicas (1,091 claims for 5,000 deliveries, pg_stat_statements).
-CLAIM_GAP_SECONDS = 0.01
+# Between two claims that found work: a burst gathers meanwhile, so one claim takes many
+# deliveries rather than a few each. Three replicas on 2 cores (bench/ingest.py with
+# pg_stat_statements): a gap of 0.01 s took ~8 deliveries a claim (531 claims and 591 commit
+# fences, 2,976 ms of PostgreSQL time for 5,000 deliveries); 0.08 s took ~30 (139 claims, 232
+# fences, 1,743 ms) and acknowledged 1,100-1,380 deliveries a second against 600-1,120 over
+# several runs. The wait delays processing, never the acknowledgement.
+CLAIM_GAP_SECONDS = 0.08
 HOLD_LOOP_SECONDS = 0.002  # a batch's longest run on the event loop between two yields
 FREE_SPACE_EVERY = 1.0  # seconds between two looks at the store's free disk space
 

@@ -332,7 +332,8 @@ async def test_a_delivery_put_back_in_the_queue_under_its_run_is_run_again_here_
         requeued.set()
         await until(lambda: any(e["event"] == "delivery.store_failed" for e in logs))
         ownership.repo = "acme/bench"
-        await until(lambda: len(runs) == 2 and inbox.backlog == 0)
+        # Its retries fail the same way until the claim loop's next claim takes it back.
+        await until(lambda: len(runs) >= 2 and inbox.backlog == 0)
         await inbox.stop()
     assert not [e for e in logs if e["event"] == "delivery.taken_elsewhere"]
     assert reloaded == []

@@ -76,11 +76,21 @@ class Ownership(Protocol):
 MIB = 1024 * 1024
 # The pause after a claim that found work (`Inbox._pause_after_claim`): a burst gathers
 # meanwhile, so one claim takes many deliveries rather than a few each. It delays processing,
-# never an acknowledgement. bench/ingest.py, 5,000 deliveries, medians of 5 rounds, three
-# replicas against one on 2 cores: 0.01 s made claims of ~8 deliveries (pg_stat_statements:
-# 531 claims and 591 commit fences, 2,976 ms of PostgreSQL time) and acknowledged ~0.7x as
-# many deliveries a second; 0.08 s, 0.85x; 0.15 s, 0.95x; 0.25 s, 1.04x.
-CLAIM_GAP_SECONDS = 0.25
+# never an acknowledgement. Measured with bench/ingest.py (5,000 deliveries, medians of 5
+# interleaved rounds, 2 cores): a fixed 0.01 s made claims of ~8 deliveries under three
+# replicas (pg_stat_statements: 531 claims and 591 commit fences, 2,976 ms of PostgreSQL
+# time), which acknowledged ~0.7x as many deliveries a second as one replica; longer fixed
+# pauses brought three replicas to 0.85-1.04x but one replica's p99 from 40 to 63 ms (its
+# claims grew to the claim limit and their batches held the event loop). Pausing until about
+# CLAIM_BATCH deliveries wait: one replica 1,551/s, p99 44 ms, drained 1,535/s; three 0.89x.
+CLAIM_GAP_SECONDS = 0.25  # the longest pause
+CLAIM_BATCH = 96
+
+
+def claim_pause(claimed: int, gathered: float) -> float:
+    """How long to pause after a claim took `claimed` deliveries that came in `gathered`
+    seconds: until CLAIM_BATCH more are likely waiting at that pace, CLAIM_GAP_SECONDS at most."""
+    return min(CLAIM_GAP_SECONDS, CLAIM_BATCH * gathered / claimed)
 HOLD_LOOP_SECONDS = 0.002  # a batch's longest run on the event loop between two yields
 FREE_SPACE_EVERY = 1.0  # seconds between two looks at the store's free disk space
 
@@ -309,28 +319,32 @@ class Inbox:
         self._wake.set()
 
     async def _claim_loop(self, ownership: Ownership) -> None:
+        loop = asyncio.get_running_loop()
+        previous = loop.time() - CLAIM_GAP_SECONDS
         while not self._stopping:
             self._claim_soon.clear()
+            started = loop.time()
             claimed, filled = 0, False
             try:
                 claimed, filled = await self._claim(ownership)
             # The store is unavailable: logged, and the next round tries again.
             except Exception:
                 log.exception("inbox.claim_failed")
+            gathered, previous = started - previous, started
             if claimed:  # more may be waiting
-                await self._pause_after_claim(filled)
+                await self._pause_after_claim(filled, claim_pause(claimed, gathered))
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._claim_soon.wait(), self.claim_every)
 
-    async def _pause_after_claim(self, filled: bool) -> None:
+    async def _pause_after_claim(self, filled: bool, seconds: float) -> None:
         """A moment in which a burst gathers, so the next claim takes many deliveries rather
         than a few each. After a claim that took all the room it had, more surely waits: the
         pause ends once half the room is free, so the handlers never run out of work."""
         ends = [self._stopped, self._half_free] if filled else [self._stopped]
         waits = [asyncio.ensure_future(end.wait()) for end in ends]
         try:
-            await asyncio.wait(waits, timeout=CLAIM_GAP_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for wait in waits:
                 wait.cancel()

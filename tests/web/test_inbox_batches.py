@@ -620,6 +620,15 @@ async def test_the_pause_after_a_claim_that_found_work_gathers_a_burst_into_the_
     assert claims[:2] == [1, 3]
 
 
+def test_the_pause_after_a_claim_lasts_until_a_batch_likely_waits_and_never_past_its_longest() -> None:
+    # What this catches: a fixed pause let one replica's claims grow to the claim limit under load
+    # (its p99 went from 40 to 63 ms), or a slow trickle wait without bound.
+    batch, longest = inbox_module.CLAIM_BATCH, inbox_module.CLAIM_GAP_SECONDS
+    assert inbox_module.claim_pause(batch * 10, 0.1) == pytest.approx(0.01)  # 10x a batch in 0.1 s
+    assert inbox_module.claim_pause(batch, 0.05) == pytest.approx(0.05)
+    assert inbox_module.claim_pause(1, 10.0) == longest
+
+
 async def test_after_a_claim_that_took_all_its_room_the_next_one_comes_once_half_is_free(
     db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:

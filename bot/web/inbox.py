@@ -91,6 +91,8 @@ def claim_pause(claimed: int, gathered: float) -> float:
     """How long to pause after a claim took `claimed` deliveries that came in `gathered`
     seconds: until CLAIM_BATCH more are likely waiting at that pace, CLAIM_GAP_SECONDS at most."""
     return min(CLAIM_GAP_SECONDS, CLAIM_BATCH * gathered / claimed)
+
+
 HOLD_LOOP_SECONDS = 0.002  # a batch's longest run on the event loop between two yields
 FREE_SPACE_EVERY = 1.0  # seconds between two looks at the store's free disk space
 

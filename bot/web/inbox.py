@@ -161,7 +161,6 @@ class Inbox:
         self._claim_soon = asyncio.Event()
         self._half_free = asyncio.Event()  # set while half the claim limit or more is free
         self._half_free.set()
-        self._stopped = asyncio.Event()  # ends the claim loop's pause
         self._claimer: asyncio.Task[None] | None = None
         self._queued: set[str] = set()  # ids of the deliveries in the queues
         self._released: set[str] = set()  # ordering keys whose queues are dropped once idle
@@ -179,7 +178,7 @@ class Inbox:
         self._running: dict[str, Delivery] = {}
         self._wake = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
-        self._stopping = False
+        self._stopping = asyncio.Event()  # set by stop(): ends the loops and the claim loop's pause
         self._backlog = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -294,7 +293,7 @@ class Inbox:
 
         With replicas, deliveries are claimed from the store instead, as leases allow.
         """
-        self._stopping = False
+        self._stopping.clear()
         recovered = [] if self.ownership is not None else await self.store.pending()
         # The webhook listener is up while the state loads: what it stored meanwhile is
         # queued already, and queued again it would run twice.
@@ -322,8 +321,8 @@ class Inbox:
 
     async def _claim_loop(self, ownership: Ownership) -> None:
         loop = asyncio.get_running_loop()
-        previous = loop.time() - CLAIM_GAP_SECONDS
-        while not self._stopping:
+        previous = loop.time() - CLAIM_GAP_SECONDS  # the first claim: as if after the longest pause
+        while not self._stopping.is_set():
             self._claim_soon.clear()
             started = loop.time()
             claimed, filled = 0, False
@@ -343,7 +342,7 @@ class Inbox:
         """A moment in which a burst gathers, so the next claim takes many deliveries rather
         than a few each. After a claim that took all the room it had, more surely waits: the
         pause ends once half the room is free, so the handlers never run out of work."""
-        ends = [self._stopped, self._half_free] if filled else [self._stopped]
+        ends = [self._stopping, self._half_free] if filled else [self._stopping]
         waits = [asyncio.ensure_future(end.wait()) for end in ends]
         try:
             await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
@@ -409,7 +408,7 @@ class Inbox:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while not self._stopping:
+        while not self._stopping.is_set():
             self._wake.clear()
             next_due = self._launch_ready(loop.time())
             timeout = None if next_due is None else max(0.0, next_due - loop.time())
@@ -736,8 +735,7 @@ class Inbox:
         Handlers still running after that are cancelled; their deliveries stay
         `queued` in the store and run again at the next start.
         """
-        self._stopping = True
-        self._stopped.set()
+        self._stopping.set()
         self._wake.set()
         self._claim_soon.set()
         if self._claimer is not None:

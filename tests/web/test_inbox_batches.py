@@ -597,17 +597,23 @@ async def test_after_a_claim_that_found_work_the_replica_claims_again_after_a_sh
     await inbox.stop()
 
 
+@pytest.mark.parametrize("restarted", [False, True])
 async def test_the_pause_after_a_claim_that_found_work_gathers_a_burst_into_the_next_claim(
-    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch, restarted: bool
 ) -> None:
     # What this catches: claiming again at once took a few deliveries a claim under load, a claim
-    # and a commit fence each (531 claims for 5,000 deliveries under three replicas).
+    # and a commit fence each (531 claims for 5,000 deliveries under three replicas); and a stop
+    # that ended every pause after the inbox was started again.
     monkeypatch.setattr(inbox_module, "CLAIM_GAP_SECONDS", 0.5)
     store = DeliveryStore(db)
     claims = count_claims(store, monkeypatch)
     gate = Gate(held=set())
     inbox = Inbox(store, gate, ownership=Owner(), claim_every=30.0)
     await inbox.open()
+    if restarted:
+        await inbox.start()
+        await inbox.stop()
+        claims.clear()
     assert await store.put(delivery(1))  # stored by other replicas, one after the other
     await inbox.start()
     await wait_for(lambda: gate.runs == ["d1"])

@@ -153,6 +153,12 @@ class StatusView:
 _COMMAND_RE = re.compile(r"^/klaud(?:\s+(?P<verb>\S+))?(?:\s+(?P<rest>.*))?$", re.IGNORECASE)
 _FENCE_OPEN_RE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 _QUOTE_RE = re.compile(r"^ {0,3}>")
+_QUOTE_MARKERS_RE = re.compile(r"^(?: {0,3}> ?)+")
+# What may interrupt a paragraph (CommonMark 0.31) besides a fence and a quote: an ATX
+# heading or a thematic break (which hold no paragraph) and a list item with content (an
+# ordered one only from 1).
+_HEADING_OR_BREAK_RE = re.compile(r"^ {0,3}(?:#{1,6}(?:[ \t]|$)|(?:-[ \t]*){3,}$|(?:\*[ \t]*){3,}$|(?:_[ \t]*){3,}$)")
+_LIST_ITEM_RE = re.compile(r"^ {0,3}(?:[-*+]|1[.)])[ \t]+\S")
 
 
 def parse_commands(body: str) -> list[Command]:
@@ -161,11 +167,14 @@ def parse_commands(body: str) -> list[Command]:
     Lines inside fenced code blocks (``` or ~~~), indented code blocks and quotes (`>`) are
     not commands: quoting or showing a command must not run it again. Following CommonMark,
     a line indented four or more columns is code only when it does not continue a
-    paragraph; an unclosed fence runs to the end of the comment.
+    paragraph; an unclosed fence runs to the end of the comment; a line right after a
+    quoted paragraph, without its own `>`, continues the quote (GitHub shows it quoted)
+    unless it starts a block that interrupts a paragraph.
     """
     commands: list[Command] = []
     fence: str | None = None  # the opening fence while inside a fenced block
     paragraph_open = False  # an indented line right after text continues that text
+    quoted_paragraph = False  # the paragraph open is inside a quote
     for number, raw in enumerate(body.splitlines(), start=1):
         line = raw.expandtabs(4)
         if fence is not None:
@@ -173,17 +182,19 @@ def parse_commands(body: str) -> list[Command]:
                 fence = None
             continue
         if not line.strip():
-            paragraph_open = False
+            paragraph_open = quoted_paragraph = False
             continue
         if _QUOTE_RE.match(line):
-            paragraph_open = True
+            paragraph_open = quoted_paragraph = _opens_quoted_paragraph(line)
             continue
+        if quoted_paragraph and not _interrupts_paragraph(line):
+            continue
+        quoted_paragraph = False
         indent = len(line) - len(line.lstrip(" "))
         if indent >= 4 and not paragraph_open:
             continue
-        opening = _FENCE_OPEN_RE.match(line)
-        if opening and not (opening["fence"][0] == "`" and "`" in opening["info"]):
-            fence = opening["fence"]
+        fence = _fence_opened(line)
+        if fence is not None:
             paragraph_open = False
             continue
         paragraph_open = True
@@ -191,6 +202,31 @@ def parse_commands(body: str) -> list[Command]:
         if command is not None:
             commands.append(command)
     return commands
+
+
+def _opens_quoted_paragraph(line: str) -> bool:
+    """Whether the text of quote line `line` is paragraph text, which the next line may
+    continue without its own `>` (CommonMark's lazy continuation); blank, a heading, a
+    thematic break, code or a fence is not. Fences inside a quote are not followed: a line
+    within one counts as paragraph text, so the line after the quote may be taken as
+    quoted. At worst that leaves a command unrun; it never runs a quoted one."""
+    text = _QUOTE_MARKERS_RE.sub("", line, count=1)
+    if not text.strip() or len(text) - len(text.lstrip(" ")) >= 4:
+        return False
+    return not (_HEADING_OR_BREAK_RE.match(text) or _fence_opened(text))
+
+
+def _interrupts_paragraph(line: str) -> bool:
+    return bool(_HEADING_OR_BREAK_RE.match(line) or _LIST_ITEM_RE.match(line) or _fence_opened(line))
+
+
+def _fence_opened(line: str) -> str | None:
+    """The fence `line` opens, if it opens one. CommonMark: a backtick fence's info string
+    cannot hold a backtick (the line is inline code then), a tilde fence's can."""
+    opening = _FENCE_OPEN_RE.match(line)
+    if opening is None or (opening["fence"][0] == "`" and "`" in opening["info"]):
+        return None
+    return opening["fence"]
 
 
 def _closes_fence(line: str, fence: str) -> bool:

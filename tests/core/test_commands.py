@@ -159,6 +159,31 @@ def test_quoted_lines_are_ignored() -> None:
     assert [c.verb for c in parse_commands(body)] == ["status"]
 
 
+@pytest.mark.parametrize("body", [
+    "> I asked for\n/klaud retry",
+    "> I asked for\nthis, then\n/klaud retry",  # the continuation goes on
+    "> I asked for\n    /klaud retry",  # an indented line cannot interrupt a paragraph
+    "> > nested\n/klaud retry",
+    ">- a list item in the quote\n/klaud retry",
+])
+def test_a_line_continuing_a_quoted_paragraph_is_quoted(body: str) -> None:
+    # CommonMark's lazy continuation: GitHub shows the line inside the quote.
+    assert parse_commands(body) == []
+
+
+@pytest.mark.parametrize("body", [
+    "> I asked for\n\n/klaud retry",  # a blank line ends the quote
+    ">\n/klaud retry",  # a blank quote line holds no paragraph
+    "> # A heading\n/klaud retry",
+    "> ---\n/klaud retry",
+    "> quote\n# Heading\n/klaud retry",  # a heading interrupts the quoted paragraph
+    "> quote\n- item\n/klaud retry",  # so does a list item
+    "> quote\n```\n/klaud hold\n```\n/klaud retry",  # and a fence
+])
+def test_a_line_after_a_quote_that_holds_no_open_paragraph_is_a_command(body: str) -> None:
+    assert [c.verb for c in parse_commands(body)] == ["retry"]
+
+
 def test_family_target_and_reason() -> None:
     [command] = parse_commands(f"/klaud hold {FAMILY_ID} new weights coming")
     assert command.target == FAMILY_ID

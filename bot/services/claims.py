@@ -35,6 +35,8 @@ from bot.core.domain import (
     Dispatch,
     claim_ref,
     family_hash,
+    parse_time,
+    stamp,
 )
 from bot.core.events import WorkflowRun
 from bot.services.api import RepoAPI
@@ -92,7 +94,10 @@ class ClaimKeeper:
                 found[family_id] = branch
             else:
                 strays.add(fam16)
-        state.stray_refs = {fam16: state.stray_refs.get(fam16, now) for fam16 in strays}
+        listed = {fam16: state.meta.stray_refs.get(fam16) or stamp(now) or "" for fam16 in strays}
+        if listed != state.meta.stray_refs:
+            state.meta.stray_refs = listed
+            state.save_meta(change)
         for family_id in list(state.claims):
             # A dispatch keeps its family in flight even if someone deleted the ref.
             if family_id not in found and family_id not in state.dispatches:
@@ -115,20 +120,25 @@ class ClaimKeeper:
         one_wave = timedelta(minutes=state.policy.wave_every_minutes)
         return [c for c in state.claims.values() if c.family not in state.dispatches and now - c.at >= one_wave]
 
-    def _old_strays(self, state: RepoState, now: datetime) -> list[str]:
+    def _old_strays(self, state: RepoState, now: datetime, change: Change) -> list[str]:
         """The strays noted a wave ago or more that still name no family and no claim (the
         list is as old as the last listing: a push may have brought a family back since,
         and its ref is then a claim like any other)."""
-        one_wave = timedelta(minutes=state.policy.wave_every_minutes)
+        strays = state.meta.stray_refs
         claimed = {family_hash(family_id) for family_id in state.claims}
-        for fam16 in [fam16 for fam16 in state.stray_refs if fam16 in claimed or state.family_by_hash(fam16)]:
-            del state.stray_refs[fam16]
-        return [fam16 for fam16, seen in state.stray_refs.items() if now - seen >= one_wave]
+        back = [fam16 for fam16 in strays if fam16 in claimed or state.family_by_hash(fam16)]
+        for fam16 in back:
+            del strays[fam16]
+        if back:
+            state.save_meta(change)
+        noted = {fam16: parse_time(seen) or now for fam16, seen in strays.items()}
+        one_wave = timedelta(minutes=state.policy.wave_every_minutes)
+        return [fam16 for fam16, seen in noted.items() if now - seen >= one_wave]
 
     async def _resolve(self, state: RepoState, api: RepoAPI, now: datetime, change: Change, *, every_run: bool) -> set[str]:
         dispatches = list(state.dispatches.values()) if every_run else self._due_dispatches(state, now)
         orphans = self._orphans(state, now)
-        strays = self._old_strays(state, now)
+        strays = self._old_strays(state, now, change)
         families: set[str] = set()
         unlinked = [d for d in dispatches if d.run_id is None]
         since = min((d.at for d in unlinked), default=now)
@@ -144,7 +154,7 @@ class ClaimKeeper:
         for claim in orphans:
             families |= await self._settle_orphan(state, api, claim, in_flight.get(claim.candidate), change)
         for fam16 in strays:
-            await self._settle_stray(state, api, fam16, in_flight)
+            await self._settle_stray(state, api, fam16, in_flight, change)
         return families
 
     async def _run_of(self, api: RepoAPI, dispatch: Dispatch, titled: dict[str, WorkflowRun]) -> WorkflowRun | None:
@@ -191,13 +201,16 @@ class ClaimKeeper:
         log.info("claim.orphan_deleted", family=claim.family, since=claim.at.isoformat())
         return await self._release(state, api, claim.family, change)
 
-    async def _settle_stray(self, state: RepoState, api: RepoAPI, fam16: str, in_flight: dict[str, WorkflowRun]) -> None:
+    async def _settle_stray(
+        self, state: RepoState, api: RepoAPI, fam16: str, in_flight: dict[str, WorkflowRun], change: Change
+    ) -> None:
         """A claim ref of a family no config names (removed while another planner held it,
         or with the store lost): no wave will ever settle it, so its age does."""
         if any(candidate.startswith(f"{fam16}-") for candidate in in_flight):
             return  # its run ends first; the ref is looked at again at the next light reconcile
         await api.delete_branch(CLAIM_BRANCH_PREFIX + fam16)
-        del state.stray_refs[fam16]
+        del state.meta.stray_refs[fam16]
+        state.save_meta(change)
         log.info("claim.stray_deleted", ref=CLAIM_BRANCH_PREFIX + fam16)
 
     async def _release(self, state: RepoState, api: RepoAPI, family: str, change: Change) -> set[str]:

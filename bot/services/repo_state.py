@@ -91,6 +91,10 @@ class RepoMeta:
     # PR number -> when it was last seen closed (its `updated_at`), the newest few: a
     # `pull_request` event delivered late for it must not bring it back into the index.
     closed_pulls: dict[str, str] = field(default_factory=dict)
+    # Claim refs on GitHub naming no family known here (fam16 -> when first listed):
+    # deleted once older than a wave with no run of theirs in flight. Stored, so that
+    # restarts and owners that change more often than a wave cannot keep one forever.
+    stray_refs: dict[str, str] = field(default_factory=dict)
 
 
 class RepoState:
@@ -107,10 +111,6 @@ class RepoState:
         self.claims: dict[str, Claim] = {}
         self.dispatches: dict[str, Dispatch] = {}
         self.pending_artifacts: dict[str, dict[str, Any]] = {}
-        # Claim refs on GitHub naming no family known here (fam16 -> when first listed):
-        # deleted once older than a wave with no run of theirs in flight. Kept in memory
-        # only: a restart delays a deletion by a wave at most.
-        self.stray_refs: dict[str, datetime] = {}
         # Incremental planning: each family's verdict (with the candidate and the time it
         # was made for), dropped when an event touches the family; the priority order,
         # dropped when the catalog changes; so are the times of the images' last changes.

@@ -19,6 +19,7 @@ from bot.core.events import (
 from bot.services.claims import UNLINKED_CHECK_AFTER
 from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
+from tests.services.crash import CrashKit
 from tests.services.fakes import artifact_zip
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
@@ -273,7 +274,7 @@ async def test_a_stray_whose_family_came_back_is_a_claim_again_not_deleted(kit: 
     await pushed(kit, second)  # the family removed
     kit.repo.branches_at[claim_ref(H200)] = second
     await kit.reconciler.reconcile(REPO, 1, light=True)  # its leftover ref noted as a stray
-    assert set(kit.state.stray_refs) == {claim_ref(H200).removeprefix("klaud/claim-")}
+    assert set(kit.state.meta.stray_refs) == {claim_ref(H200).removeprefix("klaud/claim-")}
     del kit.repo.branches_at[claim_ref(H200)]
     await pushed(kit, third)  # the family is back
     other = next(family.id for family in kit.state.catalog if family.id != H200)
@@ -330,6 +331,26 @@ async def test_a_claim_ref_naming_no_known_family_is_deleted_once_a_wave_old_wit
     set_run(kit, 78, status="completed", conclusion="failure")
     await kit.reconciler.reconcile(REPO, 1, light=True)
     assert running not in kit.repo.branches_at
+
+
+async def test_a_stray_claim_ref_is_deleted_a_wave_after_it_was_first_listed_across_restarts(ck: CrashKit) -> None:
+    # When it was first listed is stored: restarts (or owners changing) more often than a
+    # wave must not keep it waiting forever.
+    process = await ck.boot()
+    await process.reconciler.reconcile(REPO, 1)
+    stray = "klaud/claim-0123456789abcdef"
+    ck.repo.branches_at[stray] = ck.repo.head
+    await process.reconciler.reconcile(REPO, 1, light=True)
+    for _ in range(2):
+        ck.clock.advance(timedelta(minutes=50).total_seconds())
+        process = await ck.restart()
+        await process.reconciler.reconcile(REPO, 1, light=True)
+    assert stray in ck.repo.branches_at  # 100 minutes: younger than a wave
+    ck.clock.advance(timedelta(minutes=21).total_seconds())
+    process = await ck.restart()
+    await process.reconciler.reconcile(REPO, 1, light=True)
+    assert stray not in ck.repo.branches_at
+    assert process.state.meta.stray_refs == {}
 
 
 async def test_a_claim_whose_ref_was_deleted_elsewhere_is_dropped_unless_a_dispatch_keeps_it(kit: Kit) -> None:

@@ -78,7 +78,7 @@ async def test_target_defaults_to_the_family_of_a_klaud_pr(tmp_path):
 
 
 async def test_two_commands_one_reply_and_code_blocks_ignored(tmp_path):
-    body = f"Thanks!\n/klaud status {B200}\n```\n/klaud hold {B200}\n```\n> /klaud hold {B200}\n/KLAUD help\n"
+    body = f"Thanks!\n/klaud status {B200}\n```\n/klaud hold {B200}\n```\n> /klaud hold {B200}\n\n/KLAUD help\n"
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
         await comment(run, 12, "carol", body)
         [reply] = replies(run, 12)

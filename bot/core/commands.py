@@ -175,6 +175,7 @@ def parse_commands(body: str) -> list[Command]:
     fence: str | None = None  # the opening fence while inside a fenced block
     paragraph_open = False  # an indented line right after text continues that text
     quoted_paragraph = False  # the paragraph open is inside a quote
+    quoted_fence: str | None = None  # the opening fence while inside a fenced block in a quote
     for number, raw in enumerate(body.splitlines(), start=1):
         line = raw.expandtabs(4)
         if fence is not None:
@@ -183,10 +184,20 @@ def parse_commands(body: str) -> list[Command]:
             continue
         if not line.strip():
             paragraph_open = quoted_paragraph = False
+            quoted_fence = None
             continue
         if _QUOTE_RE.match(line):
-            paragraph_open = quoted_paragraph = _opens_quoted_paragraph(line)
+            text = _QUOTE_MARKERS_RE.sub("", line, count=1)
+            if quoted_fence is not None:
+                if _closes_fence(text, quoted_fence):
+                    quoted_fence = None
+                paragraph_open = quoted_paragraph = False
+                continue
+            quoted_fence = _fence_opened(text)
+            paragraph_open = quoted_paragraph = _is_paragraph_text(text)
             continue
+        # A line without `>` ends the quote, and a fenced block in it (no lazy continuation).
+        quoted_fence = None
         if quoted_paragraph and not _interrupts_paragraph(line):
             continue
         quoted_paragraph = False
@@ -204,13 +215,10 @@ def parse_commands(body: str) -> list[Command]:
     return commands
 
 
-def _opens_quoted_paragraph(line: str) -> bool:
-    """Whether the text of quote line `line` is paragraph text, which the next line may
-    continue without its own `>` (CommonMark's lazy continuation); blank, a heading, a
-    thematic break, code or a fence is not. Fences inside a quote are not followed: a line
-    within one counts as paragraph text, so the line after the quote may be taken as
-    quoted. At worst that leaves a command unrun; it never runs a quoted one."""
-    text = _QUOTE_MARKERS_RE.sub("", line, count=1)
+def _is_paragraph_text(text: str) -> bool:
+    """Whether a quote line's `text` (outside a fenced block) is paragraph text, which the
+    next line may continue without its own `>` (CommonMark's lazy continuation); blank, a
+    heading, a thematic break, code or a fence is not."""
     if not text.strip() or len(text) - len(text.lstrip(" ")) >= 4:
         return False
     return not (_HEADING_OR_BREAK_RE.match(text) or _fence_opened(text))

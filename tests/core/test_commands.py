@@ -165,6 +165,7 @@ def test_quoted_lines_are_ignored() -> None:
     "> I asked for\n    /klaud retry",  # an indented line cannot interrupt a paragraph
     "> > nested\n/klaud retry",
     ">- a list item in the quote\n/klaud retry",
+    "> ```\n> code\n> ```\n> and then text\n/klaud retry",  # text after the quoted fence
 ])
 def test_a_line_continuing_a_quoted_paragraph_is_quoted(body: str) -> None:
     # CommonMark's lazy continuation: GitHub shows the line inside the quote.
@@ -179,6 +180,8 @@ def test_a_line_continuing_a_quoted_paragraph_is_quoted(body: str) -> None:
     "> quote\n# Heading\n/klaud retry",  # a heading interrupts the quoted paragraph
     "> quote\n- item\n/klaud retry",  # so does a list item
     "> quote\n```\n/klaud hold\n```\n/klaud retry",  # and a fence
+    "> ```\n> shown code\n/klaud retry",  # a line without `>` ends the quote and its fence
+    "> ~~~\n> code\n> ~~~\n/klaud retry",  # a closed fence in the quote holds no paragraph
 ])
 def test_a_line_after_a_quote_that_holds_no_open_paragraph_is_a_command(body: str) -> None:
     assert [c.verb for c in parse_commands(body)] == ["retry"]

@@ -173,38 +173,33 @@ def parse_commands(body: str) -> list[Command]:
     """
     commands: list[Command] = []
     fence: str | None = None  # the opening fence while inside a fenced block
+    fence_quoted = False  # that block is inside a quote
     paragraph_open = False  # an indented line right after text continues that text
     quoted_paragraph = False  # the paragraph open is inside a quote
-    quoted_fence: str | None = None  # the opening fence while inside a fenced block in a quote
     for number, raw in enumerate(body.splitlines(), start=1):
         line = raw.expandtabs(4)
-        if fence is not None:
-            if _closes_fence(line, fence):
+        quoted = bool(_QUOTE_RE.match(line))
+        text = _QUOTE_MARKERS_RE.sub("", line, count=1) if quoted else line
+        # A line without `>` ends a quote and a block fenced in it (no lazy continuation).
+        if fence is not None and (quoted or not fence_quoted):
+            if _closes_fence(text if fence_quoted else line, fence):
                 fence = None
             continue
+        fence = None
         if not line.strip():
             paragraph_open = quoted_paragraph = False
-            quoted_fence = None
             continue
-        if _QUOTE_RE.match(line):
-            text = _QUOTE_MARKERS_RE.sub("", line, count=1)
-            if quoted_fence is not None:
-                if _closes_fence(text, quoted_fence):
-                    quoted_fence = None
-                paragraph_open = quoted_paragraph = False
-                continue
-            quoted_fence = _fence_opened(text)
-            paragraph_open = quoted_paragraph = _is_paragraph_text(text)
+        if quoted:
+            fence, fence_quoted = _fence_opened(text), True
+            paragraph_open = quoted_paragraph = fence is None and _is_paragraph_text(text)
             continue
-        # A line without `>` ends the quote, and a fenced block in it (no lazy continuation).
-        quoted_fence = None
         if quoted_paragraph and not _interrupts_paragraph(line):
             continue
         quoted_paragraph = False
         indent = len(line) - len(line.lstrip(" "))
         if indent >= 4 and not paragraph_open:
             continue
-        fence = _fence_opened(line)
+        fence, fence_quoted = _fence_opened(line), False
         if fence is not None:
             paragraph_open = False
             continue
@@ -216,12 +211,12 @@ def parse_commands(body: str) -> list[Command]:
 
 
 def _is_paragraph_text(text: str) -> bool:
-    """Whether a quote line's `text` (outside a fenced block) is paragraph text, which the
-    next line may continue without its own `>` (CommonMark's lazy continuation); blank, a
-    heading, a thematic break, code or a fence is not."""
+    """Whether a quote line's `text` (neither in nor opening a fenced block) is paragraph
+    text, which the next line may continue without its own `>` (CommonMark's lazy
+    continuation); blank, a heading, a thematic break or code is not."""
     if not text.strip() or len(text) - len(text.lstrip(" ")) >= 4:
         return False
-    return not (_HEADING_OR_BREAK_RE.match(text) or _fence_opened(text))
+    return not _HEADING_OR_BREAK_RE.match(text)
 
 
 def _interrupts_paragraph(line: str) -> bool:

@@ -20,7 +20,15 @@ from typing import Any, TypeVar
 
 import structlog
 
-from bot.store.engine import Compressed, Dialect, Result, Row, Statement, compress
+from bot.store.engine import (
+    Compressed,
+    Dialect,
+    Result,
+    Row,
+    Statement,
+    compress,
+    compressed_together,
+)
 from bot.store.lockfile import PidLock
 from bot.store.migrations import (
     CURRENT_VERSION,
@@ -158,5 +166,5 @@ def _execute(conn: sqlite3.Connection, statement: Statement) -> Result:
     if statement.many:
         conn.executemany(statement.sql, statement.args)
         return None
-    cursor = conn.execute(statement.sql, statement.args)
+    cursor = conn.execute(statement.sql, compressed_together(statement.args))
     return cursor.fetchall() if statement.rows else cursor.rowcount

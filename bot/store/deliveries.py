@@ -110,8 +110,9 @@ COLUMNS = "id, event, action, repo, installation, headers, NULL, status, attempt
 # arrival order (so `seq` keeps it). SQLite: which ids are stored already, then the rows as
 # VALUES lists (one execution each, where RETURNING would give the interpreter up per row).
 DELIVERY_COLUMNS = "id, event, action, repo, installation, headers, received_at, updated_at"
-SQLITE_STORED_IDS = "SELECT id FROM deliveries WHERE id IN ({marks})"
-SQLITE_INSERT = f"INSERT INTO deliveries ({DELIVERY_COLUMNS}) VALUES {{rows}} ON CONFLICT (id) DO NOTHING"
+# Returns the ids it stored: one statement fewer than asking first which ids are stored
+# (each statement waits for the interpreter in the store's thread behind a busy event loop).
+SQLITE_INSERT = f"INSERT INTO deliveries ({DELIVERY_COLUMNS}) VALUES {{rows}} ON CONFLICT (id) DO NOTHING RETURNING id"
 SQLITE_INSERT_BODIES = "INSERT INTO delivery_bodies (id, encoding, body) VALUES {rows} ON CONFLICT (id) DO NOTHING"
 # PostgreSQL: one statement of fixed text over arrays (one round trip, one prepared
 # statement whatever the burst's size), which returns the ids it stored.
@@ -339,19 +340,13 @@ class NewDeliveries:
     def statements(self, items: Sequence[NewDelivery]) -> list[Statement]:
         if self.dialect == "postgresql":
             return [Statement(POSTGRESQL_INSERT, _columns([row + body for row, body in items]), rows=True)]
-        ids = [row[0] for row, _ in items]
         return [
-            Statement(SQLITE_STORED_IDS.format(marks=", ".join("?" * len(ids))), ids, rows=True),
-            _values_statement(SQLITE_INSERT, [row for row, _ in items]),
+            _values_statement(SQLITE_INSERT, [row for row, _ in items], returning=True),
             _values_statement(SQLITE_INSERT_BODIES, [(row[0], *body) for row, body in items]),
         ]
 
     def answers(self, items: Sequence[NewDelivery], results: list[Result]) -> list[bool]:
-        if self.dialect == "postgresql":
-            stored = {row[0] for row in as_rows(results[0])}
-        else:
-            already = {row[0] for row in as_rows(results[0])}
-            stored = {row[0] for row, _ in items} - already
+        stored = {row[0] for row in as_rows(results[0])}  # the ids the first statement stored
         answers = []
         for row, _ in items:
             answers.append(row[0] in stored)
@@ -400,10 +395,11 @@ def _columns(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
     return [list(column) for column in zip(*rows, strict=True)]
 
 
-def _values_statement(sql: str, rows: Sequence[Sequence[Any]]) -> Statement:
+def _values_statement(sql: str, rows: Sequence[Sequence[Any]], *, returning: bool = False) -> Statement:
     """`sql` with its `{rows}` as a VALUES list of `rows` (SQLite), their values in order."""
     marks = "(" + ", ".join("?" * len(rows[0])) + ")"
-    return Statement(sql.format(rows=", ".join([marks] * len(rows))), [value for row in rows for value in row])
+    values = [value for row in rows for value in row]
+    return Statement(sql.format(rows=", ".join([marks] * len(rows))), values, rows=returning)
 
 
 def moved_statement(delivery_id: str, repo: str, attempts: int, error: str) -> Statement:

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from bot.core.errors import is_transient
 from bot.store import Stores, open_stores, postgres
 from bot.store.deliveries import Delivery, moved_statement, status_statement
-from bot.store.engine import Statement
+from bot.store.engine import Compressed, Statement, compressed_together, inflate
 from bot.store.errors import StoreUnavailable
 
 POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
@@ -201,6 +201,28 @@ async def test_a_body_is_stored_apart_compressed_on_sqlite_and_read_back_whole(s
         assert encoding == "zstd" and size < 1_000
     else:
         assert encoding is None and size == len(body)
+
+
+async def test_the_bodies_of_one_burst_are_stored_compressed_and_each_reads_back_whole(stores: Stores) -> None:
+    bodies = {f"b{n}": b'{"action": "synchronize", "n": %d, "pad": "' % n + bytes([97 + n]) * 20_000 + b'"}'
+              for n in range(5)}
+    puts = [stores.deliveries.put_soon(Delivery(key, "pull_request", body, repo="o/r")) for key, body in bodies.items()]
+    assert await asyncio.gather(*puts) == [True] * 5  # one group commit: one statement of bodies
+
+    assert await stores.deliveries.bodies(list(bodies)) == bodies
+    stored = await stores.engine.fetch("SELECT id, encoding, length(body) FROM delivery_bodies")
+    if stores.engine.dialect == "sqlite":
+        assert sorted((key, encoding) for key, encoding, size in stored if size < 1_000) == [(key, "zstd") for key in bodies]
+
+
+def test_compressed_together_compresses_only_the_compressed_values_in_place() -> None:
+    first, second = b"a" * 5_000, b"b" * 7_000
+    args = ("id", Compressed(first), 3, None, Compressed(second))
+    together = compressed_together(args)
+    assert [together[0], together[2], together[3]] == ["id", 3, None]
+    assert [inflate("zstd", together[1]), inflate("zstd", together[4])] == [first, second]
+    alone = ("id", Compressed(first))
+    assert compressed_together(alone) is alone  # one value: the adapter compresses it
 
 
 async def test_a_body_compressed_by_an_earlier_version_reads_back(stores: Stores) -> None:

@@ -83,6 +83,7 @@ class Figures:
         drain = f", drained {self.drain_per_s:.0f}/s end to end" if self.drain_per_s else ""
         return (f"{self.name:9s} {self.sent.per_s:8.1f} deliveries/s  p50 {self.sent.p50_ms:6.2f} ms  "
                 f"p99 {self.sent.p99_ms:6.2f} ms  server CPU {self.cpu_ms_per_delivery:.3f} ms/delivery"
+                f" (client {self.sent.client_cpu_ms:.3f})"
                 f"  ({len(self.sent.accepted)} accepted){drain}")
 
 

@@ -1,4 +1,5 @@
-"""The SQLite engine: one connection, owned by one thread, on a file only this process uses.
+"""The SQLite engine: one connection, owned by one thread, on a file only this process uses
+(and a second one on a thread of its own that only checkpoints the write-ahead log).
 
 sqlite3 calls block, so every statement runs on a dedicated worker thread and the event
 loop only awaits it. WAL lets readers (the HTTP API) proceed while the worker writes, and
@@ -44,6 +45,63 @@ sqlite3.register_adapter(Compressed, compress)
 log = structlog.get_logger("klaud.store")
 
 MEMORY = ":memory:"
+# Transactions between two checkpoints of the write-ahead log (`Checkpointer`).
+CHECKPOINT_EVERY = 32
+
+
+class Checkpointer:
+    """Copies the write-ahead log back into the database file on a thread of its own.
+
+    SQLite's own checkpoint runs inside the COMMIT that takes the log past 1,000 pages: that
+    commit then writes and fsyncs ~4 MB while every delivery of its burst waits for its 202
+    (5-6 ms instead of 0.7 with bench/ingest.py's bursts). A PASSIVE checkpoint on a second
+    connection runs beside the writer and never blocks it; the log restarts from its
+    beginning at the first commit after a checkpoint that copied it all."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klaud-db-checkpoint")
+        self._conn: sqlite3.Connection | None = None
+        self._commits = 0
+        self._running: asyncio.Future[None] | None = None
+        self._closed = False
+
+    def committed(self) -> None:
+        """Count a commit; every CHECKPOINT_EVERY of them, start a checkpoint unless one runs."""
+        self._commits += 1
+        if self._closed or self._commits < CHECKPOINT_EVERY:
+            return
+        if self._running is not None and not self._running.done():
+            return
+        self._commits = 0
+        self._running = asyncio.get_running_loop().run_in_executor(self._executor, self._checkpoint)
+        self._running.add_done_callback(_report_failed_checkpoint)
+
+    def _checkpoint(self) -> None:
+        if self._conn is None:
+            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    async def close(self) -> None:
+        """Wait for a running checkpoint and close; commits after this start none (a
+        transaction that ends while the database closes still answers)."""
+        self._closed = True
+        if self._running is not None:
+            await asyncio.wait([self._running])
+        if self._conn is not None:  # no checkpoint runs: its thread is done with it
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._close)
+        self._executor.shutdown(wait=True)
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _report_failed_checkpoint(done: asyncio.Future[None]) -> None:
+    # The log then grows until a later checkpoint succeeds (every CHECKPOINT_EVERY commits).
+    if not done.cancelled() and isinstance(done.exception(), sqlite3.Error):
+        log.warning("store.checkpoint_failed", error=str(done.exception()))
 
 
 class Database:
@@ -55,6 +113,7 @@ class Database:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klaud-db")
         self._conn: sqlite3.Connection | None = None
         self._lock = None if path == MEMORY else PidLock(path)
+        self._checkpoints = None if path == MEMORY else Checkpointer(path)
 
     @property
     def is_open(self) -> bool:
@@ -84,6 +143,8 @@ class Database:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA busy_timeout=5000")
+            if self._checkpoints is not None:
+                conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's thread does it
             self._migrate(conn)
             undo.pop_all()
         self._conn = conn
@@ -113,7 +174,10 @@ class Database:
         return self._connection().execute(sql, args).fetchall()
 
     async def transaction(self, statements: Sequence[Statement]) -> list[Result]:
-        return await self._run_sync(self._transaction, statements)
+        results = await self._run_sync(self._transaction, statements)
+        if self._checkpoints is not None:
+            self._checkpoints.committed()
+        return results
 
     def _transaction(self, statements: Sequence[Statement]) -> list[Result]:
         conn = self._connection()
@@ -135,6 +199,8 @@ class Database:
         return shutil.disk_usage(os.path.dirname(os.path.abspath(self.path))).free
 
     async def close(self) -> None:
+        if self._checkpoints is not None:
+            await self._checkpoints.close()
         if self._conn is not None:
             await self._run_sync(self._close)
         self._executor.shutdown(wait=True)

@@ -527,6 +527,57 @@ async def test_a_store_that_answers_a_put_again_makes_the_replica_ready_again(
     assert inbox.store_error is None and inbox.ready
 
 
+# -- acknowledgements first -------------------------------------------------------------
+
+
+async def inbox_with_an_unanswered_ack(db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch) -> tuple[
+        Inbox, Handler, asyncio.Future[bool], asyncio.Task[bool | None]]:
+    """A started inbox where delivery d2's 202 waits for a commit the test answers (`commit`)."""
+    store = DeliveryStore(db)
+    handler = Handler(StateStore(db, store.writer))
+    inbox = Inbox(store, handler)
+    await inbox.open()
+    await inbox.start()
+    commit: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    put_soon = store.put_soon
+    monkeypatch.setattr(store, "put_soon", lambda item: commit if item.id == "d2" else put_soon(item))
+    waiting = asyncio.create_task(inbox.put_in_time(delivery(2), 30.0))
+    await asyncio.sleep(0)
+    assert await inbox.put_in_time(delivery(1), 30.0) is True
+    return inbox, handler, commit, waiting
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["new", "redelivery"])
+async def test_no_batch_starts_while_an_acknowledgement_waits_for_its_commit(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch, stored: bool
+) -> None:
+    # What this catches: batches started beside a burst take the event loop from its 202s; and a
+    # last answer that queues nothing (a redelivery) not ending the hold at once.
+    inbox, handler, commit, waiting = await inbox_with_an_unanswered_ack(db, monkeypatch)
+    await asyncio.sleep(0.2)
+    assert handler.seen == [] and inbox.backlog == 1
+
+    commit.set_result(stored)
+    assert await waiting is stored
+    expected = ["d1", "d2"] if stored else ["d1"]
+    await wait_for(lambda: sorted(handler.seen) == expected and inbox.backlog == 0)
+    await inbox.stop()
+
+
+async def test_a_hold_for_acknowledgements_ends_after_its_time(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches: acknowledgements that never stop waiting (a flood, a stuck commit) holding
+    # the processing back for ever.
+    monkeypatch.setattr(inbox_module, "HOLD_FOR_ACKS_SECONDS", 0.1)
+    inbox, handler, commit, waiting = await inbox_with_an_unanswered_ack(db, monkeypatch)
+    await wait_for(lambda: handler.seen == ["d1"] and inbox.backlog == 0)
+    assert not waiting.done()
+    commit.set_result(True)
+    await wait_for(lambda: handler.seen == ["d1", "d2"])
+    await inbox.stop()
+
+
 # -- replicas' claims ------------------------------------------------------------------
 
 

@@ -13,8 +13,10 @@ concurrent clients over loopback. Servers, each in a child process on 127.0.0.1:
   python/bedevere does (signature verified by gidgethub's `Event.from_http`).
 
 Each row prints deliveries/s, p50, p99 and the server's CPU per delivery (utime + stime of
-/proc/<pid>/stat around the sending); the Klaud row also prints its drain: deliveries/s
-from the first request until the last delivery was processed. Neither peer keeps a delivery.
+/proc/<pid>/stat around the sending) and the load generator's; the Klaud row also prints its
+drain: deliveries/s from the first request until the last delivery was processed, and its CPU
+per delivery over that time (Klaud processes a burst once its acknowledgements are out, so
+the CPU around the sending leaves most processing out). Neither peer keeps a delivery.
 
 Last line: {"klaud_per_s", "klaud_p99_ms", "probot_per_s", "bedevere_per_s",
 "klaud_to_probot", "drain_per_s"} (null for a row that could not run).
@@ -78,9 +80,11 @@ class Figures:
     sent: Sent
     cpu_ms_per_delivery: float
     drain_per_s: float | None = None
+    drain_cpu_ms_per_delivery: float | None = None  # from the first request until all processed
 
     def line(self) -> str:
-        drain = f", drained {self.drain_per_s:.0f}/s end to end" if self.drain_per_s else ""
+        drain = (f", drained {self.drain_per_s:.0f}/s end to end, server CPU until drained"
+                 f" {self.drain_cpu_ms_per_delivery:.3f} ms/delivery" if self.drain_per_s else "")
         return (f"{self.name:9s} {self.sent.per_s:8.1f} deliveries/s  p50 {self.sent.p50_ms:6.2f} ms  "
                 f"p99 {self.sent.p99_ms:6.2f} ms  server CPU {self.cpu_ms_per_delivery:.3f} ms/delivery"
                 f" (client {self.sent.client_cpu_ms:.3f})"
@@ -94,11 +98,12 @@ def measure(name: str, server: Running, load: Load, clients: int, warm_up: Load)
     cpu_before, started = server.cpu_seconds(), time.perf_counter()
     sent = asyncio.run(send([server.webhook_url], load, clients))
     cpu = server.cpu_seconds() - cpu_before
-    drain = None
+    drain = drain_cpu = None
     if server.admin_url:
         asyncio.run(wait_drained(server.admin_url))
         drain = len(load.bodies) / (time.perf_counter() - started)
-    return Figures(name, sent, cpu * 1000 / len(load.bodies), drain)
+        drain_cpu = (server.cpu_seconds() - cpu_before) * 1000 / len(load.bodies)
+    return Figures(name, sent, cpu * 1000 / len(load.bodies), drain, drain_cpu)
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -107,8 +107,8 @@ class Progress:
 # own, so these queries leave it NULL: a long backlog must not be read into memory at once.
 COLUMNS = "id, event, action, repo, installation, headers, NULL, status, attempts, error"
 # New deliveries are written by a few statements per burst (`NewDeliveries`), their rows in
-# arrival order (so `seq` keeps it). SQLite: which ids are stored already, then the rows as
-# VALUES lists (one execution each, where RETURNING would give the interpreter up per row).
+# arrival order (so `seq` keeps it). SQLite: the rows as one VALUES list (one execution, not
+# one per row: each execution gives the interpreter up), then the bodies likewise.
 DELIVERY_COLUMNS = "id, event, action, repo, installation, headers, received_at, updated_at"
 # Returns the ids it stored: one statement fewer than asking first which ids are stored
 # (each statement waits for the interpreter in the store's thread behind a busy event loop).

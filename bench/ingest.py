@@ -77,9 +77,10 @@ def realistic_payload(number: int) -> dict:
         payload = {
             "action": "synchronize",
             "pull_request": {"number": 1, "state": "open", "title": "Bump image", "user": user,
-                             "body": "y" * 4000, "head": {"ref": "bump", "sha": "a" * 40, "repo": repo},
+                             "body": "y" * 18_000, "head": {"ref": "bump", "sha": "a" * 40, "repo": repo},
                              "base": {"ref": "main", "sha": "b" * 40, "repo": repo}, "draft": False,
-                             "labels": [], "updated_at": "2026-11-30T08:00:00Z"},
+                             "labels": [], "created_at": "2026-11-29T08:00:00Z",
+                             "updated_at": "2026-11-30T08:00:00Z"},
             "repository": repo,
             "sender": user,
         }

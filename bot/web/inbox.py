@@ -96,7 +96,7 @@ def claim_pause(claimed: int, gathered: float) -> float:
 HOLD_LOOP_SECONDS = 0.002  # a batch's longest run on the event loop between two yields
 # Acknowledgements first: while deliveries wait for the commit of their 202, no new batch
 # starts, for this long at most; then the queues are worked through (beside the intake)
-# until no batch runs, and the next hold may begin. GitHub gives up on a delivery unanswered
+# until the backlog is empty, and only then may the next hold begin. GitHub gives up on a delivery unanswered
 # after 10 s and does not send it again; processing has no deadline nearly as short (a wave
 # plans every two hours). Measured with bench/ingest.py's load (5,000 deliveries from 32
 # clients, six interleaved rounds): batches started beside a burst took the event loop from
@@ -418,6 +418,7 @@ class Inbox:
             self._half_free.clear()
         if value == 0:
             self._idle.set()
+            self._held_since = None  # the backlog is worked through: the next may be held
         else:
             self._idle.clear()
 
@@ -443,10 +444,10 @@ class Inbox:
     def _hold_for_acks(self, now: float) -> float | None:
         """Seconds left to hold new batches back while deliveries wait for their 202
         (HOLD_FOR_ACKS_SECONDS), or None to start them: a replica (never held), nothing
-        waits, a batch runs (the queues are being worked through), or the hold has lasted its
-        time."""
-        if self.ownership is not None or not self._acks_waiting or self._active or not self._queues:
-            self._held_since = None
+        waits, or the hold has lasted its time. One hold per backlog: once spent, the
+        queues are worked through until the backlog is empty (`_set_backlog` ends it), so a
+        flood never holds before every batch."""
+        if self.ownership is not None or not self._acks_waiting:
             return None
         if self._held_since is None:
             self._held_since = now

@@ -578,6 +578,38 @@ async def test_a_hold_for_acknowledgements_ends_after_its_time(
     await inbox.stop()
 
 
+async def test_after_a_hold_the_whole_backlog_is_worked_through_while_acknowledgements_still_wait(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches: a new hold after every batch under a flood (acknowledgements always
+    # waiting), which processed one batch per hold: a backlog growing without bound.
+    monkeypatch.setattr(inbox_module, "HOLD_FOR_ACKS_SECONDS", 1.0)
+    inbox, handler, commit, waiting = await inbox_with_an_unanswered_ack(db, monkeypatch, batch_size=2)
+
+    async def slowly(item: Delivery) -> None:  # batches long enough for deliveries to arrive meanwhile
+        await asyncio.sleep(0.02)
+        await handler(item)
+
+    inbox.handler = slowly
+    for number in range(3, 10):
+        assert await inbox.put_in_time(delivery(number), 30.0) is True
+
+    async def flood() -> None:  # more deliveries all along, as in a burst that goes on
+        for number in itertools.count(100):
+            assert await inbox.put_in_time(delivery(number), 30.0) is True
+            await asyncio.sleep(0.01)
+
+    flooding = asyncio.create_task(flood())
+    first = {f"d{number}" for number in (1, *range(3, 10))}
+    # One hold (1 s), then the first eight in four batches: well within wait_for's 3 s, where
+    # a hold before each batch would take 4 s.
+    await wait_for(lambda: first <= set(handler.seen))
+    flooding.cancel()
+    commit.set_result(False)
+    await waiting
+    await inbox.stop()
+
+
 async def test_a_replica_processes_while_acknowledgements_wait(
     db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -96,15 +96,16 @@ def claim_pause(claimed: int, gathered: float) -> float:
 HOLD_LOOP_SECONDS = 0.002  # a batch's longest run on the event loop between two yields
 # Acknowledgements first: while deliveries wait for the commit of their 202, no new batch
 # starts, for this long at most; then the queues are worked through (beside the intake)
-# until the backlog is empty, and only then may the next hold begin. GitHub gives up on a delivery unanswered
-# after 10 s and does not send it again; processing has no deadline nearly as short (a wave
-# plans every two hours). Measured with bench/ingest.py's load (5,000 deliveries from 32
-# clients, six interleaved rounds): batches started beside a burst took the event loop from
-# its acknowledgements, ~2,170 acknowledged/s; held until the burst ended, ~2,740/s, with
-# the same end-to-end drain (~2,100/s). 5 s covers such a burst; a longer flood is still
-# processed every few seconds, so the backlog stays bounded and /readyz true. Only in a
-# single process (SQLite): replicas on PostgreSQL acknowledged as many a second with it but
-# with a worse p99 (one replica: ~48 ms against ~36 ms, medians of six rounds each).
+# until the backlog is empty, and only then may the next hold begin. GitHub gives up on a
+# delivery unanswered after 10 s and does not send it again; processing has no deadline
+# nearly as short (a wave plans every two hours). Measured with bench/ingest.py's load
+# (5,000 deliveries from 32 clients, six interleaved rounds): batches started beside a burst
+# took the event loop from its acknowledgements, ~2,170 acknowledged/s; held until the burst
+# ended, ~2,740/s, with the same end-to-end drain (~2,100/s). 5 s covers such a burst; a
+# longer flood is worked through after one hold, so the backlog stays bounded and /readyz
+# true. Only in a single process (SQLite): replicas on PostgreSQL acknowledged as many a
+# second with it but with a worse p99 (one replica: ~48 ms against ~36 ms, medians of six
+# rounds each).
 HOLD_FOR_ACKS_SECONDS = 5.0
 FREE_SPACE_EVERY = 1.0  # seconds between two looks at the store's free disk space
 
@@ -444,10 +445,10 @@ class Inbox:
     def _hold_for_acks(self, now: float) -> float | None:
         """Seconds left to hold new batches back while deliveries wait for their 202
         (HOLD_FOR_ACKS_SECONDS), or None to start them: a replica (never held), nothing
-        waits, or the hold has lasted its time. One hold per backlog: once spent, the
-        queues are worked through until the backlog is empty (`_set_backlog` ends it), so a
-        flood never holds before every batch."""
-        if self.ownership is not None or not self._acks_waiting:
+        waits (no acknowledgement, or no backlog), or the hold has lasted its time. One hold
+        per backlog: once spent, the queues are worked through until the backlog is empty
+        (`_set_backlog` ends it), so a flood never holds before every batch."""
+        if self.ownership is not None or not self._acks_waiting or not self._backlog:
             return None
         if self._held_since is None:
             self._held_since = now

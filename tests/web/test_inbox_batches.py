@@ -578,6 +578,34 @@ async def test_a_hold_for_acknowledgements_ends_after_its_time(
     await inbox.stop()
 
 
+async def test_a_hold_begins_with_the_backlog_not_with_an_acknowledgement_waiting_alone(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches: a hold counted from a moment with nothing queued, already spent when
+    # the burst's deliveries come.
+    monkeypatch.setattr(inbox_module, "HOLD_FOR_ACKS_SECONDS", 0.3)
+    store = DeliveryStore(db)
+    handler = Handler(StateStore(db, store.writer))
+    inbox = Inbox(store, handler)
+    await inbox.open()
+    await inbox.start()
+    commit: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    put_soon = store.put_soon
+    monkeypatch.setattr(store, "put_soon", lambda item: commit if item.id == "d2" else put_soon(item))
+    waiting = asyncio.create_task(inbox.put_in_time(delivery(2), 30.0))
+    await asyncio.sleep(0)
+    inbox._wake.set()  # the worker looks while only that acknowledgement waits, nothing queued
+    await asyncio.sleep(0.4)
+
+    assert await inbox.put_in_time(delivery(1), 30.0) is True
+    await asyncio.sleep(0.1)
+    assert handler.seen == []  # held: the hold began with d1, not 0.4 s before
+    await wait_for(lambda: handler.seen == ["d1"])
+    commit.set_result(False)
+    await waiting
+    await inbox.stop()
+
+
 async def test_after_a_hold_the_whole_backlog_is_worked_through_while_acknowledgements_still_wait(
     db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:

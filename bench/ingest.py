@@ -112,7 +112,7 @@ class Sent:
     latencies_ms: list[float]
     accepted: list[str]  # delivery ids answered 2xx
     elapsed_s: float
-    client_cpu_ms: float = 0.0  # the load generator's CPU per request
+    client_cpu_ms: float  # the load generator's CPU per request
 
     @property
     def per_s(self) -> float:

@@ -530,8 +530,11 @@ async def test_a_store_that_answers_a_put_again_makes_the_replica_ready_again(
 # -- acknowledgements first -------------------------------------------------------------
 
 
-async def inbox_with_an_unanswered_ack(db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch, **options: object
-                                       ) -> tuple[Inbox, Handler, asyncio.Future[bool], asyncio.Task[bool | None]]:
+AckWaiting = tuple[Inbox, Handler, asyncio.Future[bool], asyncio.Task[bool | None]]
+
+
+async def inbox_with_only_an_unanswered_ack(db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch,
+                                            **options: object) -> AckWaiting:
     """A started inbox where delivery d2's 202 waits for a commit the test answers (`commit`)."""
     store = DeliveryStore(db)
     handler = Handler(StateStore(db, store.writer))
@@ -543,6 +546,13 @@ async def inbox_with_an_unanswered_ack(db: RecordingDatabase, monkeypatch: pytes
     monkeypatch.setattr(store, "put_soon", lambda item: commit if item.id == "d2" else put_soon(item))
     waiting = asyncio.create_task(inbox.put_in_time(delivery(2), 30.0))
     await asyncio.sleep(0)
+    return inbox, handler, commit, waiting
+
+
+async def inbox_with_an_unanswered_ack(db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch,
+                                       **options: object) -> AckWaiting:
+    """`inbox_with_only_an_unanswered_ack`, and d1 stored (and queued) meanwhile."""
+    inbox, handler, commit, waiting = await inbox_with_only_an_unanswered_ack(db, monkeypatch, **options)
     assert await inbox.put_in_time(delivery(1), 30.0) is True
     return inbox, handler, commit, waiting
 
@@ -584,16 +594,7 @@ async def test_a_hold_begins_with_the_backlog_not_with_an_acknowledgement_waitin
     # What this catches: a hold counted from a moment with nothing queued, already spent when
     # the burst's deliveries come.
     monkeypatch.setattr(inbox_module, "HOLD_FOR_ACKS_SECONDS", 0.3)
-    store = DeliveryStore(db)
-    handler = Handler(StateStore(db, store.writer))
-    inbox = Inbox(store, handler)
-    await inbox.open()
-    await inbox.start()
-    commit: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    put_soon = store.put_soon
-    monkeypatch.setattr(store, "put_soon", lambda item: commit if item.id == "d2" else put_soon(item))
-    waiting = asyncio.create_task(inbox.put_in_time(delivery(2), 30.0))
-    await asyncio.sleep(0)
+    inbox, handler, commit, waiting = await inbox_with_only_an_unanswered_ack(db, monkeypatch)
     inbox._wake.set()  # the worker looks while only that acknowledgement waits, nothing queued
     await asyncio.sleep(0.4)
 

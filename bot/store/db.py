@@ -28,7 +28,6 @@ from bot.store.engine import (
     Row,
     Statement,
     compress,
-    compressed_together,
 )
 from bot.store.lockfile import PidLock
 from bot.store.migrations import (
@@ -232,5 +231,5 @@ def _execute(conn: sqlite3.Connection, statement: Statement) -> Result:
     if statement.many:
         conn.executemany(statement.sql, statement.args)
         return None
-    cursor = conn.execute(statement.sql, compressed_together(statement.args))
+    cursor = conn.execute(statement.sql, statement.args)
     return cursor.fetchall() if statement.rows else cursor.rowcount

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from bot.core.errors import is_transient
 from bot.store import Stores, open_stores, postgres
 from bot.store.deliveries import Delivery, moved_statement, status_statement
-from bot.store.engine import Compressed, Statement, compressed_together, inflate
+from bot.store.engine import Statement
 from bot.store.errors import StoreUnavailable
 
 POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
@@ -213,16 +213,6 @@ async def test_the_bodies_of_one_burst_are_stored_compressed_and_each_reads_back
     stored = await stores.engine.fetch("SELECT id, encoding, length(body) FROM delivery_bodies")
     if stores.engine.dialect == "sqlite":
         assert sorted((key, encoding) for key, encoding, size in stored if size < 1_000) == [(key, "zstd") for key in bodies]
-
-
-def test_compressed_together_compresses_only_the_compressed_values_in_place() -> None:
-    first, second = b"a" * 5_000, b"b" * 7_000
-    args = ("id", Compressed(first), 3, None, Compressed(second))
-    together = compressed_together(args)
-    assert [together[0], together[2], together[3]] == ["id", 3, None]
-    assert [inflate("zstd", together[1]), inflate("zstd", together[4])] == [first, second]
-    alone = ("id", Compressed(first))
-    assert compressed_together(alone) is alone  # one value: the adapter compresses it
 
 
 async def test_a_body_compressed_by_an_earlier_version_reads_back(stores: Stores) -> None:

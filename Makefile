@@ -28,7 +28,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/wave.py --scale 4
 	$(BIN)/python bench/reconcile.py
 	$(BIN)/python bench/abuse.py
-	$(BIN)/python bench/peers.py --rounds 3
+	$(BIN)/python bench/peers.py --rounds 6
 	$(BIN)/python bench/page.py
 
 clean:

@@ -251,8 +251,8 @@ class DeliveryStore:
             now,
             now,
         )
-        # SQLite's bodies are compressed (~9x for a webhook) here, as each delivery arrives,
-        # rather than in the store's thread: a burst's commits queue for that one thread, so
+        # SQLite's bodies are compressed (~9x for a webhook) here, as each delivery arrives
+        # (all but the rare large ones), rather than in the store's thread: a burst's commits queue for that one thread, so
         # each one's compression (~0.3 ms a burst) made the wait of every delivery longer,
         # while the event loop ran only ~45 % of a burst (zstd releases the interpreter).
         # bench/ingest.py's load, 20 interleaved rounds against compressing in the thread:

@@ -14,7 +14,13 @@ from structlog.testing import capture_logs
 from bot.core.errors import is_transient
 from bot.store import Stores, open_stores, postgres
 from bot.store.deliveries import Delivery, moved_statement, status_statement
-from bot.store.engine import Statement
+from bot.store.engine import (
+    COMPRESS_NOW_LIMIT,
+    Compressed,
+    Statement,
+    compressed_now,
+    inflate,
+)
 from bot.store.errors import StoreUnavailable
 
 POSTGRESQL_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
@@ -213,6 +219,24 @@ async def test_the_bodies_of_one_burst_are_stored_compressed_and_each_reads_back
     stored = await stores.engine.fetch("SELECT id, encoding, length(body) FROM delivery_bodies")
     if stores.engine.dialect == "sqlite":
         assert sorted((key, encoding) for key, encoding, size in stored if size < 1_000) == [(key, "zstd") for key in bodies]
+
+
+def test_a_body_is_compressed_at_once_unless_it_is_large() -> None:
+    small, large = b"s" * COMPRESS_NOW_LIMIT, b"l" * (COMPRESS_NOW_LIMIT + 1)
+    encoding, value = compressed_now("sqlite", small)
+    assert encoding == "zstd" and isinstance(value, bytes) and inflate("zstd", value) == small
+    # A large one (up to 25 MB) would hold the event loop: the store's thread compresses it.
+    assert compressed_now("sqlite", large) == ("zstd", Compressed(large))
+    assert compressed_now("postgresql", small) == (None, small)  # PostgreSQL compresses itself
+
+
+async def test_a_large_body_is_stored_compressed_and_reads_back_whole(stores: Stores) -> None:
+    body = b'{"action": "synchronize", "pad": "' + b"z" * COMPRESS_NOW_LIMIT + b'"}'
+    assert await stores.deliveries.put(Delivery("large", "pull_request", body, repo="o/r"))
+    assert await stores.deliveries.bodies(["large"]) == {"large": body}
+    [(encoding, size)] = await stores.engine.fetch("SELECT encoding, length(body) FROM delivery_bodies")
+    if stores.engine.dialect == "sqlite":
+        assert encoding == "zstd" and size < 1_000
 
 
 async def test_a_body_compressed_by_an_earlier_version_reads_back(stores: Stores) -> None:

@@ -62,8 +62,8 @@ def coalesced(dialect: Dialect, statements: Sequence[Statement]) -> tuple[list[S
 class Compressed:
     """Bytes SQLite stores compressed (`compress`): compressed in the store's own thread
     (zstd releases the interpreter), not on the event loop: a wave's document (~600 KB at
-    2,000 families) would hold the loop ~0.4 ms. New deliveries' bodies are compressed by
-    the caller instead (`compressed_now`)."""
+    2,000 families) would hold the loop ~0.4 ms. New deliveries' bodies, all but the large
+    ones, are compressed by the caller instead (`compressed_now`)."""
 
     data: bytes
 

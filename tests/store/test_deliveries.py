@@ -221,6 +221,27 @@ async def test_the_bodies_of_one_burst_are_stored_compressed_and_each_reads_back
         assert sorted((key, encoding) for key, encoding, size in stored if size < 1_000) == [(key, "zstd") for key in bodies]
 
 
+async def test_bodies_and_progress_read_any_number_of_ids_with_one_postgresql_statement(stores: Stores, monkeypatch) -> None:
+    stored = [delivery(n) for n in range(1, 6)]
+    for each in stored:
+        assert await stores.deliveries.put(each)
+    texts: set[str] = set()
+    fetch = stores.engine.fetch
+
+    async def recording(sql: str, *args: object) -> list:
+        texts.add(sql)
+        return await fetch(sql, *args)
+
+    monkeypatch.setattr(stores.engine, "fetch", recording)
+    for count in (1, 2, 5):
+        ids = [each.id for each in stored[:count]] + ["absent"]
+        assert set(await stores.deliveries.bodies(ids)) == set(ids[:count])
+        assert {key: progress.status for key, progress in (await stores.deliveries.progress(ids)).items()} == dict.fromkeys(
+            ids[:count], "queued")
+    # asyncpg prepares each distinct text on the server: one per query, whatever the count.
+    assert len(texts) == (2 if stores.engine.dialect == "postgresql" else 6)
+
+
 def test_a_body_is_compressed_at_once_unless_it_is_large() -> None:
     small, large = b"s" * COMPRESS_NOW_LIMIT, b"l" * (COMPRESS_NOW_LIMIT + 1)
     encoding, value = compressed_now("sqlite", small)

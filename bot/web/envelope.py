@@ -6,6 +6,10 @@ fields (skipping the rest of the ~25 KB body in C; the handlers parse it once, l
 payload whose routing fields have the wrong shape (a list for a name, an id past 64 bits)
 is refused with 400 here, so it never reaches the store's shared write batch, where one
 unstorable row would fail its neighbours.
+
+msgspec does not check the UTF-8 of the fields it skips, and JSON that is not UTF-8 can never
+be read by a handler: the ack checks it (~1 µs for an ASCII body), so such a body is a 400,
+not a delivery acknowledged, stored, then failed.
 """
 
 from __future__ import annotations
@@ -72,7 +76,17 @@ def envelope_of(body: bytes) -> Envelope:
         raise UnreadableBody("invalid-json", f"body is not JSON: {exc}") from None
     except RecursionError:
         raise UnreadableBody("invalid-json", "body exceeds the JSON nesting depth limit") from None
+    _check_utf8(body)
     return Envelope(_action(routing.action), _repo(routing.repository), _installation(routing.installation))
+
+
+def _check_utf8(body: bytes) -> None:
+    if body.isascii():
+        return
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableBody("invalid-json", f"body is not UTF-8 at byte {exc.start}: {exc.reason}") from None
 
 
 def invalid(detail: str) -> UnreadableBody:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from bot.core.events import PullRequestEvent
+from bot.web.envelope import UnreadableBody, envelope_of
+from handlers.context import WebhookEvent
 from tests.harness import running_klaud
-from tests.web.test_hostile_input import stored
-from tests.web.test_ingest import PR_PAYLOAD, make_klaud
+from tests.web.test_hostile_input import stored, with_unread_field
+from tests.web.test_ingest import PR_PAYLOAD, make_klaud, pull_request_event
 
 
 @pytest.mark.parametrize("name", ["o" * 101 + "/bench", "acme/" + "r" * 101])
@@ -52,3 +57,19 @@ async def test_routing_fields_at_their_limits_are_accepted(tmp_path, payload):
     async with running_klaud(make_klaud(tmp_path)) as run:
         assert (await run.post("pull_request", payload, delivery="edge"))[0] == 202
         assert await stored(run, "edge")
+
+
+
+@pytest.mark.parametrize("depth", [200, 201, 600, 900])
+def test_a_body_the_ack_accepts_at_any_depth_its_handler_reads(depth):
+    # What this catches: the ack (msgspec, ~1,000 levels) accepting a body the handler's
+    # parser (pydantic, 200 levels) refuses, so it is acknowledged, stored, then failed.
+    body = json.dumps(pull_request_event(5)).encode()[:-1] + b', "unread": ' + b"[" * depth + b"]" * depth + b"}"
+    assert envelope_of(body).repo == "acme/bench"
+    event = WebhookEvent(body, event="pull_request", delivery_id="d", action="opened").parsed(PullRequestEvent)
+    assert event.pull_request.number == 5
+
+
+def test_a_body_past_the_acks_depth_is_refused_before_any_handler_sees_it():
+    with pytest.raises(UnreadableBody, match="depth"):
+        envelope_of(with_unread_field(b"[" * 5_000 + b"]" * 5_000))

@@ -70,6 +70,26 @@ async def test_json_nested_5k_to_200k_levels_is_400_invalid_json_and_stores_noth
         assert not await stored(run, "deep")
 
 
+def with_unread_field(value: bytes) -> bytes:
+    """PR_PAYLOAD plus a field no handler reads, holding `value` as raw JSON bytes."""
+    return json.dumps(PR_PAYLOAD).encode()[:-1] + b', "unread": ' + value + b"}"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b'"\xff"', b'"\xed\xa0\x80"', b'{"\xc0\xaf": 1}', b'"\\udc00"'],
+    ids=["invalid-utf-8", "utf-8-encoded-surrogate", "overlong-utf-8-key", "lone-surrogate-escape"],
+)
+async def test_json_that_is_not_utf_8_anywhere_in_the_body_is_400_and_stores_nothing(tmp_path, value):
+    # What this catches: a field the ack does not read, not UTF-8, acknowledged with 202 and
+    # stored, then failed by the handler's parser.
+    async with running_klaud(make_klaud(tmp_path)) as run:
+        body = with_unread_field(value)
+        status, answer = await raw_post(run, body, headers_for("pull_request", body, delivery="unreadable"))
+        assert (status, answer["error"]) == (400, "invalid-json")
+        assert not await stored(run, "unreadable")
+
+
 # -- headers sent, then the body stalls ----------------------------------------------------
 
 

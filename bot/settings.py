@@ -157,6 +157,8 @@ def load_settings(
             values["private_key"] = Path(key_file).read_text()
         except OSError as exc:
             raise SettingsError(f"KLAUD_PRIVATE_KEY_FILE: cannot read {key_file}: {exc.strerror}")
+        except UnicodeDecodeError:
+            raise SettingsError(f"KLAUD_PRIVATE_KEY_FILE: {key_file} is not a PEM text file") from None
     try:
         settings = Settings(**values)
     except ValidationError as exc:
@@ -167,7 +169,8 @@ def load_settings(
             name = "KLAUD_PRIVATE_KEY_FILE"  # the variable the operator set
         message = str(error["msg"]).removeprefix("Value error, ")
         raise SettingsError(f"{name}: {message}") from None
-    if require_secret and not settings.secrets():
+    # The previous secret alone is not enough: it is accepted only while rotating to a new one.
+    if require_secret and not (settings.webhook_secret and settings.webhook_secret.get_secret_value()):
         raise SettingsError("KLAUD_WEBHOOK_SECRET: required to verify webhook deliveries")
     if require_app:
         if settings.app_id is None:

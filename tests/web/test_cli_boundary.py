@@ -188,3 +188,24 @@ async def test_a_strict_sandbox_takes_only_jwts_signed_with_the_app_key(tmp_path
     finally:
         proc.terminate()
         await proc.wait()
+
+
+def test_a_private_key_file_that_is_not_text_is_refused_in_one_line_naming_the_variable(tmp_path):
+    # What this catches: a DER or other binary key file ending `klaud serve` with a UnicodeDecodeError traceback.
+    from bot.settings import SettingsError, load_settings
+
+    binary = tmp_path / "app.der"
+    binary.write_bytes(b"\x30\x82\x04\xa4\x02\x01\x00\x02\x82\x01\x01\x00\xc3\xff")
+    with pytest.raises(SettingsError, match="^KLAUD_PRIVATE_KEY_FILE: .* is not a PEM text file$"):
+        load_settings({"KLAUD_PRIVATE_KEY_FILE": str(binary)})
+
+
+def test_serve_needs_the_current_webhook_secret_not_only_the_previous_one():
+    # What this catches: a server started with only KLAUD_WEBHOOK_SECRET_PREVIOUS, the secret
+    # that is on its way out, as if it were the current one.
+    from bot.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="^KLAUD_WEBHOOK_SECRET: required"):
+        load_settings({"KLAUD_WEBHOOK_SECRET_PREVIOUS": "old"}, require_secret=True)
+    assert load_settings({"KLAUD_WEBHOOK_SECRET": "new", "KLAUD_WEBHOOK_SECRET_PREVIOUS": "old"},
+                         require_secret=True).secrets() == ["new", "old"]

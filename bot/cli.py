@@ -36,6 +36,7 @@ from bot.runtime import scenario_from, start_stack
 from bot.sandbox import Sandbox, ScenarioError, load_scenario
 from bot.services.doctor import diagnose
 from bot.settings import Settings, SettingsError, load_settings
+from bot.store import SQLITE_PREFIX
 from bot.store.deliveries import Delivery
 from bot.store.errors import StoreError, StoreLocked
 from bot.web.envelope import UnreadableBody, envelope_of
@@ -229,6 +230,7 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
             at = parse_time(args.at)
         except ValueError:
             raise UsageError(f"--at: not an ISO time with a timezone: {args.at!r}") from None
+    _refuse_a_missing_sqlite_store(settings)
     klaud = Klaud(settings)
     try:
         await klaud.start(drain=False)
@@ -239,6 +241,8 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
         repos = [args.repo] if args.repo else sorted(klaud.live.repos)
         if args.repo and klaud.live.repo(args.repo) is None:
             raise UsageError(f"--repo: {args.repo} has no local state (run `klaud reconcile --repo {args.repo}`)")
+        if not repos:
+            print("klaud: no repository has local state in this store (run `klaud reconcile`)", file=sys.stderr)
         for repo in repos:
             state = klaud.live.repo(repo)
             if state is None:
@@ -251,6 +255,16 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         await klaud.stop()
     return 0
+
+
+def _refuse_a_missing_sqlite_store(settings: Settings) -> None:
+    """`plan` only reads: a KLAUD_DB naming a SQLite file that is not there (a typo, another
+    folder) is refused, not created, migrated and planned as empty."""
+    if not settings.db.startswith(SQLITE_PREFIX):
+        return
+    path = settings.db[len(SQLITE_PREFIX) :]
+    if path != ":memory:" and not Path(path).exists():
+        raise UsageError(f"KLAUD_DB: no store at {path} (`klaud serve` or `klaud reconcile` creates it)")
 
 
 async def _plan_from_server(settings: Settings, args: argparse.Namespace, at: datetime | None) -> int:

@@ -209,3 +209,19 @@ def test_serve_needs_the_current_webhook_secret_not_only_the_previous_one():
         load_settings({"KLAUD_WEBHOOK_SECRET_PREVIOUS": "old"}, require_secret=True)
     assert load_settings({"KLAUD_WEBHOOK_SECRET": "new", "KLAUD_WEBHOOK_SECRET_PREVIOUS": "old"},
                          require_secret=True).secrets() == ["new", "old"]
+
+
+def test_plan_on_a_sqlite_store_that_is_not_there_exits_2_and_creates_nothing(tmp_path):
+    # What this catches: a mistyped KLAUD_DB creating, migrating and planning an empty store, exit 0.
+    done = run_klaud(["plan"], klaud_env(tmp_path, KLAUD_DB=f"sqlite:///{tmp_path / 'typo.db'}"))
+    assert done.returncode == 2
+    assert one_line(done.stderr) == f"klaud: KLAUD_DB: no store at {tmp_path / 'typo.db'} (`klaud serve` or `klaud reconcile` creates it)"
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_plan_on_a_store_without_repositories_says_so(tmp_path):
+    # What this catches: an empty store planned in silence, as if every repository had nothing to do.
+    await (await open_stores(f"sqlite:///{tmp_path / 'klaud.db'}")).close()  # an empty, migrated store
+    done = await asyncio.to_thread(run_klaud, ["plan"], klaud_env(tmp_path))
+    assert (done.returncode, done.stdout) == (0, "")
+    assert "no repository has local state" in one_line(done.stderr)

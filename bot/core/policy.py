@@ -6,10 +6,12 @@ stays in force.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.config import JsonDict
 
 from bot.core.yamltext import UNREADABLE_YAML, where
 
@@ -17,6 +19,12 @@ POLICY_PATH = ".github/klaud.yml"
 
 # What Klaud can send a candidate workflow.
 InputKey = Literal["candidate", "family", "base", "wave"]
+
+# What `family_files` patterns may name (bot.core.catalog fills them in per family).
+FAMILY_FILE_PLACEHOLDERS = ("key", "model-prefix", "precision", "framework", "hardware")
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+# Editors learn from the schema what the validator below refuses.
+_AT_LEAST_ONE: JsonDict = {"minItems": 1}
 
 
 def _every_input() -> dict[InputKey, str]:
@@ -34,8 +42,10 @@ class Policy(BaseModel):
     max_in_flight: int = Field(default=10, ge=1, le=1024)
     idle_days: int = Field(default=7, ge=1, le=365)
     candidate_workflow: str = Field(default="klaud-candidate.yml", min_length=1)
-    outcome_workflows: tuple[str, ...] = ("klaud-candidate.yml", "klaud-plan.yml")
-    config_globs: tuple[str, ...] = ("configs/*-master.yaml",)
+    outcome_workflows: tuple[str, ...] = Field(
+        default=("klaud-candidate.yml", "klaud-plan.yml"), json_schema_extra=_AT_LEAST_ONE
+    )
+    config_globs: tuple[str, ...] = Field(default=("configs/*-master.yaml",), json_schema_extra=_AT_LEAST_ONE)
     runners_file: str = "configs/runners.yaml"
     family_files: tuple[str, ...] = ()
     capacity_rule: Literal["all", "any"] = "all"
@@ -52,6 +62,17 @@ class Policy(BaseModel):
         if not value:
             raise ValueError("must name at least one entry")
         return value
+
+    @field_validator("family_files")
+    @classmethod
+    def _known_placeholders(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        # An unknown one ({model}, {gpu}) would stay in the glob as text and match no file.
+        for pattern in patterns:
+            for name in _PLACEHOLDER.findall(pattern):
+                if name not in FAMILY_FILE_PLACEHOLDERS:
+                    known = ", ".join("{" + known + "}" for known in FAMILY_FILE_PLACEHOLDERS)
+                    raise ValueError(f"{pattern!r}: unknown placeholder {{{name}}} (known: {known})")
+        return patterns
 
 
 def policy_schema() -> dict[str, object]:
@@ -80,6 +101,7 @@ def parse_policy(text: str | None) -> Policy:
         return Policy(**{str(k): v for k, v in data.items()})
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '?'}: {err['msg']}" for err in exc.errors()
+            f"{'.'.join(str(p) for p in err['loc']) or '?'}: {err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors()
         )
         raise PolicyError(f"{POLICY_PATH}: {problems}") from None

@@ -65,3 +65,11 @@ def test_bounds_the_domain_gives(key: str, lowest: int, highest: int) -> None:
     for outside in (lowest - 1, highest + 1):
         with pytest.raises(PolicyError, match=key):
             parse_policy(f"{key}: {outside}\n")
+
+
+def test_family_files_with_an_unknown_placeholder_is_refused_naming_it() -> None:
+    # What this catches: `{model}` kept in the glob as text, matching no file, in silence.
+    with pytest.raises(PolicyError, match=r"family_files.*unknown placeholder \{model\}"):
+        parse_policy("family_files: ['benchmarks/{model}/*.sh']\n")
+    known = "family_files: ['benchmarks/{model-prefix}_{precision}_{framework}_{hardware}.sh', 'x/{key}.yaml']\n"
+    assert len(parse_policy(known).family_files) == 2

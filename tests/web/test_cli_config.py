@@ -45,3 +45,5 @@ def test_the_schema_describes_every_key_with_its_bounds_and_refuses_unknown_keys
     assert set(schema["properties"]) == set(Policy.model_fields)
     assert (schema["properties"]["cooldown_hours"]["minimum"], schema["properties"]["cooldown_hours"]["maximum"]) == (1, 168)
     assert schema["properties"]["capacity_rule"]["enum"] == ["all", "any"]
+    # The validator refuses these empty: an editor should say so too.
+    assert schema["properties"]["outcome_workflows"]["minItems"] == schema["properties"]["config_globs"]["minItems"] == 1

@@ -82,7 +82,7 @@ class Api:
             # repository learns its new name; any other gets the old name's 404.
             moved = self.world.moved_to(params)
             if moved is not None and self.world.repo_named(params) is None:
-                if self.auth.strict and installation != moved.installation_id:
+                if (self.auth.strict or installation is not None) and installation != moved.installation_id:
                     raise ApiError(404, "Not Found")
                 raise redirect(request, params, moved.full_name)
             call = Call(
@@ -92,7 +92,9 @@ class Api:
                 query=request.query,
                 body=await read_json(request),
                 accept=request.headers.get("Accept", ""),
-                installation_id=installation if self.auth.strict else None,
+                # A token the sandbox issued sees only its installation's repositories, as on
+                # GitHub, strict or not: lenient auth only lets unknown credentials through.
+                installation_id=installation,
                 origin=origin,
                 token=credential(header),
                 announce=announce,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 
@@ -266,3 +267,21 @@ async def test_strict_auth_reads_times_from_the_sandbox_clock(
     assert (await strict.api("GET", "/app/installations")).status == 401
     strict.sandbox.clock.advance(86400)
     assert (await strict.api("GET", "/app/installations")).status == 200
+
+
+async def test_a_token_issued_for_one_installation_sees_none_of_anothers_repositories_even_lenient() -> None:
+    # What this catches: Klaud reading installation 2's repository with installation 1's
+    # token, which GitHub answers with 404, passing against the lenient sandbox.
+    scenario = small_scenario()
+    other = copy.deepcopy(scenario["repositories"][0]) | {"full_name": "other/lab", "installation_id": 2}
+    scenario["repositories"].append(other)
+    async for hub in serve(Sandbox(scenario)):
+        made = await hub.json("POST", "/app/installations/1/access_tokens", status=201)
+        hub.token = f"token {made['token']}"
+        assert (await hub.api("GET", REPO)).status == 200
+        assert (await hub.api("GET", "/repos/other/lab")).status == 404
+        assert (await hub.api("GET", "/repos/other/lab/pulls")).status == 404
+        listed = await hub.json("GET", "/installation/repositories")
+        assert [r["full_name"] for r in listed["repositories"]] == ["acme/bench"]
+        hub.token = "token anything"  # lenient: a credential the sandbox never issued is anyone
+        assert (await hub.api("GET", "/repos/other/lab")).status == 200

@@ -556,7 +556,7 @@ def download_artifact(call: Call) -> Reply:
     if call.params["archive_format"] != "zip":
         raise ApiError(404, "Not Found")
     if artifact.expired(call.now):
-        raise ApiError(404, "Artifact has expired")
+        raise ApiError(410, "Artifact has expired")  # GitHub: 410 Gone
     name = call.world.register_blob(artifact.data)
     return Reply(302, None, headers={"location": f"{call.origin}/_sandbox/blobs/{name}"})
 

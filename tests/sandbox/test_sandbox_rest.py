@@ -345,7 +345,7 @@ async def test_artifacts_list_and_zip_redirect(hub: Hub) -> None:
         document = json.loads(archive.read("candidate-diagnostics.json"))
     assert document["candidate-outcome"]["outcome"] == "capacity-deferred"
     expired = await hub.api("GET", f"{REPO}/actions/artifacts/{old['id']}/zip")
-    assert expired.status == 404
+    assert (expired.status, (await expired.json())["message"]) == (410, "Artifact has expired")  # GitHub: 410 Gone
     assert (await hub.api("GET", f"{REPO}/actions/artifacts/1/zip")).status == 404
     everything = await hub.json("GET", f"{REPO}/actions/artifacts")
     assert everything["total_count"] == 2

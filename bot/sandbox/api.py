@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,8 @@ PREFIX = "/_sandbox/github"
 DEFAULT_PER_PAGE = 30
 MAX_PER_PAGE = 100
 WRITE_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
+# A repository's routes under the id that survives renames: where GitHub's redirects point.
+BY_ID = re.compile(r"/repositories/(\d+)(/.+)")
 
 
 class Api:
@@ -59,7 +62,7 @@ class Api:
         origin = str(request.url.origin())
         self.world.origin = origin
         method = request.method
-        path = request.path[len(PREFIX):] or "/"
+        path = self.by_name(request.path[len(PREFIX):] or "/")
         matched = self.router.match(method, path)
         label = f"{method} {matched[0].template}" if matched else f"{method} (unknown route)"
         budget = self.budget_key(None, matched[1] if matched else {})
@@ -84,7 +87,7 @@ class Api:
             if moved is not None and self.world.repo_named(params) is None:
                 if (self.auth.strict or installation is not None) and installation != moved.installation_id:
                     raise ApiError(404, "Not Found")
-                raise redirect(request, params, moved.full_name)
+                raise redirect(request, params, moved.id)
             call = Call(
                 world=self.world,
                 shapes=self.world.shapes(origin),
@@ -133,6 +136,15 @@ class Api:
         if rule.status or rule.ratelimit_remaining_zero:
             raise fault_error(rule, self.limits, budget)
 
+    def by_name(self, path: str) -> str:
+        """`/repositories/{id}/rest` as the route of the repository's current name (an
+        unknown id keeps the path, which then matches no route: 404)."""
+        found = BY_ID.fullmatch(path)
+        if found is None:
+            return path
+        repo = next((r for r in self.world.repos.values() if r.id == int(found[1])), None)
+        return path if repo is None else f"/repos/{repo.full_name}{found[2]}"
+
     def budget_key(self, installation: int | None, params: dict[str, str]) -> str:
         """Whose hourly budget a request spends: its installation's, else the App's."""
         if installation is not None:
@@ -171,11 +183,12 @@ class Api:
                             content_type=content_type, charset="utf-8")
 
 
-def redirect(request: web.Request, params: dict[str, str], full_name: str) -> ApiError:
+def redirect(request: web.Request, params: dict[str, str], repository_id: int) -> ApiError:
     """A renamed repository's old route, as GitHub answers it: 301 for a read, 307 for a
-    write (a client follows 307 with the same method and body), to the current name."""
+    write (a client follows 307 with the same method and body), to the same route under
+    `/repositories/{id}`, which does not name the repository."""
     old = f"/repos/{params['owner']}/{params['repo']}"
-    location = request.url.with_path(request.path.replace(old, f"/repos/{full_name}", 1))
+    location = request.url.with_path(request.path.replace(old, f"/repositories/{repository_id}", 1))
     status = 301 if request.method in ("GET", "HEAD") else 307
     return ApiError(status, "Moved Permanently", {"Location": str(location.with_query(request.query))})
 

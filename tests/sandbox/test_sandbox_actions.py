@@ -387,12 +387,18 @@ async def test_rename_repository_redirects_the_old_name_and_sends_repository_ren
     # Authentication comes first, as on GitHub: no credentials, no new name.
     anonymous = await wired.client.get(f"/_sandbox/github{REPO}", allow_redirects=False)
     assert anonymous.status == 401 and "Location" not in anonymous.headers
+    repository = await wired.json("GET", "/repos/acme/bench-next")
+    # GitHub's Location names the repository by id, not by its new name.
     read = await wired.api("GET", f"{REPO}/pulls?state=open")
     assert read.status == 301
-    assert read.headers["Location"].endswith("/_sandbox/github/repos/acme/bench-next/pulls?state=open")
+    by_id = f"/_sandbox/github/repositories/{repository['id']}"
+    assert read.headers["Location"].endswith(f"{by_id}/pulls?state=open")
+    pulls = await wired.client.get(f"{by_id}/pulls?state=open", headers={"Authorization": wired.token})
+    assert pulls.status == 200 and [p["number"] for p in await pulls.json()] == [12]
     write = await wired.api("POST", f"{REPO}/issues/12/comments", json={"body": "hi"})
     assert write.status == 307  # a write is redirected with its method and body kept
-    repository = await wired.json("GET", "/repos/acme/bench-next")
+    assert write.headers["Location"].endswith(f"{by_id}/issues/12/comments")
+    await wired.json("GET", "/repositories/999999/pulls", status=404)
     assert repository["full_name"] == "acme/bench-next"
     # The id stays: GitHub finds a repository by it whatever it is called now.
     assert (await wired.json("GET", f"/repositories/{repository['id']}"))["full_name"] == "acme/bench-next"

@@ -18,14 +18,17 @@ from typing import Any
 from aiohttp import web
 
 from bot.sandbox.gate import (
+    GRAPHQL_BUDGET,
     ApiError,
     Auth,
     FaultRule,
     Faults,
+    GraphQLRateLimited,
     RateLimits,
     RequestLog,
     credential,
     fault_error,
+    rate_limit_message,
 )
 from bot.sandbox.rest import Call, Reply, Route
 from bot.sandbox.routes import build_router
@@ -65,7 +68,7 @@ class Api:
         path = self.by_name(request.path[len(PREFIX):] or "/")
         matched = self.router.match(method, path)
         label = f"{method} {matched[0].template}" if matched else f"{method} (unknown route)"
-        budget = self.budget_key(None, matched[1] if matched else {})
+        budget = self.budget_key(None, matched[1] if matched else {}, path)
         announce: list[Event] = []
         counted = False
         rule = self.faults.pick(method, path)
@@ -76,10 +79,12 @@ class Api:
             route, params = matched
             header = request.headers.get("Authorization")
             installation = self.auth.installation_for(path, header)
-            budget = self.budget_key(installation, params)
+            budget = self.budget_key(installation, params, path)
             if self.limits.exhausted(budget):
-                raise ApiError(403, f"API rate limit exceeded for installation ID {budget}.",
-                               self.limits.headers(budget, exhausted=True))
+                spent = self.limits.headers(budget, exhausted=True)
+                if budget.endswith(GRAPHQL_BUDGET):
+                    raise GraphQLRateLimited(rate_limit_message(budget), spent)
+                raise ApiError(403, rate_limit_message(budget), spent)
             counted = True
             # After authentication, as GitHub does: only a caller who may see the renamed
             # repository learns its new name; any other gets the old name's 404.
@@ -145,15 +150,17 @@ class Api:
         repo = next((r for r in self.world.repos.values() if r.id == int(found[1])), None)
         return path if repo is None else f"/repos/{repo.full_name}{found[2]}"
 
-    def budget_key(self, installation: int | None, params: dict[str, str]) -> str:
-        """Whose hourly budget a request spends: its installation's, else the App's."""
+    def budget_key(self, installation: int | None, params: dict[str, str], path: str) -> str:
+        """Whose hourly budget a request spends: its installation's, else the App's; GraphQL's
+        or REST's."""
+        resource = GRAPHQL_BUDGET if path == "/graphql" else ""
         if installation is not None:
-            return str(installation)
+            return f"{installation}{resource}"
         if "owner" in params and "repo" in params:
             repo = self.world.repos.get(f"{params['owner']}/{params['repo']}".lower())
             if repo is not None:
-                return str(repo.installation_id)
-        return "app"
+                return f"{repo.installation_id}{resource}"
+        return f"app{resource}"
 
     def render(self, request: web.Request, reply: Reply) -> web.Response:
         self.request_count += 1

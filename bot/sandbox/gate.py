@@ -43,6 +43,16 @@ class ApiError(Exception):
                 "status": str(self.status)}
 
 
+class GraphQLRateLimited(ApiError):
+    """GraphQL's budget spent: GitHub answers 200 with an error of type RATE_LIMITED."""
+
+    def __init__(self, message: str, headers: dict[str, str]) -> None:
+        super().__init__(200, message, headers)
+
+    def body(self) -> dict[str, Any]:
+        return {"errors": [{"type": "RATE_LIMITED", "message": self.message}]}
+
+
 # --- faults ----------------------------------------------------------------------------
 
 
@@ -140,6 +150,10 @@ class Faults:
         return None
 
 
+def rate_limit_message(budget_key: str) -> str:
+    return f"API rate limit exceeded for installation ID {budget_key.removesuffix(GRAPHQL_BUDGET)}."
+
+
 def fault_error(rule: FaultRule, limits: RateLimits, budget_key: str) -> ApiError:
     status = rule.status or 403
     headers: dict[str, str] = {}
@@ -147,7 +161,7 @@ def fault_error(rule: FaultRule, limits: RateLimits, budget_key: str) -> ApiErro
         headers["retry-after"] = str(rule.retry_after)
     if rule.ratelimit_remaining_zero:
         headers.update(limits.headers(budget_key, exhausted=True))
-        message = rule.message or f"API rate limit exceeded for installation ID {budget_key}."
+        message = rule.message or rate_limit_message(budget_key)
     elif rule.retry_after is not None and status in (403, 429):
         message = rule.message or "You have exceeded a secondary rate limit. Please wait a few minutes before you try again."
     else:
@@ -179,8 +193,13 @@ class Budget:
     reset: datetime
 
 
+# GraphQL has a budget of its own beside REST's ("core"), per installation alike.
+GRAPHQL_BUDGET = "/graphql"
+
+
 class RateLimits:
-    """GitHub's primary rate limit: a budget per installation (or the App) per hour."""
+    """GitHub's primary rate limit: a budget per installation (or the App) per hour, one
+    for REST and one for GraphQL (a key ending in GRAPHQL_BUDGET)."""
 
     def __init__(self, limit: int, now: Callable[[], datetime]) -> None:
         self.limit = limit
@@ -209,7 +228,7 @@ class RateLimits:
             "x-ratelimit-remaining": str(self.limit - used),
             "x-ratelimit-reset": str(int(budget.reset.timestamp())),
             "x-ratelimit-used": str(used),
-            "x-ratelimit-resource": "core",
+            "x-ratelimit-resource": "graphql" if key.endswith(GRAPHQL_BUDGET) else "core",
         }
 
 

@@ -221,6 +221,26 @@ async def test_rate_limit_headers_count_down_and_refuse_when_spent() -> None:
         assert (await hub.api("GET", REPO)).status == 200
 
 
+async def test_graphql_has_its_own_budget_and_when_spent_answers_200_rate_limited() -> None:
+    # What this catches: GraphQL spending REST's budget and refused with REST's 403, where
+    # GitHub keeps a separate budget and answers 200 with an error of type RATE_LIMITED.
+    query = {"query": "{ repository(owner: \"acme\", name: \"bench\") { object(expression: \"main\") { oid } } }"}
+    async for hub in serve(Sandbox(small_scenario(rate_limit=2))):
+        hub.token = "token " + (await hub.json("POST", "/app/installations/1/access_tokens", status=201))["token"]
+        for _ in range(2):
+            assert (await hub.api("GET", REPO)).status == 200
+        assert (await hub.api("GET", REPO)).status == 403  # REST's budget is spent
+        for left in ("1", "0"):
+            answered = await hub.api("POST", "/graphql", json=query)
+            assert answered.status == 200 and "errors" not in await answered.json()
+            assert (answered.headers["x-ratelimit-resource"], answered.headers["x-ratelimit-remaining"]) == ("graphql", left)
+        refused = await hub.api("POST", "/graphql", json=query)
+        assert refused.status == 200
+        [error] = (await refused.json())["errors"]
+        assert error["type"] == "RATE_LIMITED" and error["message"] == "API rate limit exceeded for installation ID 1."
+        assert (refused.headers["x-ratelimit-resource"], refused.headers["x-ratelimit-remaining"]) == ("graphql", "0")
+
+
 async def test_commit_and_compare(hub: Hub) -> None:
     head = hub.state()["head_sha"]
     commit = await hub.json("GET", f"{REPO}/commits/main")

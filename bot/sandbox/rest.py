@@ -710,7 +710,11 @@ def check_or_404(call: Call, repo: RepoState) -> CheckRun:
 def update_check_run(call: Call) -> Reply:
     repo = call.repo()
     check = check_or_404(call, repo)
+    was_completed = check.status == "completed"
     apply_check_fields(call, check)
+    if check.status == "completed" and not was_completed:
+        # GitHub tells the App its check run completed, as it told it of its creation.
+        call.announce.append(Payloads(call.world).check_run(repo, check, "completed", BOT_LOGIN))
     return Reply(body=call.shapes.check_run(repo, check))
 
 

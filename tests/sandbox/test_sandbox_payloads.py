@@ -85,6 +85,8 @@ async def collect(hub: Hub) -> list[Event]:
     await hub.act(action="rerequest_check", repo="acme/bench", check_run_id=check["id"],
                   user="bob")
     await hub.act(action="rerequest_suite", repo="acme/bench", head_sha=head, user="bob")
+    await hub.json("PATCH", f"/repos/acme/bench/check-runs/{check['id']}",
+                   json={"status": "completed", "conclusion": "success"})
     made = await hub.json("POST", "/repos/acme/bench/issues", status=201, json={"title": "t"})
     await hub.act(action="edit_issue", repo="acme/bench", number=made["number"], user="bob",
                   body="b")
@@ -109,6 +111,7 @@ CASES = [
     ("workflow_run", "requested", "workflow_run/requested.payload.json", "workflow_run"),
     ("repository_dispatch", "klaud-plan", "repository_dispatch/payload.json", None),
     ("check_run", "created", "check_run/created.with-organization.payload.json", "check_run"),
+    ("check_run", "completed", "check_run/completed.with-organization.payload.json", "check_run"),
     ("workflow_run", "in_progress", "workflow_run/requested.payload.json", "workflow_run"),
     ("check_suite", "rerequested", "check_suite/rerequested.with-organization.payload.json",
      "check_suite"),

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
-from bot.core.domain import Attempt, Decision, Wave
+from bot.core.domain import Attempt, Blocked, Decision, Wave
 
 CLAIM_LOST_REASON = "another wave claimed this family first"
 # A pause needs this many runs of one wave failing in the same job …
@@ -49,6 +50,20 @@ def answer_lost(decision: Decision, error: str) -> Decision:
 
 def dry_run(decision: Decision, workflow: str) -> Decision:
     return replace(decision, reason=f"{decision.reason} (dry run: would claim the family and dispatch {workflow})")
+
+
+DISABLED_REASON = "disabled by .github/klaud.yml (enabled: false): no wave runs"
+
+
+def disabled(wave: Wave, now: datetime) -> Wave:
+    """The plan of a repository whose policy turns Klaud off: no wave runs, so what would be
+    selected is shown paused and the plan says why (a preview that selected families would
+    promise dispatches that never come)."""
+    decisions = tuple(
+        replace(d, decision="paused", reason=DISABLED_REASON) if d.decision == "selected" else d
+        for d in wave.decisions
+    )
+    return replace(wave, decisions=decisions, blocked=Blocked("dispatch-paused", DISABLED_REASON, now))
 
 
 def settle(wave: Wave, overrides: Mapping[str, Decision]) -> Wave:

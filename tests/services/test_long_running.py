@@ -180,3 +180,19 @@ async def test_a_disabled_repositorys_scheduled_wave_moves_on_to_its_next_slot(k
     assert [entry["event"] for entry in logs].count("wave.skipped") == 1
     assert kit.state.meta.next_wave_at is not None and kit.state.meta.next_wave_at > due
     assert parse_time(kit.state.meta.next_wave_at) > kit.clock.now()
+
+
+async def test_the_plan_of_a_disabled_repository_selects_nothing_and_says_why(kit: Kit) -> None:
+    # What this catches: `klaud plan`, `/plan` and the status page showing families
+    # "selected" for a repository whose policy turned Klaud off, where no wave ever runs.
+    await kit.reconciler.reconcile(REPO, 1)
+    enabled = await kit.waves.preview(REPO)
+    assert enabled is not None and enabled.selected and enabled.blocked is None
+    kit.state.set_policy_text("enabled: false\n")
+    plan = await kit.waves.preview(REPO)
+    assert plan is not None and not plan.selected
+    assert plan.blocked is not None and "enabled: false" in plan.blocked.reason
+    paused = {d.family for d in plan.decisions if d.decision == "paused"}
+    assert paused == {d.family for d in enabled.decisions if d.decision == "selected"}
+    assert all("enabled: false" in d.reason for d in plan.decisions if d.family in paused)
+    assert await kit.waves.run(REPO, trigger="schedule") is None  # and no wave runs

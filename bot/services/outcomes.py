@@ -291,13 +291,18 @@ class OutcomeRecorder:
             log.info("claim.already_released", family=released.family)
         family = attempt.family or state.family_of_candidate(attempt.candidate)
         families = {family} if family else set()
+        canary = state.is_canary(attempt)
         if ended is not None:
             turn = state.note_finished(ended, attempt, self.live.clock.now())
-            if turn is not None:
-                log.warning("dispatch." + turn, repo=state.name, reason=(state.meta.pause or {}).get("reason"))
-                DISPATCH_PAUSED.labels(state.name).set(1 if turn == "paused" else 0)
-                # Every Klaud check run shows a pause: all of them re-render.
-                families |= {f.id for f in state.catalog}
+        else:
+            # A retried read of the canary's artifact ends the canary after its dispatch did.
+            turn = state.note_canary_attempt(attempt)
+        if turn is not None:
+            log.warning("dispatch." + turn, repo=state.name, reason=(state.meta.pause or {}).get("reason"))
+            DISPATCH_PAUSED.labels(state.name).set(1 if turn == "paused" else 0)
+            # Every Klaud check run shows a pause: all of them re-render.
+            families |= {f.id for f in state.catalog}
+        if ended is not None or canary:
             change.extend(state.save_meta())
         return families
 

@@ -370,19 +370,34 @@ class RepoState:
         runs = WaveRuns(**stats) if stats is not None else WaveRuns(dispatched=0)
         count_finished(runs, attempt)
         self.meta.wave_runs[str(dispatch.wave)] = runs.document()
-        canary = self.meta.canary or {}
-        if self.meta.pause is not None and canary.get("candidate") == attempt.candidate:
-            self.meta.canary = None
-            if attempt.verified:
-                self.meta.pause = None
-                return "resumed"
-            return None  # the canary failed too: still paused until the next push or resume
+        if self.is_canary(attempt):
+            return self.note_canary_attempt(attempt)
         if self.meta.pause is None:
             reason = pause_reason(dispatch.wave, runs)
             if reason is not None:
                 self.meta.pause = {"reason": reason, "since": stamp(now) or ""}
                 self.meta.canary = None
                 return "paused"
+        return None
+
+    def is_canary(self, attempt: Attempt) -> bool:
+        return self.meta.pause is not None and (self.meta.canary or {}).get("candidate") == attempt.candidate
+
+    def note_canary_attempt(self, attempt: Attempt) -> str | None:
+        """An attempt of the paused repository's canary: "resumed" when it is an outcome.
+
+        Without one the repository stays paused until the next push or /klaud resume,
+        unless the read of its artifact failed transiently and is retried: the canary then
+        waits for that read, whose outcome arrives after its dispatch has ended.
+        """
+        if not self.is_canary(attempt):
+            return None
+        if attempt.verified:
+            self.meta.pause = None
+            self.meta.canary = None
+            return "resumed"
+        if not self.artifact_read_pending(attempt.candidate, attempt.run_id):
+            self.meta.canary = None
         return None
 
     # -- controls ----------------------------------------------------------------------
@@ -438,6 +453,12 @@ class RepoState:
     def put_artifact_retry(self, key: str, entry: dict[str, Any]) -> Change:
         self.pending_artifacts[key] = entry
         return Change().put(self.name, "artifact-retry", key, entry)
+
+    def artifact_read_pending(self, candidate: str, run_id: int) -> bool:
+        """A transiently failed read of `candidate`'s artifact in run `run_id` is to be retried."""
+        return any(
+            entry["candidate"] == candidate and entry["run"]["id"] == run_id for entry in self.pending_artifacts.values()
+        )
 
     def drop_artifact_retry(self, key: str) -> Change:
         self.pending_artifacts.pop(key, None)

@@ -185,6 +185,52 @@ async def test_runs_failing_in_one_job_pause_dispatch_and_a_canary_resumes_it(ki
     assert kit.state.blocked() is None
 
 
+async def running_canary(kit: Kit) -> int:
+    """Wave 1's runs fail in one job, dispatch pauses, a push arms the canary, it runs."""
+    from tests.services.test_catalog_sync import push
+
+    await kit.reconciler.reconcile(REPO, 1)
+    await kit.waves.run(REPO, trigger="test")
+    for dispatch in list(kit.state.dispatches.values())[:3]:
+        assert dispatch.run_id is not None
+        kit.repo.jobs_of[dispatch.run_id] = [Job(name="get-jobs", conclusion="failure")]
+        await kit.outcomes.on_workflow_run(kit.state, failed_run(dispatch.run_id))
+    kit.clock.advance(3 * 3600)
+    head = "e" * 40
+    kit.repo.files[head] = dict(kit.repo.files[kit.repo.head])
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", kit.repo.head, head))
+    canary = await kit.waves.run(REPO, trigger="test")
+    assert canary is not None
+    [cand] = canary.selected
+    run_id = kit.state.dispatches[next(d.family for d in canary.decisions if d.candidate == cand)].run_id
+    assert run_id is not None
+    kit.repo.artifacts_of[run_id] = [Artifact(id=99, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
+    kit.repo.archives[99] = artifact_zip(OUTCOME)
+    return run_id
+
+
+async def test_a_canarys_outcome_read_only_on_a_retry_still_resumes_dispatch(kit: Kit) -> None:
+    # What this catches: the canary's artifact read failing once (a 502), recorded as "no
+    # outcome", so its outcome read an hour later found the canary gone and the repository
+    # stayed paused until a person pushed or commented /klaud resume.
+    run_id = await running_canary(kit)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, failed_run(run_id, "success"))
+    assert kit.state.blocked() is not None and kit.state.pending_artifacts
+    kit.clock.advance(timedelta(hours=1).total_seconds())
+    assert await kit.outcomes.retry_artifacts() == 1
+    assert kit.state.blocked() is None and kit.state.meta.canary is None
+
+
+async def test_a_canary_whose_artifact_cannot_be_read_at_all_leaves_dispatch_paused(kit: Kit) -> None:
+    run_id = await running_canary(kit)
+    kit.repo.fail("download", BadRequest(403, "Forbidden"))  # refused: not retried
+    await kit.outcomes.on_workflow_run(kit.state, failed_run(run_id, "success"))
+    blocked = kit.state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused"
+    assert kit.state.meta.canary is None and not kit.state.pending_artifacts
+
+
 async def test_a_rerun_whose_artifact_read_fails_is_retried_for_its_own_attempt(kit: Kit) -> None:
     await kit.reconciler.reconcile(REPO, 1)
     with_artifact(kit, 305, artifact_id=71)

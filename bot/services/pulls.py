@@ -70,7 +70,7 @@ class PullSync:
     async def refresh(self, state: RepoState, api: RepoAPI, pull: events.PullRequest, change: Change) -> int:
         """Upsert one open PR; read its files only when its head is new to us (returns reads)."""
         known = state.overlap.get(pull.number)
-        if known is not None and known.files_sha == pull.head.sha:
+        if known is not None and known.files_sha == pull.head.sha and not _diff_missing(state, known.changes):
             changes, complete, files_sha, fetched = known.changes, known.files_complete, known.files_sha, 0
         else:
             changes, complete = await self._changes(state, api, pull)
@@ -119,3 +119,10 @@ class PullSync:
             log.warning("overlap.patch_unavailable", file=item.filename)
             return FileChange(filename=item.filename, previous_filename=previous, unavailable=True)
         return file_change_from_contents(item.filename, base, head, previous, item.status)
+
+
+def _diff_missing(state: RepoState, changes: tuple[FileChange, ...]) -> bool:
+    """A master config of the PR whose diff could not be had: it overlaps every family of
+    the file (`patch-unavailable`) until a later read succeeds, so the head is read again at
+    the next event or reconcile instead of blocking those families until its next push."""
+    return any(c.unavailable and is_master_config(c.filename, state.policy.config_globs) for c in changes)

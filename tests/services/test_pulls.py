@@ -177,3 +177,21 @@ async def test_a_transient_error_reading_contents_fails_the_event_so_a_later_del
         await kit.pulls.on_pull_request(kit.state, event("opened", 27, head_sha=head))
     await kit.pulls.on_pull_request(kit.state, event("opened", 27, head_sha=head))  # redelivered
     assert kit.state.overlap.touches(27) == {H200: "image"}
+
+
+async def test_a_config_whose_diff_could_not_be_had_is_read_again_until_it_can(kit: Kit) -> None:
+    # DESIGN §4: `patch-unavailable` "until a later refresh succeeds". The record of the head
+    # was reused as it was, so a contents read refused once (a 403) blocked every family of
+    # the file until the author pushed again, whatever event or reconcile came.
+    await kit.reconciler.reconcile(REPO, 1)
+    head = "d" * 40
+    kit.repo.put_files({NVIDIA: sc.NVIDIA.replace("release:1.2.0rc4", "release:1.2.1")}, ref=head)
+    kit.repo.pull_files_of[28] = [PullFile(filename=NVIDIA, patch=None)]
+    kit.repo.fail("file_text", BadRequest(403, "Forbidden"), times=1)
+    await kit.pulls.on_pull_request(kit.state, event("opened", 28, head_sha=head))
+    assert set(kit.state.overlap.touches(28).values()) == {"patch-unavailable"}
+    await kit.pulls.on_pull_request(kit.state, event("edited", 28, head_sha=head))  # same head
+    assert kit.state.overlap.touches(28) == {H200: "image"}
+    kit.repo.calls.clear()
+    await kit.pulls.on_pull_request(kit.state, event("edited", 28, head_sha=head))
+    assert ("pull_files", 28) not in kit.repo.calls  # read once it could be: then kept again

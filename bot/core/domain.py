@@ -22,8 +22,11 @@ CANDIDATE_RE = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{16}$")
 # A family id: the path of a master config (anywhere `config_globs` reaches), ':', its key.
 FAMILY_RE = re.compile(r"^[^\s:]+\.ya?ml:[^\s:]+$")
 ARTIFACT_RE = re.compile(r"^klaud-candidate-([0-9a-f]{16}-[0-9a-f]{16})$")
-# Klaud's own PR branches; the older `klaude/` spelling still occurs on live repositories.
-OWN_BRANCH_RE = re.compile(r"^klaude?/auto-([0-9a-f]{16})-([0-9a-f]{16})$")
+# Klaud's own PR branches (DESIGN §4: a prefix naming the family's hash, whatever follows:
+# `…-<img16>-2`, `…-retry`); the older `klaude/` spelling still occurs on live repositories.
+OWN_BRANCH_RE = re.compile(r"^klaude?/auto-([0-9a-f]{16})-")
+# The candidate such a branch works on, when it names one whole.
+BRANCH_CANDIDATE_RE = re.compile(r"^klaude?/auto-([0-9a-f]{16}-[0-9a-f]{16})(?![0-9a-f])")
 
 # Outcomes that retry at the next wave instead of cooling down (DESIGN §4 "Cooldown").
 RETRY_NEXT_WAVE_OUTCOMES = frozenset({"capacity-deferred"})

@@ -17,7 +17,7 @@ import structlog
 from bot.core.checks import CHECK_NAME, CheckView, render_check
 from bot.core.clock import Clock
 from bot.core.cooldown import cooldown
-from bot.core.domain import OWN_BRANCH_RE, PullRequest
+from bot.core.domain import BRANCH_CANDIDATE_RE, PullRequest
 from bot.core.events import CheckRunEvent
 from bot.github.errors import GitHubError
 from bot.services.coalescer import Coalescer
@@ -58,9 +58,9 @@ class CheckPublisher:
     def view(self, state: RepoState, pull: PullRequest) -> CheckView:
         now = self.clock.now()
         family = state.family_by_hash(pull.own_family_hash) if pull.own_family_hash else None
-        match = OWN_BRANCH_RE.match(pull.head_ref)
+        match = BRANCH_CANDIDATE_RE.match(pull.head_ref)
         # The PR works on the candidate its branch names, even if the family moved on since.
-        candidate = f"{match.group(1)}-{match.group(2)}" if match else (family.candidate if family else "")
+        candidate = match.group(1) if match else (family.candidate if family else "")
         attempts = state.ledger.for_candidate(candidate)
         approved = candidate in state.retries
         cool = cooldown(attempts, candidate, now, state.policy.cooldown_hours, approved)

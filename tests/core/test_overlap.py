@@ -483,7 +483,11 @@ def test_is_klaud_own() -> None:
     assert is_klaud_own("bump-x", "KLAUD-COLD", True, BOTS) == (True, None)
     assert is_klaud_own("bump-x", "klaud-cold[bot]", False, BOTS) == (True, None)
     assert is_klaud_own("klaud/auto-123", "bob", True, BOTS) == (False, None)
-    assert is_klaud_own(branch + "-x", None, True, BOTS) == (False, None)
+    # DESIGN §4 names a prefix: whatever follows the family hash, the branch is Klaud's.
+    assert is_klaud_own(branch + "-2", None, True, BOTS) == (True, fam.family_hash)
+    assert is_klaud_own(f"klaud/auto-{fam.family_hash}-retry", None, True, BOTS) == (True, fam.family_hash)
+    assert is_klaud_own(f"klaud/auto-{fam.family_hash}", None, True, BOTS) == (False, None)
+    assert is_klaud_own(f"klaud/auto-{fam.family_hash[:15]}x-retry", None, True, BOTS) == (False, None)
 
 
 def test_idle_rule() -> None:

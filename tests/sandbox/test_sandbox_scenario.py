@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.core.domain import ARTIFACT_RE, OWN_BRANCH_RE, candidate_id, parse_time
+from bot.core.domain import ARTIFACT_RE, BRANCH_CANDIDATE_RE, candidate_id, parse_time
 from bot.sandbox import (
     BUNDLED_SCENARIO,
     Sandbox,
@@ -125,8 +125,8 @@ def test_demo_artifacts_and_klaud_branch_name_real_candidates(demo: dict[str, An
         assert match and match.group(1) in candidates, name
     own = [p for p in repo["pulls"] if p["head_ref"].startswith("klaud/")]
     assert len(own) == 1 and own[0]["user"] == "Klaud-Cold" and own[0]["draft"] is True
-    branch = OWN_BRANCH_RE.match(own[0]["head_ref"])
-    assert branch and f"{branch.group(1)}-{branch.group(2)}" in candidates
+    branch = BRANCH_CANDIDATE_RE.match(own[0]["head_ref"])
+    assert branch and branch.group(1) in candidates
 
 
 def time_of(text: str) -> datetime:

@@ -587,8 +587,9 @@ class OutcomeLedger:
 
 RETRY_FIRST_DELAY = timedelta(minutes=1)
 RETRY_MAX_DELAY = timedelta(hours=6)
-# Outcomes older than the start-up reconcile window are not looked for again either.
-RETRY_WINDOW = timedelta(days=3)
+# DESIGN §4: retried "while the artifact can still exist": a candidate's artifact is kept
+# 14 days (domain §4); one that expires sooner ends the retries with its non-transient answer.
+RETRY_WINDOW = timedelta(days=14)
 
 
 def next_retry_at(

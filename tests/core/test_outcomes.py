@@ -866,13 +866,16 @@ def test_seeded_retries_stay_within_bounds() -> None:
     assert len(set(waits)) == len(waits)
 
 
-def test_retries_give_up_after_three_days() -> None:
+def test_retries_go_on_while_a_candidates_artifact_is_kept_14_days() -> None:
+    # DESIGN §4: "retried with backoff while the artifact can still exist"; they gave up
+    # after 3 days, with 11 days of the artifact's retention left.
     rng = random.Random(1)
 
-    assert next_retry_at(T0, 20, T0 + timedelta(days=3), rng=rng) is None
-    assert next_retry_at(T0, 20, T0 + timedelta(days=4), rng=rng) is None
-    last = next_retry_at(T0, 20, T0 + timedelta(days=3) - timedelta(minutes=1), rng=rng)
-    assert last == T0 + timedelta(days=3)
+    assert next_retry_at(T0, 20, T0 + timedelta(days=10), rng=rng) is not None
+    assert next_retry_at(T0, 20, T0 + timedelta(days=14), rng=rng) is None
+    assert next_retry_at(T0, 20, T0 + timedelta(days=15), rng=rng) is None
+    last = next_retry_at(T0, 20, T0 + timedelta(days=14) - timedelta(minutes=1), rng=rng)
+    assert last == T0 + timedelta(days=14)
 
 
 def test_retry_needs_a_failure() -> None:

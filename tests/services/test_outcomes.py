@@ -259,7 +259,7 @@ async def test_a_transient_read_that_keeps_failing_is_given_up_after_the_retry_w
     assert len(kit.state.pending_artifacts) == 1
     kit.repo.fail("artifact", Unavailable(502, "Bad Gateway"), times=1000)
     tries = 0
-    for _ in range(5 * 4):  # five days, every six hours
+    for _ in range(15 * 4):  # fifteen days (a candidate artifact is kept 14), every six hours
         kit.clock.advance(timedelta(hours=6).total_seconds())
         tries += await kit.outcomes.retry_artifacts()
     assert tries > 1  # it was retried meanwhile

@@ -497,6 +497,15 @@ def render_resume(armed: bool, pause_reason: str | None, running: str | None = N
     )
 
 
+def render_idle_pull(number: int, updated_at: datetime, idle_days: int) -> str:
+    return _answer(
+        f"PR #{number} has not been updated since {human_time(updated_at)}: idle for "
+        f"{idle_days} days or more (`idle_days`), it overlaps no family and blocks no wave.",
+        "",
+        "Any update makes it active again. `/klaud status FAMILY` answers for one family.",
+    )
+
+
 def render_hold(hold: Hold) -> str:
     return _answer(f"Held {code_span(hold.family)} out of every wave: {describe_hold(hold)}.",
         "",

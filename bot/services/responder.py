@@ -21,6 +21,7 @@ from bot.core.commands import (
     parse_commands,
     render_help,
     render_hold,
+    render_idle_pull,
     render_refusal,
     render_resume,
     render_retry,
@@ -31,6 +32,7 @@ from bot.core.commands import (
 from bot.core.cooldown import cooldown
 from bot.core.domain import Family, parse_time
 from bot.core.events import IssueCommentEvent
+from bot.core.overlap import is_idle
 from bot.services import controls
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
@@ -86,6 +88,11 @@ class CommandResponder:
             # A family gone from the configs keeps its hold until someone releases it.
             return render_unhold(command.target, await controls.release(self.live, state, command.target), author)
         if command.verb == "status" and command.target is None and not command.text:
+            pull = state.overlap.get(number)
+            now = self.clock.now()
+            if pull is not None and state.overlap.touches(number) and is_idle(pull, now, state.policy.idle_days):
+                # DESIGN §4: an idle PR overlaps nothing, so it has no families to answer for.
+                return render_idle_pull(number, pull.updated_at, state.policy.idle_days)
             overlapped = self._overlapped(state, number)
             if overlapped:
                 # On another PR, status answers for the families that PR overlaps.

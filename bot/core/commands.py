@@ -335,7 +335,13 @@ def _family_of_key(key: str, families: Mapping[str, Family]) -> Resolved:
 
 def _did_you_mean(name: str, families: Mapping[str, Family]) -> str:
     key = name.rpartition(":")[2]
-    closest = difflib.get_close_matches(key, sorted({f.key for f in families.values()}), n=SUGGESTIONS, cutoff=0.5)
+    keys = sorted({f.key for f in families.values()})
+    # A fragment ("h200") is close to no key by difflib's measure: the keys holding it. A
+    # word far from every key ("please") gets none: three arbitrary keys would mislead.
+    closest = (
+        difflib.get_close_matches(key, keys, n=SUGGESTIONS, cutoff=0.5)
+        or [k for k in keys if key.lower() in k.lower()][:SUGGESTIONS]
+    )
     if not closest:
         return ""
     return "; did you mean " + ", ".join(code_span(k) for k in closest) + "?"

@@ -374,6 +374,17 @@ def test_an_unknown_target_is_answered_with_the_three_closest_keys() -> None:
     assert unknown_id.error is not None and "did you mean `dsr1-fp8-h200-trt`" in unknown_id.error
 
 
+def test_a_fragment_of_family_keys_gets_the_keys_holding_it() -> None:
+    # What this catches: DESIGN §4 answers an unknown target with the closest keys; a
+    # fragment such as a GPU name is below difflib's cutoff for every key and got none.
+    keys = ["dsr1-fp8-h200-trt", "dsr1-fp8-h200-sglang", "dsr1-fp4-b200-trt", "gptoss-fp4-b200-vllm", "llama70b"]
+    families = {f.id: f for f in (family(f"configs/nvidia-master.yaml:{k}") for k in keys)}
+    fragment = resolve_target("h200", families=families, default_family=None).error
+    assert fragment is not None and "did you mean `dsr1-fp8-h200-sglang`, `dsr1-fp8-h200-trt`?" in fragment
+    b200 = resolve_target("B200", families=families, default_family=None).error
+    assert b200 is not None and b200.count("`") == 2 + 4  # the target and the two b200 keys
+
+
 def test_hold_reason_without_target_uses_the_pr_family() -> None:
     [command] = parse_commands("/klaud hold waiting for new weights")
     resolved = resolve_command(command, families=FAMILIES, default_family=FAMILY_ID)

@@ -131,6 +131,9 @@ def klaud(tmp: Path) -> Iterator[Running]:
         yield Running(f"{url}/webhook", process, admin_url)
     finally:
         stop(process)
+        # Each round writes ~150 MB: removed, a later round does not share the disk with its
+        # writeback while it fsyncs (the only server here that keeps its deliveries).
+        shutil.rmtree(folder)
 
 
 def install_probot(folder: Path) -> str | None:

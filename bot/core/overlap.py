@@ -88,16 +88,36 @@ def file_change_from_contents(
 
     A block whose meaningful lines (neither blank nor only a comment) differ is touched:
     `image` when its own `image:` line differs (or exists on one side only), else `flags`.
+    A key renamed with its image line unchanged is `flags` on both names, as in its patch,
+    where that line stays context.
     """
     previous = previous_filename if status == "renamed" else None
     old, new = _blocks(base or ""), _blocks(head or "")
+    renamed = _renamed_keys(old, new)
     keys: dict[str, Literal["image", "flags"]] = {}
     for key in sorted(old.keys() | new.keys()):
         before, after = old.get(key), new.get(key)
         if before == after:
             continue
-        keys[key] = "image" if _image_line(before) != _image_line(after) else "flags"
+        moved = key in renamed
+        keys[key] = "image" if not moved and _image_line(before) != _image_line(after) else "flags"
     return FileChange(filename, previous, keys=keys)
+
+
+def _renamed_keys(old: dict[str, tuple[str, ...]], new: dict[str, tuple[str, ...]]) -> set[str]:
+    """Keys gone from one side paired, in file order, with new keys of the same image line:
+    a diff aligns that line and changes the key line around it."""
+    gone: dict[str, list[str]] = {}
+    for key, block in old.items():
+        line = _image_line(block)
+        if key not in new and line is not None:
+            gone.setdefault(line, []).append(key)
+    renamed: set[str] = set()
+    for key, block in new.items():
+        line = _image_line(block)
+        if key not in old and line is not None and gone.get(line):
+            renamed |= {gone[line].pop(0), key}
+    return renamed
 
 
 def _blocks(text: str) -> dict[str, tuple[str, ...]]:

@@ -813,3 +813,16 @@ def test_blocking_lists_every_family_some_open_pr_blocks_now_and_only_those() ->
         ALPHA.id: [1],
         make_family("gamma").id: [3],
     }
+
+
+def test_a_key_renamed_with_its_block_unchanged_is_flags_on_both_names_without_a_patch() -> None:
+    # What this catches: contents compared without a patch called a rename `image` on both
+    # keys, where the patch (only the key line changes) says `flags`; an added family keeps
+    # `image`, as its patch adds its image line.
+    base = "alpha:\n  image: a:1\n  tp: 8\nbeta:\n  image: b:1\n"
+    renamed = base.replace("alpha:", "alpha-next:")
+    assert file_change_from_contents(NV, base, renamed).keys == {"alpha": "flags", "alpha-next": "flags"}
+    added = base + "gamma:\n  image: a:1\n  tp: 8\n"
+    assert file_change_from_contents(NV, base, added).keys == {"gamma": "image"}
+    moved_and_bumped = renamed.replace("a:1", "a:2")
+    assert file_change_from_contents(NV, base, moved_and_bumped).keys == {"alpha": "image", "alpha-next": "image"}

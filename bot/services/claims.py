@@ -40,6 +40,7 @@ from bot.core.domain import (
 )
 from bot.core.events import WorkflowRun
 from bot.services.api import RepoAPI
+from bot.services.dispatch import delete_claim_ref
 from bot.services.live import LiveState
 from bot.services.outcomes import UNLINKED_SKEW, OutcomeRecorder
 from bot.services.repo_state import RepoState
@@ -208,13 +209,16 @@ class ClaimKeeper:
         or with the store lost): no wave will ever settle it, so its age does."""
         if any(candidate.startswith(f"{fam16}-") for candidate in in_flight):
             return  # its run ends first; the ref is looked at again at the next light reconcile
-        await api.delete_branch(CLAIM_BRANCH_PREFIX + fam16)
+        if not await delete_claim_ref(api, CLAIM_BRANCH_PREFIX + fam16):
+            return  # listed again at the next light reconcile, and tried again then
         del state.meta.stray_refs[fam16]
         state.save_meta(change)
         log.info("claim.stray_deleted", ref=CLAIM_BRANCH_PREFIX + fam16)
 
     async def _release(self, state: RepoState, api: RepoAPI, family: str, change: Change) -> set[str]:
-        await api.delete_branch(claim_ref(family))
+        # Dropped here even when the ref stays on GitHub: it is then an orphan ref, which
+        # this keeper's next light reconcile finds and deletes.
+        await delete_claim_ref(api, claim_ref(family), family)
         change.extend(state.drop_claim(family))
         change.extend(state.drop_dispatch(family))
         return {family}

@@ -26,17 +26,28 @@ async def claim_family(api: RepoAPI, family: Family, base: str) -> bool:
     return await api.create_branch(claim_ref(family.id), base)
 
 
+async def delete_claim_ref(api: RepoAPI, ref: str, family: str | None = None) -> bool:
+    """Delete a claim ref; False when GitHub refused or failed (logged), never raised.
+
+    A ref left behind is found again by the claim keeper's sweep of claim refs at the next
+    light reconcile, and deleted then. Raised, the error failed what released it: an
+    outcome was lost with its delivery, and a ruleset forbidding deletions failed every
+    light reconcile of the repository, hour after hour.
+    """
+    try:
+        if not await api.delete_branch(ref):
+            log.info("claim.already_released", ref=ref, family=family)
+    except GitHubError as exc:
+        log.warning("claim.release_failed", ref=ref, family=family, error=str(exc))
+        return False
+    return True
+
+
 async def release_refused_claim(api: RepoAPI, family: str) -> bool:
     """Release the claim of a dispatch GitHub refused; False when that failed too: then the
     claim stays with its dispatch record, which the claim keeper releases once it finds no
     run of it."""
-    try:
-        if not await api.delete_branch(claim_ref(family)):
-            log.info("claim.already_released", family=family)
-    except GitHubError as exc:
-        log.warning("claim.release_failed", family=family, error=str(exc))
-        return False
-    return True
+    return await delete_claim_ref(api, claim_ref(family), family)
 
 
 async def dispatch_run(

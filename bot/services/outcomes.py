@@ -43,6 +43,7 @@ from bot.core.outcomes import (
 from bot.github.errors import GitHubError, NotFound, TooLarge
 from bot.metrics import DISPATCH_PAUSED
 from bot.services.api import RepoAPI
+from bot.services.dispatch import delete_claim_ref
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
@@ -287,8 +288,9 @@ class OutcomeRecorder:
         )
         released, ended, release_change = state.release_for(attempt, run_known=run_known)
         change.extend(release_change)
-        if released is not None and not await api.delete_branch(claim_ref(released.family)):
-            log.info("claim.already_released", family=released.family)
+        if released is not None:
+            # A delete GitHub refuses must not lose the outcome: the ref is swept later.
+            await delete_claim_ref(api, claim_ref(released.family), released.family)
         family = attempt.family or state.family_of_candidate(attempt.candidate)
         families = {family} if family else set()
         canary = state.is_canary(attempt)

@@ -119,6 +119,9 @@ class FakeRepo:
     def fail(self, operation: str, error: GitHubError, times: int = 1) -> None:
         self._failures.setdefault(operation, []).extend([error] * times)
 
+    def clear_failures(self, operation: str) -> None:
+        self._failures.pop(operation, None)
+
     def reads(self) -> list[tuple[Any, ...]]:
         return [c for c in self.calls if c[0] in READS]
 

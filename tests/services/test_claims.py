@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import pytest
 import yaml
 
-from bot.core.domain import Claim, claim_ref
+from bot.core.domain import Claim, claim_ref, stamp
 from bot.core.events import (
     Artifact,
     Job,
@@ -16,6 +16,7 @@ from bot.core.events import (
     WorkflowRun,
     WorkflowRunEvent,
 )
+from bot.github.errors import BadRequest
 from bot.services.claims import UNLINKED_CHECK_AFTER
 from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
@@ -97,6 +98,31 @@ async def test_the_light_reconcile_recovers_a_lost_completed_delivery_before_the
     [attempt] = [a for a in kit.state.ledger.all() if a.run_id == run_id]
     assert attempt.error == "artifact-missing"
     assert family not in kit.state.dispatches and family not in kit.state.claims
+
+
+RULESET = BadRequest(422, "Repository rule violations found\n\nCannot delete this branch")
+
+
+async def test_a_claim_ref_github_will_not_delete_loses_no_outcome_and_fails_no_reconcile(kit: Kit) -> None:
+    # What this catches: a ruleset forbidding branch deletions (422) failed the outcome's
+    # delivery, so the outcome was lost, and failed every light reconcile of the repository,
+    # hour after hour: the family stayed in flight and missed events were never caught up.
+    family, cand, run_id = await dispatched(kit)
+    set_run(kit, run_id, status="completed", conclusion="success", updated_at=kit.clock.now())
+    kit.repo.artifacts_of[run_id] = [Artifact(id=5, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
+    kit.repo.archives[5] = artifact_zip(OUTCOME)
+    kit.repo.fail("delete_branch", RULESET, times=1000)
+    kit.clock.advance(timedelta(hours=1).total_seconds())
+    await kit.reconciler.reconcile(REPO, 1, light=True)  # the run's own delivery was lost
+    assert [a.outcome for a in kit.state.ledger.all() if a.run_id == run_id] == ["incompatible"]
+    assert family not in kit.state.dispatches and family not in kit.state.claims
+    assert kit.state.meta.reconciled_at == stamp(kit.clock.now())
+    assert claim_ref(family) in kit.repo.branches_at  # left on GitHub, for the sweep to retry
+    kit.repo.clear_failures("delete_branch")  # the ruleset is lifted
+    for _ in range(2):  # listed as an orphan, then deleted once older than a wave
+        kit.clock.advance(timedelta(hours=3).total_seconds())
+        await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert claim_ref(family) not in kit.repo.branches_at
 
 
 async def test_an_orphan_claim_ref_is_deleted_after_a_wave_without_runs(kit: Kit) -> None:

@@ -18,9 +18,10 @@ from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.pulls import PullSync
 from bot.services.reconcile import Reconciler
+from bot.store.change import Change
 from bot.store.errors import StoreUnavailable
 from tests.services.conftest import REPO, Kit
-from tests.services.crash import INCOMPATIBLE, CrashKit
+from tests.services.crash import INCOMPATIBLE, CrashKit, Process
 from tests.services.test_outcomes import failed_run
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
@@ -32,11 +33,22 @@ def fails_in_get_jobs(ck: CrashKit, run_id: int) -> None:
     ck.repo.jobs_of[run_id] = [Job(name="get-jobs", conclusion="failure")]
 
 
-async def test_an_outcome_whose_claim_release_failed_is_stored_by_the_retried_delivery(ck: CrashKit) -> None:
+def fail_next_commit(process: Process) -> None:
+    """The store answers the next commit with a transient error (it restarts)."""
+    persist = process.live.persist
+
+    async def failing(change: Change) -> None:
+        process.live.persist = persist  # type: ignore[method-assign]
+        raise StoreUnavailable("the store restarts")
+
+    process.live.persist = failing  # type: ignore[method-assign]
+
+
+async def test_an_outcome_whose_commit_failed_is_stored_by_the_retried_delivery(ck: CrashKit) -> None:
     process, dispatch = await ck.dispatched()
     fails_in_get_jobs(ck, dispatch.run_id)
-    ck.repo.fail("delete_branch", Unavailable(502, "Bad Gateway"))
-    with pytest.raises(Unavailable):
+    fail_next_commit(process)
+    with pytest.raises(StoreUnavailable):
         await process.outcomes.on_workflow_run(process.state, failed_run(dispatch.run_id))
     await process.outcomes.on_workflow_run(process.state, failed_run(dispatch.run_id))  # the inbox's retry
 
@@ -52,8 +64,8 @@ async def test_a_run_whose_first_delivery_failed_still_counts_toward_the_pause(c
     runs = [d.run_id for d in process.state.dispatches.values()][:3]
     ck.clock.advance(600)
     fails_in_get_jobs(ck, runs[0])
-    ck.repo.fail("delete_branch", Unavailable(502, "Bad Gateway"))
-    with pytest.raises(Unavailable):
+    fail_next_commit(process)
+    with pytest.raises(StoreUnavailable):
         await process.outcomes.on_workflow_run(process.state, failed_run(runs[0]))
     for run_id in runs:
         fails_in_get_jobs(ck, run_id)

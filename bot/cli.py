@@ -26,6 +26,7 @@ from pydantic import SecretStr
 
 from bot.app import Klaud
 from bot.core.domain import Wave, parse_time
+from bot.core.errors import is_permanent
 from bot.core.policy import POLICY_PATH, PolicyError, parse_policy, policy_schema
 from bot.core.report import render_requests, render_wave_table
 from bot.github.errors import GitHubError
@@ -39,6 +40,7 @@ from bot.settings import Settings, SettingsError, load_settings
 from bot.store import SQLITE_PREFIX
 from bot.store.deliveries import Delivery
 from bot.store.errors import StoreError, StoreLocked
+from bot.web.body import MAX_BODY
 from bot.web.envelope import UnreadableBody, envelope_of
 from bot.web.events import KLAUD_EVENTS
 
@@ -257,6 +259,19 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+# A policy is a few hundred bytes; GitHub's contents API serves files up to 1 MB as JSON.
+MAX_POLICY_BYTES = 1024 * 1024
+
+
+def _read_at_most(path: Path, limit: int, what: str) -> bytes:
+    """The file's bytes, or a UsageError past `limit` (read no further: /dev/zero, a pipe)."""
+    with path.open("rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise UsageError(f"{what}: {path} is over {limit} bytes")
+    return data
+
+
 def _refuse_a_missing_sqlite_store(settings: Settings) -> None:
     """`plan` only reads: a KLAUD_DB naming a SQLite file that is not there (a typo, another
     folder) is refused, not created, migrated and planned as empty."""
@@ -358,7 +373,7 @@ async def _config(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(policy_schema(), indent=2))
         return 0
     try:
-        text = args.file.read_text()
+        text = _read_at_most(args.file, MAX_POLICY_BYTES, str(args.file)).decode()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{args.file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
@@ -375,8 +390,8 @@ async def _receive(settings: Settings, args: argparse.Namespace) -> int:
     if args.event not in KLAUD_EVENTS:
         raise UsageError(f"--event: unknown event name {args.event!r} (known: {', '.join(sorted(KLAUD_EVENTS))})")
     try:
-        body = args.payload.read_bytes()
         # The webhook's own checks: a payload it would refuse is refused here in one line.
+        body = _read_at_most(args.payload, MAX_BODY, "--payload")
         envelope = envelope_of(body)
     except OSError as exc:
         raise UsageError(f"--payload: cannot read {args.payload}: {exc.strerror}") from None
@@ -404,10 +419,13 @@ async def _handled(klaud: Klaud, delivery: Delivery) -> tuple[str, str | None]:
     """Run the delivery's handlers here; its status, and the error when they failed."""
     try:
         await klaud.handle(delivery)
-    # The handlers' boundary, as in the inbox: logged with its traceback, and the status
-    # line still printed (exit 1), like a delivery the running server failed.
+    # The handlers' boundary, logged as the inbox logs a failed delivery (a permanent error,
+    # a payload the handler cannot read, without a traceback), and the status line still
+    # printed (exit 1), like a delivery the running server failed.
     except Exception as exc:
-        log.exception("receive.failed", delivery_id=delivery.id)
+        permanent = is_permanent(exc)
+        log.warning("receive.failed", delivery_id=delivery.id, error=f"{type(exc).__name__}: {exc}"[:2000],
+                    permanent=permanent, exc_info=None if permanent else exc)
         return "failed", f"{type(exc).__name__}: {exc}"[:2000]
     return "done", None
 

@@ -225,3 +225,24 @@ async def test_plan_on_a_store_without_repositories_says_so(tmp_path):
     done = await asyncio.to_thread(run_klaud, ["plan"], klaud_env(tmp_path))
     assert (done.returncode, done.stdout) == (0, "")
     assert "no repository has local state" in one_line(done.stderr)
+
+
+@pytest.mark.parametrize("command", [["receive", "--event", "push", "--payload"], ["config", "check"]])
+def test_a_file_without_end_is_refused_in_one_line_not_read_whole(tmp_path, monkeypatch, capsys, command):
+    # What this catches: `klaud receive --payload /dev/zero` (or a huge file, a pipe) read
+    # whole into memory until a MemoryError traceback; the webhook refuses such a body (413).
+    monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'r.db'}")
+    assert main([*command, "/dev/zero"]) == 2
+    assert one_line(capsys.readouterr().err).endswith("/dev/zero is over " + (
+        "26214400 bytes" if command[0] == "receive" else "1048576 bytes"))
+
+
+async def test_receive_of_a_payload_its_handler_cannot_read_logs_one_warning_without_a_traceback(tmp_path):
+    # What this catches: a permanent error (a push without `ref`) logged with a traceback,
+    # as a bug is, where the inbox logs it as a failed delivery with its reason.
+    payload = tmp_path / "push.json"
+    payload.write_text(json.dumps({"repository": {"full_name": "acme/bench"}, "installation": {"id": 1}}))
+    done = await asyncio.to_thread(run_klaud, ["receive", "--event", "push", "--payload", str(payload)], klaud_env(tmp_path))
+    assert done.returncode == 1 and json.loads(done.stdout)["status"] == "failed"
+    [failed] = [json.loads(line) for line in done.stderr.splitlines() if is_json(line) and "receive.failed" in line]
+    assert failed["permanent"] is True and "ValidationError" in failed["error"] and "exception" not in failed

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from pydantic import SecretStr
 
 from bot.app import Klaud
-from bot.core.domain import Wave, parse_time
+from bot.core.domain import TIME_RANGE, Wave, parse_time
 from bot.core.errors import is_permanent
 from bot.core.policy import POLICY_PATH, PolicyError, parse_policy, policy_schema
 from bot.core.report import render_requests, render_wave_table
@@ -231,7 +231,8 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
         try:
             at = parse_time(args.at)
         except ValueError:
-            raise UsageError(f"--at: not an ISO time with a timezone: {args.at!r}") from None
+            low, high = TIME_RANGE
+            raise UsageError(f"--at: not an ISO time with a timezone in the years {low}-{high}: {args.at!r}") from None
     _refuse_a_missing_sqlite_store(settings)
     klaud = Klaud(settings)
     try:

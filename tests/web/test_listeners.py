@@ -149,6 +149,15 @@ async def test_the_plan_endpoint_plans_for_the_time_asked(tmp_path):
     assert document["at"] == "2026-11-30T09:00:00Z"
 
 
+@pytest.mark.parametrize("at", ["2026-11-30T09:00:00", "9998-01-01T00:00:00Z"])
+async def test_a_plan_time_without_a_zone_or_out_of_range_is_400_saying_what_is_accepted(tmp_path, at):
+    # What this catches: a year past 9000 answered "must have a timezone", the wrong reason.
+    async with running_klaud(make_klaud(tmp_path)) as run:
+        status, body = await run.get_json(f"/api/v1/repos/acme/bench/plan?at={at}")
+    assert (status, body["error"]) == (400, "invalid-parameter")
+    assert body["detail"] == "at must be an ISO time with a timezone, in the years 1970-9000"
+
+
 @pytest.mark.parametrize("limit", ["1", "100"])
 async def test_waves_limits_1_and_100_are_accepted(tmp_path, limit):
     # What this catches: the documented bounds of `limit` themselves refused with 400.

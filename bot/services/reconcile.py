@@ -19,7 +19,7 @@ import structlog
 from bot.core.domain import stamp
 from bot.core.errors import RepositoryMoved
 from bot.core.events import Named, RepoEvent, Repository
-from bot.github.errors import GitHubError
+from bot.github.errors import GitHubError, NotFound
 from bot.services.api import RepoAPI
 from bot.services.catalog_sync import CatalogSync
 from bot.services.claims import ClaimKeeper
@@ -227,8 +227,19 @@ class Reconciler:
         return sorted(state.name for state in self.live.repos.values() if state.meta.installation == installation)
 
     async def reconcile_all(self, installation: int, names: Iterable[str], *, light: bool = False) -> None:
+        """Reconcile each repository an installation event names. One GitHub fails on must not
+        leave the others unreconciled (nor, after it, the removed ones remembered): it is
+        retried with backoff like a failed discovery, or skipped when GitHub no longer has it
+        (the next discovery finds it, should it come back)."""
         for name in names:
-            await self.reconcile(name, installation, light=light)
+            try:
+                await self.reconcile(name, installation, light=light)
+            except NotFound as exc:
+                log.warning("reconcile.gone", repo=name, installation=installation, error=str(exc))
+            except GitHubError as exc:
+                self._note_failure(name, installation, exc)
+            else:
+                self.failures.pop(name, None)
 
     async def forget(self, installation: int, repositories: Iterable[Named]) -> None:
         """Forget the repositories `installation` no longer has, found by name or by id (one

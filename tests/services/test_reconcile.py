@@ -474,3 +474,19 @@ async def test_an_old_named_event_in_another_case_after_a_restart_asks_github_on
     kit.repo.calls.clear()
     assert await kit.reconciler.state_for(event("Acme/Bench")) is kit.live.repo(NEW)
     assert kit.repo.calls == []
+
+
+async def test_repositories_added_together_are_reconciled_past_one_github_fails_on(kit: Kit) -> None:
+    # What this catches: `installation_repositories` added [A, B]: A's 502 failed the
+    # delivery before B was reconciled and before the removed ones were forgotten (a 404, A
+    # deleted meanwhile, failed it for good: tests/stack/test_real_payloads.py).
+    other = scenario_repo()
+    other.name, other.id = OTHER, 5151
+    kit.live.github.repos[OTHER] = other
+    kit.repo.fail("repository", Unavailable(502, "Bad Gateway"))
+    await kit.reconciler.reconcile_all(1, [REPO, OTHER])
+    assert kit.live.repo(OTHER) is not None and kit.live.repo(REPO) is None
+    assert set(kit.reconciler.failures) == {REPO}  # retried with backoff
+    kit.clock.advance(FIRST_RETRY.total_seconds())
+    await kit.reconciler.retry_failed()
+    assert kit.live.repo(REPO) is not None and kit.reconciler.failures == {}

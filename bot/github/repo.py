@@ -166,7 +166,13 @@ class GitHubRepo:
         """Delete `branch`; False when it was already gone."""
         try:
             await self.client.delete("/repos/{owner}/{repo}/git/refs/{+ref}", self._at(ref=f"heads/{branch}"))
-        except (NotFound, Conflict):
+        except NotFound:
+            return False
+        except Conflict as exc:
+            # GitHub answers a ref already gone with 422 "Reference does not exist"; any other
+            # 422 (a ruleset forbidding deletions) is a refusal, not a ref already released.
+            if "does not exist" not in exc.message:
+                raise
             return False
         return True
 

@@ -44,6 +44,7 @@ from bot.github.client import (
     rate_limit_wait,
     route_template,
 )
+from bot.github.repo import GitHubRepo
 from bot.metrics import REGISTRY
 
 START = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
@@ -1116,3 +1117,17 @@ async def test_sandbox_strict_auth_refuses_another_key(sandboxed: Callable[..., 
 )
 def test_origins_compare_with_default_ports_made_explicit(api: str, url: str, same: bool) -> None:
     assert (origin_of(api) == origin_of(url)) is same
+
+
+async def test_deleting_a_branch_already_gone_is_false_and_a_refused_delete_raises(
+    sandboxed: Callable[..., Awaitable[Sandboxed]], session: aiohttp.ClientSession
+) -> None:
+    # What this catches: every 422 taken for "already gone", so a ruleset forbidding
+    # deletions was logged as a claim already released and a stray ref forgotten undeleted.
+    sb = await sandboxed()
+    repo = GitHubRepo(sandbox_app(session, sb).installation(1), "acme/bench")
+    assert await repo.delete_branch("klaud/claim-0123456789abcdef") is False  # 422 Reference does not exist
+    await sb.faults(session, {"method": "DELETE", "route": "/git/refs/", "status": 422,
+                              "message": "Repository rule violations found\n\nCannot delete this branch"})
+    with pytest.raises(Conflict, match="Repository rule violations"):
+        await repo.delete_branch("main")

@@ -16,7 +16,7 @@ from bot.core.events import (
     WorkflowRun,
     WorkflowRunEvent,
 )
-from bot.github.errors import BadRequest
+from bot.github.errors import Conflict
 from bot.services.claims import UNLINKED_CHECK_AFTER
 from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
@@ -100,7 +100,7 @@ async def test_the_light_reconcile_recovers_a_lost_completed_delivery_before_the
     assert family not in kit.state.dispatches and family not in kit.state.claims
 
 
-RULESET = BadRequest(422, "Repository rule violations found\n\nCannot delete this branch")
+RULESET = Conflict(422, "Repository rule violations found\n\nCannot delete this branch")
 
 
 async def test_a_claim_ref_github_will_not_delete_loses_no_outcome_and_fails_no_reconcile(kit: Kit) -> None:

@@ -320,9 +320,11 @@ class GitHubRepo:
                 return issue
         return None
 
-    async def create_issue(self, title: str, body: str) -> int:
+    async def create_issue(self, title: str, body: str) -> int | None:
+        """The new issue's number; None when none was made (a dry run logs the write)."""
         created = await self.client.post("/repos/{owner}/{repo}/issues", self._at(), data={"title": title, "body": body})
-        return int(created["number"])
+        number = (created or {}).get("number")
+        return int(number) if isinstance(number, int) else None
 
     async def update_issue(self, number: int, body: str) -> None:
         await self.client.patch(

@@ -75,6 +75,8 @@ class DashboardKeeper:
         number = await self._updated(api, known.get("issue"), body)
         if number is None:
             number = await api.create_issue(TITLE, body)
+            if number is None:
+                return  # a dry run: the write was logged, there is no issue to remember
             log.info("dashboard.created", repo=state.name, issue=number)
         async with self.live.lock(state.name):
             state.meta.dashboard = {"issue": int(number), "digest": digest}

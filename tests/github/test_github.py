@@ -1131,3 +1131,8 @@ async def test_deleting_a_branch_already_gone_is_false_and_a_refused_delete_rais
                               "message": "Repository rule violations found\n\nCannot delete this branch"})
     with pytest.raises(Conflict, match="Repository rule violations"):
         await repo.delete_branch("main")
+
+
+async def test_creating_an_issue_in_dry_run_makes_none_and_says_so(make_app: Callable[..., GitHubApp], stub: Stub) -> None:
+    # What this catches: the pretend answer of a dry-run write ({}) read for its number: a KeyError.
+    assert await GitHubRepo(make_app(dry_run=True).installation(7), "acme/bench").create_issue("t", "b") is None

@@ -325,6 +325,10 @@ def _with_params(url: str, params: Mapping[str, Any] | None) -> str:
 # ------------------------------------------------------------ per-installation state
 
 
+# A file's contents as they are (its JSON form leaves out files over 1 MB).
+RAW_MEDIA_TYPE = "application/vnd.github.raw"
+
+
 class _Response(NamedTuple):
     """What gidgethub's `_request` returns: status, headers, body."""
 
@@ -543,6 +547,11 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             return self._pretend(method, url, body)
         response = await self._exchange(method, url, headers, body, read=_read_all)
         _ANSWER_BYTES.set(len(response.body))
+        if response.headers.get("content-type", "").startswith(RAW_MEDIA_TYPE):
+            # gidgethub decodes a text answer strictly: one bad byte in a config over 1 MB
+            # (read raw) failed every read as if GitHub were down. As in a file's JSON form,
+            # where file_text decodes the content itself: U+FFFD, and the YAML parser says why.
+            response = response._replace(body=response.body.decode("utf-8", "replace").encode())
         return response
 
     async def download(self, url: str, *, max_bytes: int) -> bytes:

@@ -23,7 +23,7 @@ from bot.core.events import (
     Repository,
     WorkflowRun,
 )
-from bot.github.client import GitHubApp, InstallationClient
+from bot.github.client import RAW_MEDIA_TYPE, GitHubApp, InstallationClient
 from bot.github.errors import Conflict, NotFound
 
 PER_PAGE = "per_page=100"
@@ -79,7 +79,7 @@ class GitHubRepo:
                 "/repos/{owner}/{repo}/contents/{+path}",
                 self._at(path=path),
                 params={"ref": ref},
-                accept="application/vnd.github.raw",
+                accept=RAW_MEDIA_TYPE,
             )
             return str(raw or "")
         # Undecodable bytes become U+FFFD: the YAML parser then reports the file as invalid

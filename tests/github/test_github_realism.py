@@ -220,6 +220,22 @@ async def test_a_large_file_read_raw_after_its_json_is_not_served_the_cached_jso
     assert got == text, f"file_text returned {got!r}"
 
 
+async def test_a_large_file_with_a_byte_that_is_not_utf_8_reads_with_a_replacement_not_a_failure(
+    inst: InstallationClient, stub: Stub
+) -> None:
+    # What this catches: the raw read of a config over 1 MB decoded strictly, so one bad
+    # byte failed it as a transient error at every retry, for ever; the JSON form of a
+    # smaller file gets U+FFFD and the YAML parser reports the file.
+    async def contents(request: web.Request) -> web.StreamResponse:
+        if "raw" in request.headers.get("Accept", ""):
+            return web.Response(body=b"a: \xff\n", content_type="application/vnd.github.raw")
+        entry = {"type": "file", "path": "configs/big.yaml", "size": 1_500_000, "encoding": "none", "content": ""}
+        return web.json_response(entry)
+
+    stub.route("GET", "/repos/acme/bench/contents/configs/big.yaml", contents)
+    assert await GitHubRepo(inst, "acme/bench").file_text("configs/big.yaml", "main") == "a: \ufffd\n"
+
+
 # ------------------------------------------------- F6 same-origin redirect of a download
 
 

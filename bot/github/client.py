@@ -362,7 +362,13 @@ class _ConditionalCache:
         )
 
     def __getitem__(self, url: str) -> Any:
-        return self._entries[(_ACCEPT.get(), url)][0]
+        entry = self._entries[(_ACCEPT.get(), url)][0]
+        if _full_last_page(url, entry):
+            # GitHub answers a page's If-None-Match with 304 when its items are the same,
+            # and gidgethub then keeps the cached next link: a page added after this full
+            # one (a 101st comment, where Klaud looks for its own replies) was never read.
+            raise KeyError(url)
+        return entry
 
     def __setitem__(self, url: str, entry: Any) -> None:
         if _PINNED_TO_A_COMMIT.search(url):
@@ -373,6 +379,22 @@ class _ConditionalCache:
             self._entries.pop(key, None)  # an older, smaller answer of it is out of date
             return
         self._entries[key] = (entry, size)
+
+
+# GitHub's page size when a listing does not ask for one.
+DEFAULT_PER_PAGE = 30
+_PER_PAGE = re.compile(r"[?&]per_page=(\d+)")
+
+
+def _full_last_page(url: str, entry: Any) -> bool:
+    """A cached listing page with as many items as a page holds and no next page."""
+    _etag, _modified, data, more = entry
+    if more is not None:
+        return False
+    if isinstance(data, dict):  # {"total_count", "workflow_runs": [...]} and the like
+        data = next((value for value in data.values() if isinstance(value, list)), None)
+    asked = _PER_PAGE.search(url)
+    return isinstance(data, list) and len(data) >= (int(asked[1]) if asked else DEFAULT_PER_PAGE)
 
 
 def _budget_of(url: str) -> str:

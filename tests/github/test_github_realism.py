@@ -283,3 +283,27 @@ async def test_answers_pinned_to_a_commit_are_not_kept_and_others_are_asked_agai
         assert await repo.file_text("a.yaml", ref) == "x: 1\n"
     conditional = [s.headers.get("If-None-Match") for s in stub.calls("GET", "/repos/acme/bench/contents/a.yaml")]
     assert conditional == [None, None, None, 'W/"1"']
+
+
+async def test_a_page_added_after_a_full_last_page_is_read_though_that_page_answers_304(
+    inst: InstallationClient, stub: Stub
+) -> None:
+    # What this catches: GitHub answers the unchanged first page with 304, and gidgethub kept
+    # the cached next link (none): the 101st comment, where Klaud may find its own reply to
+    # a redelivered command, was never read.
+    comments = [{"id": n} for n in range(1, 101)]
+    etag = 'W/"first-page"'
+
+    async def first_page(request: web.Request) -> web.StreamResponse:
+        if request.query.get("page") == "2":
+            return web.json_response(comments[100:])
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers={"ETag": etag})
+        more = {"Link": f'<{stub.url}{PREFIX}/repos/acme/bench/issues/1/comments?per_page=100&page=2>; rel="next"'}
+        return web.json_response(comments[:100], headers={"ETag": etag, **(more if len(comments) > 100 else {})})
+
+    stub.route("GET", "/repos/acme/bench/issues/1/comments", first_page)
+    url = "/repos/acme/bench/issues/1/comments?per_page=100"
+    assert len([c async for c in inst.getiter(url)]) == 100
+    comments.append({"id": 101})
+    assert [c["id"] async for c in inst.getiter(url)][-1] == 101

@@ -83,9 +83,10 @@ TOKEN_REPLICATION_LAG = 10.0  # seconds a new installation token may be refused 
 # GitHub asks to wait at least a minute after a secondary rate limit without headers.
 SECONDARY_RATE_LIMIT_WAIT = 60.0
 MAX_SECONDARY_WAIT = 15 * 60.0
-# The longest a rate limit is waited out inside a call. Longer, the call fails at once with
-# RateLimited(retry_after): a handler or the scheduler's tick (which serves every repository
-# in turn) must not sleep an hour to the quota's reset; the inbox retries the delivery then.
+# The longest rate limits are waited out inside a call, all its attempts together. Longer,
+# the call fails at once with RateLimited(retry_after): a handler or the scheduler's tick
+# (which serves every repository in turn) must not sleep an hour to the quota's reset; the
+# inbox retries the delivery then.
 MAX_CALL_WAIT = 60.0
 # No wait GitHub asks for is believed beyond this: its quotas reset within the hour.
 MAX_RATE_LIMIT_WAIT = 3600.0
@@ -412,9 +413,10 @@ class _RateGate:
     def block_until(self, when: float) -> None:
         self.blocked_until = max(self.blocked_until, when)
 
-    async def wait(self) -> None:
+    async def wait(self, deadline: float) -> None:
+        """Wait while the gate is closed; RateLimited when it stays closed past `deadline`."""
         while (left := self.blocked_until - self._clock.timestamp()) > 0:
-            if left > MAX_CALL_WAIT:
+            if self.blocked_until > deadline:
                 raise RateLimited(None, f"rate limited for {left:.0f} s more", retry_after=left)
             await self._clock.sleep(left)
 
@@ -621,15 +623,17 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         headers = dict(headers)
         rejected: str | None = None
         attempt = 1
+        # Each wait alone was capped: four answers asking for 60 s held one call 4 minutes.
+        deadline = self._clock.timestamp() + MAX_CALL_WAIT
         if self._acts_on_repositories and self._transport.before_write is not None and changes_state(method, url):
             await self._transport.before_write()
         while True:
             try:
                 gate = self._gates[_budget_of(url)]
-                await gate.wait()
+                await gate.wait(deadline)
                 async with self._turn(method, url):
                     # Again: the gate may have closed while this call waited for its turn.
-                    await gate.wait()
+                    await gate.wait(deadline)
                     await self._authorize(headers, url, rejected)
                     response = await self._send(
                         method, url, headers, body, read=read, allow_redirects=allow_redirects

@@ -109,6 +109,18 @@ async def test_a_reset_an_hour_away_is_surfaced_not_slept_through(
     assert max(clock.slept, default=0.0) <= MAX_CALL_WAIT, f"one call slept {clock.slept} s"
 
 
+async def test_rate_limits_answered_again_and_again_hold_one_call_a_minute_in_all(
+    inst: InstallationClient, stub: Stub, clock: ManualClock
+) -> None:
+    # What this catches: each wait capped alone, so four answers asking for 60 s held one
+    # call (a handler, the scheduler's tick) four minutes; README promises at most a minute.
+    for _ in range(6):
+        stub.script("GET", "/repos/acme/bench", reply(429, {"message": "slow down"}, **{"Retry-After": "60"}))
+    with pytest.raises(RateLimited):
+        await inst.getitem("/repos/acme/bench")
+    assert sum(clock.slept) <= MAX_CALL_WAIT, f"one call slept {clock.slept} s"
+
+
 async def test_a_huge_retry_after_does_not_hang_the_call_on_the_real_clock(
     session: aiohttp.ClientSession, stub: Stub
 ) -> None:
@@ -134,9 +146,10 @@ async def test_retry_after_nan_does_not_make_the_client_hammer(
     with pytest.raises(RateLimited):
         await inst.getitem("/repos/acme/bench")
     calls = stub.calls("GET", "/repos/acme/bench")
-    assert len(calls) == 5
-    assert calls[-1].at - calls[0].at >= SECONDARY_RATE_LIMIT_WAIT, (
-        f"5 rate-limited requests sent within {calls[-1].at - calls[0].at} s; slept {clock.slept}"
+    # A minute apart, and a call waits a minute in all: sent twice, then RateLimited.
+    assert len(calls) == 2
+    assert calls[1].at - calls[0].at >= SECONDARY_RATE_LIMIT_WAIT, (
+        f"2 rate-limited requests sent within {calls[1].at - calls[0].at} s; slept {clock.slept}"
     )
 
 

@@ -91,6 +91,8 @@ MAX_CALL_WAIT = 60.0
 # No wait GitHub asks for is believed beyond this: its quotas reset within the hour.
 MAX_RATE_LIMIT_WAIT = 3600.0
 MAX_BACKOFF = 30.0
+# The longest an artifact's archive is downloaded for, however steadily its bytes come.
+MAX_BLOB_SECONDS = 600.0
 # Per installation, in bytes of the answers as received (decoded they take a few times more):
 # a count alone let a thousand pages of pull-request files, up to 3 MB each, be kept. Room
 # for the open pull requests' listing of a busy repository (10 pages of 100, ~2.5 MB each)
@@ -736,7 +738,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         # The blob URL carries its own signature; GitHub's token must not travel with it.
         started = time.perf_counter()
         async with self._transport.session.get(
-            target, headers={"user-agent": self.requester}, timeout=self._transport.timeout
+            target, headers={"user-agent": self.requester}, timeout=self._blob_timeout()
         ) as blob:
             log.debug(
                 "github.blob",
@@ -745,6 +747,13 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
                 installation=self._label,
             )
             return _Response(blob.status, blob.headers, await _read_capped(blob, max_bytes))
+
+    def _blob_timeout(self) -> aiohttp.ClientTimeout:
+        """An archive may take longer than one answer's whole timeout (64 MiB at 2 MB/s is
+        32 s: such a read failed at every retry): it is given up when no byte comes for that
+        long, or after MAX_BLOB_SECONDS."""
+        each = self._transport.timeout.total
+        return aiohttp.ClientTimeout(total=MAX_BLOB_SECONDS, sock_connect=each, sock_read=each)
 
     def _observe(self, method: str, url: str, outcome: str, started: float) -> None:
         route = self._route(url)

@@ -278,6 +278,32 @@ async def test_an_artifact_download_of_a_renamed_repository_keeps_the_token_on_t
         await runner.cleanup()
 
 
+async def test_an_archive_slower_than_one_answers_timeout_still_downloads_while_bytes_come(
+    make_app: Callable[..., GitHubApp], stub: Stub
+) -> None:
+    # What this catches: the 30 s total of one answer applied to a whole archive, so one
+    # that takes longer (64 MiB at under 2.2 MB/s) failed at every retry for 14 days.
+    async def slow(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/zip"})
+        await response.prepare(request)
+        for _ in range(8):
+            await response.write(b"x" * 1024)
+            await asyncio.sleep(0.1)  # 0.8 s in all, never 0.5 s without a byte
+        return response
+
+    blob = Stub(stub.clock, prefix="")
+    runner, blob.url = await serve(blob.handle)
+    try:
+        blob.route("GET", "/blob/slow.zip", slow)
+        stub.script("GET", "/repos/acme/bench/actions/artifacts/9/zip",
+                    reply(302, {"message": "Found"}, Location=f"{blob.url}/blob/slow.zip"))
+        inst = make_app(request_timeout=0.5).installation(7)
+        data = await inst.download(f"{stub.url}{PREFIX}/repos/acme/bench/actions/artifacts/9/zip", max_bytes=1 << 20)
+        assert len(data) == 8 * 1024
+    finally:
+        await runner.cleanup()
+
+
 async def _zip() -> web.StreamResponse:
     return web.Response(body=b"PK\x03\x04data", content_type="application/zip")
 

@@ -104,6 +104,7 @@ DOWNLOAD_CHUNK = 64 * 1024
 ERROR_BODY_LIMIT = 64 * 1024
 ITEMS_KEY = "items"
 GRAPHQL_RATE_LIMITED = frozenset({"RATE_LIMITED", "RATE_LIMIT"})
+GRAPHQL_TIMED_OUT = re.compile(r"something went wrong while executing your query|timeout", re.IGNORECASE)
 # What one listing may yield: 200 full pages. A Link header that always names a next page
 # (a broken proxy, a paging bug) would otherwise be followed for ever. Listing fails rather
 # than end early: callers act on what a listing leaves out (a PR not listed is closed).
@@ -888,6 +889,10 @@ class InstallationClient:
             if kinds & GRAPHQL_RATE_LIMITED:
                 # GraphQL's own budget, answered with 200: a wait, not a bad query.
                 raise RateLimited(200, message, retry_after=SECONDARY_RATE_LIMIT_WAIT) from exc
+            if kinds == {None} and GRAPHQL_TIMED_OUT.search(message):
+                # "Something went wrong while executing your query. This may be the result
+                # of a timeout": GitHub unwell, like the 502 a long blame gets; not our query.
+                raise Unavailable(200, message) from exc
             raise BadRequest(200, message) from exc
         except gidgethub.GraphQLAuthorizationFailure as exc:
             raise Unauthorized(401, str(exc)) from exc

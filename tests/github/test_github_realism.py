@@ -184,6 +184,22 @@ async def test_graphql_rate_limited_errors_are_rate_limited(inst: InstallationCl
     assert isinstance(caught.value, RateLimited), f"{type(caught.value).__name__} (transient={caught.value.transient})"
 
 
+@pytest.mark.parametrize(("message", "transient"), [
+    (("Something went wrong while executing your query. This may be the result of a timeout, or it could be a "
+     "GitHub bug. Please include `1234:5678` when reporting this issue."), True),
+    ("Field 'blames' doesn't exist on type 'Commit'", False),
+])
+async def test_a_graphql_error_of_no_type_is_transient_only_when_github_says_it_timed_out(
+    inst: InstallationClient, stub: Stub, message: str, transient: bool
+) -> None:
+    # What this catches: GitHub's answer to a query it could not finish in time (200, no
+    # data, an error without a type) taken for a bad query: permanent, never tried again.
+    graphql_route(stub, reply(200, {"data": None, "errors": [{"message": message}]}))
+    with pytest.raises(GitHubError) as caught:
+        await inst.graphql(BLAME_QUERY, owner="acme", name="bench", ref="main", path="x")
+    assert caught.value.transient is transient
+
+
 # ---------------------------------------------------------- F4 empty pages with a next link
 
 

@@ -334,17 +334,18 @@ class OutcomeRecorder:
     async def retry_artifacts(self) -> int:
         """Re-read every transiently failed artifact that is due; returns how many were tried."""
         tried = 0
-        now = self.live.clock.now()
         for state in list(self.live.repos.values()):
-            due = [
-                (key, entry)
-                for key, entry in state.pending_artifacts.items()
-                if (parse_time(entry.get("next_at")) or now) <= now
-            ]
-            for key, entry in due:
-                tried += 1
-                await self._retry_artifact(state, key, entry)
+            tried += await self.retry_artifacts_of(state)
         return tried
+
+    async def retry_artifacts_of(self, state: RepoState) -> int:
+        """Re-read the repository's transiently failed artifacts that are due (the scheduler
+        runs this per repository, backing off from a repository whose retries raise)."""
+        now = self.live.clock.now()
+        due = [(key, entry) for key, entry in state.pending_artifacts.items() if (parse_time(entry.get("next_at")) or now) <= now]
+        for key, entry in due:
+            await self._retry_artifact(state, key, entry)
+        return len(due)
 
     async def _retry_artifact(self, state: RepoState, key: str, entry: dict[str, Any]) -> None:
         api = self.live.api(state)

@@ -303,10 +303,16 @@ class Reconciler:
         except GitHubError as exc:
             self._note_failure(name, installation, exc)
             return False
+        # The store refusing writes, or a bug: backed off from too (its traceback logged),
+        # else the retry stayed due and called GitHub at every tick while it lasted.
+        except Exception as exc:
+            log.exception("reconcile.failed_unexpectedly", repo=name)
+            self._note_failure(name, installation, exc)
+            return False
         self.failures.pop(name, None)
         return True
 
-    def _note_failure(self, name: str, installation: int, exc: GitHubError) -> None:
+    def _note_failure(self, name: str, installation: int, exc: Exception) -> None:
         previous = self.failures.get(name)
         attempts = previous.attempts + 1 if previous is not None else 1
         failure = ReconcileFailure(installation, str(exc), attempts, self.live.clock.now() + retry_delay(attempts))

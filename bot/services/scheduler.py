@@ -43,6 +43,11 @@ def next_boundary(now: datetime, every_minutes: int, jitter_seconds: float) -> d
     return boundary + timedelta(seconds=jitter_seconds)
 
 
+def on_cadence(slot: datetime, every_minutes: int) -> bool:
+    """Whether `slot` is one `next_boundary` gives for this cadence: a boundary plus jitter."""
+    return (slot - EPOCH) % timedelta(minutes=every_minutes) <= timedelta(seconds=MAX_JITTER_SECONDS)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -126,7 +131,7 @@ class Scheduler:
             if await self._guarded(name, "wave", self._wave_if_due, name, state):
                 waved.append(name)
             await self._guarded(name, "reconcile", self._light_reconcile_if_due, name, state)
-        await self.outcomes.retry_artifacts()
+            await self._guarded(name, "artifacts", self._retry_artifacts, state)
         await self.reconciler.retry_failed()
         await self._housekeeping()
         return waved
@@ -137,7 +142,7 @@ class Scheduler:
         installations and applies retention to the store."""
         now = self.clock.now()
         elapsed = now - self._trimmed_at
-        if elapsed < timedelta(0) or elapsed >= LIGHT_RECONCILE_EVERY:
+        if _due(elapsed):
             self._trimmed_at = now
             # Only on a clock that moved as ticks move it: one that jumped ahead (and will
             # be set back) would drop attempts whose cooldowns are still running.
@@ -146,10 +151,10 @@ class Scheduler:
                     state.forget_attempts_before(now - ATTEMPT_MEMORY)
         if not self.leads():
             return
-        if now - self._discovered_at >= LIGHT_RECONCILE_EVERY:
+        if _due(now - self._discovered_at):
             self._discovered_at = now
             await self.reconciler.reconcile_new_installations()
-        if self.prune is not None and (self._pruned_at is None or now - self._pruned_at >= LIGHT_RECONCILE_EVERY):
+        if self.prune is not None and (self._pruned_at is None or _due(now - self._pruned_at)):
             self._pruned_at = now
             await self.prune()
 
@@ -190,6 +195,9 @@ class Scheduler:
         self._failing[key] = (attempts, retry_at)
         return retry_at
 
+    async def _retry_artifacts(self, state: RepoState) -> bool:
+        return await self.outcomes.retry_artifacts_of(state) > 0
+
     async def _check_claims(self, state: RepoState) -> bool:
         await self.claims.check_due(state)
         return True
@@ -200,9 +208,14 @@ class Scheduler:
         if retry_at is not None and retry_at <= now:
             return await self.waves.run(name, trigger=RETRY_TRIGGER) is not None
         due = parse_time(state.meta.next_wave_at)
+        every = state.policy.wave_every_minutes
         # Later than the cadence allows: set under a longer `wave_every_minutes` (shortened
         # since, it waited for the old slot, up to a week), or while the clock ran ahead.
-        if due is None or due - now > timedelta(minutes=state.policy.wave_every_minutes, seconds=MAX_JITTER_SECONDS):
+        # Or to come, but off the cadence: set under another (a push lengthening it kept
+        # the old, earlier slot, and one wave ran off the new cadence).
+        if due is None or due - now > timedelta(minutes=every, seconds=MAX_JITTER_SECONDS) or (
+            due > now and not on_cadence(due, every)
+        ):
             await self._set_next(name, now)
             return False
         if due > now:
@@ -231,3 +244,9 @@ class Scheduler:
             state.meta.next_wave_at = stamp(upcoming)
             await self.live.persist(state.save_meta())
         log.info("scheduler.next_wave", repo=name, at=state.meta.next_wave_at)
+
+
+def _due(elapsed: timedelta) -> bool:
+    """Housekeeping's cadence has passed, or the clock went back past when it last ran (set
+    back after a jump ahead, it would otherwise wait as long as the jump)."""
+    return elapsed < timedelta(0) or elapsed >= LIGHT_RECONCILE_EVERY

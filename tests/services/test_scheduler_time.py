@@ -137,3 +137,71 @@ async def test_a_clock_that_jumped_forward_and_was_corrected_keeps_cooldowns(kit
     assert decision.decision == "cooldown", (
         f"1 h after an incompatible outcome the family is {decision.decision}: {decision.reason}"
     )
+
+
+async def test_a_longer_cadence_pushed_moves_the_next_wave_to_its_own_slots(kit: Kit) -> None:
+    # What this catches: 120 -> 1440 minutes kept the 10:00 slot set under 120, and one
+    # wave ran off the new cadence before the daily ones.
+    await kit.reconciler.reconcile(REPO, 1)
+    ticks = scheduler(kit)
+    await ticks.tick()
+    kit.clock.advance(60)
+    await kit.catalog.on_push(kit.state, push_policy(kit, "wave_every_minutes: 1440\n", "e" * 40))
+    ran = await waves_over(kit, ticks, 24 * 3600, step=60)
+    assert [t.strftime("%H:%M") for t in ran] == ["00:01"]  # midnight UTC (plus jitter) only
+
+
+async def test_discovery_and_retention_run_again_after_the_clock_is_set_back(kit: Kit, monkeypatch) -> None:
+    # What this catches: a clock that jumped a year ahead and was set back kept discovery of
+    # new installations and retention waiting a year: their last run was "in the future".
+    await kit.reconciler.reconcile(REPO, 1)
+    calls: list[str] = []
+
+    async def discover() -> list[str]:
+        calls.append("discover")
+        return []
+
+    async def prune() -> None:
+        calls.append("prune")
+
+    monkeypatch.setattr(kit.reconciler, "reconcile_new_installations", discover)
+    ticks = Scheduler(kit.live, kit.waves, kit.reconciler, kit.outcomes, kit.clock, rng=random.Random(1), prune=prune)
+    await ticks.tick()
+    kit.clock.set(NOW + timedelta(days=365))
+    await ticks.tick()
+    kit.clock.set(NOW + timedelta(minutes=1))
+    calls.clear()
+    await ticks.tick()
+    assert calls == ["discover", "prune"]
+
+
+async def test_retries_that_raise_are_backed_off_not_repeated_at_every_tick(kit: Kit, monkeypatch) -> None:
+    # What this catches: with the store refusing writes, a failed reconcile's retry and a
+    # due artifact re-read raised out of the tick: GitHub was called again at every tick (and
+    # retention skipped) for as long as it lasted.
+    from bot.github.errors import Unavailable
+    from bot.services.reconcile import FIRST_RETRY
+    from tests.services.test_outcomes import completed, with_artifact
+
+    await kit.reconciler.reconcile(REPO, 1)
+    with_artifact(kit, 302)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, completed(302))
+    kit.repo.fail("repository", Unavailable(502, "Bad Gateway"))
+    assert await kit.reconciler._try_reconcile(REPO, 1) is False
+    kit.clock.advance(max(FIRST_RETRY, timedelta(hours=1)).total_seconds())
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() + timedelta(hours=1))
+    kit.state.meta.reconciled_at = stamp(kit.clock.now())
+
+    async def refuse(change: object) -> None:
+        raise OSError("attempt to write a readonly database")
+
+    monkeypatch.setattr(kit.live.store, "apply", refuse)
+    ticks = scheduler(kit)
+    calls = []
+    for _ in range(10):
+        kit.repo.calls.clear()
+        await ticks.tick()  # raises nothing
+        calls.append(len(kit.repo.calls))
+        kit.clock.advance(1)
+    assert calls[0] > 0 and calls[1:] == [0] * 9

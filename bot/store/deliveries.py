@@ -437,6 +437,17 @@ def status_statement(delivery_id: str, status: str, attempts: int, error: str | 
     return Statement(UPDATE_STATUS, (status, attempts, error, time.time(), delivery_id), coalesce=STATUS_UPDATES)
 
 
+def _readable_headers(delivery_id: str, stored: str | bytes) -> dict[str, str]:
+    """A delivery's stored headers, or none (reported in one line) when they are unreadable:
+    a raise stopped the server at start-up, when it loads the deliveries still queued."""
+    try:
+        headers = msgspec.json.decode(stored)
+    except msgspec.DecodeError as exc:
+        log.warning("store.record_unreadable", kind="delivery-headers", key=delivery_id, reason=str(exc))
+        return {}
+    return headers if isinstance(headers, dict) else {}
+
+
 def _row_to_delivery(row: Row) -> Delivery:
     return Delivery(
         id=row[0],
@@ -444,7 +455,7 @@ def _row_to_delivery(row: Row) -> Delivery:
         action=row[2],
         repo=row[3],
         installation=row[4],
-        headers=msgspec.json.decode(row[5]),
+        headers=_readable_headers(row[0], row[5]),
         body=None,
         status=row[7],
         attempts=row[8],

@@ -281,6 +281,18 @@ async def test_a_body_that_does_not_decompress_reads_as_absent_and_is_reported(s
     assert reports == [("delivery-body", "bad")] * 2
 
 
+async def test_unreadable_stored_headers_read_as_none_and_are_reported(stores: Stores) -> None:
+    # What this catches: a queued delivery whose headers do not decode stopped the server at
+    # start-up with a traceback (the inbox loads the queued ones), and made its API read a 500.
+    await stores.deliveries.put(Delivery("odd", "pull_request", b'{"action": "opened"}', repo="o/r"))
+    await stores.engine.transaction([Statement("UPDATE deliveries SET headers = ? WHERE id = ?", ("garbage", "odd"))])
+    with capture_logs() as logs:
+        assert [d.id for d in await stores.deliveries.pending()] == ["odd"]
+        assert (await stores.deliveries.get("odd")).headers == {}  # type: ignore[union-attr]
+    reports = [(e["kind"], e["key"]) for e in logs if e["event"] == "store.record_unreadable"]
+    assert reports == [("delivery-headers", "odd")] * 2
+
+
 async def test_pruning_a_delivery_prunes_its_body(stores: Stores) -> None:
     await stores.deliveries.put(Delivery("old", "push", b"{}", repo="o/r"))
     await save_status(stores, Delivery("old", "push", None, status="done", attempts=1))

@@ -124,7 +124,12 @@ def as_utc(value: datetime) -> datetime:
     is asked for its offset) where times sharing UTC take ~0.05 µs: planning compares
     thousands of them. A naive time is refused: GitHub's always say their zone, and one
     that did not (a payload fed by hand or replayed) was stored and made every later wave
-    of its repository raise when it compared it with an aware one."""
+    of its repository raise when it compared it with an aware one. A time past the years
+    Klaud plans with is refused too: a dispatch stored at 9999-12-31 made every plan of its
+    repository overflow adding the claim TTL. (Not one before 1970: GitHub's zero time,
+    year 1, may stand for "none".)"""
+    if value.year > TIME_RANGE[1]:
+        raise ValueError(f"a time past the year {TIME_RANGE[1]}")
     if value.tzinfo is UTC:
         return value
     if value.tzinfo is None:

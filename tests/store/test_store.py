@@ -127,6 +127,18 @@ async def test_an_unreadable_record_is_reported_in_one_line_and_skipped(stores):
     assert "(and " in reports[1][2]  # several fields missing: the first, and how many more
 
 
+async def test_a_record_holding_a_time_past_the_year_9000_is_reported_and_skipped(stores):
+    # What this catches: a dispatch stored at 9999-12-31 read back as it was, so every plan of
+    # its repository overflowed adding the claim TTL (`klaud plan` and /plan tracebacks).
+    late = json.loads(encode("attempt", attempt(3, 1))) | {"completed_at": "9999-12-31T23:59:00Z"}
+    await stores.state.apply(raw(Change().put("o/r", "attempt", "1", attempt(1, 1)), "o/r", "attempt", "3", json.dumps(late)))
+    with capture_logs() as logs:
+        loaded = await stores.state.load("o/r", attempts_since=stamp(NOW - timedelta(days=14)))
+    assert list(loaded["attempt"]) == ["1"]
+    [report] = [e for e in logs if e["event"] == "store.record_unreadable"]
+    assert report["key"] == "3" and "past the year 9000" in report["reason"]
+
+
 async def test_records_and_deliveries_survive_a_restart(store_url):
     from bot.store.deliveries import Delivery
 

@@ -35,6 +35,10 @@ _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _RUNNER_NUMBER_RE = re.compile(r"_\d+$")
 _FAMILY_KEY_RE = re.compile(r"^[^\s:]+$")
+# A family key is part of a record's key in the store: printable (PostgreSQL refuses U+0000)
+# and short enough for its index (a 4 KB key overflowed PostgreSQL's btree rows, and failed
+# the whole catalog's write there while SQLite took it). The real configs' longest is 64.
+MAX_FAMILY_KEY = 200
 CLUSTER_PREFIX = "cluster:"
 
 
@@ -331,8 +335,12 @@ def _family(
     if key == "<<":
         problems.append(f"{at}: a merge key at the top level is not a family")
         return None
-    if not isinstance(key, str) or not _FAMILY_KEY_RE.match(key):
-        problems.append(f"{at}: top-level key {key!r} cannot name a family")
+    if not isinstance(key, str) or not _FAMILY_KEY_RE.match(key) or not key.isprintable() or len(key) > MAX_FAMILY_KEY:
+        shown = repr(key[:60] + "…") if isinstance(key, str) and len(key) > 60 else repr(key)
+        problems.append(
+            f"{at}: top-level key {shown} cannot name a family "
+            f"(printable, without spaces or ':', at most {MAX_FAMILY_KEY} characters)"
+        )
         return None
     try:
         block = _construct(value_node)

@@ -434,7 +434,9 @@ def moved_statement(delivery_id: str, repo: str, attempts: int, error: str) -> S
 
 def status_statement(delivery_id: str, status: str, attempts: int, error: str | None) -> Statement:
     """The write that records a delivery's status (`Writer.end_unit` commits it with its changes)."""
-    return Statement(UPDATE_STATUS, (status, attempts, error, time.time(), delivery_id), coalesce=STATUS_UPDATES)
+    # PostgreSQL refuses U+0000 in text, SQLite keeps it: dropped on both alike.
+    text = error.replace("\x00", "") if error is not None else None
+    return Statement(UPDATE_STATUS, (status, attempts, text, time.time(), delivery_id), coalesce=STATUS_UPDATES)
 
 
 def _readable_headers(delivery_id: str, stored: str | bytes) -> dict[str, str]:

@@ -211,8 +211,23 @@ def test_blocks_that_cannot_be_families_are_reported_not_fatal() -> None:
         "configs/x-master.yaml:1: `scalar-block` is not a mapping",
         "configs/x-master.yaml:2: `no-runner` has no runner",
         "configs/x-master.yaml:4: `runner-list` has no runner",
-        "configs/x-master.yaml:7: top-level key 'quoted key' cannot name a family",
+        ("configs/x-master.yaml:7: top-level key 'quoted key' cannot name a family "
+        "(printable, without spaces or ':', at most 200 characters)"),
     )
+
+
+def test_a_key_with_a_nul_or_past_200_characters_cannot_name_a_family() -> None:
+    # What this catches: keys SQLite stored and PostgreSQL refused (U+0000; a 4 KB key past
+    # its index rows), failing the whole catalog's write on one engine only.
+    text = (
+        '"dsr1\\0-fp8":\n  image: a:1\n  runner: b200\n'
+        + "k" * 201 + ":\n  image: a:1\n  runner: b200\n"
+        + "k" * 200 + ":\n  image: a:1\n  runner: b200\n"
+    )
+    parsed = read_master("configs/x-master.yaml", text, runners())
+    assert [f.key for f in parsed.families] == ["k" * 200]
+    assert [p.split(": ")[0] for p in parsed.problems] == ["configs/x-master.yaml:1", "configs/x-master.yaml:4"]
+    assert all("cannot name a family" in p and len(p) < 200 for p in parsed.problems)
 
 
 def test_duplicate_key_keeps_the_later_block_like_yaml() -> None:

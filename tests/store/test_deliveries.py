@@ -293,6 +293,13 @@ async def test_unreadable_stored_headers_read_as_none_and_are_reported(stores: S
     assert reports == [("delivery-headers", "odd")] * 2
 
 
+async def test_an_error_text_holding_u0000_is_stored_without_it_on_both_engines(stores: Stores) -> None:
+    # What this catches: SQLite kept the text and PostgreSQL refused the status write.
+    await stores.deliveries.put(Delivery("nul", "push", b"{}", repo="o/r"))
+    await save_status(stores, Delivery("nul", "push", None, status="failed", attempts=1, error="bad \x00 thing"))
+    assert (await stores.deliveries.get("nul")).error == "bad  thing"  # type: ignore[union-attr]
+
+
 async def test_pruning_a_delivery_prunes_its_body(stores: Stores) -> None:
     await stores.deliveries.put(Delivery("old", "push", b"{}", repo="o/r"))
     await save_status(stores, Delivery("old", "push", None, status="done", attempts=1))

@@ -169,6 +169,9 @@ PRUNE = f"DELETE FROM deliveries WHERE {PRUNABLE}"
 # claim or commit still in flight): `held_back` keeps the repository's later deliveries out of
 # this claim, or they would run before the one passed over. Rows not picked for another
 # reason are this owner's own fresh claims, already queued here, or past the LIMIT.
+# Names are ordering keys (`Delivery.ordering_key`): a repository's, or for deliveries of no
+# repository their installation's (matched by repository alone, one passed over never held
+# back the later events of its installation).
 # `held_back` matches repositories against picked's distinct names: PostgreSQL plans the
 # statement once for a table it believes nearly empty (a new store, before autovacuum's first
 # ANALYZE) and joins in a nested loop, which compared every unfinished row with every picked
@@ -187,18 +190,20 @@ CLAIM_OWNED: dict[Dialect, str] = {
         RETURNING {columns}, seq""",
     "postgresql": """
         WITH picked AS MATERIALIZED (
-            SELECT seq, lower(repo) AS name FROM deliveries
+            SELECT seq, coalesce(lower(repo), 'installation:' || installation) AS name FROM deliveries
             WHERE (status = 'queued'
                    OR (status = 'processing' AND (claimed_by IS DISTINCT FROM $1 OR claimed_at < {now} - $2)))
               AND ((repo IS NULL AND $3::boolean) OR lower(repo) IN (SELECT json_array_elements_text($4::json)))
             ORDER BY seq LIMIT $5
             FOR UPDATE SKIP LOCKED
         ), held_back AS (
-            SELECT lower(repo) AS name, min(seq) AS seq FROM deliveries
+            SELECT coalesce(lower(repo), 'installation:' || installation) AS name, min(seq) AS seq FROM deliveries
             WHERE status IN ('queued', 'processing') AND seq < (SELECT max(seq) FROM picked)
-              AND lower(repo) IN (SELECT DISTINCT name FROM picked) AND seq NOT IN (SELECT seq FROM picked)
+              AND (lower(repo) IN (SELECT DISTINCT name FROM picked)
+                   OR (repo IS NULL AND 'installation:' || installation IN (SELECT DISTINCT name FROM picked)))
+              AND seq NOT IN (SELECT seq FROM picked)
               AND NOT (status = 'processing' AND claimed_by = $1 AND claimed_at >= {now} - $2)
-            GROUP BY lower(repo)
+            GROUP BY 1
         )
         UPDATE deliveries SET status = 'processing', claimed_by = $1, claimed_at = {now}
         WHERE seq IN (SELECT picked.seq FROM picked LEFT JOIN held_back ON held_back.name = picked.name

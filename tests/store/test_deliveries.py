@@ -165,6 +165,26 @@ async def test_a_claim_skips_deliveries_another_transaction_holds_without_waitin
 
 
 @POSTGRESQL_ONLY
+async def test_installation_events_passed_over_hold_back_their_installations_later_ones(stores, store_url):
+    # What this catches: deliveries of no repository were matched by repository alone, so
+    # one passed over (its last owner's commit in flight) let its installation's later
+    # events be claimed, and run, before it.
+    for n in range(3):
+        await stores.deliveries.put(Delivery(f"u{n}", "installation", b"{}", action="created", installation=7))
+    await stores.deliveries.put(Delivery("v0", "installation", b"{}", action="created", installation=8))
+    holder = await asyncpg.connect(store_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT seq FROM deliveries WHERE id = 'u1' FOR UPDATE")
+            claimed = await asyncio.wait_for(stores.deliveries.claim_owned("b", set(), unrouted=True, limit=10), 5)
+    finally:
+        await holder.close()
+    assert [d.id for d in claimed] == ["u0", "v0"]  # u2 waits behind u1; installation 8 is free
+    again = await stores.deliveries.claim_owned("b", set(), unrouted=True, limit=10)
+    assert [d.id for d in again] == ["u1", "u2"]
+
+
+@POSTGRESQL_ONLY
 async def test_a_commit_fenced_by_a_claim_that_passed_to_another_replica_fails_and_changes_nothing(
     stores, store_url, monkeypatch
 ):

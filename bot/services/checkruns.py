@@ -17,7 +17,7 @@ import structlog
 from bot.core.checks import CHECK_NAME, CheckView, render_check
 from bot.core.clock import Clock
 from bot.core.cooldown import cooldown
-from bot.core.domain import BRANCH_CANDIDATE_RE, PullRequest
+from bot.core.domain import BRANCH_CANDIDATE_RE, PullRequest, family_hash
 from bot.core.events import CheckRunEvent
 from bot.github.errors import GitHubError
 from bot.services.coalescer import Coalescer
@@ -42,11 +42,11 @@ class CheckPublisher:
     async def families_changed(self, state: RepoState, families: set[str], pulls: set[int]) -> None:
         for number in pulls:
             self.coalescer.mark((state.name, number))
+        # By the hash the PR's branch names, not through the catalog: a family removed from
+        # the configs is in no catalog, and its PR's check run stayed in progress for good.
+        hashes = {family_hash(family) for family in families}
         for pull in state.overlap.prs():
-            if not pull.klaud_own or not pull.own_family_hash:
-                continue
-            family = state.family_by_hash(pull.own_family_hash)
-            if family is not None and family.id in families:
+            if pull.klaud_own and pull.own_family_hash in hashes:
                 self.coalescer.mark((state.name, pull.number))
 
     async def settle(self) -> None:

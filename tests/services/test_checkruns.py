@@ -1,0 +1,53 @@
+"""The `Klaud Cold` check run of a Klaud PR follows its candidate, against an in-memory repository."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.core.events import Artifact, PullRequestEvent, PushEvent
+from bot.services.checkruns import CheckPublisher
+from tests import scenarios as sc
+from tests.services.conftest import NOW, REPO, Kit
+from tests.services.fakes import artifact_zip, pull_event
+from tests.services.test_outcomes import completed
+
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+CAND = sc.candidate(H200)
+
+
+def event(action: str, number: int, head_ref: str, **changes: Any) -> PullRequestEvent:
+    return pull_event(action, number, updated_at=NOW, head_ref=head_ref, user="klaud-cold[bot]", **changes)
+
+
+def push(before: str, after: str) -> PushEvent:
+    return PushEvent.model_validate({"ref": "refs/heads/main", "before": before, "after": after, "deleted": False,
+                                     "repository": {"full_name": REPO, "pushed_at": int(NOW.timestamp())},
+                                     "installation": {"id": 1}})
+
+
+async def test_the_check_run_of_a_family_removed_from_the_configs_still_completes_with_its_outcome(kit: Kit) -> None:
+    # What this catches: Klaud PRs were marked for a new render through the catalog, which
+    # no longer holds a removed family: its PR's check run stayed in progress for good.
+    await kit.reconciler.reconcile(REPO, 1)
+    checks = CheckPublisher(kit.live, kit.clock, delay_seconds=0)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and CAND in wave.selected
+    run_id = kit.state.dispatches[H200].run_id
+    assert run_id is not None
+    await kit.pulls.on_pull_request(kit.state, event("opened", 1000, f"klaud/auto-{CAND}"))
+    await checks.settle()
+    before, after = kit.repo.head, "e" * 40
+    text = sc.NVIDIA
+    removed = text[: text.index("dsr1-fp8-h200-trt:")] + text[text.index("gptoss-fp4-b200-vllm:"):]
+    kit.repo.files[after] = {**kit.repo.files[before], "configs/nvidia-master.yaml": removed}
+    kit.repo.head = after
+    await kit.catalog.on_push(kit.state, push(before, after))
+    assert kit.state.catalog.get(H200) is None
+    kit.repo.artifacts_of[run_id] = [Artifact(id=77, name=f"klaud-candidate-{CAND}", expired=False, archive_download_url="x")]
+    kit.repo.archives[77] = artifact_zip({"outcome": "validated", "phase": "final-sweep", "pull-request": 1000,
+                                          "run-ids": [run_id], "repairs-used": 0})
+    await kit.outcomes.on_workflow_run(kit.state, completed(run_id))
+    await checks.settle()
+    [check] = kit.repo.check_runs.values()
+    assert (check["status"], check.get("conclusion")) == ("completed", "success")
+    await checks.close()

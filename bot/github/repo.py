@@ -312,13 +312,19 @@ class GitHubRepo:
     # -- issues --------------------------------------------------------------------------
 
     async def find_issue(self, title: str, creator: str) -> Issue | None:
+        """The issue `creator` opened with `title`: an open one, else the newest closed one (a
+        person may close the dashboard: it is still the dashboard, with the holds it remembers)."""
+        closed = None
         async for item in self.client.getiter(
-            f"/repos/{{owner}}/{{repo}}/issues?state=open&{PER_PAGE}&creator={{creator}}", self._at(creator=creator)
+            f"/repos/{{owner}}/{{repo}}/issues?state=all&{PER_PAGE}&creator={{creator}}", self._at(creator=creator)
         ):
             issue = Issue.model_validate(item)
-            if issue.title == title and "pull_request" not in item:
+            if issue.title != title or "pull_request" in item:
+                continue
+            if issue.state == "open":
                 return issue
-        return None
+            closed = closed or issue  # newest first, as GitHub lists them
+        return closed
 
     async def create_issue(self, title: str, body: str) -> int | None:
         """The new issue's number; None when none was made (a dry run logs the write)."""

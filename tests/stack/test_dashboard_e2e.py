@@ -89,6 +89,26 @@ async def test_holds_come_back_from_the_dashboard_when_the_store_is_lost(tmp_pat
         assert restored is not None and restored.holds[H200].reason == "waiting for weights"
 
 
+async def test_a_closed_dashboard_still_brings_the_holds_back_and_is_opened_again(tmp_path):
+    # What this catches: the dashboard was looked for among open issues only: closed by a
+    # person, its holds were lost with the store and a second dashboard was made.
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await run.act({"action": "comment", "repo": REPO, "number": 12, "user": "alice",
+                       "body": f"/klaud hold {H200} waiting for weights"})
+        await wave(run)
+        [issue] = dashboards(run)
+        run.sandbox.world.repos[REPO].issues[issue["number"]].state = "closed"
+        lost = run.klaud
+        lost.live.repos.clear()
+        await lost.store.apply(_forget_everything(REPO))
+        await lost.reconciler.reconcile(REPO, 1)
+        restored = lost.live.repo(REPO)
+        assert restored is not None and restored.holds[H200].reason == "waiting for weights"
+        await wave(run)
+        [again] = dashboards(run)
+        assert again["number"] == issue["number"] and again["state"] == "open"
+
+
 def _forget_everything(repo: str) -> Any:
     from bot.store.change import Change
 

@@ -45,6 +45,7 @@ class PullSync:
                 log.info("pulls.late_event_ignored", pr=number, action=event.action, updated_at=stamp(pull.updated_at))
                 return set()
             before = set(state.overlap.touches(number))
+            earlier = state.overlap.get(number)
             if event.action == "closed" or pull.state == "closed":
                 change = state.remove_pull(number, pull.updated_at)
             else:
@@ -54,7 +55,9 @@ class PullSync:
                 await self.refresh(state, self.live.api(state), pull, change)
             await self.live.persist(change)
             after = set(state.overlap.touches(number))
-        record = state.overlap.get(number)
+        # Closed, it is gone from the index: what it was says whose overlaps it leaves (its
+        # own family's too, where another Klaud PR's check run listed it).
+        record = state.overlap.get(number) or earlier
         families = before | after
         moved: set[int] = set()
         if record is not None and record.klaud_own:

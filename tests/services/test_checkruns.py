@@ -51,3 +51,34 @@ async def test_the_check_run_of_a_family_removed_from_the_configs_still_complete
     [check] = kit.repo.check_runs.values()
     assert (check["status"], check.get("conclusion")) == ("completed", "success")
     await checks.close()
+
+
+async def test_closing_a_klaud_pr_takes_it_off_the_check_run_of_another_of_its_family(kit: Kit) -> None:
+    # What this catches: a closed PR is gone from the index before its families are listed,
+    # so its own family's other Klaud PR kept showing it as an overlap until the next wave.
+    from datetime import timedelta
+
+    from bot.core.domain import family_hash
+
+    older = f"{family_hash(H200)}-0123456789abcdef"
+
+    def klaud_pr(action: str, number: int, minutes: int, candidate: str) -> PullRequestEvent:
+        return pull_event(action, number, updated_at=NOW + timedelta(minutes=minutes),
+                          head_ref=f"klaud/auto-{candidate}", user="klaud-cold[bot]")
+
+    await kit.reconciler.reconcile(REPO, 1)
+    checks = CheckPublisher(kit.live, kit.clock, delay_seconds=0)
+    await kit.pulls.on_pull_request(kit.state, klaud_pr("opened", 1000, 0, CAND))
+    await kit.pulls.on_pull_request(kit.state, klaud_pr("opened", 1001, 1, older))
+    await checks.settle()
+    head = kit.state.meta.check_runs["1000"]["head_sha"]
+
+    def summary() -> str:
+        [check] = [c for c in kit.repo.check_runs.values() if c["head_sha"] == head]
+        return str(check["output"]["summary"])
+
+    assert "#1001" in summary()
+    await kit.pulls.on_pull_request(kit.state, klaud_pr("closed", 1001, 2, older))
+    await checks.settle()
+    assert "#1001" not in summary()
+    await checks.close()

@@ -215,6 +215,7 @@ UNCLAIM = (
     " WHERE lower(repo) = ? AND status = 'processing'"
 )
 WAITING_REPOS = "SELECT DISTINCT repo FROM deliveries WHERE status IN ('queued', 'processing') AND repo IS NOT NULL"
+COUNT_UNFINISHED = "SELECT count(*) FROM deliveries WHERE status IN ('queued', 'processing')"
 
 
 def ids_among(dialect: Dialect, delivery_ids: list[str]) -> tuple[str, tuple[Any, ...]]:
@@ -344,6 +345,11 @@ class DeliveryStore:
         """Put every unfinished claim of `repo` back in the queue (its new owner takes it up)."""
         [count] = await self.writer.write([Statement(UNCLAIM, (repo.lower(),))])
         return as_count(count)
+
+    async def unfinished(self) -> int:
+        """How many deliveries, every replica's, are not done yet."""
+        [(count,)] = await self.db.fetch(COUNT_UNFINISHED)
+        return int(count)
 
     async def waiting_repos(self) -> set[str]:
         """Repositories (lowercase) with deliveries not yet done."""

@@ -193,6 +193,9 @@ class Inbox:
         self._runner: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()  # set by stop(): ends the loops and the claim loop's pause
         self._backlog = 0
+        # Replicas: what waits in the store for every replica (this one holds at most
+        # `claim_limit` of it in memory), counted at most every FREE_SPACE_EVERY.
+        self._stored_backlog: tuple[float, int] = (0.0, 0)
         self._acks_waiting = 0  # deliveries whose 202 waits for their commit (`put_in_time`)
         self._held_since: float | None = None  # when the current hold for them began
         self._idle = asyncio.Event()
@@ -291,8 +294,9 @@ class Inbox:
         """Why the store should take no more deliveries now, or None."""
         if self._unanswered:
             return f"the store has not answered the writes of {len(self._unanswered)} deliveries in time"
-        if self._backlog >= self.backlog_limit:
-            return f"the inbox holds {self._backlog} unprocessed deliveries (limit {self.backlog_limit})"
+        backlog = max(self._backlog, self._stored_backlog[1])
+        if backlog >= self.backlog_limit:
+            return f"the inbox holds {backlog} unprocessed deliveries (limit {self.backlog_limit})"
         free = self._free_bytes()
         if free is not None and free < self.min_free_bytes:
             return f"{free // MIB} MiB free where the store writes (needs {self.min_free_bytes // MIB} MiB)"
@@ -348,6 +352,7 @@ class Inbox:
             claimed, filled = 0, False
             try:
                 claimed, filled = await self._claim(ownership)
+                await self._count_stored_backlog()
             # The store is unavailable: logged, and the next round tries again.
             except Exception:
                 log.exception("inbox.claim_failed")
@@ -357,6 +362,14 @@ class Inbox:
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._claim_soon.wait(), self.claim_every)
+
+    async def _count_stored_backlog(self) -> None:
+        """With replicas the backlog limit is the store's: in memory each holds only what it
+        claimed, so the limit never took effect however much waited."""
+        counted_at, _ = self._stored_backlog
+        now = time.monotonic()
+        if now - counted_at >= FREE_SPACE_EVERY:
+            self._stored_backlog = (now, await self.store.unfinished())
 
     async def _pause_after_claim(self, filled: bool, seconds: float) -> None:
         """A moment in which a burst gathers, so the next claim takes many deliveries rather

@@ -1035,3 +1035,30 @@ async def test_a_replica_owning_both_names_claims_the_delivery_it_handed_on(db: 
     assert ran == [("d1", "acme/bench"), ("d1", "acme/next")]
     stored = await inbox.store.get("d1")
     assert stored is not None and (stored.repo, stored.status) == ("acme/next", "done")
+
+
+async def test_with_replicas_the_backlog_limit_counts_what_waits_in_the_store(db: RecordingDatabase) -> None:
+    # What this catches: a replica holds in memory only what it claimed (claim_limit), so
+    # its backlog never reached the limit however much waited in the store: /readyz and
+    # /webhook kept accepting (on PostgreSQL, the only store-side backpressure).
+    gate = asyncio.Event()
+
+    async def blocked(_item: Delivery) -> None:
+        await gate.wait()
+
+    inbox = Inbox(DeliveryStore(db), blocked, ownership=OwnerOf("replica-a", "acme/bench"),
+                  backlog_limit=20, claim_limit=8)
+    await inbox.open()
+    await inbox.start()
+    try:
+        for n in range(30):
+            assert await inbox.put(delivery(n))
+        for _ in range(300):
+            if inbox.storage_risk() is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert inbox.backlog <= 8
+        assert inbox.storage_risk() == "the inbox holds 30 unprocessed deliveries (limit 20)" and not inbox.ready
+    finally:
+        gate.set()
+        await inbox.stop(grace=1)

@@ -182,7 +182,7 @@ class Api:
         else:
             return web.Response(status=reply.status, headers=headers)
         if request.method == "GET" and reply.status == 200:
-            etag = 'W/"' + hashlib.sha1(payload).hexdigest() + '"'
+            etag = headers.get("etag") or 'W/"' + hashlib.sha1(payload).hexdigest() + '"'
             headers["etag"] = etag
             if etag in request.headers.get("If-None-Match", ""):
                 return web.Response(status=304, headers=headers)

@@ -9,6 +9,7 @@ log.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -219,9 +220,12 @@ def get_contents(call: Call) -> Reply:
     path = call.params.get("path", "").strip("/")
     if path in tree:
         text = tree[path]
+        # One ETag for both forms of a file, as GitHub gives (and answers either's
+        # If-None-Match with 304): a client keying its cache by URL alone gets the wrong form.
+        same = {"etag": 'W/"' + hashlib.sha1(text.encode("utf-8")).hexdigest() + '"'}
         if "raw" in call.accept:
-            return Reply(raw=text.encode("utf-8"), content_type="application/vnd.github.raw")
-        return Reply(body=file_content(call.shapes, repo, path, text, ref))
+            return Reply(raw=text.encode("utf-8"), content_type="application/vnd.github.raw", headers=same)
+        return Reply(body=file_content(call.shapes, repo, path, text, ref), headers=same)
     prefix = f"{path}/" if path else ""
     children = sorted({p[len(prefix):].split("/")[0] for p in tree if p.startswith(prefix)})
     if not children:

@@ -187,6 +187,17 @@ async def test_patch_only_file_is_applied_to_get_the_head_text() -> None:
         assert await text.text() == BUMPED
 
 
+async def test_a_files_json_and_raw_forms_share_one_etag_as_on_github(hub: Hub) -> None:
+    # What this catches: an ETag per representation, where GitHub gives one and answers
+    # either's If-None-Match with 304 (a client caching by URL alone then reads the wrong form).
+    url = f"{REPO}/contents/configs/runners.yaml"
+    as_json = await hub.api("GET", url)
+    raw = await hub.api("GET", url, headers={"Accept": "application/vnd.github.raw"})
+    assert as_json.headers["ETag"] == raw.headers["ETag"]
+    cross = await hub.api("GET", url, headers={"Accept": "application/vnd.github.raw", "If-None-Match": as_json.headers["ETag"]})
+    assert cross.status == 304
+
+
 async def test_etag_304_does_not_spend_the_budget(hub: Hub) -> None:
     first = await hub.api("GET", f"{REPO}/pulls")
     etag = first.headers["ETag"]

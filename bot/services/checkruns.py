@@ -98,7 +98,8 @@ class CheckPublisher:
             return
         api = self.live.api(state)
         on_head = known if known and known.get("head_sha") == pull.head_sha else None
-        check_id = on_head.get("id") if on_head else None
+        # Back on a head it had before (pushed back to it): that head's check run, not a second.
+        check_id = on_head.get("id") if on_head else (known or {}).get("earlier", {}).get(pull.head_sha)
         if on_head and not check_id:
             # A creation was sent for this head and its id never stored (its answer lost, a
             # crash after the POST): the one it made is updated, not left stale beside a second.
@@ -122,7 +123,8 @@ class CheckPublisher:
             current = state.overlap.get(number)
             if current is None or current.head_sha != head_sha:
                 return False
-            state.meta.check_runs[str(number)] = {"head_sha": head_sha, **check}
+            state.meta.check_runs[str(number)] = {"head_sha": head_sha, **check, "earlier": _earlier(
+                state.meta.check_runs.get(str(number)), head_sha)}
             await self.live.persist(state.save_meta())
         return True
 
@@ -136,3 +138,16 @@ class CheckPublisher:
         for pull in state.overlap.prs():
             if pull.klaud_own and pull.head_sha == head_sha:
                 await self.publish((state.name, pull.number), force=True)
+
+
+# The check runs of a PR's earlier heads kept with its entry, the newest few.
+KEEP_EARLIER_HEADS = 8
+
+
+def _earlier(known: dict[str, Any] | None, head_sha: str) -> dict[str, int]:
+    """Head -> check run id of the PR's earlier heads, once its entry moves to `head_sha`."""
+    earlier: dict[str, int] = dict((known or {}).get("earlier") or {})
+    if known and known.get("head_sha") != head_sha and known.get("id"):
+        earlier[known["head_sha"]] = int(known["id"])
+    earlier.pop(head_sha, None)
+    return dict(list(earlier.items())[-KEEP_EARLIER_HEADS:])

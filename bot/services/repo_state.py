@@ -77,7 +77,7 @@ class RepoMeta:
     # A wave whose every dispatch failed is tried again once, at this time.
     retry_wave_at: str | None = None
     reconciled_at: str | None = None
-    check_runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # PR number -> {head_sha, id}
+    check_runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # PR number -> {head_sha, id, digest, earlier}
     # What keeps the candidate workflow from taking dispatches ({code, detail} each), since when.
     setup_errors: list[dict[str, str]] = field(default_factory=list)
     setup_since: str | None = None

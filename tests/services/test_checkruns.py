@@ -82,3 +82,24 @@ async def test_closing_a_klaud_pr_takes_it_off_the_check_run_of_another_of_its_f
     await checks.settle()
     assert "#1001" not in summary()
     await checks.close()
+
+
+async def test_a_head_pushed_back_to_keeps_its_one_check_run(kit: Kit) -> None:
+    # What this catches: only the latest head's check run was remembered, so a PR pushed
+    # back to a head it had before got a second `Klaud Cold` there, the first never updated.
+    from datetime import timedelta
+
+    first, second = "a" * 40, "b" * 40
+
+    def moved(action: str, minutes: int, sha: str) -> PullRequestEvent:
+        return pull_event(action, 1000, updated_at=NOW + timedelta(minutes=minutes),
+                          head_ref=f"klaud/auto-{CAND}", user="klaud-cold[bot]", head_sha=sha)
+
+    await kit.reconciler.reconcile(REPO, 1)
+    checks = CheckPublisher(kit.live, kit.clock, delay_seconds=0)
+    for minutes, (action, sha) in enumerate([("opened", first), ("synchronize", second), ("synchronize", first)]):
+        await kit.pulls.on_pull_request(kit.state, moved(action, minutes, sha))
+        await checks.settle()
+    heads = [check["head_sha"] for check in kit.repo.check_runs.values()]
+    assert sorted(heads) == [first, second]
+    await checks.close()

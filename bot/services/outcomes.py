@@ -331,16 +331,9 @@ class OutcomeRecorder:
         entry["next_at"] = stamp(due)
         change.extend(state.put_artifact_retry(key, entry))
 
-    async def retry_artifacts(self) -> int:
-        """Re-read every transiently failed artifact that is due; returns how many were tried."""
-        tried = 0
-        for state in list(self.live.repos.values()):
-            tried += await self.retry_artifacts_of(state)
-        return tried
-
     async def retry_artifacts_of(self, state: RepoState) -> int:
-        """Re-read the repository's transiently failed artifacts that are due (the scheduler
-        runs this per repository, backing off from a repository whose retries raise)."""
+        """Re-read the repository's transiently failed artifacts that are due; how many were
+        tried (the scheduler runs this per repository, backing off from one whose retries raise)."""
         now = self.live.clock.now()
         due = [(key, entry) for key, entry in state.pending_artifacts.items() if (parse_time(entry.get("next_at")) or now) <= now]
         for key, entry in due:

@@ -62,7 +62,7 @@ async def first_run_read_late_second_run_in_flight(kit: Kit) -> int:
     assert second != first and kit.repo.runs[second].status == "queued"
     # The retried read of R1's artifact succeeds now (R2 still queued).
     kit.clock.advance(6 * 3600)
-    assert await kit.outcomes.retry_artifacts() == 1
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 1
     assert any(a.run_id == first and a.verified for a in kit.state.ledger.for_candidate(CAND))
     return second
 

@@ -59,7 +59,7 @@ async def test_a_transient_download_error_is_retried_later(kit: Kit) -> None:
     assert (attempt.verified, attempt.error) == (False, "download-failed")
     assert len(kit.state.pending_artifacts) == 1
     kit.clock.advance(timedelta(hours=1).total_seconds())
-    assert await kit.outcomes.retry_artifacts() == 1
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 1
     [attempt] = kit.state.ledger.for_candidate(CAND)
     assert attempt.verified and kit.state.pending_artifacts == {}
 
@@ -89,11 +89,11 @@ async def test_a_retried_artifact_that_is_then_refused_is_recorded_and_dropped(k
     await kit.outcomes.on_workflow_run(kit.state, completed(304))
     kit.clock.advance(timedelta(hours=1).total_seconds())
     kit.repo.fail("artifact", REFUSED)
-    assert await kit.outcomes.retry_artifacts() == 1  # did not raise out of the scheduler's tick
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 1  # did not raise out of the scheduler's tick
     [attempt] = kit.state.ledger.for_candidate(CAND)
     assert (attempt.verified, attempt.error) == (False, "download-refused")
     assert kit.state.pending_artifacts == {}
-    assert await kit.outcomes.retry_artifacts() == 0
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 0
 
 
 def receipt(run_id: int) -> str:
@@ -218,7 +218,7 @@ async def test_a_canarys_outcome_read_only_on_a_retry_still_resumes_dispatch(kit
     await kit.outcomes.on_workflow_run(kit.state, failed_run(run_id, "success"))
     assert kit.state.blocked() is not None and kit.state.pending_artifacts
     kit.clock.advance(timedelta(hours=1).total_seconds())
-    assert await kit.outcomes.retry_artifacts() == 1
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 1
     assert kit.state.blocked() is None and kit.state.meta.canary is None
 
 
@@ -245,7 +245,7 @@ async def test_a_rerun_whose_artifact_read_fails_is_retried_for_its_own_attempt(
     await kit.outcomes.on_workflow_run(kit.state, rerun)
     assert len(kit.state.pending_artifacts) == 2  # one slot each: attempt 2's took attempt 1's
     kit.clock.advance(timedelta(hours=1).total_seconds())
-    assert await kit.outcomes.retry_artifacts() == 2
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 2
     assert {(a.run_attempt, a.verified) for a in kit.state.ledger.for_candidate(CAND)} == {(1, True), (2, True)}
 
 
@@ -261,7 +261,7 @@ async def test_a_transient_read_that_keeps_failing_is_given_up_after_the_retry_w
     tries = 0
     for _ in range(15 * 4):  # fifteen days (a candidate artifact is kept 14), every six hours
         kit.clock.advance(timedelta(hours=6).total_seconds())
-        tries += await kit.outcomes.retry_artifacts()
+        tries += await kit.outcomes.retry_artifacts_of(kit.state)
     assert tries > 1  # it was retried meanwhile
     assert kit.state.pending_artifacts == {}, "the retry was never given up"
     [attempt] = kit.state.ledger.for_candidate(CAND)
@@ -363,7 +363,7 @@ async def test_a_retried_artifact_that_is_gone_is_recorded_and_dropped(kit: Kit)
     await kit.outcomes.on_workflow_run(kit.state, completed(314))
     kit.repo.artifacts_of[314] = []  # deleted meanwhile: the lookup answers None
     kit.clock.advance(timedelta(hours=1).total_seconds())
-    assert await kit.outcomes.retry_artifacts() == 1
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 1
     assert [a.error for a in kit.state.ledger.for_candidate(CAND)] == ["artifact-not-found"]
     assert kit.state.pending_artifacts == {}
 
@@ -373,7 +373,7 @@ async def test_a_failed_read_is_not_retried_before_it_is_due(kit: Kit) -> None:
     with_artifact(kit, 315)
     kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
     await kit.outcomes.on_workflow_run(kit.state, completed(315))
-    assert await kit.outcomes.retry_artifacts() == 0  # backoff: not at once
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 0  # backoff: not at once
     assert len(kit.state.pending_artifacts) == 1
 
 

@@ -128,7 +128,7 @@ def reads(kit: Kit, call: str) -> int:
 
 
 async def test_a_tick_retries_a_transiently_failed_artifact_download(kit: Kit) -> None:
-    # What this catches: tick no longer calls outcomes.retry_artifacts().
+    # What this catches: tick no longer retrying the artifacts of each repository.
     await kit.reconciler.reconcile(REPO, 1)
     with_artifact(kit, 302)
     kit.repo.fail("download", Unavailable(502, "Bad Gateway"))

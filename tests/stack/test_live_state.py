@@ -229,7 +229,7 @@ async def test_transient_download_error_is_retried_in_the_background(tmp_path):
         assert run.klaud.inbox.backlog == 0
         run.sandbox.set_faults({"rules": []})
         await run.act({"action": "advance_clock", "seconds": 3600})
-        assert await run.klaud.outcomes.retry_artifacts() == 1
+        assert await run.klaud.outcomes.retry_artifacts_of(run.klaud.live.repo("acme/bench")) == 1
         [attempt] = attempts_of(run.state(), cand)
         assert (attempt["verified"], attempt["outcome"]) == (True, "readiness-blocked")
         assert run.klaud.live.repo("acme/bench").pending_artifacts == {}
@@ -244,12 +244,12 @@ async def test_artifact_gone_before_its_retry_is_recorded_not_found(tmp_path):
             "artifacts": [{"name": f"klaud-candidate-{cand}", "files": {"candidate-diagnostics.json": sc.diagnostics("failed")}}]}})
         # Still failing at the first retry: rescheduled, not given up.
         await run.act({"action": "advance_clock", "seconds": 3600})
-        assert await run.klaud.outcomes.retry_artifacts() == 1
+        assert await run.klaud.outcomes.retry_artifacts_of(run.klaud.live.repo("acme/bench")) == 1
         assert len(run.klaud.live.repo("acme/bench").pending_artifacts) == 1
         # Then the artifact is gone for good.
         run.sandbox.set_faults({"rules": [{"method": "GET", "route": r"/actions/artifacts/\d+$", "status": 404}]})
         await run.act({"action": "advance_clock", "seconds": 6 * 3600})
-        assert await run.klaud.outcomes.retry_artifacts() == 1
+        assert await run.klaud.outcomes.retry_artifacts_of(run.klaud.live.repo("acme/bench")) == 1
         [attempt] = attempts_of(run.state(), cand)
         assert (attempt["verified"], attempt["error"]) == (False, "artifact-not-found")
         assert run.klaud.live.repo("acme/bench").pending_artifacts == {}

@@ -302,9 +302,9 @@ async def test_an_archive_slower_than_one_answers_timeout_still_downloads_while_
     async def slow(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/zip"})
         await response.prepare(request)
-        for _ in range(8):
+        for _ in range(10):
             await response.write(b"x" * 1024)
-            await asyncio.sleep(0.1)  # 0.8 s in all, never 0.5 s without a byte
+            await asyncio.sleep(0.15)  # 1.5 s in all, never 1 s without a byte
         return response
 
     blob = Stub(stub.clock, prefix="")
@@ -313,9 +313,9 @@ async def test_an_archive_slower_than_one_answers_timeout_still_downloads_while_
         blob.route("GET", "/blob/slow.zip", slow)
         stub.script("GET", "/repos/acme/bench/actions/artifacts/9/zip",
                     reply(302, {"message": "Found"}, Location=f"{blob.url}/blob/slow.zip"))
-        inst = make_app(request_timeout=0.5).installation(7)
+        inst = make_app(request_timeout=1.0).installation(7)
         data = await inst.download(f"{stub.url}{PREFIX}/repos/acme/bench/actions/artifacts/9/zip", max_bytes=1 << 20)
-        assert len(data) == 8 * 1024
+        assert len(data) == 10 * 1024
     finally:
         await runner.cleanup()
 

@@ -71,9 +71,14 @@ class PullSync:
         return families
 
     async def refresh(self, state: RepoState, api: RepoAPI, pull: events.PullRequest, change: Change) -> int:
-        """Upsert one open PR; read its files only when its head is new to us (returns reads)."""
+        """Upsert one open PR; read its files only when its head or base is new to us (returns reads)."""
         known = state.overlap.get(pull.number)
-        if known is not None and known.files_sha == pull.head.sha and not _diff_missing(state, known.changes):
+        # The diff is the head's against the base: retargeted to another base, the same head
+        # changes other lines (it kept the old base's overlaps, or none where it now has some).
+        if (
+            known is not None and known.files_sha == pull.head.sha and known.base_ref == pull.base.ref
+            and not _diff_missing(state, known.changes)
+        ):
             changes, complete, files_sha, fetched = known.changes, known.files_complete, known.files_sha, 0
         else:
             changes, complete = await self._changes(state, api, pull)

@@ -195,3 +195,18 @@ async def test_a_config_whose_diff_could_not_be_had_is_read_again_until_it_can(k
     kit.repo.calls.clear()
     await kit.pulls.on_pull_request(kit.state, event("edited", 28, head_sha=head))
     assert ("pull_files", 28) not in kit.repo.calls  # read once it could be: then kept again
+
+
+async def test_a_pr_retargeted_to_another_base_is_read_again(kit: Kit) -> None:
+    # What this catches: files were read once per head, and retargeting changes the base,
+    # not the head: the PR kept its old base's overlaps (or none where it now had some).
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[12] = [PullFile(filename=NVIDIA, patch="@@ -14,3 +14,3 @@ dsr1-fp8-h200-trt:\n-  tp: 8\n+  tp: 4\n")]
+    await kit.pulls.on_pull_request(kit.state, event("opened"))
+    assert kit.state.overlap.touches(12) == {H200: "flags"}
+    kit.repo.pull_files_of[12] = []  # the new base already holds the change
+    retargeted = event("edited")
+    retargeted = retargeted.model_copy(update={"pull_request": retargeted.pull_request.model_copy(
+        update={"base": retargeted.pull_request.base.model_copy(update={"ref": "release"})})})
+    await kit.pulls.on_pull_request(kit.state, retargeted)
+    assert kit.state.overlap.touches(12) == {}

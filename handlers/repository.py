@@ -1,4 +1,5 @@
-"""`repository` renamed or transferred: the repository's state moves to its new name.
+"""`repository` renamed or transferred: the repository's state moves to its new name;
+edited with a new default branch: the catalog follows that branch at once.
 
 Without this event (not subscribed, or lost) the move is found all the same, later: by the
 first event under the new name (matched by the repository's id) or by the next reconcile
@@ -19,3 +20,15 @@ router = routing.Router()
 @router.register("repository", action="transferred")
 async def on_moved(event: WebhookEvent, ctx: HandlerContext) -> None:
     await ctx.repos.state_for(event.parsed(RepositoryEvent))
+
+
+@router.register("repository", action="edited")
+async def on_edited(event: WebhookEvent, ctx: HandlerContext) -> None:
+    # Pushes are compared with the default branch Klaud knows: until the next light
+    # reconcile, a push to the new one was ignored and the catalog stayed the old branch's.
+    payload = event.parsed(RepositoryEvent)
+    if "default_branch" not in payload.changes:
+        return
+    state = await ctx.repos.state_for(payload)
+    if state is not None:
+        await ctx.repos.reconcile(state.name, state.meta.installation, light=True)

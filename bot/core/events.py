@@ -234,9 +234,11 @@ class RepositoryDispatchEvent(RepoEvent):
 
 
 class RepositoryEvent(RepoEvent):
-    """`repository`: Klaud reads only which repository (its id) and what it is called now."""
+    """`repository`: Klaud reads which repository (its id), what it is called now and, when
+    edited, what changed (a new default branch)."""
 
     action: str
+    changes: dict[str, Any] = Field(default_factory=dict)
 
 
 # -- installations ---------------------------------------------------------------------

@@ -76,3 +76,27 @@ async def test_repository_transferred_moves_the_state_to_its_new_name(tmp_path):
         await run.klaud.handle(delivery("t", "repository", json.dumps(transferred).encode()))
         assert [state.name for state in run.klaud.live.repos.values()] == [NEW]
         assert H200 in run.klaud.live.repo(NEW).holds
+
+
+async def test_a_new_default_branch_is_followed_as_soon_as_the_repository_event_says_so(tmp_path):
+    # What this catches: `repository` edited was not handled, so pushes kept being compared
+    # with the old default branch until the next light reconcile: a push bumping an image on
+    # the new one was ignored and the plan kept the old candidate.
+    family = "configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"
+    old_image = sc.FAMILIES[family]
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await run.settle()
+        repo = run.sandbox.world.repo(OLD)
+        repo.refs["refs/heads/trunk"] = repo.refs["refs/heads/main"]
+        repo.default_branch = "trunk"  # an admin's change: GitHub sends `repository` edited
+        edited = {"action": "edited", "changes": {"default_branch": {"from": "main"}},
+                  "repository": {"id": run.klaud.live.repo(OLD).meta.repo_id, "full_name": OLD, "name": "bench",
+                                 "default_branch": "trunk"},
+                  "installation": {"id": 1}, "sender": {"login": "alice", "type": "User"}}
+        await run.klaud.handle(delivery("edited", "repository", json.dumps(edited).encode()))
+        assert run.klaud.live.repo(OLD).meta.default_branch == "trunk"
+        await run.act({"action": "push_default", "repo": OLD,
+                       "files": {"configs/nvidia-master.yaml": sc.NVIDIA.replace(old_image, old_image + "-new")}})
+        await run.settle()
+        images = {f["family"]: f["image"] for f in run.state()["families"]}
+        assert images[family] == old_image + "-new"

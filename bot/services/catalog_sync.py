@@ -93,9 +93,7 @@ class CatalogSync:
             # Only once read: a push that failed halfway leaves the old head, so the light
             # reconcile sees it moved and reads everything again.
             state.meta.head_sha = after
-            if state.arm_canary():
-                # A push may fix what paused dispatch: the next wave tries one candidate.
-                log.info("dispatch.canary_armed", repo=state.name, by="push", head=after[:12])
+            self._arm_canary(state, after, "push")
             if _health(state) != health or state.canary_armed:
                 # Every Klaud check run shows the policy, config and setup state, and a pause.
                 touched |= {f.id for f in state.catalog}
@@ -176,6 +174,16 @@ class CatalogSync:
         # When the push happened is unknown; changed images are dated when we noticed.
         await self.apply_change(state, api, None, head, self.live.clock.now(), change)
         state.meta.head_sha = head
+        # The push that moved it arms the canary of a paused repository; its webhook lost (or
+        # the process dead before its commit), dispatch stayed paused until a person acted.
+        self._arm_canary(state, head, "missed push")
+        state.save_meta(change)
+
+    @staticmethod
+    def _arm_canary(state: RepoState, head: str, by: str) -> None:
+        if state.arm_canary():
+            # A push may fix what paused dispatch: the next wave tries one candidate.
+            log.info("dispatch.canary_armed", repo=state.name, by=by, head=head[:12])
 
     async def apply_change(
         self,

@@ -172,3 +172,33 @@ async def test_a_failed_read_back_after_a_failed_section_shows_a_bug_whole(
     [failed] = [e for e in logs if e["event"] == "live.read_back_failed"]
     assert (failed.get("exc_info") is error) is traceback
     assert REPO in kit.live.stale  # read back at the next batch or tick
+
+
+async def test_a_push_whose_commit_died_still_arms_the_canary_of_a_paused_repository(ck: CrashKit) -> None:
+    # What this catches: only the push's own handler armed the canary; its webhook lost, or
+    # the process dead before its commit, the light reconcile read the new head and armed
+    # nothing: dispatch stayed paused until a person acted.
+    from tests.services.crash import Killed
+    from tests.services.test_catalog_sync import push
+
+    process = await ck.boot()
+    await process.reconciler.reconcile(REPO, 1)
+    await process.waves.run(REPO, trigger="test")
+    for dispatch in list(process.state.dispatches.values()):
+        fails_in_get_jobs(ck, dispatch.run_id)
+        await process.outcomes.on_workflow_run(process.state, failed_run(dispatch.run_id))
+    blocked = process.state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused"
+    head, old = "e" * 40, ck.repo.head
+    ck.repo.files[head] = dict(ck.repo.files[old])
+    ck.repo.head = head
+    process.die_at_commit(lambda change: True)
+    with pytest.raises(Killed):
+        await process.reconciler.catalog.on_push(process.state, push("refs/heads/main", old, head))
+    process = await ck.restart()
+    dispatched = len(ck.repo.dispatched)
+    for _ in range(12 * 24):  # a day of ticks, 5 minutes apart
+        ck.clock.advance(300)
+        await process.scheduler.tick()
+    assert process.state.meta.head_sha == head
+    assert len(ck.repo.dispatched) > dispatched, "paused for good: the push's canary was lost"

@@ -100,7 +100,7 @@ LAST_WAVE_TIMESTAMP = Gauge(
 )
 DISPATCH_PAUSED = Gauge(
     "klaud_dispatch_paused",
-    "1 while the repository's dispatch is paused or blocked by a setup error, else 0.",
+    "1 while the repository's dispatch is paused, blocked by a setup error or turned off by its policy, else 0.",
     ["repo"],
     registry=REGISTRY,
 )

@@ -22,7 +22,7 @@ from cachetools import LRUCache
 from bot.core.clock import Clock
 from bot.core.domain import DecisionKind, Wave, stamp
 from bot.core.errors import is_permanent
-from bot.metrics import forget_repo
+from bot.metrics import DISPATCH_PAUSED, forget_repo
 from bot.services.api import RepoAPI, ReposAPI
 from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
@@ -264,6 +264,9 @@ class LiveState:
 
     async def notify(self, state: RepoState, families: set[str], pulls: set[int] | None = None) -> None:
         """Tell listeners (check runs) which families' state changed and which PRs moved."""
+        # Set here, after whatever changed the state: a setup error or `enabled: false` from a
+        # push showed on /plan and the page at once, and on /metrics only after the next wave.
+        DISPATCH_PAUSED.labels(state.name).set(1 if state.blocked() is not None or not state.policy.enabled else 0)
         if families or pulls:
             for listener in self.listeners:
                 await listener(state, families, pulls or set())

@@ -47,6 +47,24 @@ async def test_a_pause_sets_klaud_dispatch_paused(tmp_path):
         assert sample("klaud_dispatch_paused", {"repo": REPO}) == 1
 
 
+async def test_a_setup_error_or_enabled_false_from_a_push_sets_klaud_dispatch_paused_at_once(tmp_path):
+    # What this catches: the gauge was set only by waves and pauses, so a setup error (or a
+    # policy turning Klaud off) pushed after a wave showed on /plan at once, on /metrics
+    # only after the next wave.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await run.klaud.waves.run(REPO, trigger="test")
+        assert sample("klaud_dispatch_paused", {"repo": REPO}) == 0
+        await run.act({"action": "push_default", "repo": REPO,
+                       "files": {".github/klaud.yml": "candidate_workflow: klaud-candidat.yml\n"}})
+        await run.settle()
+        assert run.klaud.live.repo(REPO).blocked().code == "setup-error"
+        assert sample("klaud_dispatch_paused", {"repo": REPO}) == 1
+        await run.act({"action": "push_default", "repo": REPO, "files": {".github/klaud.yml": "enabled: false\n"}})
+        await run.settle()
+        assert run.klaud.live.repo(REPO).blocked() is None
+        assert sample("klaud_dispatch_paused", {"repo": REPO}) == 1
+
+
 async def test_dashboard_false_keeps_no_dashboard_issue(tmp_path):
     # DESIGN §3.6 `dashboard: true` (keep the dashboard issue): false must keep none.
     async with sandbox_stack(tmp_path, sc.scenario(policy="dashboard: false\n")) as run:

@@ -176,8 +176,7 @@ class CatalogSync:
         state.meta.head_sha = head
         # The push that moved it arms the canary of a paused repository; its webhook lost (or
         # the process dead before its commit), dispatch stayed paused until a person acted.
-        self._arm_canary(state, head, "missed push")
-        state.save_meta(change)
+        self._arm_canary(state, head, "missed push")  # stored with the reconcile's meta
 
     @staticmethod
     def _arm_canary(state: RepoState, head: str, by: str) -> None:

@@ -41,7 +41,6 @@ from bot.core.outcomes import (
     unverified_attempt,
 )
 from bot.github.errors import GitHubError, NotFound, TooLarge
-from bot.metrics import DISPATCH_PAUSED
 from bot.services.api import RepoAPI
 from bot.services.dispatch import delete_claim_ref
 from bot.services.live import LiveState
@@ -301,8 +300,8 @@ class OutcomeRecorder:
             turn = state.note_canary_attempt(attempt)
         if turn is not None:
             log.warning("dispatch." + turn, repo=state.name, reason=(state.meta.pause or {}).get("reason"))
-            DISPATCH_PAUSED.labels(state.name).set(1 if turn == "paused" else 0)
-            # Every Klaud check run shows a pause: all of them re-render.
+            # Every Klaud check run shows a pause: all of them re-render (and LiveState.notify,
+            # which follows every recorded attempt, sets klaud_dispatch_paused).
             families |= {f.id for f in state.catalog}
         if ended is not None or canary:
             change.extend(state.save_meta())

@@ -41,7 +41,6 @@ from bot.github.errors import (
 )
 from bot.metrics import (
     CANDIDATES,
-    DISPATCH_PAUSED,
     FAMILY_IMAGE_AGES,
     LAST_WAVE_CANDIDATES,
     LAST_WAVE_TIMESTAMP,
@@ -152,7 +151,6 @@ class WaveRunner:
         # Every kind, zeros included: a decision that disappears reads 0, not its old count.
         for kind in get_args(DecisionKind):
             LAST_WAVE_CANDIDATES.labels(repo, kind).set(counts[kind])
-        DISPATCH_PAUSED.labels(repo).set(0 if wave.blocked is None else 1)
         # The change times are kept until the catalog changes: no pass over the families
         # here (one cost ~4 ms of the event loop after every wave at 2,000 families).
         FAMILY_IMAGE_AGES.set(repo, state.image_change_times(), wave.at.timestamp())

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from pydantic import SecretStr
 
 from bot.app import Klaud
-from bot.core.domain import TIME_RANGE, Wave, parse_time
+from bot.core.domain import TIME_EXPECTED, Wave, parse_time
 from bot.core.errors import is_permanent
 from bot.core.policy import POLICY_PATH, PolicyError, parse_policy, policy_schema
 from bot.core.report import render_requests, render_wave_table
@@ -37,7 +37,7 @@ from bot.runtime import scenario_from, start_stack
 from bot.sandbox import Sandbox, ScenarioError, load_scenario
 from bot.services.doctor import diagnose
 from bot.settings import Settings, SettingsError, load_settings
-from bot.store import SQLITE_PREFIX
+from bot.store import sqlite_path
 from bot.store.deliveries import Delivery
 from bot.store.errors import StoreError, StoreLocked
 from bot.web.body import MAX_BODY
@@ -231,8 +231,7 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
         try:
             at = parse_time(args.at)
         except ValueError:
-            low, high = TIME_RANGE
-            raise UsageError(f"--at: not an ISO time with a timezone in the years {low}-{high}: {args.at!r}") from None
+            raise UsageError(f"--at: not {TIME_EXPECTED}: {args.at!r}") from None
     _refuse_a_missing_sqlite_store(settings)
     klaud = Klaud(settings)
     try:
@@ -276,10 +275,8 @@ def _read_at_most(path: Path, limit: int, what: str) -> bytes:
 def _refuse_a_missing_sqlite_store(settings: Settings) -> None:
     """`plan` only reads: a KLAUD_DB naming a SQLite file that is not there (a typo, another
     folder) is refused, not created, migrated and planned as empty."""
-    if not settings.db.startswith(SQLITE_PREFIX):
-        return
-    path = settings.db[len(SQLITE_PREFIX) :]
-    if path != ":memory:" and not Path(path).exists():
+    path = sqlite_path(settings.db)
+    if path is not None and path != ":memory:" and not Path(path).exists():
         raise UsageError(f"KLAUD_DB: no store at {path} (`klaud serve` or `klaud reconcile` creates it)")
 
 

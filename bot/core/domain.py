@@ -102,6 +102,8 @@ def claim_ref(family: str) -> str:
 
 
 TIME_RANGE = (1970, 9000)  # years
+# What a time given by a person (`--at`, `?at=`) must be, as their errors say it.
+TIME_EXPECTED = f"an ISO time with a timezone, in the years {TIME_RANGE[0]}-{TIME_RANGE[1]}"
 
 
 def parse_time(value: str | None) -> datetime | None:

@@ -17,7 +17,7 @@ from bot.store.leases import LeaseStore
 from bot.store.postgres import PostgresDatabase
 from bot.store.records import StateStore
 
-__all__ = ["SchemaTooNew", "StoreError", "StoreLocked", "Stores", "engine_for", "open_stores"]
+__all__ = ["SchemaTooNew", "StoreError", "StoreLocked", "Stores", "engine_for", "open_stores", "sqlite_path"]
 
 SQLITE_PREFIX = "sqlite:///"
 POSTGRESQL_PREFIXES = ("postgresql://", "postgres://")
@@ -43,12 +43,20 @@ class Stores:
         await self.engine.close()
 
 
+def sqlite_path(url: str) -> str | None:
+    """The file (or `:memory:`) a `sqlite:///PATH` store URL names; None for another URL."""
+    if url.startswith(SQLITE_PREFIX) and len(url) > len(SQLITE_PREFIX):
+        return url[len(SQLITE_PREFIX) :]
+    return None
+
+
 def engine_for(url: str) -> Engine:
     """The engine of a store URL: `sqlite:///PATH` or `postgresql://…`."""
     if url.startswith(POSTGRESQL_PREFIXES):
         return PostgresDatabase(url)
-    if url.startswith(SQLITE_PREFIX) and len(url) > len(SQLITE_PREFIX):
-        return Database(url[len(SQLITE_PREFIX) :])
+    path = sqlite_path(url)
+    if path is not None:
+        return Database(path)
     raise ValueError(f"not a store URL (sqlite:///PATH or postgresql://…): {url.split('://')[0]}://…")
 
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from bot.core.domain import TIME_RANGE, parse_time
+from bot.core.domain import TIME_EXPECTED, parse_time
 from bot.metrics import REGISTRY
 from bot.web.backend import (
     KLAUD_KEY,
@@ -86,8 +86,7 @@ async def repo_plan(request: web.Request) -> web.Response:
         try:
             at = parse_time(request.query["at"])
         except ValueError:
-            low, high = TIME_RANGE
-            return error(400, "invalid-parameter", f"at must be an ISO time with a timezone, in the years {low}-{high}")
+            return error(400, "invalid-parameter", f"at must be {TIME_EXPECTED}")
     document = await klaud_of(request).plan_document(_repo_name(request), at)
     return _not_installed(request) if document is None else json_response(document)
 

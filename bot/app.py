@@ -24,6 +24,7 @@ from bot.services.checkruns import CheckPublisher
 from bot.services.claims import ClaimKeeper
 from bot.services.dashboard import DashboardKeeper
 from bot.services.live import LiveState
+from bot.services.missed_comments import MissedComments
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.permissions import Permissions
 from bot.services.pulls import PullSync
@@ -121,7 +122,11 @@ class Klaud:
         self.dashboard = DashboardKeeper(self.live, self.permissions, self.clock, delay_seconds=check_delay_seconds)
         self.live.wave_listeners.append(self.dashboard.wave_done)
         claims = ClaimKeeper(self.live, self.outcomes)
-        self.reconciler = Reconciler(self.live, catalog, pulls, self.outcomes, claims, self.dashboard)
+        self.commands = CommandResponder(self.live, self.waves, self.permissions, self.clock)
+        self.reconciler = Reconciler(
+            self.live, catalog, pulls, self.outcomes, claims, self.dashboard,
+            MissedComments(self.live, self.commands, self.outcomes),
+        )
         # PostgreSQL: any number of replicas, each owning some repositories (DESIGN §6).
         self.replicas: Replicas | None = None
         if self.db.dialect == "postgresql":
@@ -133,7 +138,6 @@ class Klaud:
             leads=self.replicas.leads if self.replicas is not None else lambda: True,
         )
         self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
-        self.commands = CommandResponder(self.live, self.waves, self.permissions, self.clock)
         self.services = Services(
             self.live, self.reconciler, catalog, pulls, self.outcomes, self.commands, self.checks, self.waves,
             self.dashboard,

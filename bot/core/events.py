@@ -181,6 +181,22 @@ class Comment(_Model):
     created_at: UtcTime | None = None
 
 
+class ListedComment(Comment):
+    """A comment as the repository's comment listing gives it, naming its issue or PR by URL."""
+
+    issue_url: str = ""
+    updated_at: UtcTime | None = None
+
+    @property
+    def edited(self) -> bool:
+        return self.updated_at is not None and self.created_at is not None and self.updated_at > self.created_at
+
+    @property
+    def issue_number(self) -> int | None:
+        tail = self.issue_url.rsplit("/", 1)[-1]
+        return int(tail) if tail.isascii() and tail.isdigit() else None
+
+
 class Issue(_Model):
     number: GitHubId
     title: str = ""

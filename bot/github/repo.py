@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
-from datetime import date
+from datetime import date, datetime
 from typing import Any
 
+from bot.core.domain import stamp
 from bot.core.events import (
     Artifact,
     BlameRange,
     Comment,
     Issue,
     Job,
+    ListedComment,
     PullFile,
     PullRequest,
     Repository,
@@ -282,6 +284,12 @@ class GitHubRepo:
             f"/repos/{{owner}}/{{repo}}/issues/{{number}}/comments?{PER_PAGE}", self._at(number=number)
         ):
             yield Comment.model_validate(comment)
+
+    async def comments_since(self, since: datetime) -> AsyncIterator[ListedComment]:
+        """The comments of every issue and PR updated at or after `since`, oldest first."""
+        url = f"/repos/{{owner}}/{{repo}}/issues/comments?{PER_PAGE}&since={{since}}"
+        async for comment in self.client.getiter(url, self._at(since=stamp(since))):
+            yield ListedComment.model_validate(comment)
 
     async def post_comment(self, number: int, body: str) -> None:
         await self.client.post(

@@ -13,7 +13,7 @@ from bot.sandbox import scenario as sc
 from bot.sandbox.events import Payloads
 from bot.sandbox.gate import ApiError
 from bot.sandbox.issues import IssueEdit, edit_issue
-from bot.sandbox.permissions import ISSUES_READ, ISSUES_WRITE, Needs
+from bot.sandbox.permissions import ISSUES_READ, ISSUES_WRITE, Needs, grants
 from bot.sandbox.rest import Call, Reply, parse_when, validation_failed
 from bot.sandbox.shapes import BOT_LOGIN, REACTIONS
 from bot.sandbox.state import IssueComment, Reaction, RepoState
@@ -160,6 +160,29 @@ def list_comments(call: Call) -> Reply:
     if "since" in call.query:
         since = parse_when(call.query["since"])[0]
         comments = [c for c in comments if c.updated_at >= since]
+    return Reply(items=[call.shapes.comment(repo, c) for c in comments])
+
+
+COMMENT_SORTS = {"created": "created_at", "updated": "updated_at"}
+
+
+def list_repo_comments(call: Call) -> Reply:
+    """The comments of every issue and PR of the repository: by ascending id, or by `sort`
+    in `direction` (descending unless asked); `since` keeps those updated at or after it. A
+    plain issue's comments are listed only to a token with the `issues` permission."""
+    repo = call.repo()
+    sort, direction = call.query.get("sort"), call.query.get("direction", "desc")
+    if (sort is not None and sort not in COMMENT_SORTS) or direction not in ("asc", "desc"):
+        raise validation_failed("Validation Failed")
+    sees_issues = grants(call.world.permissions_for(call.token, repo), ISSUES_READ)
+    comments = [c for c in repo.comments.values() if sees_issues or c.issue_number not in repo.issues]
+    if "since" in call.query:
+        since = parse_when(call.query["since"])[0]
+        comments = [c for c in comments if c.updated_at >= since]
+    if sort is None:
+        comments.sort(key=lambda c: c.id)
+    else:
+        comments.sort(key=lambda c: (getattr(c, COMMENT_SORTS[sort]), c.id), reverse=direction == "desc")
     return Reply(items=[call.shapes.comment(repo, c) for c in comments])
 
 

@@ -67,6 +67,7 @@ from bot.sandbox.rest_issues import (
     list_comments,
     list_issues,
     list_reactions,
+    list_repo_comments,
     update_comment,
     update_issue,
 )
@@ -113,6 +114,8 @@ def build_router() -> Router:
         ("PATCH", f"{repo}/check-runs/{{check_run_id}}", update_check_run, CHECKS_WRITE),
         ("GET", f"{repo}/issues", list_issues, ISSUES_READ),
         ("POST", f"{repo}/issues", create_issue, ISSUES_WRITE),
+        # Before `issues/{issue_number}`, which would take "comments" for a number.
+        ("GET", f"{repo}/issues/comments", list_repo_comments, CONVERSATION_READ),
         ("GET", f"{repo}/issues/{{issue_number}}", get_issue, CONVERSATION_READ),
         ("PATCH", f"{repo}/issues/{{issue_number}}", update_issue, CONVERSATION_WRITE),
         ("GET", f"{repo}/issues/{{issue_number}}/comments", list_comments, CONVERSATION_READ),

@@ -9,7 +9,7 @@ a server. Answers are the typed models of `bot.core.events`; failures raise the 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import date
+from datetime import date, datetime
 from typing import Any, Protocol
 
 from bot.core.domain import CapacityReading
@@ -19,6 +19,7 @@ from bot.core.events import (
     Comment,
     Issue,
     Job,
+    ListedComment,
     PullFile,
     PullRequest,
     Repository,
@@ -84,6 +85,8 @@ class RepoAPI(Protocol):
     async def react(self, comment_id: int, content: str) -> None: ...
 
     def comments(self, number: int) -> AsyncIterator[Comment]: ...
+
+    def comments_since(self, since: datetime) -> AsyncIterator[ListedComment]: ...
 
     async def post_comment(self, number: int, body: str) -> None: ...
 

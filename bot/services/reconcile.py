@@ -25,6 +25,7 @@ from bot.services.catalog_sync import CatalogSync
 from bot.services.claims import ClaimKeeper
 from bot.services.dashboard import DashboardKeeper
 from bot.services.live import LiveState
+from bot.services.missed_comments import MissedComments
 from bot.services.outcomes import CLOCK_SKEW, OutcomeRecorder
 from bot.services.pulls import PullSync
 from bot.services.repo_state import RepoState
@@ -66,6 +67,7 @@ class Reconciler:
         outcomes: OutcomeRecorder,
         claims: ClaimKeeper,
         dashboard: DashboardKeeper | None = None,
+        comments: MissedComments | None = None,
     ) -> None:
         self.live = live
         self.dashboard = dashboard
@@ -73,6 +75,7 @@ class Reconciler:
         self.pulls = pulls
         self.outcomes = outcomes
         self.claims = claims
+        self.comments = comments
         # Repository (or "installations") -> its last failed reconcile, until one succeeds
         # or the repository is gone (uninstalled: retried, it would fail every hour for good).
         self.failures: dict[str, ReconcileFailure] = {}
@@ -169,6 +172,9 @@ class Reconciler:
             return await self._follow(earlier.name, name, installation, light=light)
         if replaced is not None:
             return await self._name_reused(replaced, installation)
+        if self.comments is not None:
+            # Outside the lock: answering a command takes it.
+            report.update(await self.comments.sweep(state))
         log.info("live.reconciled", **report)
         await self.live.notify(state, {f.id for f in state.catalog})
         return report

@@ -77,6 +77,9 @@ class RepoMeta:
     # A wave whose every dispatch failed is tried again once, at this time.
     retry_wave_at: str | None = None
     reconciled_at: str | None = None
+    # Comments made before this were looked at for commands and receipts whose webhook was
+    # lost (services.missed_comments); None until the first reconcile.
+    comments_swept_at: str | None = None
     check_runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # PR number -> {head_sha, id, digest, earlier}
     # What keeps the candidate workflow from taking dispatches ({code, detail} each), since when.
     setup_errors: list[dict[str, str]] = field(default_factory=list)

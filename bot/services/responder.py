@@ -31,7 +31,7 @@ from bot.core.commands import (
 )
 from bot.core.cooldown import cooldown
 from bot.core.domain import Family, parse_time
-from bot.core.events import IssueCommentEvent
+from bot.core.events import Comment, IssueCommentEvent
 from bot.core.overlap import is_idle
 from bot.services import controls
 from bot.services.api import RepoAPI
@@ -49,15 +49,28 @@ class CommandResponder:
         self.waves = waves
         self.permissions = permissions
         self.clock = clock
+        self._answering: set[int] = set()  # comment ids being answered now
 
     async def handle(self, state: RepoState, event: IssueCommentEvent) -> int:
         """Answer the commands of a new comment in one reply; returns how many were posted (0 or 1)."""
-        comment = event.comment
+        return await self.answer(state, event.issue.number, event.comment)
+
+    async def answer(self, state: RepoState, number: int, comment: Comment) -> int:
+        """Answer the commands of `comment` on issue or PR `number`, unless answered already
+        (its webhook, and the reconcile that finds comments whose webhook was lost)."""
         commands = parse_commands(comment.body or "")
-        if not commands:
+        if not commands or comment.id in self._answering:
             return 0
+        # While one answer is being made, the other finder of the comment must not post a
+        # second (the reply it would look for is not there yet).
+        self._answering.add(comment.id)
+        try:
+            return await self._answer_once(state, number, comment, commands)
+        finally:
+            self._answering.discard(comment.id)
+
+    async def _answer_once(self, state: RepoState, number: int, comment: Comment, commands: list[Command]) -> int:
         api = self.live.api(state)
-        number = event.issue.number
         await api.react(comment.id, "eyes")
         if comment.id in await self._answered(api, number):
             log.info("commands.already_answered", comment_id=comment.id)

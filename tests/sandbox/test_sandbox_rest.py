@@ -556,3 +556,24 @@ async def test_collaborator_permission(hub: Hub, user: str, permission: str, rol
 def git_blob_sha(text: str) -> str:
     data = text.encode()
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+async def test_the_repository_comment_listing_filters_sorts_and_hides_issues_without_permission(hub: Hub) -> None:
+    first = await hub.json("POST", f"{REPO}/issues/12/comments", status=201, json={"body": "on the PR"})
+    hub.sandbox.clock.advance(60)
+    issue = await hub.json("POST", f"{REPO}/issues", status=201, json={"title": "t", "body": "b"})
+    second = await hub.json("POST", f"{REPO}/issues/{issue['number']}/comments", status=201,
+                            json={"body": "on the issue"})
+    listed = await hub.json("GET", f"{REPO}/issues/comments")
+    assert [c["id"] for c in listed] == [first["id"], second["id"]]  # by id, ascending
+    assert listed[1]["issue_url"].endswith(f"/issues/{issue['number']}")
+    newest = await hub.json("GET", f"{REPO}/issues/comments?sort=created")
+    assert [c["id"] for c in newest] == [second["id"], first["id"]]  # `sort` alone: descending
+    since = await hub.json("GET", f"{REPO}/issues/comments?since={second['created_at']}")
+    assert [c["id"] for c in since] == [second["id"]]
+    assert (await hub.api("GET", f"{REPO}/issues/comments?sort=comments")).status == 422
+    minted = await hub.json("POST", "/app/installations/1/access_tokens", status=201,
+                            json={"permissions": {"pull_requests": "read"}})
+    hub.token = f"token {minted['token']}"
+    only_pulls = await hub.json("GET", f"{REPO}/issues/comments")
+    assert [c["id"] for c in only_pulls] == [first["id"]]

@@ -27,6 +27,7 @@ from bot.core.events import (
     HeadOrBase,
     Issue,
     Job,
+    ListedComment,
     Named,
     PullFile,
     PullRequest,
@@ -98,6 +99,7 @@ class FakeRepo:
     artifacts_of: dict[int, list[Artifact]] = field(default_factory=dict)
     archives: dict[int, bytes] = field(default_factory=dict)  # artifact id -> zip
     comments_on: dict[int, list[Comment]] = field(default_factory=dict)
+    edited_at: dict[int, datetime] = field(default_factory=dict)  # comment id -> when last edited
     permissions: dict[str, str] = field(default_factory=dict)
     blames: dict[str, list[BlameRange]] = field(default_factory=dict)  # path -> ranges at any ref
     issues: dict[int, Issue] = field(default_factory=dict)
@@ -265,6 +267,20 @@ class FakeRepo:
         for comment in self.comments_on.get(number, []):
             yield comment
 
+    async def comments_since(self, since: datetime) -> AsyncIterator[ListedComment]:
+        self._call("comments_since", since)
+        listed = [
+            ListedComment(
+                **c.model_dump(), issue_url=f"https://api.github.com/repos/{self.name}/issues/{number}",
+                updated_at=self.edited_at.get(c.id, c.created_at),
+            )
+            for number, comments in self.comments_on.items() for c in comments
+            # A comment made here without a time is always listed (GitHub filters by update).
+            if c.created_at is None or c.created_at >= since
+        ]
+        for comment in sorted(listed, key=lambda c: c.id):
+            yield comment
+
     async def post_comment(self, number: int, body: str) -> None:
         self._call("post_comment", number)
         comment = Comment(id=self._new_id(), body=body, user=Account(login="klaud-cold[bot]", type="Bot"))
@@ -302,7 +318,7 @@ READS = frozenset(
     {
         "repository", "head_sha", "file_text", "directory", "changed_paths", "open_pulls", "pull_files",
         "branches", "workflow_runs", "run", "run_jobs", "run_artifacts", "artifacts", "artifact", "download",
-        "comments", "permission", "blame", "find_issue",
+        "comments", "comments_since", "permission", "blame", "find_issue",
     }
 )
 

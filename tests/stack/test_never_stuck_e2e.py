@@ -274,3 +274,22 @@ async def test_new_permissions_accepted_reconciles_the_repositories_it_names(tmp
         await run.klaud.handle(delivery("n", "installation", json.dumps(accepted).encode()))
         state = run.klaud.live.repo(REPO)
         assert state is not None and {f.id for f in state.catalog} == set(sc.FAMILIES)
+
+
+async def test_a_command_whose_webhook_was_dropped_is_answered_by_the_light_reconcile(tmp_path):
+    h200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        run.sandbox.set_faults({"rules": [{"webhook": "issue_comment", "action": "created", "count": 1}]})
+        made = await run.act({"action": "comment", "repo": REPO, "number": 12, "user": "alice",
+                              "body": f"/klaud hold {h200} new weights"})
+        assert h200 not in run.klaud.live.repo(REPO).holds  # the event never came
+        await run.act({"action": "advance_clock", "seconds": 3600})
+        report = await run.klaud.reconciler.reconcile(REPO, 1, light=True)
+        await run.settle()
+        assert report["commands_answered"] == 1
+        assert run.klaud.live.repo(REPO).holds[h200].by == "alice"
+        github = run.github()
+        [reply] = [c for c in github["comments"] if f"klaud-command:{made['comment_id']}" in c["body"]]
+        assert reply["user"] == "klaud-cold[bot]" and reply["issue_number"] == 12
+        assert {"comment_id": made["comment_id"], "content": "eyes", "user": "klaud-cold[bot]"}.items() <= next(
+            r for r in github["reactions"] if r["comment_id"] == made["comment_id"]).items()

@@ -1,0 +1,156 @@
+"""Comments whose `issue_comment` webhook was lost, found by the reconcile (MissedComments)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from bot.core.events import Account, Comment
+from bot.github.errors import Unavailable
+from bot.services.missed_comments import GRACE, MissedComments
+from bot.services.outcomes import CLOCK_SKEW
+from bot.services.permissions import Permissions
+from bot.services.reconcile import Reconciler
+from bot.services.responder import CommandResponder
+from tests.services.conftest import REPO, Kit
+from tests.services.test_outcomes import CAND, receipt
+
+PERSON = Account(login="alice", type="User")
+BOT = Account(login="klaud-cold[bot]", type="Bot")
+
+
+@pytest.fixture
+def sweeping(kit: Kit) -> tuple[Reconciler, CommandResponder]:
+    responder = CommandResponder(kit.live, kit.waves, Permissions(kit.clock), kit.clock)
+    comments = MissedComments(kit.live, responder, kit.outcomes)
+    return Reconciler(kit.live, kit.catalog, kit.pulls, kit.outcomes, kit.claims, None, comments), responder
+
+
+def lost_comment(kit: Kit, comment_id: int, body: str, *, ago: timedelta, number: int = 12, user: Account = PERSON,
+                 edited: bool = False) -> Comment:
+    """A comment GitHub has, whose webhook never reached Klaud."""
+    made = kit.clock.now() - ago
+    comment = Comment(id=comment_id, body=body, user=user, created_at=made)
+    kit.repo.comments_on.setdefault(number, []).append(comment)
+    if edited:
+        kit.repo.edited_at[comment_id] = made + timedelta(minutes=1)
+    return comment
+
+
+def replies_to(kit: Kit, comment_id: int, number: int = 12) -> list[str]:
+    marker = f"<!-- klaud-command:{comment_id} -->"
+    return [c.body or "" for c in kit.repo.comments_on.get(number, []) if marker in (c.body or "")]
+
+
+async def test_a_command_whose_webhook_was_lost_is_answered_by_the_next_reconcile(kit: Kit, sweeping) -> None:
+    reconciler, _ = sweeping
+    await reconciler.reconcile(REPO, 1)  # the first one starts the count
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    lost_comment(kit, 501, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1))
+    report = await reconciler.reconcile(REPO, 1, light=True)
+    assert report["commands_answered"] == 1
+    [reply] = replies_to(kit, 501)
+    assert "Status of" in reply
+    assert (501, "eyes") in kit.repo.reactions
+    # The next reconcile finds the reply and posts nothing more.
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    report = await reconciler.reconcile(REPO, 1, light=True)
+    assert "commands_answered" not in report and len(replies_to(kit, 501)) == 1
+
+
+async def test_comments_from_before_klaud_knew_the_repository_are_not_answered(kit: Kit, sweeping) -> None:
+    reconciler, _ = sweeping
+    lost_comment(kit, 502, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1))
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert replies_to(kit, 502) == []
+
+
+async def test_a_comment_still_young_is_left_to_its_webhook_until_the_next_reconcile(kit: Kit, sweeping) -> None:
+    reconciler, _ = sweeping
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    lost_comment(kit, 503, "/klaud status dsr1-fp8-h200-trt", ago=GRACE / 2)
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert replies_to(kit, 503) == []
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert len(replies_to(kit, 503)) == 1
+
+
+async def test_an_answered_command_costs_only_the_listing(kit: Kit, sweeping) -> None:
+    reconciler, responder = sweeping
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await reconciler.reconcile(REPO, 1, light=True)
+    swept_until = kit.clock.now() - GRACE
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    comment = lost_comment(kit, 504, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1))
+    assert await responder.answer(kit.state, 12, comment) == 1  # its webhook came
+    kit.repo.calls.clear()
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert len(replies_to(kit, 504)) == 1
+    assert [c[0] for c in kit.repo.calls if c[0] in ("comments", "react", "post_comment")] == []
+    # Listed from where the previous reconcile stopped (a minute's margin for the clocks).
+    assert [c[1] for c in kit.repo.calls if c[0] == "comments_since"] == [swept_until - CLOCK_SKEW]
+
+
+async def test_an_edited_comment_is_ignored_as_its_edited_webhook_is(kit: Kit, sweeping) -> None:
+    reconciler, _ = sweeping
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    lost_comment(kit, 505, "/klaud hold dsr1-fp8-h200-trt", ago=timedelta(hours=1), edited=True)
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert replies_to(kit, 505) == []
+
+
+async def test_a_lost_receipt_is_counted_by_the_next_reconcile(kit: Kit, sweeping) -> None:
+    reconciler, _ = sweeping
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    lost_comment(kit, 506, receipt(901), ago=timedelta(hours=1), user=BOT)
+    report = await reconciler.reconcile(REPO, 1, light=True)
+    assert report["receipts_read"] == 1
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.outcome, attempt.run_id) == ("incompatible", 901)
+
+
+async def test_a_failed_listing_is_looked_at_again_by_the_next_reconcile(kit: Kit, sweeping) -> None:
+    reconciler, _ = sweeping
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    lost_comment(kit, 507, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1))
+    kit.repo.fail("comments_since", Unavailable(502, "Bad Gateway"))
+    report = await reconciler.reconcile(REPO, 1, light=True)  # the reconcile itself succeeds
+    assert report["light"] and replies_to(kit, 507) == []
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert len(replies_to(kit, 507)) == 1
+
+
+async def test_a_command_in_a_lost_comment_after_a_long_outage_is_not_answered(kit: Kit, sweeping) -> None:
+    reconciler, _ = sweeping
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(days=10).total_seconds())
+    lost_comment(kit, 508, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(days=9))
+    lost_comment(kit, 509, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(days=2))
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert replies_to(kit, 508) == [] and len(replies_to(kit, 509)) == 1
+
+
+async def test_the_webhook_and_the_reconcile_answering_at_once_post_one_reply(kit: Kit, sweeping) -> None:
+    _, responder = sweeping
+    await sweeping[0].reconcile(REPO, 1)
+    comment = lost_comment(kit, 510, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1))
+    post = kit.repo.post_comment
+
+    async def slow_post(number: int, body: str) -> None:
+        await asyncio.sleep(0.01)  # the other finder looks for the reply meanwhile
+        await post(number, body)
+
+    kit.repo.post_comment = slow_post  # type: ignore[method-assign]
+    posted = await asyncio.gather(responder.answer(kit.state, 12, comment), responder.answer(kit.state, 12, comment))
+    assert sorted(posted) == [0, 1] and len(replies_to(kit, 510)) == 1

@@ -100,9 +100,10 @@ class CheckPublisher:
         on_head = known if known and known.get("head_sha") == pull.head_sha else None
         # Back on a head it had before (pushed back to it): that head's check run, not a second.
         check_id = on_head.get("id") if on_head else (known or {}).get("earlier", {}).get(pull.head_sha)
-        if on_head and not check_id:
+        if (on_head or (known is None and str(number) in state.meta.closed_pulls)) and not check_id:
             # A creation was sent for this head and its id never stored (its answer lost, a
-            # crash after the POST): the one it made is updated, not left stale beside a second.
+            # crash after the POST), or the PR was closed (its entry dropped) and reopened:
+            # the check run already there is updated, not left stale beside a second.
             check_id = await api.check_run_on(pull.head_sha, CHECK_NAME)
         if check_id:
             await api.update_check_run(int(check_id), payload)

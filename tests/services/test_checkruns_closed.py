@@ -207,3 +207,23 @@ async def test_no_check_run_is_published_on_a_persons_pr(kit: Kit) -> None:
     await checks.close()
     assert [call[0] for call in kit.repo.calls if "check_run" in call[0]] == []
     assert kit.state.meta.check_runs == {}
+
+
+async def test_a_klaud_pr_reopened_on_the_same_head_keeps_its_one_check_run(kit: Kit) -> None:
+    # The close drops the PR's entry; reopened on the same head, its check run was made a
+    # second time beside the first (GitHub shows both on the commit).
+    await kit.reconciler.reconcile(REPO, 1)
+    checks = CheckPublisher(kit.live, kit.clock, delay_seconds=0)
+    head_ref = f"klaud/auto-{sc.candidate(H200)}"
+    await kit.pulls.on_pull_request(kit.state, event("opened", 1000, head_ref))
+    await checks.settle()
+    assert len(kit.repo.check_runs) == 1
+    for minutes, action in ((1, "closed"), (2, "reopened")):
+        later = pull_event(action, 1000, updated_at=NOW + timedelta(minutes=minutes), head_ref=head_ref,
+                           user="klaud-cold[bot]")
+        kit.repo.calls.clear()
+        await kit.pulls.on_pull_request(kit.state, later)
+        await checks.settle()
+    await checks.close()
+    assert [call[0] for call in kit.repo.calls if "check_run" in call[0]] == ["check_run_on", "update_check_run"]
+    assert len(kit.repo.check_runs) == 1

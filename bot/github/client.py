@@ -574,6 +574,11 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             return self._pretend(method, url, body)
         response = await self._exchange(method, url, headers, body, read=_read_all)
         _ANSWER_BYTES.set(len(response.body))
+        if response.status >= 400 and _budget_of(url) == "graphql":
+            # gidgethub's GraphQL errors keep no headers: a 403 whose Retry-After alone says
+            # it is a limit would be taken for a bad query. Classified here, with them.
+            message = _message_of(response.body) or f"GraphQL answered {response.status}"
+            raise error_for(response.status, response.headers, message, now=self._clock.timestamp())
         if response.headers.get("content-type", "").startswith(RAW_MEDIA_TYPE):
             # gidgethub decodes a text answer strictly: one bad byte in a config over 1 MB
             # (read raw) failed every read as if GitHub were down. As in a file's JSON form,
@@ -894,13 +899,8 @@ class InstallationClient:
                 # of a timeout": GitHub unwell, like the 502 a long blame gets; not our query.
                 raise Unavailable(200, message) from exc
             raise BadRequest(200, message) from exc
-        except gidgethub.GraphQLAuthorizationFailure as exc:
-            raise Unauthorized(401, str(exc)) from exc
-        except gidgethub.BadGraphQLRequest as exc:
-            # (A 5xx is GitHubBroken, an HTTPException that _github_errors translates.)
-            raise error_for(int(exc.status_code), {}, str(exc), now=self._clock.timestamp()) from exc
-        # A gateway's HTML page or an empty body (GitHub ends a query it cannot answer in
-        # 10 s with a 502 or 504; a long blame does): GitHub unwell, retried later.
+        # (An error status is classified by _KlaudAPI._request, which has its headers.)
+        # A body that is not JSON or holds neither data nor errors: GitHub unwell, retried later.
         except gidgethub.GraphQLException as exc:
             raise Unavailable(None, f"GraphQL answered without data: {exc}") from exc
 

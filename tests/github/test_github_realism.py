@@ -184,6 +184,19 @@ async def test_graphql_rate_limited_errors_are_rate_limited(inst: InstallationCl
     assert isinstance(caught.value, RateLimited), f"{type(caught.value).__name__} (transient={caught.value.transient})"
 
 
+async def test_a_graphql_403_asking_to_wait_stays_rate_limited_after_its_retries(
+    inst: InstallationClient, stub: Stub
+) -> None:
+    # What this catches: gidgethub's GraphQL errors carry no headers, so a 403 whose only
+    # sign of a limit is its Retry-After header (its message says nothing of one) was
+    # classified without it, after the retries, as a bad query: permanent.
+    graphql_route(stub, reply(403, {"message": "Forbidden"}, **{"Retry-After": "1"}))
+    with pytest.raises(GitHubError) as caught:
+        await inst.graphql(BLAME_QUERY, owner="acme", name="bench", ref="main", path="x")
+    assert isinstance(caught.value, RateLimited) and caught.value.transient
+    assert graphql_calls(stub) > 1  # waited and sent again first
+
+
 @pytest.mark.parametrize(("message", "transient"), [
     (("Something went wrong while executing your query. This may be the result of a timeout, or it could be a "
      "GitHub bug. Please include `1234:5678` when reporting this issue."), True),

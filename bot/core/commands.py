@@ -150,7 +150,14 @@ class StatusView:
 
 # ---------------------------------------------------------------------------- parsing
 
-_COMMAND_RE = re.compile(r"^/klaud(?:\s+(?P<verb>\S+))?(?:\s+(?P<rest>.*))?$", re.IGNORECASE)
+# ASCII: under IGNORECASE alone the Kelvin sign (U+212A) would match the `k`.
+_COMMAND_RE = re.compile(r"^/klaud(?:\s+(?P<verb>\S+))?(?:\s+(?P<rest>.*))?$", re.IGNORECASE | re.ASCII)
+# Markdown's line endings only: str.splitlines also breaks at U+2028, U+0085 or a form feed,
+# which GitHub shows inside a line.
+_LINE_BREAK_RE = re.compile(r"\r\n|\r|\n")
+# An HTML comment starting a line (CommonMark's HTML block 2) hides every line up to `-->`.
+_HTML_COMMENT_RE = re.compile(r"^ {0,3}<!--")
+_LIST_MARKER_RE = re.compile(r"^ {0,3}(?:[-*+]|\d{1,9}[.)])[ \t]+")
 _FENCE_OPEN_RE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 _QUOTE_RE = re.compile(r"^ {0,3}>")
 _QUOTE_MARKERS_RE = re.compile(r"^(?: {0,3}> ?)+")
@@ -176,8 +183,12 @@ def parse_commands(body: str) -> list[Command]:
     fence_quoted = False  # that block is inside a quote
     paragraph_open = False  # an indented line right after text continues that text
     quoted_paragraph = False  # the paragraph open is inside a quote
-    for number, raw in enumerate(body.splitlines(), start=1):
+    html_comment = False  # inside an HTML comment that started a line
+    for number, raw in enumerate(_LINE_BREAK_RE.split(body), start=1):
         line = raw.expandtabs(4)
+        if html_comment:
+            html_comment = "-->" not in line
+            continue
         quoted = bool(_QUOTE_RE.match(line))
         text = _QUOTE_MARKERS_RE.sub("", line, count=1) if quoted else line
         # A line without `>` ends a quote and a block fenced in it (no lazy continuation).
@@ -199,7 +210,12 @@ def parse_commands(body: str) -> list[Command]:
         indent = len(line) - len(line.lstrip(" "))
         if indent >= 4 and not paragraph_open:
             continue
-        fence, fence_quoted = _fence_opened(line), False
+        if _HTML_COMMENT_RE.match(line):
+            html_comment = "-->" not in line.split("<!--", 1)[1]
+            paragraph_open = False
+            continue
+        # A fence may open a list item too (`- ```…`): its lines are code as well.
+        fence, fence_quoted = _fence_opened(_LIST_MARKER_RE.sub("", line, count=1)), False
         if fence is not None:
             paragraph_open = False
             continue
@@ -220,7 +236,10 @@ def _is_paragraph_text(text: str) -> bool:
 
 
 def _interrupts_paragraph(line: str) -> bool:
-    return bool(_HEADING_OR_BREAK_RE.match(line) or _LIST_ITEM_RE.match(line) or _fence_opened(line))
+    return bool(
+        _HEADING_OR_BREAK_RE.match(line) or _LIST_ITEM_RE.match(line) or _fence_opened(line)
+        or _HTML_COMMENT_RE.match(line)
+    )
 
 
 def _fence_opened(line: str) -> str | None:
@@ -469,6 +488,14 @@ def render_help(*, unknown_verb: str | None = None) -> str:
 def render_refusal(command: Command, why: str) -> str:
     stop = "" if why.endswith(("?", ".")) else "."  # "did you mean `x`?" ends the sentence
     return _answer(f"Not done: {code_span(command.as_typed())}: {why}{stop}")
+
+
+def render_superseded(command: Command, later_comment: int) -> str:
+    """A command found after its webhook was lost, whose subject a later comment changed."""
+    return render_refusal(
+        command, f"not run: its event reached Klaud late, and a later comment (id {later_comment}) already "
+        "changed the same since; write it again if it still holds",
+    )
 
 
 def render_retry(

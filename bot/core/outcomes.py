@@ -515,16 +515,17 @@ class OutcomeLedger:
     def __len__(self) -> int:
         return sum(len(runs) for runs in self._runs_by_candidate.values())
 
+    def would_change(self, attempt: Attempt) -> bool:
+        """Whether `add(attempt)` would change the ledger: its run is new, or it says more."""
+        current = self._runs_by_candidate.get(attempt.candidate, {}).get((attempt.run_id, attempt.run_attempt))
+        return current is None or (current != attempt and _precedence(attempt) >= _precedence(current))
+
     def add(self, attempt: Attempt) -> bool:
         """Record `attempt`; True when the ledger changed."""
-        runs = self._runs_by_candidate.setdefault(attempt.candidate, {})
-        key = (attempt.run_id, attempt.run_attempt)
-        current = runs.get(key)
-        if current is not None and (
-            current == attempt or _precedence(attempt) < _precedence(current)
-        ):
+        if not self.would_change(attempt):
             return False
-        runs[key] = attempt
+        runs = self._runs_by_candidate.setdefault(attempt.candidate, {})
+        runs[(attempt.run_id, attempt.run_attempt)] = attempt
         self._ordered.pop(attempt.candidate, None)
         return True
 

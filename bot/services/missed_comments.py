@@ -9,6 +9,8 @@ the receipts (one counted twice is recorded once).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import structlog
@@ -49,35 +51,88 @@ class MissedComments:
         # min(): a clock set back since the last sweep must not skip what it had not seen.
         start = max(min(swept, cutoff), now - MAX_LOOKBACK) - CLOCK_SKEW
         try:
-            found = await self._found(state, start, cutoff)
+            listed = [c async for c in self.live.api(state).comments_since(start)]
         except GitHubError as exc:
             # The watermark stays: the next reconcile looks at the same comments again.
             log.warning("comments.sweep_failed", repo=state.name, error=str(exc))
             return {}
-        await self._swept_until(state, cutoff)
-        if found:
-            log.info("comments.missed_found", repo=state.name, **found)
-        return found
+        found = Found(cutoff)
+        await self._handle(state, listed, start, found)
+        await self._swept_until(state, found.until)
+        counts = {key: n for key, n in (("commands_answered", found.commands), ("receipts_read", found.receipts)) if n}
+        if counts:
+            log.info("comments.missed_found", repo=state.name, **counts)
+        return counts
 
-    async def _found(self, state: RepoState, start: datetime, cutoff: datetime) -> dict[str, int]:
-        listed = [c async for c in self.live.api(state).comments_since(start)]
-        answered = answered_comments(c.body or "" for c in listed if self.live.is_bot(c.user.login))
-        in_window = [
-            (number, c) for c in listed if _made_between(c, start, cutoff) and (number := c.issue_number) is not None
-        ]
-        receipts = commands = 0
-        for number, comment in in_window:
-            if self.live.is_bot(comment.user.login):
-                receipts += await self.outcomes.on_receipt(state, comment)
+    async def _handle(self, state: RepoState, listed: list[ListedComment], start: datetime, found: Found) -> None:
+        bot = [c for c in listed if self.live.is_bot(c.user.login)]
+        answered = answered_comments(c.body or "" for c in bot)
+        people = [(n, c) for c in listed if not self.live.is_bot(c.user.login) and (n := c.issue_number) is not None]
+        for comment in bot:
+            if _made_between(comment, start, found.cutoff):
+                await self._one(state, comment, found, self._receipt(state, comment, found))
+        for number, comment in people:
             # An edited comment is ignored, as its `edited` webhook is (DESIGN §4 "Commands").
-            elif comment.id not in answered and not comment.edited and parse_commands(comment.body or ""):
-                commands += await self.commands.answer(state, number, comment)
-        return {key: n for key, n in (("commands_answered", commands), ("receipts_read", receipts)) if n}
+            lost = comment.id not in answered and not comment.edited and _made_between(comment, start, found.cutoff)
+            if lost and parse_commands(comment.body or ""):
+                later = self._changed_later(state, people, answered, comment)
+                await self._one(state, comment, found, self._command(state, number, comment, later, found))
+
+    async def _receipt(self, state: RepoState, comment: ListedComment, found: Found) -> None:
+        found.receipts += await self.outcomes.on_receipt(state, comment)
+
+    async def _command(
+        self, state: RepoState, number: int, comment: ListedComment, later: dict[str, int], found: Found
+    ) -> None:
+        found.commands += await self.commands.answer(state, number, comment, later)
+
+    async def _one(self, state: RepoState, comment: ListedComment, found: Found, work: Awaitable[None]) -> None:
+        """One comment's work: a failure costs that comment alone. A transient one holds the
+        watermark before it (tried again next time); one GitHub refuses for good (a reply
+        to a locked issue) is logged and passed."""
+        try:
+            await work
+        except GitHubError as exc:
+            log.warning("comments.missed_failed", repo=state.name, comment_id=comment.id, error=str(exc),
+                        transient=exc.transient)
+            if exc.transient and comment.created_at is not None:
+                found.until = min(found.until, comment.created_at)
+
+    def _changed_later(
+        self, state: RepoState, people: list[tuple[int, ListedComment]], answered: set[int], comment: ListedComment
+    ) -> dict[str, int]:
+        """What the comments written after `comment` and answered already changed -> which."""
+        changed: dict[str, int] = {}
+        for number, other in people:
+            if other.id in answered and _later(other, comment):
+                for subject in self.commands.controls_of(state, number, other):
+                    changed.setdefault(subject, other.id)
+        return changed
 
     async def _swept_until(self, state: RepoState, until: datetime) -> None:
         async with self.live.lock(state.name):
             state.meta.comments_swept_at = stamp(until)
             await self.live.persist(state.save_meta())
+
+
+@dataclass
+class Found:
+    """What a sweep found, and the time its watermark may move to: its cutoff, or before a
+    comment whose work failed transiently."""
+
+    cutoff: datetime
+    commands: int = 0
+    receipts: int = 0
+    until: datetime = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.until = self.cutoff
+
+
+def _later(one: ListedComment, than: ListedComment) -> bool:
+    if one.created_at is None or than.created_at is None:
+        return one.id > than.id
+    return (one.created_at, one.id) > (than.created_at, than.id)
 
 
 def _made_between(comment: ListedComment, start: datetime, cutoff: datetime) -> bool:

@@ -125,7 +125,8 @@ class OutcomeRecorder:
         await self.live.notify(state, families)
 
     async def on_receipt(self, state: RepoState, comment: Comment) -> bool:
-        """A completion receipt posted by the bot counts like the run's artifact.
+        """A completion receipt posted by the bot counts like the run's artifact; True when
+        it was news to the ledger.
 
         Only an account GitHub marks as a Bot counts: a person who named their account
         like the bot must not be able to put a family into cooldown.
@@ -145,11 +146,12 @@ class OutcomeRecorder:
             receipt.candidate, family, RunInfo(receipt.parent_run_id, 1, None, completed), receipt.outcome, "receipt"
         )
         async with self.live.lock(state.name):
+            news = state.ledger.would_change(attempt)
             change = Change()
             families = await self.apply_attempt(state, self.live.api(state), attempt, change)
             await self.live.persist(change)
         await self.live.notify(state, families)
-        return True
+        return news
 
     async def _note_run_started(self, state: RepoState, run: WorkflowRun) -> None:
         """Link a run of a dispatched candidate to its dispatch (so TTL release can see it)."""

@@ -7,6 +7,7 @@ posted for that comment, so a redelivered event answers only what is still unans
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 import structlog
@@ -26,6 +27,7 @@ from bot.core.commands import (
     render_resume,
     render_retry,
     render_status,
+    render_superseded,
     render_unhold,
     resolve_command,
 )
@@ -42,6 +44,8 @@ from bot.services.waves import WaveRunner
 
 log = structlog.get_logger("klaud.commands")
 
+RESUME = "resume"  # what `resume` changes, among the family ids of `controls_of`
+
 
 class CommandResponder:
     def __init__(self, live: LiveState, waves: WaveRunner, permissions: Permissions, clock: Clock) -> None:
@@ -55,9 +59,16 @@ class CommandResponder:
         """Answer the commands of a new comment in one reply; returns how many were posted (0 or 1)."""
         return await self.answer(state, event.issue.number, event.comment)
 
-    async def answer(self, state: RepoState, number: int, comment: Comment) -> int:
+    async def answer(
+        self, state: RepoState, number: int, comment: Comment, superseded: Mapping[str, int] | None = None
+    ) -> int:
         """Answer the commands of `comment` on issue or PR `number`, unless answered already
-        (its webhook, and the reconcile that finds comments whose webhook was lost)."""
+        (its webhook, and the reconcile that finds comments whose webhook was lost).
+
+        `superseded`: what later comments, answered already, changed (`controls_of`) -> the
+        id of such a comment. A command of this one changing the same is not run: the
+        person's later word stands (a hold found late must not undo the unhold after it).
+        """
         commands = parse_commands(comment.body or "")
         if not commands or comment.id in self._answering:
             return 0
@@ -65,11 +76,30 @@ class CommandResponder:
         # second (the reply it would look for is not there yet).
         self._answering.add(comment.id)
         try:
-            return await self._answer_once(state, number, comment, commands)
+            return await self._answer_once(state, number, comment, commands, superseded or {})
         finally:
             self._answering.discard(comment.id)
 
-    async def _answer_once(self, state: RepoState, number: int, comment: Comment, commands: list[Command]) -> int:
+    def controls_of(self, state: RepoState, number: int, comment: Comment) -> set[str]:
+        """What the commands of `comment` change: the families they hold, release or retry,
+        and RESUME for the repository's dispatch."""
+        families = {f.id: f for f in state.catalog}
+        changed: set[str] = set()
+        for command in parse_commands(comment.body or "")[:MAX_COMMANDS_PER_COMMENT]:
+            if command.spec is None or not command.spec.needs_write:
+                continue
+            if command.verb == "resume":
+                changed.add(RESUME)
+            elif command.verb == "unhold" and command.target in state.holds and command.target not in families:
+                changed.add(command.target)
+            else:
+                resolved = resolve_command(command, families=families, default_family=self._pr_family(state, number))
+                changed.update([resolved.family] if resolved.family else [])
+        return changed
+
+    async def _answer_once(
+        self, state: RepoState, number: int, comment: Comment, commands: list[Command], superseded: Mapping[str, int]
+    ) -> int:
         api = self.live.api(state)
         await api.react(comment.id, "eyes")
         if comment.id in await self._answered(api, number):
@@ -77,7 +107,9 @@ class CommandResponder:
             return 0
         author = comment.user.login or ""
         run = commands[:MAX_COMMANDS_PER_COMMENT]
-        answers = [(command, await self._answer(api, state, command, author, number)) for command in run]
+        answers = [
+            (command, await self._answer(api, state, command, author, number, superseded)) for command in run
+        ]
         await api.post_comment(number, compose_reply(comment.id, answers, not_run=len(commands) - len(run)))
         log.info("commands.answered", comment_id=comment.id, commands=len(commands))
         return 1
@@ -87,7 +119,8 @@ class CommandResponder:
         return answered_comments(bodies)
 
     async def _answer(
-        self, api: RepoAPI, state: RepoState, command: Command, author: str, number: int
+        self, api: RepoAPI, state: RepoState, command: Command, author: str, number: int,
+        superseded: Mapping[str, int],
     ) -> str:
         spec = command.spec
         if spec is None or command.verb == "help":
@@ -95,8 +128,13 @@ class CommandResponder:
         if spec.needs_write and not await self.permissions.allows(api, state, author, command.verb):
             return render_refusal(command, f"`{command.verb}` needs write, maintain or admin permission on {state.name}")
         if command.verb == "resume":
+            if RESUME in superseded:
+                return render_superseded(command, superseded[RESUME])
             return await self._resume(state, author)
         families = {f.id: f for f in state.catalog}
+        later = superseded.get(command.target or "") if command.verb == "unhold" else None
+        if later is not None and command.target in state.holds and command.target not in families:
+            return render_superseded(command, later)
         if command.verb == "unhold" and command.target in state.holds and command.target not in families:
             # A family gone from the configs keeps its hold until someone releases it.
             return render_unhold(command.target, await controls.release(self.live, state, command.target), author)
@@ -114,6 +152,8 @@ class CommandResponder:
         family = families.get(resolved.family or "")
         if family is None:
             return render_refusal(command, resolved.error or "no target")
+        if spec.needs_write and family.id in superseded:
+            return render_superseded(command, superseded[family.id])
         now = self.clock.now()
         if command.verb == "retry":
             return await self._retry(state, family, author, now)

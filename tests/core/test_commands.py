@@ -623,3 +623,24 @@ def test_code_span_outlasts_any_run_of_backticks_in_the_text() -> None:
     assert code_span("a ``` b ` c") == "````a ``` b ` c````"
     assert code_span("`x") == "`` `x ``"
     assert code_span("x`") == "`` x` ``"
+
+
+@pytest.mark.parametrize("body", [
+    "<!--\n/klaud hold a\n-->\n/klaud status",
+    "Some text\n<!-- a note\n/klaud hold a\n-->\n/klaud status",
+    "<!-- one line --> \n/klaud status",
+    "- ```\n  /klaud hold a\n  ```\n\n/klaud status",
+    "1. ~~~\n   /klaud hold a\n   ~~~\n\n/klaud status",
+    "text\u2028/klaud hold a\n/klaud status",
+    "text\x0c/klaud hold a\n/klaud status",
+    "/\u212alaud hold a\n/klaud status",
+])
+def test_what_github_hides_or_shows_as_code_or_mid_line_is_not_a_command(body: str) -> None:
+    # What this catches: a command inside a multi-line HTML comment (GitHub shows nothing),
+    # in a fence opened on a list item, or after a character str.splitlines breaks at but
+    # Markdown does not, was run; so was one spelled with the Kelvin sign.
+    assert [c.verb for c in parse_commands(body)] == ["status"]
+
+
+def test_a_line_after_an_html_comment_closed_on_its_own_line_is_a_command() -> None:
+    assert [c.verb for c in parse_commands("<!--\nnote\n-->\n/klaud hold a\r\n/klaud status")] == ["hold", "status"]

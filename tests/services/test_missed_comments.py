@@ -7,8 +7,9 @@ from datetime import timedelta
 
 import pytest
 
+from bot.core.domain import stamp
 from bot.core.events import Account, Comment
-from bot.github.errors import Unavailable
+from bot.github.errors import BadRequest, Unavailable
 from bot.services.missed_comments import GRACE, MissedComments
 from bot.services.outcomes import CLOCK_SKEW
 from bot.services.permissions import Permissions
@@ -17,6 +18,8 @@ from bot.services.responder import CommandResponder
 from tests.services.conftest import REPO, Kit
 from tests.services.test_outcomes import CAND, receipt
 
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+B200 = "configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"
 PERSON = Account(login="alice", type="User")
 BOT = Account(login="klaud-cold[bot]", type="Bot")
 
@@ -154,3 +157,59 @@ async def test_the_webhook_and_the_reconcile_answering_at_once_post_one_reply(ki
     kit.repo.post_comment = slow_post  # type: ignore[method-assign]
     posted = await asyncio.gather(responder.answer(kit.state, 12, comment), responder.answer(kit.state, 12, comment))
     assert sorted(posted) == [0, 1] and len(replies_to(kit, 510)) == 1
+
+
+async def test_a_reply_github_refuses_costs_that_comment_alone(kit: Kit, sweeping) -> None:
+    # What this catches: one reply refused for good (a locked issue: 403) stopped the sweep
+    # and held its watermark; every later lost command went unanswered for a week.
+    reconciler, _ = sweeping
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    lost_comment(kit, 601, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=2), number=7)
+    lost_comment(kit, 602, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1), number=12)
+    kit.repo.fail("post_comment", BadRequest(403, "Unable to create comment because issue is locked."))
+    report = await reconciler.reconcile(REPO, 1, light=True)
+    assert report["commands_answered"] == 1 and len(replies_to(kit, 602)) == 1
+    assert kit.state.meta.comments_swept_at == stamp(kit.clock.now() - GRACE)
+
+
+async def test_a_transient_failure_holds_the_watermark_before_that_comment(kit: Kit, sweeping) -> None:
+    reconciler, _ = sweeping
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    failing = lost_comment(kit, 603, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=2), number=7)
+    lost_comment(kit, 604, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1), number=12)
+    kit.repo.fail("post_comment", Unavailable(502, "Bad Gateway"))
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert len(replies_to(kit, 604)) == 1 and replies_to(kit, 603, number=7) == []
+    assert kit.state.meta.comments_swept_at == stamp(failing.created_at)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert len(replies_to(kit, 603, number=7)) == 1 and len(replies_to(kit, 604)) == 1
+
+
+async def test_a_lost_command_does_not_undo_a_later_one_answered_already(kit: Kit, sweeping) -> None:
+    # What this catches: alice's `hold` (its webhook lost) run by the sweep after her later
+    # `unhold` (answered at once): the family stayed held against her last word.
+    reconciler, responder = sweeping
+    kit.repo.permissions["alice"] = "write"
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    lost_comment(kit, 605, f"/klaud hold {H200} flaky\n/klaud hold {B200} weights", ago=timedelta(hours=2))
+    later = lost_comment(kit, 606, f"/klaud unhold {H200}", ago=timedelta(hours=1), number=40)
+    assert await responder.answer(kit.state, 40, later) == 1
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert H200 not in kit.state.holds and B200 in kit.state.holds  # the other command still ran
+    [reply] = replies_to(kit, 605)
+    assert "not run" in reply and "id 606" in reply
+
+
+async def test_a_receipt_its_webhook_counted_is_not_reported_as_missed(kit: Kit, sweeping) -> None:
+    reconciler, _ = sweeping
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    counted = lost_comment(kit, 607, receipt(902), ago=timedelta(hours=1), user=BOT)
+    assert await kit.outcomes.on_receipt(kit.state, counted)  # its webhook came
+    report = await reconciler.reconcile(REPO, 1, light=True)
+    assert "receipts_read" not in report
+    assert not await kit.outcomes.on_receipt(kit.state, counted)

@@ -63,7 +63,12 @@ def disabled(wave: Wave, now: datetime) -> Wave:
         replace(d, decision="paused", reason=DISABLED_REASON) if d.decision == "selected" else d
         for d in wave.decisions
     )
-    return replace(wave, decisions=decisions, blocked=Blocked("dispatch-paused", DISABLED_REASON, now))
+    return replace(wave, decisions=decisions, blocked=disabled_block(now))
+
+
+def disabled_block(now: datetime) -> Blocked:
+    """What blocks a repository whose policy turns Klaud off."""
+    return Blocked("dispatch-paused", DISABLED_REASON, now)
 
 
 def settle(wave: Wave, overrides: Mapping[str, Decision]) -> Wave:

@@ -191,10 +191,11 @@ class Family:
 
 
 def image_age_days(family: Family, now: datetime) -> float | None:
-    """Days since the family's image last changed, to a tenth; None when unknown."""
+    """Days since the family's image last changed, to a tenth; None when unknown. A change
+    dated after `now` (a committer's clock ahead, or ours behind GitHub's) is 0 days old."""
     if family.image_changed_at is None:
         return None
-    return round((now - family.image_changed_at).total_seconds() / 86400, 1)
+    return max(round((now - family.image_changed_at).total_seconds() / 86400, 1), 0.0)
 
 
 @dataclass(frozen=True, slots=True)

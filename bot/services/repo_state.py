@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from bot.core.catalog import Catalog, config_problems
-from bot.core.dispatching import WaveRuns, count_finished, pause_reason
+from bot.core.dispatching import WaveRuns, count_finished, disabled_block, pause_reason
 from bot.core.domain import (
     Attempt,
     Blocked,
@@ -592,7 +592,10 @@ class RepoState:
                 {"path": path, "detail": detail} for path, detail in config_problems(self.meta.config_errors)
             ],
             "setup_errors": list(self.meta.setup_errors),
-            "blocked": blocked.document() if (blocked := self.blocked()) is not None else None,
+            # As the plan says (`dispatching.disabled`): `enabled: false` blocks before the rest.
+            "blocked": blocked.document() if (
+                blocked := self.blocked() if self.policy.enabled else disabled_block(now)
+            ) is not None else None,
             "families": [
                 {
                     "family": f.id,

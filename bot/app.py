@@ -16,7 +16,7 @@ from gidgethub import routing
 
 from bot.core.clock import Clock
 from bot.core.domain import stamp
-from bot.github.client import GitHubApp
+from bot.github.client import GitHubApp, repository_of
 from bot.github.repo import GitHubRepos
 from bot.services.capacity_feed import CapacityFeed
 from bot.services.catalog_sync import CatalogSync
@@ -37,6 +37,7 @@ from bot.services.waves import WaveRunner
 from bot.settings import Settings
 from bot.store import Stores, engine_for
 from bot.store.deliveries import Delivery
+from bot.store.errors import LeaseTaken
 from bot.web.inbox import Inbox
 from handlers import router as default_router
 from handlers.context import WebhookEvent
@@ -99,7 +100,7 @@ class Klaud:
             private_key=settings.private_key.get_secret_value() if settings.private_key else None,
             clock=self.clock,
             dry_run=settings.dry_run,
-            before_write=self.store.writer.commit_unit,
+            before_write=self._before_github_write,
             # Replicas share an installation's pace of writes, each taking its part.
             writers=lambda: self.replicas.live_replicas if self.replicas is not None else 1,
         )
@@ -136,6 +137,7 @@ class Klaud:
         self.scheduler = Scheduler(
             self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune,
             leads=self.replicas.leads if self.replicas is not None else lambda: True,
+            owns=self.replicas.owns if self.replicas is not None else lambda repo: True,
         )
         self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
         self.services = Services(
@@ -143,6 +145,16 @@ class Klaud:
             self.dashboard,
         )
         self.started = False  # set once start-up (store, state, first reconcile) is done
+
+    async def _before_github_write(self, url: str) -> None:
+        """Before a request that changes GitHub. With replicas, a repository this one does not
+        hold now (it stalled past its lease, another took it) is not written: the new owner
+        acts on it, and a second reply or claim ref from here would be one too many. Then
+        what the running delivery changed is committed, so the write follows its cause."""
+        repo = repository_of(url)
+        if self.replicas is not None and repo is not None and not self.replicas.owns(repo):
+            raise LeaseTaken(f"{repo} is not held by this replica now: GitHub is not written for it")
+        await self.store.writer.commit_unit()
 
     async def start(self, *, drain: bool = True, schedule: bool = False, reconcile: bool = False) -> None:
         try:

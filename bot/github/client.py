@@ -29,7 +29,7 @@ from email.utils import parsedate_to_datetime
 from functools import partial
 from operator import itemgetter
 from typing import Any, NamedTuple
-from urllib.parse import urlencode, urljoin, urlsplit
+from urllib.parse import unquote, urlencode, urljoin, urlsplit
 
 import aiohttp
 import cachetools
@@ -56,6 +56,15 @@ from bot.metrics import GITHUB_RATE_LIMIT_REMAINING, GITHUB_REQUESTS
 log = structlog.get_logger(__name__)
 
 WRITE_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
+
+
+_REPOSITORY_PATH = re.compile(r"/repos/([^/]+)/([^/]+)(?:/|$)")
+
+
+def repository_of(url: str) -> str | None:
+    """`owner/name` of the repository a REST URL names (`…/repos/{owner}/{repo}/…`)."""
+    found = _REPOSITORY_PATH.search(urlsplit(url).path)
+    return f"{unquote(found[1])}/{unquote(found[2])}" if found else None
 
 
 def graphql_endpoint(base_url: str) -> str:
@@ -499,9 +508,10 @@ class _Transport:
     write_spacing: float
     # How many processes write for an installation (live replicas); None: this one only.
     writers: Callable[[], int] | None = None
-    # Awaited before every request of an installation that changes GitHub: the state that
-    # led to it is committed first (a claim is durable before the dispatch it guards).
-    before_write: Callable[[], Awaitable[None]] | None = None
+    # Awaited with the URL before every request of an installation that changes GitHub:
+    # the state that led to it is committed first (a claim is durable before the dispatch
+    # it guards), and with replicas a repository this one no longer holds is not written.
+    before_write: Callable[[str], Awaitable[None]] | None = None
 
 
 class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
@@ -634,7 +644,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         # Each wait alone was capped: four answers asking for 60 s held one call 4 minutes.
         deadline = self._clock.timestamp() + MAX_CALL_WAIT
         if self._acts_on_repositories and self._transport.before_write is not None and changes_state(method, url):
-            await self._transport.before_write()
+            await self._transport.before_write(url)
         while True:
             try:
                 gate = self._gates[_budget_of(url)]
@@ -948,7 +958,7 @@ class GitHubApp:
         max_attempts: int = 5,
         write_spacing: float = 1.0,
         writers: Callable[[], int] | None = None,
-        before_write: Callable[[], Awaitable[None]] | None = None,
+        before_write: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         if private_key is not None and app_id is None:
             raise ValueError("a private key needs the App id it belongs to")

@@ -80,6 +80,7 @@ class Replicas:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         live.admit = self.admit
+        live.store.owns = self.owns
         live.kept_elsewhere = lambda repo: repo.lower() not in self._repos
 
     @property

@@ -59,6 +59,7 @@ class Scheduler:
         *,
         prune: Callable[[], Awaitable[Any]] | None = None,
         leads: Callable[[], bool] = lambda: True,
+        owns: Callable[[str], bool] = lambda repo: True,
         poll_seconds: float = 1.0,
         rng: random.Random | None = None,
     ) -> None:
@@ -68,6 +69,9 @@ class Scheduler:
         self.outcomes = outcomes
         self.prune = prune
         self.leads = leads  # with replicas, one does the housekeeping
+        # With replicas, whether this one holds a repository now: after a stall past its
+        # lease the timer may fire before the lease round lets the repository go.
+        self.owns = owns
         # Discovery is done at start-up; retention is not: were it first due 6 h after a
         # start, a process restarted more often (deploys, a rolling replica set) never pruned.
         self._discovered_at = clock.now()
@@ -125,6 +129,8 @@ class Scheduler:
         for key in [key for key in self._failing if key[0] not in self.live.repos]:
             del self._failing[key]  # a repository given up or removed: nothing left to back off from
         for name, state in list(self.live.repos.items()):
+            if not self.owns(name):
+                continue
             # Claims and runs whose time came are settled first, so the wave sees what is
             # free; when that fails the wave still runs (their families stay in flight).
             await self._guarded(name, "claims", self._check_claims, state)

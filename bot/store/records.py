@@ -12,7 +12,7 @@ edited by hand) is reported in one log line and skipped, never a traceback.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import structlog
@@ -20,6 +20,7 @@ import structlog
 from bot.store.change import Change
 from bot.store.codec import decode_document, decode_many, decode_one, unreadable_reason
 from bot.store.engine import Dialect, Engine, Statement, as_count, inflate, stored_as
+from bot.store.errors import LeaseTaken
 from bot.store.leases import lease_fence, lease_taken_over
 from bot.store.migrations import SQLITE_RECORDS_V1
 from bot.store.writer import Writer
@@ -88,6 +89,11 @@ class StateStore:
         # are fenced by its claim as well: a claim still held does not say whether the
         # repository was taken or uninstalled meanwhile).
         self.lease_owner: str | None = None
+        # Replicas: whether this process holds a repository now, by its own clock (set by
+        # `Replicas`). The fence above lets anyone write a repository nobody holds: a replica
+        # resumed after a stall, its successor gone with a clean stop, would write its stale
+        # memory over the successor's state. Its own clock tells it that it holds nothing.
+        self.owns: Callable[[str], bool] | None = None
 
     async def open(self) -> None:
         await self.db.open()
@@ -104,12 +110,18 @@ class StateStore:
         ]
         if change:
             repos = change.repos()
+            self._refuse_unheld(repos - {repo.lower() for repo in change.dropped})
             fence = None
             if self.lease_owner is not None:
                 fence = lease_fence(repos, self.lease_owner)
                 if change.dropped:
                     statements.append(lease_taken_over(change.dropped, self.lease_owner))
             await self.writer.apply([statement for statement in statements if statement.args], repos, fence)
+
+    def _refuse_unheld(self, repos: set[str]) -> None:
+        unheld = sorted(repo for repo in repos if self.owns is not None and not self.owns(repo))
+        if unheld:
+            raise LeaseTaken(f"{', '.join(unheld)}: not held by this replica now (its lease lapsed or moved)")
 
     async def rename(self, old: str, new: str) -> None:
         """Move every record and wave of `old` to `new` (the store has nothing of `new`);

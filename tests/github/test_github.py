@@ -42,6 +42,7 @@ from bot.github.client import (
     backoff_delay,
     origin_of,
     rate_limit_wait,
+    repository_of,
     route_template,
 )
 from bot.github.repo import GitHubRepo
@@ -596,15 +597,15 @@ async def test_state_is_committed_before_each_write_and_never_for_a_read(
 ) -> None:
     order: list[str] = []
 
-    async def commit() -> None:  # the store's `Writer.commit_unit` in the running App
-        order.append("commit")
+    async def commit(url: str) -> None:  # `Klaud._before_github_write` in the running App
+        order.append(f"commit {repository_of(url)}")
 
     inst = make_app(before_write=commit).installation(7)
     await inst.getitem("/repos/acme/bench")
     order.append("read")
     await inst.post("/repos/acme/bench/actions/workflows/klaud-candidate.yml/dispatches", data={"ref": "main"})
     order.append("dispatched")
-    assert order == ["read", "commit", "dispatched"]
+    assert order == ["read", "commit acme/bench", "dispatched"]
     assert [s.method for s in stub.seen][-1] == "POST", "the commit came before the request was sent"
 
 
@@ -1136,3 +1137,14 @@ async def test_deleting_a_branch_already_gone_is_false_and_a_refused_delete_rais
 async def test_creating_an_issue_in_dry_run_makes_none_and_says_so(make_app: Callable[..., GitHubApp], stub: Stub) -> None:
     # What this catches: the pretend answer of a dry-run write ({}) read for its number: a KeyError.
     assert await GitHubRepo(make_app(dry_run=True).installation(7), "acme/bench").create_issue("t", "b") is None
+
+
+@pytest.mark.parametrize(("url", "repo"), [
+    ("https://api.github.com/repos/acme/bench/issues/12/comments", "acme/bench"),
+    ("https://ghe.example/api/v3/repos/Acme/bench.js/git/refs", "Acme/bench.js"),
+    ("https://api.github.com/repos/acme/bench", "acme/bench"),
+    ("https://api.github.com/repositories/42/issues/1/comments", None),
+    ("https://api.github.com/app/installations/7/access_tokens", None),
+])
+def test_the_repository_a_write_is_for_is_read_from_its_url(url: str, repo: str | None) -> None:
+    assert repository_of(url) == repo

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bot.core.domain import Hold
+from bot.core.domain import Hold, stamp
 from bot.core.errors import RepositoryMoved
 from bot.core.events import Named, RepoEvent
 from bot.github.errors import NotFound
@@ -26,12 +26,14 @@ from bot.services.claims import ClaimKeeper
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.pulls import PullSync
 from bot.services.reconcile import Reconciler
+from bot.services.scheduler import Scheduler
+from bot.services.waves import WaveRunner
 from bot.store import Stores, open_stores
 from bot.store.deliveries import Delivery, moved_statement, status_statement
 from bot.store.engine import Statement
 from bot.store.errors import LeaseTaken
 from tests.conftest import fresh_database
-from tests.services.conftest import scenario_repo
+from tests.services.conftest import FixedCapacity, scenario_repo
 from tests.services.fakes import FakeRepos
 from tests.services.test_replicas import Node as ReplicaNode
 
@@ -300,3 +302,41 @@ async def test_the_leaders_discovery_builds_no_second_state_of_a_repository_rena
     assert await b.reconciler.reconcile_new_installations() == []
 
     assert await b.stores.state.repos() == ["o/a"] and b.live.repo("o/new") is None
+
+
+def scheduler_of(node) -> tuple[Scheduler, WaveRunner]:  # type: ignore[no-untyped-def]
+    waves = WaveRunner(node.live, FixedCapacity(node.live.clock), node.live.clock)
+    scheduler = Scheduler(node.live, waves, node.reconciler, node.reconciler.outcomes, node.live.clock,
+                          owns=node.replicas.owns)
+    return scheduler, waves
+
+
+async def test_a_stalled_replica_runs_no_wave_of_a_repository_it_no_longer_owns(nodes, github):
+    # What this catches: resumed after a stall, a replica's scheduler timer fired before its
+    # lease round and ran the wave of a repository another replica had taken: it made a
+    # claim ref (refused in the store only after), and the owner's wave skipped the family.
+    a = await nodes("a", lease_seconds=0.3)
+    await a.replicas.round()  # a leads
+    await a.reconciler.reconcile_all(1, ["o/a"])  # admits o/a, reconciles it from GitHub
+    assert a.replicas.owns("o/a") and a.live.repo("o/a") is not None
+    a_scheduler, _ = scheduler_of(a)
+    state = a.live.repo("o/a")
+    # The repository's wave falls due while a is stopped (SIGSTOP, a VM pause, a long GC).
+    state.meta.next_wave_at = stamp(NOW - timedelta(seconds=1))
+    await asyncio.sleep(0.4)  # a stalls past its lease
+    b = await nodes("b")
+    await b.replicas.round()
+    assert b.replicas.owns("o/a") and not a.replicas.owns("o/a")
+
+    before = set(github.repos["o/a"].branches_at)
+    # a resumes: its scheduler's timer fires before its lease round's.
+    await a_scheduler.tick()
+    made_by_a = set(github.repos["o/a"].branches_at) - before
+
+    # The owner's wave, right after.
+    _, b_waves = scheduler_of(b)
+    wave = await b_waves.run("o/a", trigger="schedule")
+    assert wave is not None
+    claimed = [d.family for d in wave.decisions if d.decision == "claimed"]
+    assert not made_by_a, f"a replica that owns nothing created claim refs on GitHub: {made_by_a}"
+    assert not claimed

@@ -207,9 +207,7 @@ async def test_the_leading_replica_clears_the_heartbeat_leases_dead_processes_le
 
 async def test_a_repository_whose_state_fails_to_load_at_takeover_is_loaded_by_a_later_round(nodes, monkeypatch):
     a = await nodes("a")
-    stored = a.live.new_state("o/a", 7)
-    stored.meta.wave = 12
-    await a.live.persist(stored.save_meta())
+    await stored_repository(a, "o/a", 12)
     load_repo = a.live.load_repo
 
     async def dropped_connection(name: str) -> RepoState | None:
@@ -237,6 +235,8 @@ async def test_a_stalled_owners_commit_after_the_takeover_fails_its_fence(nodes)
     await b.replicas.round()  # b takes o/a up and reads its state
     assert b.replicas.owns("o/a")
     # a wakes and commits what o/a's delivery changed, fenced by its claim, as its inbox does
+    # (its stall came after its own clock said it still held o/a: the store's fences decide)
+    a.live.store.owns = lambda repo: True
     writer = a.stores.deliveries.writer
     unit = writer.begin_unit(a.stores.deliveries.claim_fence(claimed.id, "a"))
     await a.stores.state.apply(Change().put("", "repo", "o/a", {"installation": 7, "wave": 99}))
@@ -264,6 +264,11 @@ async def test_a_stalled_owners_write_outside_a_delivery_is_refused_once_another
     assert b.replicas.owns("o/a") and b.live.repo("o/a") is not None
     state.meta.wave = 41  # a wakes and finishes the wave it was running
 
+    # Its own clock says its lease lapsed: refused before the store is asked.
+    with pytest.raises(LeaseTaken, match="not held by this replica now"):
+        await a.live.persist(state.save_meta())
+    # Stalled after that check said it still held o/a: the store's lease fence refuses.
+    a.live.store.owns = lambda repo: True
     with pytest.raises(LeaseTaken, match=r"repo:o/a \(b\)"):
         await a.live.persist(state.save_meta())
 
@@ -321,9 +326,14 @@ async def test_a_stalled_keepers_forget_is_refused_and_takes_nothing_back(nodes)
 
 
 async def stored_repository(node: Node, name: str, wave: int) -> None:
+    """`name` in the store as an earlier process left it (written before this one holds it)."""
     stored = node.live.new_state(name, 7)
     stored.meta.wave = wave
-    await node.live.persist(stored.save_meta())
+    owns, node.live.store.owns = node.live.store.owns, None
+    try:
+        await node.live.persist(stored.save_meta())
+    finally:
+        node.live.store.owns = owns
 
 
 async def test_a_renamed_repository_moves_to_its_new_name_and_lease(nodes):
@@ -601,3 +611,33 @@ async def test_stopping_goes_on_whatever_a_release_raises(nodes) -> None:
     await a.replicas.stop()
     holders = await b.stores.leases.holders()
     assert {name for name, owner in holders.items() if owner == "a"} == {repo_lease("o/a")}
+
+
+async def test_a_stale_replicas_write_after_the_next_owner_released_is_refused(nodes):
+    # What this catches: a stalled replica resumed after its successor wrote the repository
+    # and released it (a clean stop in a rolling deploy): its stale memory landed over the
+    # successor's state, and the next owner loaded wave 4 where 7 had been.
+    a = await nodes("a", lease_seconds=0.3)
+    await stored_repository(a, "o/a", 3)
+    await a.replicas.round()
+    state = a.live.repo("o/a")
+    assert state is not None and state.meta.wave == 3
+    await asyncio.sleep(0.4)  # a stalls past its lease
+    b = await nodes("b")
+    await b.replicas.round()
+    taken = b.live.repo("o/a")
+    assert b.replicas.owns("o/a") and taken is not None
+    taken.meta.wave = 7  # b runs waves 4..7
+    await b.live.persist(taken.save_meta())
+    await b.replicas.stop()  # b stops cleanly (rolling deploy): every lease released
+
+    state.meta.wave = 4  # a resumes and finishes the wave 4 it was running
+    # The store's fence lets anyone write a repository nobody holds; a's own clock says its
+    # lease lapsed, and the write is refused before the store is asked.
+    with pytest.raises(LeaseTaken, match="not held by this replica now"):
+        await a.live.persist(state.save_meta())
+    assert (await b.stores.state.get("", "repo", "o/a") or {})["wave"] == 7
+    c = await nodes("c")
+    await c.replicas.round()
+    taken_again = c.live.repo("o/a")
+    assert taken_again is not None and taken_again.meta.wave == 7

@@ -53,6 +53,8 @@ ATTEMPT_RETENTION = timedelta(days=90)
 # statements (BEGIN, three writes, COMMIT) waited up to 25 ms, in waits of 5.2 and 10.4 ms;
 # at 1 ms a wave's commit took 17-20 ms instead of 25-28 on the wave benchmark.
 SWITCH_INTERVAL_SECONDS = 0.001
+# What a stop leaves the check runs and the dashboard to publish, however long the rest took.
+MIN_FLUSH_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -214,11 +216,14 @@ class Klaud:
         """Stop within about `grace` seconds: the scheduler's tick and the inbox's running
         handlers finish meanwhile, side by side, or are cancelled (their work runs again)."""
         self.started = False
+        deadline = asyncio.get_running_loop().time() + grace
         await asyncio.gather(self.scheduler.stop(grace), self.inbox.stop(grace))
         if self.inbox.ownership is not None and self.replicas is not None:
             await self.replicas.stop()
-        await self.checks.close()
-        await self.dashboard.close()
+        # The check runs and the dashboard publish what is pending in what is left of the
+        # grace (a moment at least): a slow GitHub held a stop for minutes.
+        left = max(deadline - asyncio.get_running_loop().time(), MIN_FLUSH_SECONDS)
+        await asyncio.gather(self.checks.close(left), self.dashboard.close(left))
         await self.session.close()
         await self.db.close()
 

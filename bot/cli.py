@@ -43,6 +43,7 @@ from bot.store.errors import StoreError, StoreLocked
 from bot.web.body import MAX_BODY
 from bot.web.envelope import UnreadableBody, envelope_of
 from bot.web.events import KLAUD_EVENTS
+from bot.web.server import bind
 
 log = structlog.get_logger("klaud.cli")
 
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sandbox = sub.add_parser("sandbox", help="the sandbox GitHub alone")
     # Not 8081: that is the admin listener's default.
-    sandbox.add_argument("--port", type=int, default=8082)
+    sandbox.add_argument("--port", type=_port, default=8082)
     sandbox.add_argument("--scenario", type=Path)
     sandbox.add_argument("--deliver-to", dest="deliver_to", help="URL that receives the webhooks")
     sandbox.add_argument(
@@ -167,11 +168,13 @@ async def _sandbox(settings: Settings, args: argparse.Namespace) -> None:
                           app_id=settings.app_id, app_public_key=key.public_key())
     else:
         sandbox = Sandbox(scenario, webhook_secret=secret, deliver_to=args.deliver_to)
+    # Bound first, as `serve` binds: a busy port or an unknown host is one line, exit 2.
+    bound = bind(settings.host, args.port, "KLAUD_HOST/--port")
     runner = web.AppRunner(sandbox.create_app(), handle_signals=False, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, settings.host, args.port).start()
-    sandbox.world.origin = f"http://{settings.host}:{args.port}"
-    print(f"sandbox GitHub at http://{settings.host}:{args.port}/_sandbox/github", flush=True)
+    await web.SockSite(runner, bound.sock).start()
+    sandbox.world.origin = bound.url
+    print(f"sandbox GitHub at {bound.url}/_sandbox/github", flush=True)
     await _wait_for_signal()
     await runner.cleanup()
 
@@ -304,6 +307,10 @@ async def _plan_from_server(settings: Settings, args: argparse.Namespace, at: da
                 ) from None
 
         repos = [args.repo] if args.repo else (await get("/api/v1/repos"))["repos"]
+        if not repos:
+            # Said, as the store's own plan says it: a server still starting keeps none yet.
+            print(f"klaud: the running server at {base} keeps no repository yet (starting up, or none "
+                  "reconciled: `klaud reconcile`)", file=sys.stderr)
         for repo in repos:
             document = await get(f"/api/v1/repos/{repo}/plan")
             print(json.dumps(document, indent=2) if args.json else render_wave_table(Wave.from_document(document)))
@@ -444,6 +451,16 @@ async def _through_the_inbox(klaud: Klaud, delivery: Delivery) -> tuple[str, str
                   f" {RECEIVE_WAIT_SECONDS:.0f} s (`GET /api/v1/deliveries/{delivery.id}` shows it)")
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
+    return port
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -487,6 +504,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Whoever read stdout stopped (`klaud plan | head`): nothing is wrong to report.
         _discard_stdout()
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C on a command without a signal handler of its own (`plan`, `receive`, …).
+        print("klaud: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:  # the CLI's boundary: one JSON log line with the traceback, exit 1
         log.error("cli.failed", command=args.command, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
         return 1

@@ -185,11 +185,19 @@ def load_settings(
 def _checked_postgresql_url(value: str) -> str:
     """A PostgreSQL URL with a host, a port that is a number and a database: asyncpg reads
     a malformed one only when it connects, with a traceback."""
+    # The parser's own words are not repeated: they quote the URL's parts, and a password
+    # with a character that ends the user part (`/`, `#`, `?`) is cut into them.
+    unreadable = ValueError(
+        "not a PostgreSQL URL (postgresql://USER:PASSWORD@HOST:PORT/DATABASE; a password with "
+        "any of / # ? @ : % must be percent-encoded)"
+    )
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018  (read for its check: a port that is not a number raises)
-    except ValueError as exc:
-        raise ValueError(f"not a PostgreSQL URL: {exc}") from None
+    except ValueError:
+        raise unreadable from None
+    if "@" in parts.path or "@" in parts.query or "@" in parts.fragment:
+        raise unreadable  # the user part went on past a `/`, `?` or `#` of its password
     if not parts.hostname and "host=" not in parts.query:
         raise ValueError("postgresql:// needs a host (postgresql://USER@HOST:PORT/DATABASE)")
     if not parts.path.strip("/") and "dbname=" not in parts.query:

@@ -52,8 +52,8 @@ class CheckPublisher:
     async def settle(self) -> None:
         await self.coalescer.settle()
 
-    async def close(self) -> None:
-        await self.coalescer.close()
+    async def close(self, grace: float | None = None) -> None:
+        await self.coalescer.close(grace)
 
     def view(self, state: RepoState, pull: PullRequest) -> CheckView:
         now = self.clock.now()

@@ -69,10 +69,21 @@ class Coalescer(Generic[K]):
             if not self._closed:
                 self._hurry.clear()
 
-    async def close(self) -> None:
-        """For shutdown: flush what is pending, then refuse new marks."""
+    async def close(self, grace: float | None = None) -> None:
+        """For shutdown: flush what is pending, then refuse new marks. Flushes still running
+        after `grace` seconds (GitHub slow to answer, each request retried) are cancelled:
+        a stop must end before the container's grace is out and it is killed mid-write.
+        What they did not publish, the next change or light reconcile renders again."""
         self._closed = True
-        await self.settle()
+        try:
+            async with asyncio.timeout(grace):
+                await self.settle()
+        except TimeoutError:
+            unfinished = list(self._tasks.values())
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
+            log.warning("coalescer.flushes_cancelled", count=len(unfinished), grace_s=grace)
 
     async def _run(self, key: K) -> None:
         try:

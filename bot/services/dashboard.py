@@ -57,8 +57,8 @@ class DashboardKeeper:
     async def settle(self) -> None:
         await self.coalescer.settle()
 
-    async def close(self) -> None:
-        await self.coalescer.close()
+    async def close(self, grace: float | None = None) -> None:
+        await self.coalescer.close(grace)
 
     # -- rendering -----------------------------------------------------------------------
 

@@ -70,8 +70,15 @@ class PostgresDatabase:
     @property
     def where(self) -> str:
         """The server and database, for messages: the URL may carry a password."""
-        parts = urlsplit(self.url)
-        return f"PostgreSQL {parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+        # Read after the last `@`: a password with a `/` or `#` that is not percent-encoded
+        # would otherwise be read as the port or the path.
+        parts = urlsplit("postgresql://" + self.url.split("://", 1)[-1].rsplit("@", 1)[-1])
+        port: int | str
+        try:
+            port = parts.port or 5432
+        except ValueError:
+            port = "?"
+        return f"PostgreSQL {parts.hostname or 'localhost'}:{port}{parts.path}"
 
     @property
     def is_open(self) -> bool:

@@ -214,3 +214,21 @@ async def test_a_crashed_flush_leaves_no_pending_extra_flush_behind() -> None:
     coalescer.mark("pr-1")
     await coalescer.close()
     assert calls == ["pr-1", "pr-1"]
+
+
+async def test_close_cancels_flushes_still_running_after_its_grace() -> None:
+    # What this catches: a SIGTERM'd Klaud waited ~3 minutes for a check-run flush retrying
+    # a slow GitHub (5 tries of 30 s), past any container's stop grace.
+    started = asyncio.Event()
+
+    async def slow(key: str) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    coalescer: Coalescer[str] = Coalescer(slow, delay_seconds=0)
+    coalescer.mark("pr-1")
+    await asyncio.wait_for(started.wait(), 5)
+    with capture_logs() as logs:
+        await asyncio.wait_for(coalescer.close(grace=0.05), 5)
+    assert coalescer.pending == frozenset()
+    assert [entry["event"] for entry in logs] == ["coalescer.flushes_cancelled"]

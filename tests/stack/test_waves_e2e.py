@@ -344,3 +344,17 @@ async def test_plan_while_a_server_holds_the_sqlite_store_asks_that_server(tmp_p
     monkeypatch.setenv("KLAUD_ADMIN_TOKEN", "s3cret")
     assert await asyncio.to_thread(klaud_main, ["plan", "--json"]) == 0  # the server is gone: the store again
     assert json.loads(capsys.readouterr().out)["repo"] == "acme/bench"
+
+
+async def test_plan_from_a_server_that_keeps_no_repository_says_so(tmp_path, capsys, monkeypatch):
+    # What this catches: against a server still starting (or with nothing reconciled), the
+    # admin API lists no repository and `klaud plan` printed nothing at all, exit 0.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await run.klaud.live.forget("acme/bench")
+        host, port = run.admin_url.removeprefix("http://").rsplit(":", 1)
+        for name, value in {"KLAUD_DB": f"sqlite:///{tmp_path / 'klaud.db'}", "KLAUD_ADMIN_HOST": host,
+                            "KLAUD_ADMIN_PORT": port}.items():
+            monkeypatch.setenv(name, value)
+        assert await asyncio.to_thread(klaud_main, ["plan"]) == 0
+        printed = capsys.readouterr()
+        assert printed.out == "" and "keeps no repository yet" in printed.err

@@ -131,6 +131,23 @@ def test_bad_settings_name_the_variable_that_was_set(tmp_path, env, says):
     assert str(refused.value).startswith(says) and "pw" not in str(refused.value)
 
 
+@pytest.mark.parametrize("password", ["Zm9vYmFy/c2VjcmV0", "S3cr#etPassw0rd", "8675/SECRETTAIL", "hunter2?xyzzy/plugh"])
+def test_a_password_that_is_not_percent_encoded_is_never_quoted(password):
+    # What this catches: urlsplit cut such a password into the port or the path, and the
+    # refusal (or, for `8675/SECRETTAIL`, every connection error) quoted those parts.
+    from bot.settings import SettingsError, load_settings
+    from bot.store.postgres import PostgresDatabase
+
+    url = f"postgresql://klaud:{password}@127.0.0.1:5432/klaud"
+    with pytest.raises(SettingsError) as refused:
+        load_settings({"KLAUD_DB": url})
+    assert str(refused.value).startswith("KLAUD_DB: not a PostgreSQL URL")
+    assert "percent-encoded" in str(refused.value)
+    for part in password.replace("#", "/").replace("?", "/").split("/"):
+        assert part not in str(refused.value)
+        assert part not in PostgresDatabase(url).where
+
+
 def test_log_level_is_read_in_any_case(tmp_path):
     from bot.settings import load_settings
 
@@ -158,6 +175,32 @@ def test_a_strict_sandbox_without_the_app_key_exits_2_naming_the_setting(tmp_pat
     done = run_klaud(["sandbox", "--strict-auth", "--port", "0"], klaud_env(tmp_path))
     assert done.returncode == 2
     assert "KLAUD_APP_ID" in one_line(done.stderr)
+
+
+def test_a_sandbox_on_a_port_it_cannot_have_exits_2_in_one_line(tmp_path):
+    # What this catches: `klaud sandbox` bound with aiohttp's TCPSite: a port out of range,
+    # a busy one or an unknown host ended with a traceback and exit 1.
+    done = run_klaud(["sandbox", "--port", "70000"], klaud_env(tmp_path))
+    assert done.returncode == 2 and "'70000' is not a port (0-65535)" in done.stderr
+    assert "Traceback" not in done.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        done = run_klaud(["sandbox", "--port", str(busy.getsockname()[1])], klaud_env(tmp_path, KLAUD_HOST="127.0.0.1"))
+    assert done.returncode == 2
+    assert one_line(done.stderr).startswith("klaud: KLAUD_HOST/--port: cannot listen on 127.0.0.1:")
+
+
+def test_ctrl_c_on_a_command_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    # What this catches: Ctrl-C on `klaud receive` (a handler waiting on GitHub) printed a
+    # KeyboardInterrupt traceback: only serve, sandbox and demo handle the signal themselves.
+    async def interrupted(*args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'k.db'}")
+    monkeypatch.setattr("bot.cli._run", interrupted)
+    assert main(["plan"]) == 130
+    assert capsys.readouterr().err == "klaud: interrupted\n"
 
 
 async def test_a_strict_sandbox_takes_only_jwts_signed_with_the_app_key(tmp_path):

@@ -20,7 +20,7 @@ from bot.core.domain import parse_time, stamp
 from bot.core.events import ListedComment
 from bot.github.errors import GitHubError
 from bot.services.live import LiveState
-from bot.services.outcomes import CLOCK_SKEW, OutcomeRecorder
+from bot.services.outcomes import OutcomeRecorder
 from bot.services.repo_state import RepoState
 from bot.services.responder import CommandResponder
 
@@ -30,6 +30,10 @@ log = structlog.get_logger("klaud.comments")
 GRACE = timedelta(minutes=10)
 # After a longer outage, older commands are not answered: their moment has passed.
 MAX_LOOKBACK = timedelta(days=7)
+# Each sweep looks this far behind the last one: the window's ends come from Klaud's clock,
+# the comments' times from GitHub's, and a comment made just after a sweep, by a clock this
+# much behind, must still fall in the next window. Seen twice, a comment is answered once.
+OVERLAP = timedelta(minutes=30)
 
 
 class MissedComments:
@@ -49,7 +53,7 @@ class MissedComments:
             await self._swept_until(state, now)
             return {}
         # min(): a clock set back since the last sweep must not skip what it had not seen.
-        start = max(min(swept, cutoff), now - MAX_LOOKBACK) - CLOCK_SKEW
+        start = max(min(swept, cutoff), now - MAX_LOOKBACK) - OVERLAP
         try:
             listed = [c async for c in self.live.api(state).comments_since(start)]
         except GitHubError as exc:

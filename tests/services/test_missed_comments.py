@@ -10,8 +10,7 @@ import pytest
 from bot.core.domain import stamp
 from bot.core.events import Account, Comment
 from bot.github.errors import BadRequest, Unavailable
-from bot.services.missed_comments import GRACE, MissedComments
-from bot.services.outcomes import CLOCK_SKEW
+from bot.services.missed_comments import GRACE, OVERLAP, MissedComments
 from bot.services.permissions import Permissions
 from bot.services.reconcile import Reconciler
 from bot.services.responder import CommandResponder
@@ -97,8 +96,8 @@ async def test_an_answered_command_costs_only_the_listing(kit: Kit, sweeping) ->
     await reconciler.reconcile(REPO, 1, light=True)
     assert len(replies_to(kit, 504)) == 1
     assert [c[0] for c in kit.repo.calls if c[0] in ("comments", "react", "post_comment")] == []
-    # Listed from where the previous reconcile stopped (a minute's margin for the clocks).
-    assert [c[1] for c in kit.repo.calls if c[0] == "comments_since"] == [swept_until - CLOCK_SKEW]
+    # Listed from where the previous reconcile stopped (with a margin for the clocks).
+    assert [c[1] for c in kit.repo.calls if c[0] == "comments_since"] == [swept_until - OVERLAP]
 
 
 async def test_an_edited_comment_is_ignored_as_its_edited_webhook_is(kit: Kit, sweeping) -> None:
@@ -213,3 +212,17 @@ async def test_a_receipt_its_webhook_counted_is_not_reported_as_missed(kit: Kit,
     report = await reconciler.reconcile(REPO, 1, light=True)
     assert "receipts_read" not in report
     assert not await kit.outcomes.on_receipt(kit.state, counted)
+
+
+async def test_a_comment_dated_by_a_github_clock_behind_klauds_is_still_found(kit: Kit, sweeping) -> None:
+    # What this catches: with Klaud's clock 14 minutes ahead of GitHub's, a command made
+    # just after a sweep was dated before the next sweep's window, and never answered.
+    reconciler, _ = sweeping
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await reconciler.reconcile(REPO, 1, light=True)
+    # Made a minute after that sweep, by GitHub's clock 14 minutes behind.
+    lost_comment(kit, 611, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(minutes=13))
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert len(replies_to(kit, 611)) == 1

@@ -153,8 +153,8 @@ class Klaud:
         hold now (it stalled past its lease, another took it) is not written: the new owner
         acts on it, and a second reply or claim ref from here would be one too many. Then
         what the running delivery changed is committed, so the write follows its cause."""
-        repo = repository_of(url)
-        if self.replicas is not None and repo is not None and not self.replicas.owns(repo):
+        repo, owns = repository_of(url), self.store.owns
+        if owns is not None and repo is not None and not owns(repo):
             raise LeaseTaken(f"{repo} is not held by this replica now: GitHub is not written for it")
         await self.store.writer.commit_unit()
 
@@ -218,12 +218,13 @@ class Klaud:
         self.started = False
         deadline = asyncio.get_running_loop().time() + grace
         await asyncio.gather(self.scheduler.stop(grace), self.inbox.stop(grace))
-        if self.inbox.ownership is not None and self.replicas is not None:
-            await self.replicas.stop()
         # The check runs and the dashboard publish what is pending in what is left of the
-        # grace (a moment at least): a slow GitHub held a stop for minutes.
+        # grace (a moment at least): a slow GitHub held a stop for minutes. Before the leases
+        # are released: a replica writes only the repositories it holds.
         left = max(deadline - asyncio.get_running_loop().time(), MIN_FLUSH_SECONDS)
         await asyncio.gather(self.checks.close(left), self.dashboard.close(left))
+        if self.inbox.ownership is not None and self.replicas is not None:
+            await self.replicas.stop()
         await self.session.close()
         await self.db.close()
 

@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -196,8 +196,11 @@ def _checked_postgresql_url(value: str) -> str:
         parts.port  # noqa: B018  (read for its check: a port that is not a number raises)
     except ValueError:
         raise unreadable from None
-    if "@" in parts.path or "@" in parts.query or "@" in parts.fragment:
-        raise unreadable  # the user part went on past a `/`, `?` or `#` of its password
+    # The user part went on past a `/`, `?` or `#` of its password: an `@` after it. A query
+    # parameter's value may hold one (`?user=sa@project.iam`), its name may not.
+    query_names = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)]
+    if "@" in parts.path or "@" in parts.fragment or any("@" in name for name in query_names):
+        raise unreadable
     if not parts.hostname and "host=" not in parts.query:
         raise ValueError("postgresql:// needs a host (postgresql://USER@HOST:PORT/DATABASE)")
     if not parts.path.strip("/") and "dbname=" not in parts.query:

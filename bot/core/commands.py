@@ -181,6 +181,7 @@ def parse_commands(body: str) -> list[Command]:
     commands: list[Command] = []
     fence: str | None = None  # the opening fence while inside a fenced block
     fence_quoted = False  # that block is inside a quote
+    fence_column = 0  # the content column of the list item that block opened in (0: none)
     paragraph_open = False  # an indented line right after text continues that text
     quoted_paragraph = False  # the paragraph open is inside a quote
     html_comment = False  # inside an HTML comment that started a line
@@ -191,9 +192,10 @@ def parse_commands(body: str) -> list[Command]:
             continue
         quoted = bool(_QUOTE_RE.match(line))
         text = _QUOTE_MARKERS_RE.sub("", line, count=1) if quoted else line
-        # A line without `>` ends a quote and a block fenced in it (no lazy continuation).
-        if fence is not None and (quoted or not fence_quoted):
-            if _closes_fence(text if fence_quoted else line, fence):
+        # A line without `>` ends a quote and a block fenced in it (no lazy continuation); a
+        # line left of a list item's content ends the item and a block fenced in it.
+        if fence is not None and (quoted or not fence_quoted) and not _leaves_item(line, fence_column):
+            if _closes_fence((text if fence_quoted else line)[fence_column:], fence):
                 fence = None
             continue
         fence = None
@@ -211,11 +213,15 @@ def parse_commands(body: str) -> list[Command]:
         if indent >= 4 and not paragraph_open:
             continue
         if _HTML_COMMENT_RE.match(line):
-            html_comment = "-->" not in line.split("<!--", 1)[1]
+            # Its own line may end it: `<!-->` and `<!-- a -->` are whole comments.
+            html_comment = "-->" not in line[line.index("<!--") + 2:]
             paragraph_open = False
             continue
-        # A fence may open a list item too (`- ```…`): its lines are code as well.
-        fence, fence_quoted = _fence_opened(_LIST_MARKER_RE.sub("", line, count=1)), False
+        # A fence may open a list item too (`- ```…`): its lines are code as far as the
+        # item goes, to the left edge of its content.
+        marker = _LIST_MARKER_RE.match(line)
+        fence, fence_quoted = _fence_opened(line[marker.end():] if marker else line), False
+        fence_column = marker.end() if marker and fence else 0
         if fence is not None:
             paragraph_open = False
             continue
@@ -224,6 +230,11 @@ def parse_commands(body: str) -> list[Command]:
         if command is not None:
             commands.append(command)
     return commands
+
+
+def _leaves_item(line: str, content_column: int) -> bool:
+    """Whether `line` ends the list item whose content starts at `content_column`."""
+    return content_column > 0 and bool(line.strip()) and len(line) - len(line.lstrip(" ")) < content_column
 
 
 def _is_paragraph_text(text: str) -> bool:

@@ -80,7 +80,6 @@ class Replicas:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         live.admit = self.admit
-        live.store.owns = self.owns
         live.kept_elsewhere = lambda repo: repo.lower() not in self._repos
 
     @property
@@ -165,6 +164,10 @@ class Replicas:
 
     async def round(self) -> None:
         """Renew, then take or give up repositories until this replica holds its share."""
+        # From its first round on (a serving replica; a CLI command runs none), this process
+        # writes only the repositories it holds by its own clock: the store refuses the rest,
+        # and so does the GitHub client (`Klaud._before_github_write`).
+        self.live.store.owns = self.owns
         sent = time.monotonic()
         await self.leases.acquire(f"replica:{self.owner}", self.owner, self.lease_seconds)
         await self._renew()
@@ -286,3 +289,4 @@ class Replicas:
                 log.warning("replica.release_failed", lease=name, error=f"{type(exc).__name__}: {exc}")
         self._repos.clear()
         self._installations = False
+        self.live.store.owns = None

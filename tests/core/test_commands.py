@@ -644,3 +644,19 @@ def test_what_github_hides_or_shows_as_code_or_mid_line_is_not_a_command(body: s
 
 def test_a_line_after_an_html_comment_closed_on_its_own_line_is_a_command() -> None:
     assert [c.verb for c in parse_commands("<!--\nnote\n-->\n/klaud hold a\r\n/klaud status")] == ["hold", "status"]
+
+
+@pytest.mark.parametrize(("body", "verbs"), [
+    # a nested item's fence closes at its content column (4): the line after is text
+    ("- step\n  - ```sh\n    make\n    ```\n/klaud status\n", ["status"]),
+    ("10. ```sh\n    make\n    ```\n/klaud status\n", ["status"]),
+    # `<!-->` is a whole HTML comment: its own line holds `-->`
+    ("<!-->\n/klaud status\n", ["status"]),
+    # a fence at column 0 is outside the item: it opens a new block, which hides the command
+    ("- ```\n  foo\n```\n/klaud status\n```\n", []),
+])
+def test_a_fence_opened_in_a_list_item_lasts_as_long_as_the_item(body: str, verbs: list[str]) -> None:
+    # What this catches: such a fence closed only at an indent of 0-3 columns, whatever the
+    # item's content column: in a nested item it never closed (later commands were lost),
+    # and a column-0 fence outside the item was taken for its end.
+    assert [c.verb for c in parse_commands(body)] == verbs

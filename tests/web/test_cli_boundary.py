@@ -148,6 +148,15 @@ def test_a_password_that_is_not_percent_encoded_is_never_quoted(password):
         assert part not in PostgresDatabase(url).where
 
 
+def test_an_at_sign_in_a_query_parameters_value_is_a_valid_postgresql_url():
+    # What this catches: the check above refused `?user=sa@project.iam` (Cloud SQL's IAM
+    # users), which asyncpg connects with.
+    from bot.settings import load_settings
+
+    url = "postgresql://127.0.0.1:5432/klaud?user=sa@project.iam"
+    assert load_settings({"KLAUD_DB": url}).db == url
+
+
 def test_log_level_is_read_in_any_case(tmp_path):
     from bot.settings import load_settings
 

@@ -529,6 +529,23 @@ def render_retry(
     return _answer(what, "", _next_wave(next_wave_at))
 
 
+def render_retry_late(family: str, candidate: str, cooldown_reason: str) -> str:
+    """A `/klaud retry` found after its webhook was lost, whose candidate began cooling down
+    after it was written: that cooldown is not the one it asked to clear."""
+    return _answer(
+        f"Not cleared: this comment reached Klaud late, and candidate {code_span(candidate)} of "
+        f"{code_span(family)} began cooling down after it was written ({cooldown_reason}). "
+        "Write `/klaud retry` again to clear this cooldown."
+    )
+
+
+def render_resume_late(pause_reason: str, since: datetime) -> str:
+    return _answer(
+        f"Not resumed: this comment reached Klaud late, and dispatch was paused after it was written "
+        f"({human_time(since)}: {pause_reason}). Write `/klaud resume` again to resume."
+    )
+
+
 def render_resume(armed: bool, pause_reason: str | None, running: str | None = None) -> str:
     if running is not None:
         return _answer(f"A canary is already running (candidate {code_span(running)}): "

@@ -25,6 +25,12 @@ class CooldownState:
     attempt: Attempt | None  # the attempt that decided, when one did
 
 
+def began_after(cool: CooldownState, moment: datetime | None) -> bool:
+    """Whether the cooldown `cool` describes was decided by an attempt completed after
+    `moment` (when someone asked to clear a cooldown: not the one they saw)."""
+    return moment is not None and not cool.eligible and cool.attempt is not None and cool.attempt.completed_at > moment
+
+
 def cooldown(
     attempts: Sequence[Attempt],
     candidate: str,

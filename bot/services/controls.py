@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from bot.core.cooldown import CooldownState, cooldown
+from bot.core.cooldown import CooldownState, began_after, cooldown
 from bot.core.domain import Family, Hold, RetryApproval
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
 
 
-async def approve_retry(live: LiveState, state: RepoState, family: Family, by: str, now: datetime) -> CooldownState:
-    """Clear the cooldown of the family's candidate for the next real wave, if it has one."""
+async def approve_retry(
+    live: LiveState, state: RepoState, family: Family, by: str, now: datetime, *, asked_at: datetime | None = None
+) -> CooldownState:
+    """Clear the cooldown of the family's candidate for the next real wave, if it has one
+    that began by `asked_at` (when the person asked, for a command found late)."""
     candidate = family.candidate
     cool = cooldown(state.ledger.for_candidate(candidate), candidate, now, state.policy.cooldown_hours, False)
-    if not cool.eligible:
+    if not cool.eligible and not began_after(cool, asked_at):
         async with live.lock(state.name):
             await live.persist(state.approve_retry(RetryApproval(candidate, by, now)))
         await live.notify(state, {family.id})

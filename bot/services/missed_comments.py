@@ -22,7 +22,7 @@ from bot.github.errors import GitHubError
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.repo_state import RepoState
-from bot.services.responder import CommandResponder
+from bot.services.responder import CommandResponder, Late
 
 log = structlog.get_logger("klaud.comments")
 
@@ -88,7 +88,7 @@ class MissedComments:
     async def _command(
         self, state: RepoState, number: int, comment: ListedComment, later: dict[str, int], found: Found
     ) -> None:
-        found.commands += await self.commands.answer(state, number, comment, later)
+        found.commands += await self.commands.answer(state, number, comment, Late(comment.created_at, later))
 
     async def _one(self, state: RepoState, comment: ListedComment, found: Found, work: Awaitable[None]) -> None:
         """One comment's work: a failure costs that comment alone. A transient one holds the

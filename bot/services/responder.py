@@ -8,6 +8,7 @@ posted for that comment, so a redelivered event answers only what is still unans
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import structlog
@@ -25,13 +26,15 @@ from bot.core.commands import (
     render_idle_pull,
     render_refusal,
     render_resume,
+    render_resume_late,
     render_retry,
+    render_retry_late,
     render_status,
     render_superseded,
     render_unhold,
     resolve_command,
 )
-from bot.core.cooldown import cooldown
+from bot.core.cooldown import began_after, cooldown
 from bot.core.domain import Family, parse_time
 from bot.core.events import Comment, IssueCommentEvent
 from bot.core.overlap import is_idle
@@ -47,6 +50,21 @@ log = structlog.get_logger("klaud.commands")
 RESUME = "resume"  # what `resume` changes, among the family ids of `controls_of`
 
 
+@dataclass(frozen=True)
+class Late:
+    """A comment answered long after it was written (its webhook was lost). `superseded`:
+    what later comments, answered already, changed (`controls_of`) -> the id of such a
+    comment; a command of this one changing the same is not run (the person's later word
+    stands). `asked_at`: when it was written; a cooldown or a pause that began since is not
+    the one it asked about, and is not cleared."""
+
+    asked_at: datetime | None = None
+    superseded: Mapping[str, int] = field(default_factory=dict)
+
+
+ON_TIME = Late()
+
+
 class CommandResponder:
     def __init__(self, live: LiveState, waves: WaveRunner, permissions: Permissions, clock: Clock) -> None:
         self.live = live
@@ -60,14 +78,13 @@ class CommandResponder:
         return await self.answer(state, event.issue.number, event.comment)
 
     async def answer(
-        self, state: RepoState, number: int, comment: Comment, superseded: Mapping[str, int] | None = None
+        self, state: RepoState, number: int, comment: Comment, late: Late | None = None
     ) -> int:
         """Answer the commands of `comment` on issue or PR `number`, unless answered already
         (its webhook, and the reconcile that finds comments whose webhook was lost).
 
-        `superseded`: what later comments, answered already, changed (`controls_of`) -> the
-        id of such a comment. A command of this one changing the same is not run: the
-        person's later word stands (a hold found late must not undo the unhold after it).
+        `late`: the comment is answered long after it was written (its webhook was lost):
+        what it asks is weighed against what happened since (`Late`).
         """
         commands = parse_commands(comment.body or "")
         if not commands or comment.id in self._answering:
@@ -76,7 +93,7 @@ class CommandResponder:
         # second (the reply it would look for is not there yet).
         self._answering.add(comment.id)
         try:
-            return await self._answer_once(state, number, comment, commands, superseded or {})
+            return await self._answer_once(state, number, comment, commands, late or ON_TIME)
         finally:
             self._answering.discard(comment.id)
 
@@ -98,7 +115,7 @@ class CommandResponder:
         return changed
 
     async def _answer_once(
-        self, state: RepoState, number: int, comment: Comment, commands: list[Command], superseded: Mapping[str, int]
+        self, state: RepoState, number: int, comment: Comment, commands: list[Command], late: Late
     ) -> int:
         api = self.live.api(state)
         await api.react(comment.id, "eyes")
@@ -108,7 +125,7 @@ class CommandResponder:
         author = comment.user.login or ""
         run = commands[:MAX_COMMANDS_PER_COMMENT]
         answers = [
-            (command, await self._answer(api, state, command, author, number, superseded)) for command in run
+            (command, await self._answer(api, state, command, author, number, late)) for command in run
         ]
         await api.post_comment(number, compose_reply(comment.id, answers, not_run=len(commands) - len(run)))
         log.info("commands.answered", comment_id=comment.id, commands=len(commands))
@@ -120,7 +137,7 @@ class CommandResponder:
 
     async def _answer(
         self, api: RepoAPI, state: RepoState, command: Command, author: str, number: int,
-        superseded: Mapping[str, int],
+        late: Late,
     ) -> str:
         spec = command.spec
         if spec is None or command.verb == "help":
@@ -128,11 +145,11 @@ class CommandResponder:
         if spec.needs_write and not await self.permissions.allows(api, state, author, command.verb):
             return render_refusal(command, f"`{command.verb}` needs write, maintain or admin permission on {state.name}")
         if command.verb == "resume":
-            if RESUME in superseded:
-                return render_superseded(command, superseded[RESUME])
-            return await self._resume(state, author)
+            if RESUME in late.superseded:
+                return render_superseded(command, late.superseded[RESUME])
+            return await self._resume(state, author, late.asked_at)
         families = {f.id: f for f in state.catalog}
-        later = superseded.get(command.target or "") if command.verb == "unhold" else None
+        later = late.superseded.get(command.target or "") if command.verb == "unhold" else None
         if later is not None and command.target in state.holds and command.target not in families:
             return render_superseded(command, later)
         if command.verb == "unhold" and command.target in state.holds and command.target not in families:
@@ -152,11 +169,11 @@ class CommandResponder:
         family = families.get(resolved.family or "")
         if family is None:
             return render_refusal(command, resolved.error or "no target")
-        if spec.needs_write and family.id in superseded:
-            return render_superseded(command, superseded[family.id])
+        if spec.needs_write and family.id in late.superseded:
+            return render_superseded(command, late.superseded[family.id])
         now = self.clock.now()
         if command.verb == "retry":
-            return await self._retry(state, family, author, now)
+            return await self._retry(state, family, author, now, late.asked_at)
         if command.verb == "hold":
             reason = resolved.text if resolved.text is not None else command.text
             return render_hold(await controls.hold(self.live, state, family, author, reason, now))
@@ -171,8 +188,12 @@ class CommandResponder:
             return []
         return sorted(f for f in state.overlap.touches(number) if f in state.catalog)
 
-    async def _resume(self, state: RepoState, author: str) -> str:
+    async def _resume(self, state: RepoState, author: str, asked_at: datetime | None) -> str:
         pause = (state.meta.pause or {}).get("reason")
+        since = parse_time((state.meta.pause or {}).get("since"))
+        if asked_at is not None and since is not None and since > asked_at:
+            # Asked before this pause began (found late): not the pause the person meant.
+            return render_resume_late(pause or "", since)
         async with self.live.lock(state.name):
             running = state.canary_running()
             armed = state.arm_canary()
@@ -183,8 +204,12 @@ class CommandResponder:
             await self.live.notify(state, {f.id for f in state.catalog})
         return render_resume(armed, pause, running)
 
-    async def _retry(self, state: RepoState, family: Family, author: str, now: datetime) -> str:
-        cool = await controls.approve_retry(self.live, state, family, author, now)
+    async def _retry(
+        self, state: RepoState, family: Family, author: str, now: datetime, asked_at: datetime | None
+    ) -> str:
+        cool = await controls.approve_retry(self.live, state, family, author, now, asked_at=asked_at)
+        if began_after(cool, asked_at):
+            return render_retry_late(family.id, family.candidate, cool.reason)
         return render_retry(
             family.id, family.candidate, not cool.eligible, cool.reason,
             parse_time(state.meta.next_wave_at),

@@ -226,3 +226,38 @@ async def test_a_comment_dated_by_a_github_clock_behind_klauds_is_still_found(ki
     kit.clock.advance(timedelta(hours=6).total_seconds())
     await reconciler.reconcile(REPO, 1, light=True)
     assert len(replies_to(kit, 611)) == 1
+
+
+async def test_a_late_retry_does_not_clear_a_cooldown_that_began_after_it_was_written(kit: Kit, sweeping) -> None:
+    # What this catches (a stack-level soak): `/klaud retry` written while the family was not
+    # cooling down, its webhook lost; its run then failed for real; the sweep, hours later,
+    # cleared that new cooldown and the next wave dispatched the family again.
+    reconciler, _ = sweeping
+    kit.repo.permissions["alice"] = "write"
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    lost_comment(kit, 620, f"/klaud retry {H200}", ago=timedelta(hours=3))
+    failed = Comment(id=621, body=receipt(903), user=BOT, created_at=kit.clock.now() - timedelta(hours=2))
+    assert await kit.outcomes.on_receipt(kit.state, failed)  # incompatible: a real failure
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert CAND not in kit.state.retries
+    [reply] = replies_to(kit, 620)
+    assert "Not cleared" in reply and "began cooling down after it was written" in reply
+    # Written after the failure, a late retry is the one the person meant: it clears.
+    lost_comment(kit, 622, f"/klaud retry {H200}", ago=timedelta(minutes=20))
+    kit.clock.advance(timedelta(hours=1).total_seconds())
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert CAND in kit.state.retries and "Cleared the cooldown" in replies_to(kit, 622)[0]
+
+
+async def test_a_late_resume_does_not_end_a_pause_that_began_after_it_was_written(kit: Kit, sweeping) -> None:
+    reconciler, _ = sweeping
+    kit.repo.permissions["alice"] = "write"
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    lost_comment(kit, 630, "/klaud resume", ago=timedelta(hours=3))
+    kit.state.meta.pause = {"reason": "the last 3 waves' runs all failed", "since": stamp(kit.clock.now() - timedelta(hours=1))}
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert not kit.state.canary_armed
+    [reply] = replies_to(kit, 630)
+    assert "Not resumed" in reply

@@ -293,3 +293,27 @@ async def test_a_command_whose_webhook_was_dropped_is_answered_by_the_light_reco
         assert reply["user"] == "klaud-cold[bot]" and reply["issue_number"] == 12
         assert {"comment_id": made["comment_id"], "content": "eyes", "user": "klaud-cold[bot]"}.items() <= next(
             r for r in github["reactions"] if r["comment_id"] == made["comment_id"]).items()
+
+
+async def test_a_retry_found_late_does_not_clear_a_cooldown_it_was_not_written_for(tmp_path):
+    # Found by a stack-level soak: `/klaud retry` written while the family was not cooling
+    # down (its webhook lost), then a real failure; the light reconcile answered the comment
+    # hours later, cleared the new cooldown, and the next wave dispatched the family.
+    family = "configs/nvidia-master.yaml:gptoss-fp4-b200-vllm"
+    async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 5\n")) as run:
+        run.sandbox.set_faults({"rules": [{"webhook": "issue_comment", "count": 1}]})
+        await run.act({"action": "comment", "repo": REPO, "number": 900, "user": "alice",
+                       "body": "/klaud retry gptoss-fp4-b200-vllm"})
+        wave = await run.klaud.waves.run(REPO, trigger="test")
+        cand = decision(wave, family).candidate
+        [made] = [d for d in run.github()["dispatches"] if d["inputs"]["candidate"] == cand]
+        await run.act({"action": "complete_run", "repo": REPO, "run": {
+            "id": made["run_id"], "conclusion": "success",
+            "artifacts": [{"name": f"klaud-candidate-{cand}", "expired": False,
+                           "files": {"candidate-diagnostics.json": sc.diagnostics("failed")}}]}})
+        await run.act({"action": "advance_clock", "seconds": 6 * 3600})
+        report = await run.klaud.reconciler.reconcile(REPO, 1, light=True)
+        await run.settle()
+        assert report["commands_answered"] == 1
+        again = await run.klaud.waves.run(REPO, trigger="test")
+        assert decision(again, family).decision == "cooldown"

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from bot.core.domain import stamp
+from bot.core.domain import Hold, stamp
 from bot.core.events import Account, Comment
 from bot.github.errors import BadRequest, Unavailable
 from bot.services.missed_comments import GRACE, OVERLAP, MissedComments
@@ -261,3 +261,16 @@ async def test_a_late_resume_does_not_end_a_pause_that_began_after_it_was_writte
     assert not kit.state.canary_armed
     [reply] = replies_to(kit, 630)
     assert "Not resumed" in reply
+
+
+async def test_a_late_unhold_does_not_release_a_hold_placed_after_it_was_written(kit: Kit, sweeping) -> None:
+    # A dashboard box is no comment: only the hold's time says it came after.
+    reconciler, _ = sweeping
+    kit.repo.permissions["alice"] = "write"
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(timedelta(hours=6).total_seconds())
+    lost_comment(kit, 640, f"/klaud unhold {H200}", ago=timedelta(hours=3))
+    kit.state.holds[H200] = Hold(H200, "bob", "new weights", kit.clock.now() - timedelta(hours=1))
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert H200 in kit.state.holds
+    assert "held after it was written" in replies_to(kit, 640)[0]

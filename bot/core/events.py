@@ -205,6 +205,14 @@ class Issue(_Model):
     user: Account | None = None
 
 
+class EditedIssue(_Model):
+    """An issue's body as it is now, and who last edited it (GraphQL: GitHub's REST API
+    does not say who edited an issue)."""
+
+    body: str = ""
+    editor: Account | None = None
+
+
 class IssueCommentEvent(RepoEvent):
     action: str
     comment: Comment

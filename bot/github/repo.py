@@ -17,6 +17,7 @@ from bot.core.events import (
     Artifact,
     BlameRange,
     Comment,
+    EditedIssue,
     Issue,
     Job,
     ListedComment,
@@ -27,6 +28,12 @@ from bot.core.events import (
 )
 from bot.github.client import RAW_MEDIA_TYPE, GitHubApp, InstallationClient
 from bot.github.errors import Conflict, NotFound
+
+ISSUE_EDIT_QUERY = """
+query($owner: String!, $name: String!, $number: Int!) {
+  repository(owner: $owner, name: $name) { issue(number: $number) { body editor { login } } }
+}
+"""
 
 PER_PAGE = "per_page=100"
 COMPARE_MAX_FILES = 300  # GitHub lists at most this many files of a comparison
@@ -318,6 +325,16 @@ class GitHubRepo:
         ]
 
     # -- issues --------------------------------------------------------------------------
+
+    async def edited_issue(self, number: int) -> EditedIssue | None:
+        try:
+            data = await self.client.graphql(
+                ISSUE_EDIT_QUERY, owner=self._vars["owner"], name=self._vars["repo"], number=number
+            )
+        except NotFound:
+            return None
+        issue = ((data or {}).get("repository") or {}).get("issue")
+        return EditedIssue.model_validate(issue) if issue is not None else None
 
     async def find_issue(self, title: str, creator: str) -> Issue | None:
         """The issue `creator` opened with `title`: an open one, else the newest closed one (a

@@ -21,10 +21,16 @@ from bot.sandbox.blame import BlameRange, blame
 from bot.sandbox.gate import ApiError
 from bot.sandbox.graphql_engine import FieldDef, GraphQLError, Schema, run
 from bot.sandbox.patches import blob_sha
-from bot.sandbox.permissions import CONTENTS_READ, METADATA_READ, Needs, grants
+from bot.sandbox.permissions import (
+    CONTENTS_READ,
+    ISSUES_READ,
+    METADATA_READ,
+    Needs,
+    grants,
+)
 from bot.sandbox.rest import Call, Reply
 from bot.sandbox.shapes import node_id, ts
-from bot.sandbox.state import Commit, RepoState
+from bot.sandbox.state import Commit, Issue, RepoState
 
 WEB = "https://github.com"
 # GitHub's blame `age`: 1 for the newest change of the file, 10 for the oldest.
@@ -83,10 +89,15 @@ class UserNode:
     login: str
 
 
+@dataclass(frozen=True)
+class IssueNode:
+    issue: Issue
+
+
 TYPE_NAMES: dict[type, str] = {
     QueryRoot: "Query", RepoNode: "Repository", RefNode: "Ref", CommitNode: "Commit",
     BlobNode: "Blob", BlameNode: "Blame", RangeNode: "BlameRange", ActorNode: "GitActor",
-    UserNode: "User",
+    UserNode: "User", IssueNode: "Issue",
 }
 
 
@@ -128,6 +139,15 @@ def git_object(call: Call, node: RepoNode, args: dict[str, Any]) -> CommitNode |
         return CommitNode(repo, commit)
     text = commit.tree.get(path)
     return BlobNode(repo, commit, text) if text is not None else None
+
+
+def repository_issue(call: Call, node: RepoNode, args: dict[str, Any]) -> IssueNode:
+    """`issue(number:)`: a plain issue (a pull request's number is not resolved, as on GitHub)."""
+    forbid_unless(call, node.repo, ISSUES_READ)
+    issue = node.repo.issues.get(args["number"]) if isinstance(args["number"], int) else None
+    if issue is None:
+        raise GraphQLError(f"Could not resolve to an Issue with the number of {args['number']}.", type="NOT_FOUND")
+    return IssueNode(issue)
 
 
 def default_branch_ref(_call: Call, node: RepoNode, _args: dict[str, Any]) -> RefNode:
@@ -201,6 +221,14 @@ SCHEMA = Schema(
             "object": FieldDef("GitObject", git_object, {"expression": False, "oid": False}),
             "defaultBranchRef": FieldDef("Ref", default_branch_ref),
             "ref": FieldDef("Ref", named_ref, {"qualifiedName": True}),
+            "issue": FieldDef("Issue", repository_issue, {"number": True}),
+        },
+        "Issue": {
+            "number": value(lambda n: n.issue.number, "Int"),
+            "title": value(lambda n: n.issue.title),
+            "body": value(lambda n: n.issue.body or ""),
+            "lastEditedAt": value(lambda n: ts(n.issue.last_edited_at) if n.issue.last_edited_at else None, "DateTime"),
+            "editor": FieldDef("User", lambda _c, n, _a: UserNode(n.issue.editor) if n.issue.editor else None),
         },
         "Ref": {
             "name": value(lambda n: n.name.split("/", 2)[2]),

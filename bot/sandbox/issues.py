@@ -34,6 +34,8 @@ def edit_issue(world: World, repo: RepoState, issue: Issue, edit: IssueEdit,
     issue.labels = list(wanted)
     if changes or state_move or removed or added:
         issue.updated_at = world.now()
+    if "body" in changes:
+        issue.editor, issue.last_edited_at = sender, world.now()
     payloads = Payloads(world)
     events = []
     if changes:

@@ -139,6 +139,9 @@ class Issue:
     labels: list[str] = field(default_factory=list)
     updated_at: datetime | None = None
     closed_at: datetime | None = None
+    # Who last edited the body, and when (GraphQL's `editor` and `lastEditedAt`).
+    editor: str | None = None
+    last_edited_at: datetime | None = None
 
     @property
     def last_change(self) -> datetime:

@@ -17,6 +17,7 @@ from bot.core.events import (
     Artifact,
     BlameRange,
     Comment,
+    EditedIssue,
     Issue,
     Job,
     ListedComment,
@@ -101,6 +102,10 @@ class RepoAPI(Protocol):
         ...
 
     async def create_issue(self, title: str, body: str) -> int | None: ...
+
+    async def edited_issue(self, number: int) -> EditedIssue | None:
+        """The issue's body now and its last editor; None when there is no such issue."""
+        ...
 
     async def update_issue(self, number: int, body: str) -> None:
         """Set the body of issue `number`, and open it again if it was closed."""

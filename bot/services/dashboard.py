@@ -15,6 +15,7 @@ import structlog
 from bot.core.clock import Clock
 from bot.core.dashboard import (
     TITLE,
+    BoxVerb,
     DashboardView,
     Remembered,
     parse_marker,
@@ -72,6 +73,10 @@ class DashboardKeeper:
         if not force and known.get("digest") == digest:
             return
         api = self.live.api(state)
+        # (A forced render answers ticks just taken from their webhook.)
+        if not force and known.get("issue") is not None and await self._lost_ticks(state, api, int(known["issue"])):
+            body = render_dashboard(await self._view(state))
+            digest = hashlib.sha256(body.encode()).hexdigest()
         number = await self._updated(api, known.get("issue"), body)
         if number is None:
             number = await api.create_issue(TITLE, body)
@@ -141,8 +146,25 @@ class DashboardKeeper:
         boxes = ticked(before, event.issue.body or "")
         if not boxes:
             return 0
-        api = self.live.api(state)
-        person = event.sender.login or ""
+        acted = await self._act_on(state, self.live.api(state), boxes, event.sender.login or "")
+        # The answer is the re-render: the box unticked, the hold gone or the retry noted.
+        await self.publish(state.name, force=True)
+        return acted
+
+    async def _lost_ticks(self, state: RepoState, api: RepoAPI, number: int) -> int:
+        """Act on boxes ticked on GitHub whose `issues` webhook never came, before a render
+        unticks them unseen: Klaud renders every box unticked, so one ticked is a person's
+        (its last editor's) not taken yet. One its webhook brings later acts again, the same."""
+        edited = await api.edited_issue(number)
+        boxes = ticked("", edited.body) if edited is not None else []
+        person = edited.editor.login if edited is not None and edited.editor is not None else None
+        if not boxes or not person or self.live.is_bot(person):
+            return 0
+        log.info("dashboard.lost_ticks", repo=state.name, issue=number, boxes=len(boxes), by=person)
+        return await self._act_on(state, api, boxes, person)
+
+    async def _act_on(self, state: RepoState, api: RepoAPI, boxes: list[tuple[BoxVerb, str]], person: str) -> int:
+        """Do what `person`'s ticked boxes ask, as far as they may; how many acted."""
         acted = 0
         for verb, family_id in boxes:
             family = state.catalog.get(family_id)
@@ -156,8 +178,6 @@ class DashboardKeeper:
             else:
                 await controls.release(self.live, state, family_id)
             acted += 1
-        # The answer is the re-render: the box unticked, the hold gone or the retry noted.
-        await self.publish(state.name, force=True)
         return acted
 
     # -- restoring -----------------------------------------------------------------------

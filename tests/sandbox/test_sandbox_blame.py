@@ -245,3 +245,21 @@ async def test_a_request_that_is_no_graphql_request_is_400(history: Hub) -> None
     answer = await history.api("POST", "/graphql", json={"query": BLAME, "variables": {
         "owner": "acme", "name": "bench", "ref": "main", "path": CONFIG}})
     assert answer.headers["x-ratelimit-resource"] == "graphql"
+
+
+ISSUE_EDIT = "query($owner: String!, $name: String!, $number: Int!) { repository(owner: $owner, name: $name) " \
+    "{ issue(number: $number) { number body lastEditedAt editor { login } } } }"
+
+
+async def test_an_issue_says_who_last_edited_its_body(history: Hub) -> None:
+    made = await history.json("POST", f"{REPO}/issues", status=201, json={"title": "t", "body": "b"})
+    fresh = await graphql(history, ISSUE_EDIT, owner="acme", name="bench", number=made["number"])
+    assert fresh["data"]["repository"]["issue"] == {"number": made["number"], "body": "b", "lastEditedAt": None,
+                                                    "editor": None}
+    await history.act(action="edit_issue", repo="acme/bench", number=made["number"], user="alice", body="- [x] ticked")
+    edited = await graphql(history, ISSUE_EDIT, owner="acme", name="bench", number=made["number"])
+    issue = edited["data"]["repository"]["issue"]
+    assert (issue["body"], issue["editor"]) == ("- [x] ticked", {"login": "alice"}) and issue["lastEditedAt"]
+    # A pull request's number is no issue here, as on GitHub.
+    pull = await graphql(history, ISSUE_EDIT, owner="acme", name="bench", number=12)
+    assert pull["data"] == {"repository": {"issue": None}} and pull["errors"][0]["type"] == "NOT_FOUND"

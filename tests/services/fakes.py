@@ -24,6 +24,7 @@ from bot.core.events import (
     ArtifactRun,
     BlameRange,
     Comment,
+    EditedIssue,
     HeadOrBase,
     Issue,
     Job,
@@ -103,6 +104,7 @@ class FakeRepo:
     permissions: dict[str, str] = field(default_factory=dict)
     blames: dict[str, list[BlameRange]] = field(default_factory=dict)  # path -> ranges at any ref
     issues: dict[int, Issue] = field(default_factory=dict)
+    editors: dict[int, str] = field(default_factory=dict)  # issue number -> who last edited its body
     workflows: set[str] = field(default_factory=lambda: {"klaud-candidate.yml"})
     answer_run_ids: bool = True  # False: dispatch answers like an older server (204)
     dispatches_unanswered: int = 0  # the next N dispatches start their run, then time out
@@ -307,6 +309,14 @@ class FakeRepo:
         self.issues[number] = Issue(number=number, title=title, body=body, user=Account(login="klaud-cold[bot]", type="Bot"))
         return number
 
+    async def edited_issue(self, number: int) -> EditedIssue | None:
+        self._call("edited_issue", number)
+        issue = self.issues.get(number)
+        if issue is None:
+            return None
+        editor = self.editors.get(number)
+        return EditedIssue(body=issue.body or "", editor=Account(login=editor) if editor else None)
+
     async def update_issue(self, number: int, body: str) -> None:
         self._call("update_issue", number)
         if number not in self.issues:
@@ -318,7 +328,7 @@ READS = frozenset(
     {
         "repository", "head_sha", "file_text", "directory", "changed_paths", "open_pulls", "pull_files",
         "branches", "workflow_runs", "run", "run_jobs", "run_artifacts", "artifacts", "artifact", "download",
-        "comments", "comments_since", "permission", "blame", "find_issue",
+        "comments", "comments_since", "edited_issue", "permission", "blame", "find_issue",
     }
 )
 

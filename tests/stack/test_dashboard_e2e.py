@@ -116,3 +116,27 @@ def _forget_everything(repo: str) -> Any:
     for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry"):
         change.clear(repo, kind)
     return change.clear_waves(repo).delete("", "repo", repo)
+
+
+async def test_a_tick_whose_webhook_was_lost_acts_before_the_next_render(tmp_path):
+    # What this catches (a chaos soak): a writer ticked `unhold` while the `issues` webhook
+    # was lost; nothing read the issue again, and the next render unticked the box unseen:
+    # the family stayed held for good.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await run.act({"action": "comment", "repo": REPO, "number": 900, "user": "alice", "body": f"/klaud hold {H200} w"})
+        await run.act({"action": "comment", "repo": REPO, "number": 900, "user": "alice", "body": f"/klaud hold {B200} w"})
+        await wave(run)
+        [issue] = dashboards(run)
+        run.sandbox.set_faults({"rules": [{"webhook": "issues", "rate": 1.0}]})
+        ticked = issue["body"].replace(f"- [ ] unhold `{H200}`", f"- [x] unhold `{H200}`")
+        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "alice", "body": ticked})
+        assert [h["family"] for h in run.state()["holds"]] == sorted([B200, H200])  # no event came
+        await wave(run)  # the next render reads the issue first
+        assert [h["family"] for h in run.state()["holds"]] == [B200]
+        [issue] = dashboards(run)
+        assert f"unhold `{H200}`" not in issue["body"] and f"- [ ] unhold `{B200}`" in issue["body"]
+        # carol may only read: her tick (she edited last) is refused, as from its webhook.
+        ticked = issue["body"].replace(f"- [ ] unhold `{B200}`", f"- [x] unhold `{B200}`")
+        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "carol", "body": ticked})
+        await wave(run)
+        assert [h["family"] for h in run.state()["holds"]] == [B200]

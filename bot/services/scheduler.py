@@ -134,9 +134,11 @@ class Scheduler:
             # Claims and runs whose time came are settled first, so the wave sees what is
             # free; when that fails the wave still runs (their families stay in flight).
             await self._guarded(name, "claims", self._check_claims, state)
+            # A light reconcile due with the wave goes first: the wave then plans on what
+            # it caught up (a PR or a push whose webhook was lost).
+            await self._guarded(name, "reconcile", self._light_reconcile_if_due, name, state)
             if await self._guarded(name, "wave", self._wave_if_due, name, state):
                 waved.append(name)
-            await self._guarded(name, "reconcile", self._light_reconcile_if_due, name, state)
             await self._guarded(name, "artifacts", self._retry_artifacts, state)
         await self.reconciler.retry_failed()
         await self._housekeeping()

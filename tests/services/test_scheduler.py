@@ -22,9 +22,12 @@ from bot.services.waves import RETRY_WAVE_AFTER
 from bot.store.change import Change
 from bot.store.errors import LeaseTaken
 from tests.services.conftest import NOW, REPO, Kit
+from tests.services.fakes import pull
 from tests.services.test_claims import TTL, dispatched
 from tests.services.test_long_running import failed
 from tests.services.test_outcomes import completed, with_artifact
+from tests.services.test_pulls import H200
+from tests.services.test_responder import TP_CHANGE
 
 
 def scheduler(kit: Kit, **options: Any) -> Scheduler:
@@ -478,3 +481,19 @@ async def test_stop_returns_within_its_grace_when_a_tick_hangs(kit: Kit) -> None
     await waiting.wait()
     await asyncio.wait_for(ticks.stop(grace=0.05), timeout=5)  # a stop that waits for good fails here
     assert ticks._task is not None and ticks._task.cancelled()
+
+
+async def test_a_light_reconcile_due_with_the_wave_goes_first(kit: Kit) -> None:
+    # What this catches (a chaos soak): the wave ran before the light reconcile due in the
+    # same tick: a PR whose webhook was lost, changing a family, was caught up only after
+    # that wave had dispatched the family beside it.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pulls[12] = pull(12, updated_at=kit.clock.now())
+    kit.repo.pull_files_of[12] = TP_CHANGE  # its `opened` webhook was lost
+    kit.clock.advance(LIGHT_RECONCILE_EVERY.total_seconds())
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() - timedelta(minutes=1))
+    assert await scheduler(kit).tick() == [REPO]
+    wave = await kit.live.store.wave(REPO, kit.state.meta.wave)
+    assert wave is not None
+    [h200] = [d for d in wave["decisions"] if d["family"] == H200]
+    assert h200["decision"] == "overlap"

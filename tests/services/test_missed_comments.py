@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from tests.services.test_outcomes import CAND, receipt
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 B200 = "configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"
 PERSON = Account(login="alice", type="User")
+SIX_HOURS = timedelta(hours=6).total_seconds()
 BOT = Account(login="klaud-cold[bot]", type="Bot")
 
 
@@ -41,6 +43,18 @@ def lost_comment(kit: Kit, comment_id: int, body: str, *, ago: timedelta, number
     return comment
 
 
+async def first_sweep(kit: Kit, reconciler: Reconciler) -> None:
+    """The repository's first reconcile (it starts the count of comments), six hours ago."""
+    await reconciler.reconcile(REPO, 1)
+    kit.clock.advance(SIX_HOURS)
+
+
+async def next_sweep(kit: Kit, reconciler: Reconciler) -> dict[str, Any]:
+    """Six hours on, the next light reconcile: its report."""
+    kit.clock.advance(SIX_HOURS)
+    return await reconciler.reconcile(REPO, 1, light=True)
+
+
 def replies_to(kit: Kit, comment_id: int, number: int = 12) -> list[str]:
     marker = f"<!-- klaud-command:{comment_id} -->"
     return [c.body or "" for c in kit.repo.comments_on.get(number, []) if marker in (c.body or "")]
@@ -49,7 +63,7 @@ def replies_to(kit: Kit, comment_id: int, number: int = 12) -> list[str]:
 async def test_a_command_whose_webhook_was_lost_is_answered_by_the_next_reconcile(kit: Kit, sweeping) -> None:
     reconciler, _ = sweeping
     await reconciler.reconcile(REPO, 1)  # the first one starts the count
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    kit.clock.advance(SIX_HOURS)
     lost_comment(kit, 501, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1))
     report = await reconciler.reconcile(REPO, 1, light=True)
     assert report["commands_answered"] == 1
@@ -57,7 +71,7 @@ async def test_a_command_whose_webhook_was_lost_is_answered_by_the_next_reconcil
     assert "Status of" in reply
     assert (501, "eyes") in kit.repo.reactions
     # The next reconcile finds the reply and posts nothing more.
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    kit.clock.advance(SIX_HOURS)
     report = await reconciler.reconcile(REPO, 1, light=True)
     assert "commands_answered" not in report and len(replies_to(kit, 501)) == 1
 
@@ -65,31 +79,27 @@ async def test_a_command_whose_webhook_was_lost_is_answered_by_the_next_reconcil
 async def test_comments_from_before_klaud_knew_the_repository_are_not_answered(kit: Kit, sweeping) -> None:
     reconciler, _ = sweeping
     lost_comment(kit, 502, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1))
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     await reconciler.reconcile(REPO, 1, light=True)
     assert replies_to(kit, 502) == []
 
 
 async def test_a_comment_still_young_is_left_to_its_webhook_until_the_next_reconcile(kit: Kit, sweeping) -> None:
     reconciler, _ = sweeping
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     lost_comment(kit, 503, "/klaud status dsr1-fp8-h200-trt", ago=GRACE / 2)
     await reconciler.reconcile(REPO, 1, light=True)
     assert replies_to(kit, 503) == []
-    kit.clock.advance(timedelta(hours=6).total_seconds())
-    await reconciler.reconcile(REPO, 1, light=True)
+    await next_sweep(kit, reconciler)
     assert len(replies_to(kit, 503)) == 1
 
 
 async def test_an_answered_command_costs_only_the_listing(kit: Kit, sweeping) -> None:
     reconciler, responder = sweeping
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     await reconciler.reconcile(REPO, 1, light=True)
     swept_until = kit.clock.now() - GRACE
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    kit.clock.advance(SIX_HOURS)
     comment = lost_comment(kit, 504, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1))
     assert await responder.answer(kit.state, 12, comment) == 1  # its webhook came
     kit.repo.calls.clear()
@@ -102,8 +112,7 @@ async def test_an_answered_command_costs_only_the_listing(kit: Kit, sweeping) ->
 
 async def test_an_edited_comment_is_ignored_as_its_edited_webhook_is(kit: Kit, sweeping) -> None:
     reconciler, _ = sweeping
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     lost_comment(kit, 505, "/klaud hold dsr1-fp8-h200-trt", ago=timedelta(hours=1), edited=True)
     await reconciler.reconcile(REPO, 1, light=True)
     assert replies_to(kit, 505) == []
@@ -111,8 +120,7 @@ async def test_an_edited_comment_is_ignored_as_its_edited_webhook_is(kit: Kit, s
 
 async def test_a_lost_receipt_is_counted_by_the_next_reconcile(kit: Kit, sweeping) -> None:
     reconciler, _ = sweeping
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     lost_comment(kit, 506, receipt(901), ago=timedelta(hours=1), user=BOT)
     report = await reconciler.reconcile(REPO, 1, light=True)
     assert report["receipts_read"] == 1
@@ -122,14 +130,12 @@ async def test_a_lost_receipt_is_counted_by_the_next_reconcile(kit: Kit, sweepin
 
 async def test_a_failed_listing_is_looked_at_again_by_the_next_reconcile(kit: Kit, sweeping) -> None:
     reconciler, _ = sweeping
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     lost_comment(kit, 507, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1))
     kit.repo.fail("comments_since", Unavailable(502, "Bad Gateway"))
     report = await reconciler.reconcile(REPO, 1, light=True)  # the reconcile itself succeeds
     assert report["light"] and replies_to(kit, 507) == []
-    kit.clock.advance(timedelta(hours=6).total_seconds())
-    await reconciler.reconcile(REPO, 1, light=True)
+    await next_sweep(kit, reconciler)
     assert len(replies_to(kit, 507)) == 1
 
 
@@ -162,8 +168,7 @@ async def test_a_reply_github_refuses_costs_that_comment_alone(kit: Kit, sweepin
     # What this catches: one reply refused for good (a locked issue: 403) stopped the sweep
     # and held its watermark; every later lost command went unanswered for a week.
     reconciler, _ = sweeping
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     lost_comment(kit, 601, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=2), number=7)
     lost_comment(kit, 602, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1), number=12)
     kit.repo.fail("post_comment", BadRequest(403, "Unable to create comment because issue is locked."))
@@ -174,16 +179,14 @@ async def test_a_reply_github_refuses_costs_that_comment_alone(kit: Kit, sweepin
 
 async def test_a_transient_failure_holds_the_watermark_before_that_comment(kit: Kit, sweeping) -> None:
     reconciler, _ = sweeping
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     failing = lost_comment(kit, 603, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=2), number=7)
     lost_comment(kit, 604, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=1), number=12)
     kit.repo.fail("post_comment", Unavailable(502, "Bad Gateway"))
     await reconciler.reconcile(REPO, 1, light=True)
     assert len(replies_to(kit, 604)) == 1 and replies_to(kit, 603, number=7) == []
     assert kit.state.meta.comments_swept_at == stamp(failing.created_at)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
-    await reconciler.reconcile(REPO, 1, light=True)
+    await next_sweep(kit, reconciler)
     assert len(replies_to(kit, 603, number=7)) == 1 and len(replies_to(kit, 604)) == 1
 
 
@@ -192,8 +195,7 @@ async def test_a_lost_command_does_not_undo_a_later_one_answered_already(kit: Ki
     # `unhold` (answered at once): the family stayed held against her last word.
     reconciler, responder = sweeping
     kit.repo.permissions["alice"] = "write"
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     lost_comment(kit, 605, f"/klaud hold {H200} flaky\n/klaud hold {B200} weights", ago=timedelta(hours=2))
     later = lost_comment(kit, 606, f"/klaud unhold {H200}", ago=timedelta(hours=1), number=40)
     assert await responder.answer(kit.state, 40, later) == 1
@@ -205,8 +207,7 @@ async def test_a_lost_command_does_not_undo_a_later_one_answered_already(kit: Ki
 
 async def test_a_receipt_its_webhook_counted_is_not_reported_as_missed(kit: Kit, sweeping) -> None:
     reconciler, _ = sweeping
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     counted = lost_comment(kit, 607, receipt(902), ago=timedelta(hours=1), user=BOT)
     assert await kit.outcomes.on_receipt(kit.state, counted)  # its webhook came
     report = await reconciler.reconcile(REPO, 1, light=True)
@@ -218,13 +219,11 @@ async def test_a_comment_dated_by_a_github_clock_behind_klauds_is_still_found(ki
     # What this catches: with Klaud's clock 14 minutes ahead of GitHub's, a command made
     # just after a sweep was dated before the next sweep's window, and never answered.
     reconciler, _ = sweeping
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     await reconciler.reconcile(REPO, 1, light=True)
     # Made a minute after that sweep, by GitHub's clock 14 minutes behind.
     lost_comment(kit, 611, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(minutes=13))
-    kit.clock.advance(timedelta(hours=6).total_seconds())
-    await reconciler.reconcile(REPO, 1, light=True)
+    await next_sweep(kit, reconciler)
     assert len(replies_to(kit, 611)) == 1
 
 
@@ -234,8 +233,7 @@ async def test_a_late_retry_does_not_clear_a_cooldown_that_began_after_it_was_wr
     # cleared that new cooldown and the next wave dispatched the family again.
     reconciler, _ = sweeping
     kit.repo.permissions["alice"] = "write"
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     lost_comment(kit, 620, f"/klaud retry {H200}", ago=timedelta(hours=3))
     failed = Comment(id=621, body=receipt(903), user=BOT, created_at=kit.clock.now() - timedelta(hours=2))
     assert await kit.outcomes.on_receipt(kit.state, failed)  # incompatible: a real failure
@@ -253,8 +251,7 @@ async def test_a_late_retry_does_not_clear_a_cooldown_that_began_after_it_was_wr
 async def test_a_late_resume_does_not_end_a_pause_that_began_after_it_was_written(kit: Kit, sweeping) -> None:
     reconciler, _ = sweeping
     kit.repo.permissions["alice"] = "write"
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     lost_comment(kit, 630, "/klaud resume", ago=timedelta(hours=3))
     kit.state.meta.pause = {"reason": "the last 3 waves' runs all failed", "since": stamp(kit.clock.now() - timedelta(hours=1))}
     await reconciler.reconcile(REPO, 1, light=True)
@@ -267,8 +264,7 @@ async def test_a_late_unhold_does_not_release_a_hold_placed_after_it_was_written
     # A dashboard box is no comment: only the hold's time says it came after.
     reconciler, _ = sweeping
     kit.repo.permissions["alice"] = "write"
-    await reconciler.reconcile(REPO, 1)
-    kit.clock.advance(timedelta(hours=6).total_seconds())
+    await first_sweep(kit, reconciler)
     lost_comment(kit, 640, f"/klaud unhold {H200}", ago=timedelta(hours=3))
     kit.state.holds[H200] = Hold(H200, "bob", "new weights", kit.clock.now() - timedelta(hours=1))
     await reconciler.reconcile(REPO, 1, light=True)

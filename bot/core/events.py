@@ -203,6 +203,7 @@ class Issue(_Model):
     body: str | None = None
     state: str = "open"
     user: Account | None = None
+    updated_at: UtcTime | None = None
 
 
 class EditedIssue(_Model):
@@ -211,6 +212,7 @@ class EditedIssue(_Model):
 
     body: str = ""
     editor: Account | None = None
+    last_edited_at: UtcTime | None = Field(default=None, alias="lastEditedAt")
 
 
 class IssueCommentEvent(RepoEvent):

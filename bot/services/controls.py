@@ -24,6 +24,13 @@ async def approve_retry(
     return cool
 
 
+def held_after(state: RepoState, family: str, asked_at: datetime | None) -> bool:
+    """Whether the family's hold was placed after `asked_at`: an unhold asked before (a
+    command or a box found late) is not about this hold, and must not end it."""
+    held = state.holds.get(family)
+    return asked_at is not None and held is not None and held.at > asked_at
+
+
 async def hold(live: LiveState, state: RepoState, family: Family, by: str, reason: str, now: datetime) -> Hold:
     held = Hold(family.id, by, reason or "no reason given", now)
     async with live.lock(state.name):

@@ -9,6 +9,7 @@ issue's marker lets a full reconcile restore holds and pending retries when the 
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime
 
 import structlog
 
@@ -142,11 +143,13 @@ class DashboardKeeper:
         """Act on the boxes a person ticked; returns how many acted."""
         if event.issue.number != state.meta.dashboard.get("issue") or self.live.is_bot(event.sender.login):
             return 0
-        before = (event.changes.body.before if event.changes and event.changes.body else None) or ""
-        boxes = ticked(before, event.issue.body or "")
+        # Every box ticked now, not only those this edit ticked: Klaud renders them all
+        # unticked, so one ticked before is an edit whose webhook was lost, not acted on yet
+        # (the re-render below would untick it unseen).
+        boxes = ticked("", event.issue.body or "")
         if not boxes:
             return 0
-        acted = await self._act_on(state, self.live.api(state), boxes, event.sender.login or "")
+        acted = await self._act_on(state, self.live.api(state), boxes, event.sender.login or "", event.issue.updated_at)
         # The answer is the re-render: the box unticked, the hold gone or the retry noted.
         await self.publish(state.name, force=True)
         return acted
@@ -156,15 +159,19 @@ class DashboardKeeper:
         unticks them unseen: Klaud renders every box unticked, so one ticked is a person's
         (its last editor's) not taken yet. One its webhook brings later acts again, the same."""
         edited = await api.edited_issue(number)
-        boxes = ticked("", edited.body) if edited is not None else []
-        person = edited.editor.login if edited is not None and edited.editor is not None else None
-        if not boxes or not person or self.live.is_bot(person):
+        if edited is None or edited.editor is None or not edited.editor.login or self.live.is_bot(edited.editor.login):
             return 0
-        log.info("dashboard.lost_ticks", repo=state.name, issue=number, boxes=len(boxes), by=person)
-        return await self._act_on(state, api, boxes, person)
+        boxes = ticked("", edited.body)
+        if not boxes:
+            return 0
+        log.info("dashboard.lost_ticks", repo=state.name, issue=number, boxes=len(boxes), by=edited.editor.login)
+        return await self._act_on(state, api, boxes, edited.editor.login, edited.last_edited_at)
 
-    async def _act_on(self, state: RepoState, api: RepoAPI, boxes: list[tuple[BoxVerb, str]], person: str) -> int:
-        """Do what `person`'s ticked boxes ask, as far as they may; how many acted."""
+    async def _act_on(
+        self, state: RepoState, api: RepoAPI, boxes: list[tuple[BoxVerb, str]], person: str, asked_at: datetime | None
+    ) -> int:
+        """Do what `person`'s ticked boxes ask, as far as they may; how many acted. A box
+        ticked at `asked_at` does not release a hold, nor clear a cooldown, begun after."""
         acted = 0
         for verb, family_id in boxes:
             family = state.catalog.get(family_id)
@@ -174,8 +181,8 @@ class DashboardKeeper:
                 log.info("dashboard.box_refused", family=family_id, verb=verb, by=person)
                 continue
             if verb == "retry" and family is not None:
-                await controls.approve_retry(self.live, state, family, person, self.clock.now())
-            else:
+                await controls.approve_retry(self.live, state, family, person, self.clock.now(), asked_at=asked_at)
+            elif not controls.held_after(state, family_id, asked_at):
                 await controls.release(self.live, state, family_id)
             acted += 1
         return acted

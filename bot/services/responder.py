@@ -67,12 +67,6 @@ HELD_AFTER = ("not run: this comment reached Klaud late, and the family was held
               "write it again if it still holds")
 
 
-def _held_after(state: RepoState, family: str, asked_at: datetime | None) -> bool:
-    """Whether the family's hold was placed after `asked_at` (a late unhold must not end it)."""
-    held = state.holds.get(family)
-    return asked_at is not None and held is not None and held.at > asked_at
-
-
 class CommandResponder:
     def __init__(self, live: LiveState, waves: WaveRunner, permissions: Permissions, clock: Clock) -> None:
         self.live = live
@@ -162,7 +156,7 @@ class CommandResponder:
             return render_superseded(command, later)
         if command.verb == "unhold" and command.target in state.holds and command.target not in families:
             # A family gone from the configs keeps its hold until someone releases it.
-            if _held_after(state, command.target, late.asked_at):
+            if controls.held_after(state, command.target, late.asked_at):
                 return render_refusal(command, HELD_AFTER)
             return render_unhold(command.target, await controls.release(self.live, state, command.target), author)
         if command.verb == "status" and command.target is None and not command.text:
@@ -186,9 +180,10 @@ class CommandResponder:
             return await self._retry(state, family, author, now, late.asked_at)
         if command.verb == "hold":
             reason = resolved.text if resolved.text is not None else command.text
-            return render_hold(await controls.hold(self.live, state, family, author, reason, now))
+            # Held as of when it was asked: a later unhold, also found late, must release it.
+            return render_hold(await controls.hold(self.live, state, family, author, reason, late.asked_at or now))
         if command.verb == "unhold":
-            if _held_after(state, family.id, late.asked_at):
+            if controls.held_after(state, family.id, late.asked_at):
                 return render_refusal(command, HELD_AFTER)
             return render_unhold(family.id, await controls.release(self.live, state, family.id), author)
         return await self._status(state, family)

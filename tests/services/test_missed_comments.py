@@ -270,3 +270,15 @@ async def test_a_late_unhold_does_not_release_a_hold_placed_after_it_was_written
     await reconciler.reconcile(REPO, 1, light=True)
     assert H200 in kit.state.holds
     assert "held after it was written" in replies_to(kit, 640)[0]
+
+
+async def test_a_lost_hold_then_a_lost_unhold_leave_the_family_unheld(kit: Kit, sweeping) -> None:
+    # What this catches: the hold found late was dated when answered, after the unhold was
+    # written: the unhold, found by the same sweep, took it for a newer hold and refused.
+    reconciler, _ = sweeping
+    kit.repo.permissions["alice"] = "write"
+    await first_sweep(kit, reconciler)
+    lost_comment(kit, 650, f"/klaud hold {H200} flaky", ago=timedelta(hours=3))
+    lost_comment(kit, 651, f"/klaud unhold {H200}", ago=timedelta(hours=2))
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert H200 not in kit.state.holds

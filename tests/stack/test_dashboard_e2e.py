@@ -140,3 +140,46 @@ async def test_a_tick_whose_webhook_was_lost_acts_before_the_next_render(tmp_pat
         await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "carol", "body": ticked})
         await wave(run)
         assert [h["family"] for h in run.state()["holds"]] == [B200]
+
+
+async def held_twice(run: Any) -> dict[str, Any]:
+    """H200 and B200 held by alice; after a wave, the dashboard issue."""
+    for family in (H200, B200):
+        await run.act({"action": "comment", "repo": REPO, "number": 900, "user": "alice", "body": f"/klaud hold {family} w"})
+    await wave(run)
+    [issue] = dashboards(run)
+    return issue
+
+
+async def tick_unhold(run: Any, issue: dict[str, Any], body: str, family: str, user: str) -> str:
+    body = body.replace(f"- [ ] unhold `{family}`", f"- [x] unhold `{family}`")
+    await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": user, "body": body})
+    return body
+
+
+async def test_a_tick_whose_webhook_was_lost_acts_with_the_next_tick_whose_webhook_came(tmp_path):
+    # What this catches: the re-render answering bob's tick acted on the boxes his edit
+    # ticked only, and unticked alice's earlier one (its webhook lost) unseen.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        issue = await held_twice(run)
+        run.sandbox.set_faults({"rules": [{"webhook": "issues", "rate": 1.0}]})
+        body = await tick_unhold(run, issue, issue["body"], H200, "alice")
+        run.sandbox.set_faults({"rules": []})
+        await tick_unhold(run, issue, body, B200, "bob")
+        await run.klaud.dashboard.settle()
+        assert run.state()["holds"] == []
+
+
+async def test_a_tick_found_late_does_not_release_a_hold_placed_after_it(tmp_path):
+    # What this catches: alice's unhold tick, its webhook lost, was found by the next render
+    # after bob had released H200 and held it again: it released bob's newer hold.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        issue = await held_twice(run)
+        run.sandbox.set_faults({"rules": [{"webhook": "issues", "rate": 1.0}]})
+        await tick_unhold(run, issue, issue["body"], H200, "alice")
+        run.sandbox.set_faults({"rules": []})
+        run.sandbox.clock.advance(60)
+        for body in (f"/klaud unhold {H200}", f"/klaud hold {H200} new weights"):
+            await run.act({"action": "comment", "repo": REPO, "number": 900, "user": "bob", "body": body})
+        await wave(run)  # the render reads alice's old tick first
+        assert sorted(h["family"] for h in run.state()["holds"]) == sorted([B200, H200])

@@ -203,7 +203,6 @@ class Issue(_Model):
     body: str | None = None
     state: str = "open"
     user: Account | None = None
-    updated_at: UtcTime | None = None
 
 
 class EditedIssue(_Model):
@@ -212,7 +211,6 @@ class EditedIssue(_Model):
 
     body: str = ""
     editor: Account | None = None
-    last_edited_at: UtcTime | None = Field(default=None, alias="lastEditedAt")
 
 
 class IssueCommentEvent(RepoEvent):

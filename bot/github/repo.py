@@ -31,7 +31,7 @@ from bot.github.errors import Conflict, NotFound
 
 ISSUE_EDIT_QUERY = """
 query($owner: String!, $name: String!, $number: Int!) {
-  repository(owner: $owner, name: $name) { issue(number: $number) { body lastEditedAt editor { login } } }
+  repository(owner: $owner, name: $name) { issue(number: $number) { body editor { login } } }
 }
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from bot.core.cooldown import CooldownState, began_after, cooldown
-from bot.core.domain import Family, Hold, RetryApproval
+from bot.core.domain import Family, Hold, RetryApproval, parse_time
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
 
@@ -31,6 +31,13 @@ def held_after(state: RepoState, family: str, asked_at: datetime | None) -> bool
     return asked_at is not None and held is not None and held.at > asked_at
 
 
+def released_after(state: RepoState, family: str, asked_at: datetime | None) -> bool:
+    """Whether the family's hold was asked to end after `asked_at`: a hold asked before
+    (a command found late) must not undo that."""
+    released = parse_time(state.meta.released.get(family))
+    return asked_at is not None and released is not None and released > asked_at
+
+
 async def hold(live: LiveState, state: RepoState, family: Family, by: str, reason: str, now: datetime) -> Hold:
     held = Hold(family.id, by, reason or "no reason given", now)
     async with live.lock(state.name):
@@ -39,12 +46,12 @@ async def hold(live: LiveState, state: RepoState, family: Family, by: str, reaso
     return held
 
 
-async def release(live: LiveState, state: RepoState, family: str) -> Hold | None:
-    """Release the family's hold; the hold that was released, if there was one. The family
-    may have left the configs since: its hold would otherwise stay for good, and come back
-    with it."""
+async def release(live: LiveState, state: RepoState, family: str, asked_at: datetime) -> Hold | None:
+    """Release the family's hold, as asked at `asked_at`; the hold that was released, if
+    there was one. The family may have left the configs since: its hold would otherwise
+    stay for good, and come back with it."""
     async with live.lock(state.name):
-        previous, change = state.unhold(family)
+        previous, change = state.unhold(family, asked_at)
         await live.persist(change)
     await live.notify(state, {family})
     return previous

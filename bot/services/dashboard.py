@@ -9,7 +9,6 @@ issue's marker lets a full reconcile restore holds and pending retries when the 
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
 
 import structlog
 
@@ -23,7 +22,7 @@ from bot.core.dashboard import (
     render_dashboard,
     ticked,
 )
-from bot.core.domain import Wave
+from bot.core.domain import Wave, parse_time, stamp
 from bot.core.events import IssuesEvent
 from bot.github.errors import GitHubError, NotFound
 from bot.services import controls
@@ -85,7 +84,7 @@ class DashboardKeeper:
                 return  # a dry run: the write was logged, there is no issue to remember
             log.info("dashboard.created", repo=state.name, issue=number)
         async with self.live.lock(state.name):
-            state.meta.dashboard = {"issue": int(number), "digest": digest}
+            state.meta.dashboard = {"issue": int(number), "digest": digest, "rendered_at": stamp(self.clock.now())}
             await self.live.persist(state.save_meta())
 
     async def _view(self, state: RepoState) -> DashboardView:
@@ -149,7 +148,7 @@ class DashboardKeeper:
         boxes = ticked("", event.issue.body or "")
         if not boxes:
             return 0
-        acted = await self._act_on(state, self.live.api(state), boxes, event.sender.login or "", event.issue.updated_at)
+        acted = await self._act_on(state, self.live.api(state), boxes, event.sender.login or "")
         # The answer is the re-render: the box unticked, the hold gone or the retry noted.
         await self.publish(state.name, force=True)
         return acted
@@ -165,13 +164,14 @@ class DashboardKeeper:
         if not boxes:
             return 0
         log.info("dashboard.lost_ticks", repo=state.name, issue=number, boxes=len(boxes), by=edited.editor.login)
-        return await self._act_on(state, api, boxes, edited.editor.login, edited.last_edited_at)
+        return await self._act_on(state, api, boxes, edited.editor.login)
 
-    async def _act_on(
-        self, state: RepoState, api: RepoAPI, boxes: list[tuple[BoxVerb, str]], person: str, asked_at: datetime | None
-    ) -> int:
-        """Do what `person`'s ticked boxes ask, as far as they may; how many acted. A box
-        ticked at `asked_at` does not release a hold, nor clear a cooldown, begun after."""
+    async def _act_on(self, state: RepoState, api: RepoAPI, boxes: list[tuple[BoxVerb, str]], person: str) -> int:
+        """Do what `person`'s ticked boxes ask, as far as they may; how many acted. A box is
+        about what the render it was ticked on showed: it releases no hold placed, and
+        clears no cooldown begun, after that render (a tick found late, or carried by a later
+        edit, would otherwise end a newer one)."""
+        asked_at = parse_time(state.meta.dashboard.get("rendered_at"))
         acted = 0
         for verb, family_id in boxes:
             family = state.catalog.get(family_id)
@@ -183,7 +183,9 @@ class DashboardKeeper:
             if verb == "retry" and family is not None:
                 await controls.approve_retry(self.live, state, family, person, self.clock.now(), asked_at=asked_at)
             elif not controls.held_after(state, family_id, asked_at):
-                await controls.release(self.live, state, family_id)
+                # Released as of now: the tick is newer than any command found late and written
+                # before it (a late hold written before must not undo it).
+                await controls.release(self.live, state, family_id, self.clock.now())
             acted += 1
         return acted
 

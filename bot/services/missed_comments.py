@@ -79,7 +79,7 @@ class MissedComments:
             # An edited comment is ignored, as its `edited` webhook is (DESIGN §4 "Commands").
             lost = comment.id not in answered and not comment.edited and _made_between(comment, start, found.cutoff)
             if lost and parse_commands(comment.body or ""):
-                later = self._changed_later(state, people, answered, comment)
+                later = await self._changed_later(state, people, answered, comment)
                 await self._one(state, comment, found, self._command(state, number, comment, later, found))
 
     async def _receipt(self, state: RepoState, comment: ListedComment, found: Found) -> None:
@@ -102,14 +102,18 @@ class MissedComments:
             if exc.transient and comment.created_at is not None:
                 found.until = min(found.until, comment.created_at)
 
-    def _changed_later(
+    async def _changed_later(
         self, state: RepoState, people: list[tuple[int, ListedComment]], answered: set[int], comment: ListedComment
     ) -> dict[str, int]:
-        """What the comments written after `comment` and answered already changed -> which."""
+        """What the comments written after `comment` and answered already changed -> which;
+        one whose author may not change anything (its commands were refused) changed nothing."""
         changed: dict[str, int] = {}
         for number, other in people:
-            if other.id in answered and _later(other, comment):
-                for subject in self.commands.controls_of(state, number, other):
+            if other.id not in answered or not _later(other, comment):
+                continue
+            subjects = self.commands.controls_of(state, number, other)
+            if subjects and await self.commands.may_change(state, other.user.login or ""):
+                for subject in subjects:
                     changed.setdefault(subject, other.id)
         return changed
 

@@ -52,6 +52,8 @@ from bot.store.change import Change
 # How many waves' run endings are kept for the pause rule.
 KEEP_WAVE_RUNS = 20
 KEEP_CLOSED_PULLS = 1000  # closed PRs remembered, for events delivered late
+# How long a release is remembered: commands found late are answered up to a week after.
+RELEASES_KEPT = timedelta(days=8)
 # A time for records that lost theirs (stored by an older version).
 UNKNOWN_TIME = datetime.fromtimestamp(0, UTC)
 
@@ -98,6 +100,9 @@ class RepoMeta:
     # deleted once older than a wave with no run of theirs in flight. Stored, so that
     # restarts and owners that change more often than a wave cannot keep one forever.
     stray_refs: dict[str, str] = field(default_factory=dict)
+    # Family -> when its hold was last asked to end (a week of them): a hold asked before
+    # that and found late (its webhook lost) is not placed again.
+    released: dict[str, str] = field(default_factory=dict)
 
 
 class RepoState:
@@ -410,10 +415,17 @@ class RepoState:
         self._forget_verdicts({hold.family})
         return Change().put(self.name, "hold", hold.family, hold)
 
-    def unhold(self, family: str) -> tuple[Hold | None, Change]:
+    def unhold(self, family: str, asked_at: datetime) -> tuple[Hold | None, Change]:
         previous = self.holds.pop(family, None)
         self._forget_verdicts({family})
-        return previous, Change().delete(self.name, "hold", family)
+        change = Change().delete(self.name, "hold", family)
+        if previous is not None:
+            kept_from = asked_at - RELEASES_KEPT
+            self.meta.released = {f: at for f, at in self.meta.released.items()
+                                  if (parse_time(at) or UNKNOWN_TIME) >= kept_from}
+            self.meta.released[family] = stamp(asked_at) or ""
+            self.save_meta(change)
+        return previous, change
 
     def approve_retry(self, approval: RetryApproval) -> Change:
         self.retries[approval.candidate] = approval

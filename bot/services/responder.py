@@ -63,6 +63,8 @@ class Late:
 
 
 ON_TIME = Late()
+RELEASED_AFTER = ("not run: this comment reached Klaud late, and the family's hold was released after it was "
+                  "written; write it again if it still holds")
 HELD_AFTER = ("not run: this comment reached Klaud late, and the family was held after it was written; "
               "write it again if it still holds")
 
@@ -98,6 +100,10 @@ class CommandResponder:
             return await self._answer_once(state, number, comment, commands, late or ON_TIME)
         finally:
             self._answering.discard(comment.id)
+
+    async def may_change(self, state: RepoState, author: str) -> bool:
+        """Whether `author`'s commands that change something are run (write permission)."""
+        return await self.permissions.allows(self.live.api(state), state, author, "hold")
 
     def controls_of(self, state: RepoState, number: int, comment: Comment) -> set[str]:
         """What the commands of `comment` change: the families they hold, release or retry,
@@ -158,7 +164,8 @@ class CommandResponder:
             # A family gone from the configs keeps its hold until someone releases it.
             if controls.held_after(state, command.target, late.asked_at):
                 return render_refusal(command, HELD_AFTER)
-            return render_unhold(command.target, await controls.release(self.live, state, command.target), author)
+            released = await controls.release(self.live, state, command.target, late.asked_at or self.clock.now())
+            return render_unhold(command.target, released, author)
         if command.verb == "status" and command.target is None and not command.text:
             pull = state.overlap.get(number)
             now = self.clock.now()
@@ -179,13 +186,15 @@ class CommandResponder:
         if command.verb == "retry":
             return await self._retry(state, family, author, now, late.asked_at)
         if command.verb == "hold":
+            if controls.released_after(state, family.id, late.asked_at):
+                return render_refusal(command, RELEASED_AFTER)
             reason = resolved.text if resolved.text is not None else command.text
             # Held as of when it was asked: a later unhold, also found late, must release it.
             return render_hold(await controls.hold(self.live, state, family, author, reason, late.asked_at or now))
         if command.verb == "unhold":
             if controls.held_after(state, family.id, late.asked_at):
                 return render_refusal(command, HELD_AFTER)
-            return render_unhold(family.id, await controls.release(self.live, state, family.id), author)
+            return render_unhold(family.id, await controls.release(self.live, state, family.id, late.asked_at or now), author)
         return await self._status(state, family)
 
     @staticmethod

@@ -63,7 +63,7 @@ def random_event(state: RepoState, fams: list[big.SynthFamily], rng: random.Rand
     if what == 0:
         state.hold(Hold(family.id, "alice", "x", now))
     elif what == 1:
-        state.unhold(family.id)
+        state.unhold(family.id, now)
     elif what == 2:
         outcome = rng.choice(["failed", "capacity-deferred", None])
         state.record_attempt(Attempt(
@@ -118,6 +118,6 @@ def test_an_untouched_family_is_not_decided_again(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(repo_state, "verdict", counted)
     family = next(iter(state.catalog))
     state.hold(Hold(family.id, "alice", "x", big.NOW))
-    state.unhold(family.id)
+    state.unhold(family.id, big.NOW)
     state.plan(2, big.NOW, capacity)
     assert decided == [family.id]  # only the family the hold touched

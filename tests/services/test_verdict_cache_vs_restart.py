@@ -133,9 +133,9 @@ def event(state, fams, rng, now, *, run_failures: bool) -> None:  # type: ignore
             state.hold(Hold(family.id, "alice", "x", now))
         else:
             for held in list(state.holds):
-                state.unhold(held)
+                state.unhold(held, now)
     elif what == 5:
-        state.unhold(family.id)
+        state.unhold(family.id, now)
     elif what == 6:
         state.approve_retry(RetryApproval(cand, "bob", now))
     elif what == 7 and rng.random() < 0.4:

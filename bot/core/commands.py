@@ -501,14 +501,6 @@ def render_refusal(command: Command, why: str) -> str:
     return _answer(f"Not done: {code_span(command.as_typed())}: {why}{stop}")
 
 
-def render_superseded(command: Command, later_comment: int) -> str:
-    """A command found after its webhook was lost, whose subject a later comment changed."""
-    return render_refusal(
-        command, f"not run: its event reached Klaud late, and a later comment (id {later_comment}) already "
-        "changed the same since; write it again if it still holds",
-    )
-
-
 def render_retry(
     family: str,
     candidate: str,

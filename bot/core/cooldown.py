@@ -36,15 +36,17 @@ def cooldown(
     candidate: str,
     now: datetime,
     cooldown_hours: int,
-    retry_approved: bool,
+    retry_approved_at: datetime | None,
 ) -> CooldownState:
-    """Classify `candidate` from its attempts on every base SHA; order of `attempts` is free."""
+    """Classify `candidate` from its attempts on every base SHA; order of `attempts` is free.
+    A `/klaud retry` approved at `retry_approved_at` clears the cooldown it saw: one decided
+    by an attempt completed by then, not one a later attempt began."""
     window = timedelta(hours=cooldown_hours)
     repeated = _repeated_run_failure(attempts, candidate, now - window, window)
     if repeated is not None:
         until = repeated.completed_at + window
         what = f"the last {RUN_FAILURES_TO_COOL} runs failed before an outcome ({_where_failed(repeated)})"
-        if retry_approved:
+        if _cleared(retry_approved_at, repeated):
             return CooldownState(True, None, f"cooldown cleared by /klaud retry ({what})", repeated)
         return CooldownState(False, until, f"cooling down until {human_time(until)}: {what}", repeated)
     verified, unverified = _latest_in_window(attempts, candidate, now - window)
@@ -57,11 +59,15 @@ def cooldown(
         reason = f"last attempt {_describe(verified)}: no cooldown after a capacity deferral"
         return CooldownState(True, None, _join(reason, note), verified)
     until = verified.completed_at + window
-    if retry_approved:
+    if _cleared(retry_approved_at, verified):
         reason = f"cooldown cleared by /klaud retry (last attempt {_describe(verified)})"
         return CooldownState(True, None, reason, verified)
     reason = f"cooling down until {human_time(until)}: last attempt {_describe(verified)}"
     return CooldownState(False, until, reason, verified)
+
+
+def _cleared(approved_at: datetime | None, deciding: Attempt) -> bool:
+    return approved_at is not None and deciding.completed_at <= approved_at
 
 
 def _repeated_run_failure(

@@ -171,7 +171,7 @@ def verdict(family: Family, candidate: str, facts: Facts, policy: Policy, wave: 
     if claim is not None or facts.klaud_pr is not None:
         prs = (facts.klaud_pr,) if facts.klaud_pr is not None else ()
         return Verdict(decided("claimed", _claimed_reason(claim, facts.klaud_pr), prs=prs), wave_bound=own_claim)
-    state = cooldown(facts.attempts, candidate, now, policy.cooldown_hours, retry_approved=facts.retry is not None)
+    state = cooldown(facts.attempts, candidate, now, policy.cooldown_hours, retry_approved_at=facts.retry.at if facts.retry else None)
     if not state.eligible:
         return Verdict(decided("cooldown", state.reason, state.until), valid_until=state.until, wave_bound=own_claim)
     if facts.overlaps:

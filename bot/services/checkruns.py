@@ -62,8 +62,8 @@ class CheckPublisher:
         # The PR works on the candidate its branch names, even if the family moved on since.
         candidate = match.group(1) if match else (family.candidate if family else "")
         attempts = state.ledger.for_candidate(candidate)
-        approved = candidate in state.retries
-        cool = cooldown(attempts, candidate, now, state.policy.cooldown_hours, approved)
+        approval = state.retries.get(candidate)
+        cool = cooldown(attempts, candidate, now, state.policy.cooldown_hours, approval.at if approval else None)
         overlaps = []
         if family is not None:
             overlaps = [o for o in state.overlap.overlaps(family, now, state.policy.idle_days) if o.pr != pull.number]

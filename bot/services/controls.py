@@ -16,10 +16,11 @@ async def approve_retry(
     """Clear the cooldown of the family's candidate for the next real wave, if it has one
     that began by `asked_at` (when the person asked, for a command found late)."""
     candidate = family.candidate
-    cool = cooldown(state.ledger.for_candidate(candidate), candidate, now, state.policy.cooldown_hours, False)
+    cool = cooldown(state.ledger.for_candidate(candidate), candidate, now, state.policy.cooldown_hours, None)
     if not cool.eligible and not began_after(cool, asked_at):
         async with live.lock(state.name):
-            await live.persist(state.approve_retry(RetryApproval(candidate, by, now)))
+            # Dated when asked: it clears the cooldown decided by then (`cooldown`).
+            await live.persist(state.approve_retry(RetryApproval(candidate, by, asked_at or now)))
         await live.notify(state, {family.id})
     return cool
 

@@ -9,6 +9,7 @@ issue's marker lets a full reconcile restore holds and pending retries when the 
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime
 
 import structlog
 
@@ -144,11 +145,16 @@ class DashboardKeeper:
             return 0
         # Every box ticked now, not only those this edit ticked: Klaud renders them all
         # unticked, so one ticked before is an edit whose webhook was lost, not acted on yet
-        # (the re-render below would untick it unseen).
-        boxes = ticked("", event.issue.body or "")
-        if not boxes:
+        # (the re-render below would untick it unseen). That one is as old as the render it
+        # was ticked on; this edit's own are fresh words, as a command written now.
+        before = (event.changes.body.before if event.changes and event.changes.body else None) or ""
+        fresh = ticked(before, event.issue.body or "")
+        carried = [box for box in ticked("", event.issue.body or "") if box not in fresh]
+        if not fresh and not carried:
             return 0
-        acted = await self._act_on(state, self.live.api(state), boxes, event.sender.login or "")
+        api, person = self.live.api(state), event.sender.login or ""
+        acted = await self._act_on(state, api, fresh, person, None)
+        acted += await self._act_on(state, api, carried, person, self._rendered_at(state))
         # The answer is the re-render: the box unticked, the hold gone or the retry noted.
         await self.publish(state.name, force=True)
         return acted
@@ -164,14 +170,19 @@ class DashboardKeeper:
         if not boxes:
             return 0
         log.info("dashboard.lost_ticks", repo=state.name, issue=number, boxes=len(boxes), by=edited.editor.login)
-        return await self._act_on(state, api, boxes, edited.editor.login)
+        return await self._act_on(state, api, boxes, edited.editor.login, self._rendered_at(state))
 
-    async def _act_on(self, state: RepoState, api: RepoAPI, boxes: list[tuple[BoxVerb, str]], person: str) -> int:
-        """Do what `person`'s ticked boxes ask, as far as they may; how many acted. A box is
-        about what the render it was ticked on showed: it releases no hold placed, and
-        clears no cooldown begun, after that render (a tick found late, or carried by a later
-        edit, would otherwise end a newer one)."""
-        asked_at = parse_time(state.meta.dashboard.get("rendered_at"))
+    @staticmethod
+    def _rendered_at(state: RepoState) -> datetime | None:
+        return parse_time(state.meta.dashboard.get("rendered_at"))
+
+    async def _act_on(
+        self, state: RepoState, api: RepoAPI, boxes: list[tuple[BoxVerb, str]], person: str, asked_at: datetime | None
+    ) -> int:
+        """Do what `person`'s ticked boxes ask, as far as they may; how many acted. A box
+        ticked on a render at `asked_at` (one found late, or carried by a later edit) is about
+        what that render showed: it releases no hold placed, and clears no cooldown begun,
+        after it; a fresh one (None) acts as a command written now."""
         acted = 0
         for verb, family_id in boxes:
             family = state.catalog.get(family_id)
@@ -182,10 +193,10 @@ class DashboardKeeper:
                 continue
             if verb == "retry" and family is not None:
                 await controls.approve_retry(self.live, state, family, person, self.clock.now(), asked_at=asked_at)
-            elif not controls.held_after(state, family_id, asked_at):
-                # Released as of now: the tick is newer than any command found late and written
-                # before it (a late hold written before must not undo it).
+            elif asked_at is None:
                 await controls.release(self.live, state, family_id, self.clock.now())
+            elif not controls.held_after(state, family_id, asked_at):
+                await controls.release(self.live, state, family_id, asked_at)
             acted += 1
         return acted
 

@@ -79,16 +79,15 @@ class MissedComments:
             # An edited comment is ignored, as its `edited` webhook is (DESIGN §4 "Commands").
             lost = comment.id not in answered and not comment.edited and _made_between(comment, start, found.cutoff)
             if lost and parse_commands(comment.body or ""):
-                later = await self._changed_later(state, people, answered, comment)
-                await self._one(state, comment, found, self._command(state, number, comment, later, found))
+                await self._one(state, comment, found, self._command(state, number, comment, found))
 
     async def _receipt(self, state: RepoState, comment: ListedComment, found: Found) -> None:
         found.receipts += await self.outcomes.on_receipt(state, comment)
 
-    async def _command(
-        self, state: RepoState, number: int, comment: ListedComment, later: dict[str, int], found: Found
-    ) -> None:
-        found.commands += await self.commands.answer(state, number, comment, Late(comment.created_at, later))
+    async def _command(self, state: RepoState, number: int, comment: ListedComment, found: Found) -> None:
+        # Answered as of when it was written: what changed since (a release, a hold, a
+        # cooldown or a pause begun after it) is not undone by it (`responder.Late`).
+        found.commands += await self.commands.answer(state, number, comment, Late(comment.created_at))
 
     async def _one(self, state: RepoState, comment: ListedComment, found: Found, work: Awaitable[None]) -> None:
         """One comment's work: a failure costs that comment alone. A transient one holds the
@@ -101,21 +100,6 @@ class MissedComments:
                         transient=exc.transient)
             if exc.transient and comment.created_at is not None:
                 found.until = min(found.until, comment.created_at)
-
-    async def _changed_later(
-        self, state: RepoState, people: list[tuple[int, ListedComment]], answered: set[int], comment: ListedComment
-    ) -> dict[str, int]:
-        """What the comments written after `comment` and answered already changed -> which;
-        one whose author may not change anything (its commands were refused) changed nothing."""
-        changed: dict[str, int] = {}
-        for number, other in people:
-            if other.id not in answered or not _later(other, comment):
-                continue
-            subjects = self.commands.controls_of(state, number, other)
-            if subjects and await self.commands.may_change(state, other.user.login or ""):
-                for subject in subjects:
-                    changed.setdefault(subject, other.id)
-        return changed
 
     async def _swept_until(self, state: RepoState, until: datetime) -> None:
         async with self.live.lock(state.name):
@@ -135,12 +119,6 @@ class Found:
 
     def __post_init__(self) -> None:
         self.until = self.cutoff
-
-
-def _later(one: ListedComment, than: ListedComment) -> bool:
-    if one.created_at is None or than.created_at is None:
-        return one.id > than.id
-    return (one.created_at, one.id) > (than.created_at, than.id)
 
 
 def _made_between(comment: ListedComment, start: datetime, cutoff: datetime) -> bool:

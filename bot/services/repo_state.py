@@ -418,13 +418,11 @@ class RepoState:
     def unhold(self, family: str, asked_at: datetime) -> tuple[Hold | None, Change]:
         previous = self.holds.pop(family, None)
         self._forget_verdicts({family})
-        change = Change().delete(self.name, "hold", family)
-        if previous is not None:
-            kept_from = asked_at - RELEASES_KEPT
-            self.meta.released = {f: at for f, at in self.meta.released.items()
-                                  if (parse_time(at) or UNKNOWN_TIME) >= kept_from}
-            self.meta.released[family] = stamp(asked_at) or ""
-            self.save_meta(change)
+        # Remembered even when nothing was held: "unhold" is the person's word either way.
+        kept_from = asked_at - RELEASES_KEPT
+        self.meta.released = {f: at for f, at in self.meta.released.items() if (parse_time(at) or UNKNOWN_TIME) >= kept_from}
+        self.meta.released[family] = stamp(asked_at) or ""
+        change = self.save_meta(Change().delete(self.name, "hold", family))
         return previous, change
 
     def approve_retry(self, approval: RetryApproval) -> Change:

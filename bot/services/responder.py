@@ -7,8 +7,7 @@ posted for that comment, so a redelivered event answers only what is still unans
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 import structlog
@@ -30,7 +29,6 @@ from bot.core.commands import (
     render_retry,
     render_retry_late,
     render_status,
-    render_superseded,
     render_unhold,
     resolve_command,
 )
@@ -47,19 +45,15 @@ from bot.services.waves import WaveRunner
 
 log = structlog.get_logger("klaud.commands")
 
-RESUME = "resume"  # what `resume` changes, among the family ids of `controls_of`
-
 
 @dataclass(frozen=True)
 class Late:
-    """A comment answered long after it was written (its webhook was lost). `superseded`:
-    what later comments, answered already, changed (`controls_of`) -> the id of such a
-    comment; a command of this one changing the same is not run (the person's later word
-    stands). `asked_at`: when it was written; a cooldown or a pause that began since is not
-    the one it asked about, and is not cleared."""
+    """A comment answered long after it was written (its webhook was lost), at `asked_at`:
+    what changed since is not undone by it, as the state records when each thing changed.
+    A cooldown, a pause or a hold begun since is not the one it asked to end (not ended),
+    and a release asked since is a later word than its hold (not held again)."""
 
     asked_at: datetime | None = None
-    superseded: Mapping[str, int] = field(default_factory=dict)
 
 
 ON_TIME = Late()
@@ -101,27 +95,6 @@ class CommandResponder:
         finally:
             self._answering.discard(comment.id)
 
-    async def may_change(self, state: RepoState, author: str) -> bool:
-        """Whether `author`'s commands that change something are run (write permission)."""
-        return await self.permissions.allows(self.live.api(state), state, author, "hold")
-
-    def controls_of(self, state: RepoState, number: int, comment: Comment) -> set[str]:
-        """What the commands of `comment` change: the families they hold, release or retry,
-        and RESUME for the repository's dispatch."""
-        families = {f.id: f for f in state.catalog}
-        changed: set[str] = set()
-        for command in parse_commands(comment.body or "")[:MAX_COMMANDS_PER_COMMENT]:
-            if command.spec is None or not command.spec.needs_write:
-                continue
-            if command.verb == "resume":
-                changed.add(RESUME)
-            elif command.verb == "unhold" and command.target in state.holds and command.target not in families:
-                changed.add(command.target)
-            else:
-                resolved = resolve_command(command, families=families, default_family=self._pr_family(state, number))
-                changed.update([resolved.family] if resolved.family else [])
-        return changed
-
     async def _answer_once(
         self, state: RepoState, number: int, comment: Comment, commands: list[Command], late: Late
     ) -> int:
@@ -153,13 +126,8 @@ class CommandResponder:
         if spec.needs_write and not await self.permissions.allows(api, state, author, command.verb):
             return render_refusal(command, f"`{command.verb}` needs write, maintain or admin permission on {state.name}")
         if command.verb == "resume":
-            if RESUME in late.superseded:
-                return render_superseded(command, late.superseded[RESUME])
             return await self._resume(state, author, late.asked_at)
         families = {f.id: f for f in state.catalog}
-        later = late.superseded.get(command.target or "") if command.verb == "unhold" else None
-        if later is not None and command.target in state.holds and command.target not in families:
-            return render_superseded(command, later)
         if command.verb == "unhold" and command.target in state.holds and command.target not in families:
             # A family gone from the configs keeps its hold until someone releases it.
             if controls.held_after(state, command.target, late.asked_at):
@@ -180,8 +148,6 @@ class CommandResponder:
         family = families.get(resolved.family or "")
         if family is None:
             return render_refusal(command, resolved.error or "no target")
-        if spec.needs_write and family.id in late.superseded:
-            return render_superseded(command, late.superseded[family.id])
         now = self.clock.now()
         if command.verb == "retry":
             return await self._retry(state, family, author, now, late.asked_at)
@@ -235,9 +201,9 @@ class CommandResponder:
         now = self.clock.now()
         wave = await self.waves.preview_state(state, now)
         decision = next(d for d in wave.decisions if d.family == family.id)
-        approved = family.candidate in state.retries
+        approval = state.retries.get(family.candidate)
         attempts = state.ledger.for_candidate(family.candidate)
-        cool = cooldown(attempts, family.candidate, now, state.policy.cooldown_hours, approved)
+        cool = cooldown(attempts, family.candidate, now, state.policy.cooldown_hours, approval.at if approval else None)
         view = StatusView(
             family=family,
             staleness=family.image_changed_at,

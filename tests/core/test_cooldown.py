@@ -41,7 +41,8 @@ def attempt(
 
 
 def check(attempts: list[Attempt], *, retry: bool = False, hours: int = 24):
-    return cooldown(attempts, CANDIDATE, NOW, hours, retry)
+    """The candidate's cooldown now; `retry`: approved now, after every attempt."""
+    return cooldown(attempts, CANDIDATE, NOW, hours, NOW if retry else None)
 
 
 def test_no_attempt_is_eligible() -> None:
@@ -136,6 +137,18 @@ def test_retry_approval_clears_an_active_cooldown() -> None:
     assert state.eligible and state.until is None
     assert state.reason.startswith("cooldown cleared by /klaud retry")
     assert state.attempt is failed
+
+
+def test_a_retry_approved_before_the_attempt_that_decides_does_not_clear_its_cooldown() -> None:
+    # What this catches (a chaos soak): an approval stored for one cooldown (a box ticked
+    # late) cleared the next one, begun by a run that failed after it: the family was
+    # dispatched again through a cooldown after a real failure.
+    failed = attempt("failed", hours_ago=1)
+    before = cooldown([failed], CANDIDATE, NOW, 24, NOW - timedelta(hours=2))
+    assert not before.eligible and before.reason.startswith("cooling down")
+    assert cooldown([failed], CANDIDATE, NOW, 24, NOW - timedelta(hours=1)).eligible  # approved as it completed
+    repeated = [run_failed(3, 301), run_failed(1, 302)]
+    assert not cooldown(repeated, CANDIDATE, NOW, 24, NOW - timedelta(hours=2)).eligible
 
 
 def test_attempts_of_other_candidates_are_ignored() -> None:

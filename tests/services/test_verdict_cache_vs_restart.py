@@ -106,11 +106,11 @@ def test_repeated_run_failure_cooldown_lasts_cooldown_hours_after_the_second_fai
     family = next(iter(state.catalog))
     cand = family.candidate
     attempts = [run_failed(cand, family.id, 1, NOW), run_failed(cand, family.id, 2, NOW + hours(6))]
-    first = cooldown(attempts, cand, NOW + hours(7), 24, retry_approved=False)
+    first = cooldown(attempts, cand, NOW + hours(7), 24, retry_approved_at=None)
     assert not first.eligible and first.until == NOW + hours(30)  # "cooling down until +30 h"
     # Still before the promised end (+30 h), the rule says eligible as soon as the FIRST
     # failure leaves the 24 h window (+24 h): the second failure alone is "once".
-    later = cooldown(attempts, cand, NOW + hours(25), 24, retry_approved=False)
+    later = cooldown(attempts, cand, NOW + hours(25), 24, retry_approved_at=None)
     assert not later.eligible, f"eligible at +25 h although it promised cooldown until +30 h: {later.reason}"
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from tests import scenarios as sc
 from tests.harness import sandbox_stack
-from tests.stack.test_dashboard_e2e import held_twice, tick_unhold
+from tests.stack.test_dashboard_e2e import dashboards, held_twice, tick_unhold, wave
 
 REPO = "acme/bench"
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
@@ -70,3 +70,97 @@ async def test_an_old_tick_taken_with_a_later_edit_keeps_its_own_time(tmp_path):
         await tick_unhold(run, issue, body, B200, "bob")  # t2: bob's edit carries alice's old tick
         await run.klaud.dashboard.settle()
         assert held(run) == [H200]  # alice's tick (t0) predates the hold of t1
+
+
+
+async def test_a_later_retry_does_not_cancel_an_earlier_hold_found_late(tmp_path):
+    # What this catches: a later `/klaud retry` counted as a later word on the hold (found by a chaos soak).
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await comment(run, "bob", f"/klaud hold {H200} bad weights", lost=True)  # t0, webhook lost
+        run.sandbox.clock.advance(90)
+        await comment(run, "alice", f"/klaud retry {H200}")  # t1, on time; says nothing on holds
+        report = await sweep(run)
+        assert report.get("commands_answered") == 1
+        assert held(run) == [H200]
+
+
+NEW = "qwen3-fp8-h200-sglang"
+NEW_ID = f"configs/nvidia-master.yaml:{NEW}"
+BLOCK = f"""{NEW}:
+  image: lmsysorg/sglang:v0.5.16-cu130
+  model: some/model
+  model-prefix: qwen3
+  runner: h200
+  precision: fp8
+  framework: vllm
+  multinode: false
+  scenarios:
+    fixed-seq-len:
+    - isl: 1024
+      osl: 1024
+      search-space:
+      - {{ tp: 8, conc-start: 4, conc-end: 64 }}
+"""
+
+
+async def test_a_refused_later_hold_does_not_cancel_an_earlier_hold_found_late(tmp_path):
+    # What this catches: a later command Klaud refused (its family unknown yet) counted as a later word (a chaos soak).
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        run.sandbox.set_faults({"rules": [{"webhook": "push", "count": 1}]})  # Klaud misses the push
+        text = sc.NVIDIA.rstrip("\n") + "\n\n" + BLOCK
+        await run.act({"action": "push_default", "repo": REPO, "files": {"configs/nvidia-master.yaml": text}})
+        run.sandbox.set_faults({"rules": []})
+        run.sandbox.clock.advance(60)
+        await comment(run, "bob", f"/klaud hold {NEW} new weights", lost=True)  # t0, webhook lost
+        run.sandbox.clock.advance(30)
+        await comment(run, "bob", f"/klaud hold {NEW} new weights")  # t1, on time: family unknown yet
+        assert held(run) == []  # refused ("Not done"): it changed nothing
+        await sweep(run)  # the light reconcile learns the family and finds the comment of t0
+        assert NEW_ID in {f["family"] for f in run.state()["families"]}
+        assert held(run) == [NEW_ID]  # bob's t0 hold: no later word changed the family
+
+
+async def test_a_fresh_tick_releases_a_hold_renewed_before_it(tmp_path):
+    # What this catches: a fresh tick, on time, was refused when the hold was renewed after the last render (a chaos soak).
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await held_twice(run)  # H200, B200 held by alice; dashboard rendered with both boxes
+        run.sandbox.clock.advance(3600)
+        await comment(run, "bob", f"/klaud hold {H200} still broken")  # t1, on time: renewed
+        run.sandbox.clock.advance(600)
+        [issue] = dashboards(run)  # what bob sees now: H200 held, its unhold box
+        assert f"- [ ] unhold `{H200}`" in issue["body"]
+        await tick_unhold(run, issue, issue["body"], H200, "bob")  # t2 > t1, on time
+        await run.klaud.dashboard.settle()
+        assert held(run) == [B200]  # as `/klaud unhold` at t2 would: H200 released
+
+
+def decision(run: Any, family: str) -> str:
+    last = run.klaud.dashboard._last_wave[REPO]
+    return str(next(d.decision for d in last.decisions if d.family == family))
+
+
+async def test_a_retry_box_found_late_does_not_clear_a_cooldown_begun_after_it(tmp_path):
+    # What this catches: a retry box found late stored an approval that cleared a cooldown begun after it (a chaos soak).
+    cand = sc.candidate(H200)
+    scenario = sc.scenario(runs=[sc.run(301, cand, "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await wave(run)
+        assert decision(run, H200) == "cooldown"
+        [issue] = dashboards(run)
+        run.sandbox.set_faults({"rules": [{"webhook": "issues", "rate": 1.0}]})
+        ticked = issue["body"].replace(f"- [ ] retry `{H200}`", f"- [x] retry `{H200}`")
+        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "alice", "body": ticked})
+        run.sandbox.set_faults({"rules": []})  # t0: alice's tick, lost
+        run.sandbox.clock.advance(60)
+        await comment(run, "bob", f"/klaud retry {H200}")  # t1: on time
+        run.sandbox.clock.advance(600)
+        await wave(run)  # uses one approval: dispatched; its render finds alice's tick
+        assert decision(run, H200) == "selected"
+        [active] = [r.id for r in run.sandbox.world.repos[REPO].runs.values()
+                    if r.status != "completed" and cand in (r.display_title or "")]
+        await run.act({"action": "complete_run", "repo": REPO, "run": {
+            "id": active, "conclusion": "success", "artifacts": [{"name": f"klaud-candidate-{cand}",
+            "expired": False, "files": {"candidate-diagnostics.json": sc.diagnostics("incompatible")}}]}})
+        run.sandbox.clock.advance(3600)
+        await wave(run)
+        assert decision(run, H200) == "cooldown"  # the incompatible outcome began after both asks

@@ -86,28 +86,21 @@ async def test_a_later_retry_does_not_cancel_an_earlier_hold_found_late(tmp_path
 
 NEW = "qwen3-fp8-h200-sglang"
 NEW_ID = f"configs/nvidia-master.yaml:{NEW}"
-BLOCK = f"""{NEW}:
-  image: lmsysorg/sglang:v0.5.16-cu130
-  model: some/model
-  model-prefix: qwen3
-  runner: h200
-  precision: fp8
-  framework: vllm
-  multinode: false
-  scenarios:
-    fixed-seq-len:
-    - isl: 1024
-      osl: 1024
-      search-space:
-      - {{ tp: 8, conc-start: 4, conc-end: 64 }}
-"""
+
+
+def renamed_block(key: str, new_key: str) -> str:
+    """The block of `key` in the scenario's nvidia master config, as family `new_key`."""
+    lines = sc.NVIDIA.splitlines()
+    start = lines.index(f"{key}:")
+    end = next((n for n in range(start + 1, len(lines)) if lines[n] and not lines[n].startswith(" ")), len(lines))
+    return "\n".join([f"{new_key}:", *lines[start + 1:end]]).rstrip() + "\n"
 
 
 async def test_a_refused_later_hold_does_not_cancel_an_earlier_hold_found_late(tmp_path):
     # What this catches: a later command Klaud refused (its family unknown yet) counted as a later word (a chaos soak).
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
         run.sandbox.set_faults({"rules": [{"webhook": "push", "count": 1}]})  # Klaud misses the push
-        text = sc.NVIDIA.rstrip("\n") + "\n\n" + BLOCK
+        text = sc.NVIDIA.rstrip("\n") + "\n\n" + renamed_block("dsr1-fp8-h200-trt", NEW)
         await run.act({"action": "push_default", "repo": REPO, "files": {"configs/nvidia-master.yaml": text}})
         run.sandbox.set_faults({"rules": []})
         run.sandbox.clock.advance(60)

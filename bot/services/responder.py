@@ -154,6 +154,8 @@ class CommandResponder:
         if command.verb == "hold":
             if controls.released_after(state, family.id, late.asked_at):
                 return render_refusal(command, RELEASED_AFTER)
+            if controls.held_after(state, family.id, late.asked_at):
+                return render_refusal(command, HELD_AFTER)
             reason = resolved.text if resolved.text is not None else command.text
             # Held as of when it was asked: a later unhold, also found late, must release it.
             return render_hold(await controls.hold(self.live, state, family, author, reason, late.asked_at or now))

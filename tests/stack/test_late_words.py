@@ -157,3 +157,16 @@ async def test_a_retry_box_found_late_does_not_clear_a_cooldown_begun_after_it(t
         run.sandbox.clock.advance(3600)
         await wave(run)
         assert decision(run, H200) == "cooldown"  # the incompatible outcome began after both asks
+
+async def test_a_late_hold_does_not_let_a_late_unhold_undo_a_newer_hold(tmp_path):
+    # What this catches (a fifth chaos soak): bob's lost hold re-dated alice's newer hold
+    # to its own older time, so bob's lost unhold, written between them, released it.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await comment(run, "bob", f"/klaud hold {H200} a", lost=True)  # t0
+        run.sandbox.clock.advance(60)
+        await comment(run, "bob", f"/klaud unhold {H200}", lost=True)  # t1
+        run.sandbox.clock.advance(60)
+        await comment(run, "alice", f"/klaud hold {H200} b")  # t2, on time
+        report = await sweep(run)  # finds t0, then t1
+        assert report.get("commands_answered") == 2
+        assert held(run) == [H200]

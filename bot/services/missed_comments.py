@@ -22,7 +22,7 @@ from bot.github.errors import GitHubError
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.repo_state import RepoState
-from bot.services.responder import CommandResponder, Late
+from bot.services.responder import CommandResponder
 
 log = structlog.get_logger("klaud.comments")
 
@@ -86,8 +86,8 @@ class MissedComments:
 
     async def _command(self, state: RepoState, number: int, comment: ListedComment, found: Found) -> None:
         # Answered as of when it was written: what changed since (a release, a hold, a
-        # cooldown or a pause begun after it) is not undone by it (`responder.Late`).
-        found.commands += await self.commands.answer(state, number, comment, Late(comment.created_at))
+        # cooldown or a pause begun after it) is not undone by it (`CommandResponder.answer`).
+        found.commands += await self.commands.answer(state, number, comment, comment.created_at)
 
     async def _one(self, state: RepoState, comment: ListedComment, found: Found, work: Awaitable[None]) -> None:
         """One comment's work: a failure costs that comment alone. A transient one holds the

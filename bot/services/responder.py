@@ -7,7 +7,6 @@ posted for that comment, so a redelivered event answers only what is still unans
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 import structlog
@@ -46,17 +45,6 @@ from bot.services.waves import WaveRunner
 log = structlog.get_logger("klaud.commands")
 
 
-@dataclass(frozen=True)
-class Late:
-    """A comment answered long after it was written (its webhook was lost), at `asked_at`:
-    what changed since is not undone by it, as the state records when each thing changed.
-    A cooldown, a pause or a hold begun since is not the one it asked to end (not ended),
-    and a release asked since is a later word than its hold (not held again)."""
-
-    asked_at: datetime | None = None
-
-
-ON_TIME = Late()
 RELEASED_AFTER = ("not run: this comment reached Klaud late, and the family's hold was released after it was "
                   "written; write it again if it still holds")
 HELD_AFTER = ("not run: this comment reached Klaud late, and the family was held after it was written; "
@@ -76,13 +64,15 @@ class CommandResponder:
         return await self.answer(state, event.issue.number, event.comment)
 
     async def answer(
-        self, state: RepoState, number: int, comment: Comment, late: Late | None = None
+        self, state: RepoState, number: int, comment: Comment, asked_at: datetime | None = None
     ) -> int:
         """Answer the commands of `comment` on issue or PR `number`, unless answered already
         (its webhook, and the reconcile that finds comments whose webhook was lost).
 
-        `late`: the comment is answered long after it was written (its webhook was lost):
-        what it asks is weighed against what happened since (`Late`).
+        `asked_at`: when a comment answered late (its webhook lost) was written. What changed
+        since is not undone by it, as the state records when each thing changed: a cooldown,
+        a pause or a hold begun since is not the one it asked to end, and a release or a
+        hold asked since is a later word than its hold.
         """
         commands = parse_commands(comment.body or "")
         if not commands or comment.id in self._answering:
@@ -91,12 +81,12 @@ class CommandResponder:
         # second (the reply it would look for is not there yet).
         self._answering.add(comment.id)
         try:
-            return await self._answer_once(state, number, comment, commands, late or ON_TIME)
+            return await self._answer_once(state, number, comment, commands, asked_at)
         finally:
             self._answering.discard(comment.id)
 
     async def _answer_once(
-        self, state: RepoState, number: int, comment: Comment, commands: list[Command], late: Late
+        self, state: RepoState, number: int, comment: Comment, commands: list[Command], asked_at: datetime | None
     ) -> int:
         api = self.live.api(state)
         await api.react(comment.id, "eyes")
@@ -106,7 +96,7 @@ class CommandResponder:
         author = comment.user.login or ""
         run = commands[:MAX_COMMANDS_PER_COMMENT]
         answers = [
-            (command, await self._answer(api, state, command, author, number, late)) for command in run
+            (command, await self._answer(api, state, command, author, number, asked_at)) for command in run
         ]
         await api.post_comment(number, compose_reply(comment.id, answers, not_run=len(commands) - len(run)))
         log.info("commands.answered", comment_id=comment.id, commands=len(commands))
@@ -118,7 +108,7 @@ class CommandResponder:
 
     async def _answer(
         self, api: RepoAPI, state: RepoState, command: Command, author: str, number: int,
-        late: Late,
+        asked_at: datetime | None,
     ) -> str:
         spec = command.spec
         if spec is None or command.verb == "help":
@@ -126,13 +116,13 @@ class CommandResponder:
         if spec.needs_write and not await self.permissions.allows(api, state, author, command.verb):
             return render_refusal(command, f"`{command.verb}` needs write, maintain or admin permission on {state.name}")
         if command.verb == "resume":
-            return await self._resume(state, author, late.asked_at)
+            return await self._resume(state, author, asked_at)
         families = {f.id: f for f in state.catalog}
         if command.verb == "unhold" and command.target in state.holds and command.target not in families:
             # A family gone from the configs keeps its hold until someone releases it.
-            if controls.held_after(state, command.target, late.asked_at):
+            if controls.held_after(state, command.target, asked_at):
                 return render_refusal(command, HELD_AFTER)
-            released = await controls.release(self.live, state, command.target, late.asked_at or self.clock.now())
+            released = await controls.release(self.live, state, command.target, asked_at or self.clock.now())
             return render_unhold(command.target, released, author)
         if command.verb == "status" and command.target is None and not command.text:
             pull = state.overlap.get(number)
@@ -150,19 +140,19 @@ class CommandResponder:
             return render_refusal(command, resolved.error or "no target")
         now = self.clock.now()
         if command.verb == "retry":
-            return await self._retry(state, family, author, now, late.asked_at)
+            return await self._retry(state, family, author, now, asked_at)
         if command.verb == "hold":
-            if controls.released_after(state, family.id, late.asked_at):
+            if controls.released_after(state, family.id, asked_at):
                 return render_refusal(command, RELEASED_AFTER)
-            if controls.held_after(state, family.id, late.asked_at):
+            if controls.held_after(state, family.id, asked_at):
                 return render_refusal(command, HELD_AFTER)
             reason = resolved.text if resolved.text is not None else command.text
             # Held as of when it was asked: a later unhold, also found late, must release it.
-            return render_hold(await controls.hold(self.live, state, family, author, reason, late.asked_at or now))
+            return render_hold(await controls.hold(self.live, state, family, author, reason, asked_at or now))
         if command.verb == "unhold":
-            if controls.held_after(state, family.id, late.asked_at):
+            if controls.held_after(state, family.id, asked_at):
                 return render_refusal(command, HELD_AFTER)
-            return render_unhold(family.id, await controls.release(self.live, state, family.id, late.asked_at or now), author)
+            return render_unhold(family.id, await controls.release(self.live, state, family.id, asked_at or now), author)
         return await self._status(state, family)
 
     @staticmethod

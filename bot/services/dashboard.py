@@ -193,10 +193,8 @@ class DashboardKeeper:
                 continue
             if verb == "retry" and family is not None:
                 await controls.approve_retry(self.live, state, family, person, self.clock.now(), asked_at=asked_at)
-            elif asked_at is None:
-                await controls.release(self.live, state, family_id, self.clock.now())
             elif not controls.held_after(state, family_id, asked_at):
-                await controls.release(self.live, state, family_id, asked_at)
+                await controls.release(self.live, state, family_id, asked_at or self.clock.now())
             acted += 1
         return acted
 

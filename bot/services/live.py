@@ -266,7 +266,7 @@ class LiveState:
         """Tell listeners (check runs) which families' state changed and which PRs moved."""
         # Set here, after whatever changed the state: a setup error or `enabled: false` from a
         # push showed on /plan and the page at once, and on /metrics only after the next wave.
-        DISPATCH_PAUSED.labels(state.name).set(1 if state.blocked() is not None or not state.policy.enabled else 0)
+        DISPATCH_PAUSED.labels(state.name).set(0 if state.blocked_now(self.clock.now()) is None else 1)
         if families or pulls:
             for listener in self.listeners:
                 await listener(state, families, pulls or set())

@@ -329,6 +329,10 @@ class RepoState:
             return Blocked("dispatch-paused", reason, parse_time(self.meta.pause["since"]) or UNKNOWN_TIME)
         return None
 
+    def blocked_now(self, now: datetime) -> Blocked | None:
+        """`blocked()`, or first `enabled: false`, as the plan says it (`dispatching.disabled`)."""
+        return self.blocked() if self.policy.enabled else disabled_block(now)
+
     @property
     def canary_armed(self) -> bool:
         return self.meta.pause is not None and bool((self.meta.canary or {}).get("armed"))
@@ -602,10 +606,7 @@ class RepoState:
                 {"path": path, "detail": detail} for path, detail in config_problems(self.meta.config_errors)
             ],
             "setup_errors": list(self.meta.setup_errors),
-            # As the plan says (`dispatching.disabled`): `enabled: false` blocks before the rest.
-            "blocked": blocked.document() if (
-                blocked := self.blocked() if self.policy.enabled else disabled_block(now)
-            ) is not None else None,
+            "blocked": blocked.document() if (blocked := self.blocked_now(now)) is not None else None,
             "families": [
                 {
                     "family": f.id,

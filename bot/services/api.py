@@ -98,7 +98,8 @@ class RepoAPI(Protocol):
         ...
 
     async def find_issue(self, title: str, creator: str) -> Issue | None:
-        """The open issue titled `title` that `creator` opened, if there is one."""
+        """The issue titled `title` that `creator` opened: an open one, else the newest closed
+        one, if there is one."""
         ...
 
     async def create_issue(self, title: str, body: str) -> int | None: ...

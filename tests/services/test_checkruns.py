@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from bot.core.events import Artifact, PullRequestEvent, PushEvent
+from bot.core.events import Artifact, PullRequestEvent
 from bot.services.checkruns import CheckPublisher
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import artifact_zip, pull_event
+from tests.services.test_catalog_sync import push
+from tests.services.test_checkruns_closed import event
 from tests.services.test_outcomes import completed
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 CAND = sc.candidate(H200)
-
-
-def event(action: str, number: int, head_ref: str, **changes: Any) -> PullRequestEvent:
-    return pull_event(action, number, updated_at=NOW, head_ref=head_ref, user="klaud-cold[bot]", **changes)
-
-
-def push(before: str, after: str) -> PushEvent:
-    return PushEvent.model_validate({"ref": "refs/heads/main", "before": before, "after": after, "deleted": False,
-                                     "repository": {"full_name": REPO, "pushed_at": int(NOW.timestamp())},
-                                     "installation": {"id": 1}})
 
 
 async def test_the_check_run_of_a_family_removed_from_the_configs_still_completes_with_its_outcome(kit: Kit) -> None:
@@ -41,7 +31,7 @@ async def test_the_check_run_of_a_family_removed_from_the_configs_still_complete
     removed = text[: text.index("dsr1-fp8-h200-trt:")] + text[text.index("gptoss-fp4-b200-vllm:"):]
     kit.repo.files[after] = {**kit.repo.files[before], "configs/nvidia-master.yaml": removed}
     kit.repo.head = after
-    await kit.catalog.on_push(kit.state, push(before, after))
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
     assert kit.state.catalog.get(H200) is None
     kit.repo.artifacts_of[run_id] = [Artifact(id=77, name=f"klaud-candidate-{CAND}", expired=False, archive_download_url="x")]
     kit.repo.archives[77] = artifact_zip({"outcome": "validated", "phase": "final-sweep", "pull-request": 1000,

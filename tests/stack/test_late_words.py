@@ -9,6 +9,8 @@ from typing import Any
 from tests import scenarios as sc
 from tests.harness import sandbox_stack
 from tests.stack.test_dashboard_e2e import dashboards, held_twice, tick_unhold, wave
+from tests.stack.test_people_e2e import comment as comment_on
+from tests.stack.test_waves_e2e import decision as decision_of
 
 REPO = "acme/bench"
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
@@ -20,9 +22,10 @@ def held(run: Any) -> list[str]:
 
 
 async def comment(run: Any, user: str, body: str, *, lost: bool = False) -> dict[str, Any]:
+    """`user`'s comment on #900; with `lost`, its webhook is dropped."""
     if lost:
         run.sandbox.set_faults({"rules": [{"webhook": "issue_comment", "count": 1}]})
-    made = await run.act({"action": "comment", "repo": REPO, "number": 900, "user": user, "body": body})
+    made = await comment_on(run, 900, user, body)
     run.sandbox.set_faults({"rules": []})
     return made
 
@@ -128,8 +131,8 @@ async def test_a_fresh_tick_releases_a_hold_renewed_before_it(tmp_path):
 
 
 def decision(run: Any, family: str) -> str:
-    last = run.klaud.dashboard._last_wave[REPO]
-    return str(next(d.decision for d in last.decisions if d.family == family))
+    """The last wave's decision of `family`."""
+    return str(decision_of(run.klaud.dashboard._last_wave[REPO], family).decision)
 
 
 async def test_a_retry_box_found_late_does_not_clear_a_cooldown_begun_after_it(tmp_path):

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from bot.core.domain import RETRY_NEXT_WAVE_OUTCOMES, Attempt
+from bot.core.outcomes import NO_OUTCOME
 
-# Runs in a row that must fail before an outcome for the candidate to cool down.
+# Runs in a row that must end without an outcome (NO_OUTCOME) for the candidate to cool down.
 RUN_FAILURES_TO_COOL = 2
 
 
@@ -45,7 +46,7 @@ def cooldown(
     repeated = _repeated_run_failure(attempts, candidate, now - window, window)
     if repeated is not None:
         until = repeated.completed_at + window
-        what = f"the last {RUN_FAILURES_TO_COOL} runs failed before an outcome ({_where_failed(repeated)})"
+        what = f"the last {RUN_FAILURES_TO_COOL} runs {_no_outcome(repeated)}"
         if _cleared(retry_approved_at, repeated):
             return CooldownState(True, None, f"cooldown cleared by /klaud retry ({what})", repeated)
         return CooldownState(False, until, f"cooling down until {human_time(until)}: {what}", repeated)
@@ -74,11 +75,14 @@ def _repeated_run_failure(
     attempts: Iterable[Attempt], candidate: str, cutoff: datetime, window: timedelta
 ) -> Attempt | None:
     """The newest attempt, completed after `cutoff`, when it and the one before it (within
-    `window` of it) both failed before an outcome: the cooldown runs `window` from the
-    second failure, however long before it the first one came within that window.
+    `window` of it) both ended without an outcome through the run's own doing (NO_OUTCOME:
+    failed before one, finished without the artifact, or left one that cannot be read): the
+    cooldown runs `window` from the second, however long before it the first one came within
+    that window.
 
-    One such failure may be bad luck (a runner lost), so the candidate stays eligible; the
-    same failure twice in a row is what a broken workflow looks like, wave after wave.
+    One such run may be bad luck (a runner lost), so the candidate stays eligible; the same
+    twice in a row is what a broken workflow looks like, wave after wave. An artifact that
+    expired or could not be downloaded says nothing of the run and breaks the sequence.
     """
     newest = sorted(
         (a for a in attempts if a.candidate == candidate),
@@ -87,12 +91,19 @@ def _repeated_run_failure(
     )[:RUN_FAILURES_TO_COOL]
     if (
         len(newest) == RUN_FAILURES_TO_COOL
-        and all(a.error == "run-failed" for a in newest)
+        and all(a.error in NO_OUTCOME for a in newest)
         and newest[0].completed_at > cutoff
         and newest[0].completed_at - newest[-1].completed_at <= window
     ):
         return newest[0]
     return None
+
+
+def _no_outcome(attempt: Attempt) -> str:
+    """What the newest of runs ending without an outcome did, for a reason people read."""
+    if attempt.error == "run-failed":
+        return f"failed before an outcome ({_where_failed(attempt)})"
+    return f"left no readable outcome ({attempt.error}, run {attempt.run_id})"
 
 
 def _where_failed(attempt: Attempt) -> str:
@@ -135,8 +146,8 @@ def _later(attempt: Attempt, than: Attempt) -> bool:
 def _unread_note(unverified: Attempt | None, *, newer_than: Attempt | None) -> str:
     if unverified is None or (newer_than is not None and not _later(unverified, newer_than)):
         return ""
-    if unverified.error == "run-failed":
-        return f"last run failed before an outcome ({_where_failed(unverified)}); once is not a cooldown"
+    if unverified.error in NO_OUTCOME:
+        return f"last run {_no_outcome(unverified)}; once is not a cooldown"
     error = unverified.error or "unreadable"
     return f"last attempt's outcome could not be read ({error}); not treated as a failure"
 

@@ -75,6 +75,15 @@ ERROR_CODES: dict[str, bool] = {
     "run-failed": False,  # a run Klaud dispatched failed before producing the artifact
     "too-many-entries": False,  # an archive listing more entries than an artifact needs
 }
+# An artifact the run left whose bytes hold no readable outcome: the run wrote it wrong, and
+# the same run gives the same answer every time (unlike a refused or expired download).
+UNREADABLE_CONTENT = frozenset({
+    "not-a-zip", "member-missing", "member-too-large", "unsafe-path", "invalid-json",
+    "outcome-missing", "outcome-invalid", "download-too-large", "too-many-entries",
+})
+# A finished run of Klaud's that gave no outcome through its own doing: once may be bad luck,
+# twice in a row is a broken workflow (the cooldown counts them, DESIGN §4).
+NO_OUTCOME = UNREADABLE_CONTENT | {"run-failed", "artifact-missing"}
 
 
 class ArtifactError(Exception):

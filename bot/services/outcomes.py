@@ -30,6 +30,7 @@ from bot.core.domain import (
 from bot.core.events import Artifact, Comment, WorkflowRun, WorkflowRunEvent
 from bot.core.outcomes import (
     MAX_ARCHIVE_BYTES,
+    UNREADABLE_CONTENT,
     ArtifactError,
     ReceiptError,
     RunInfo,
@@ -85,6 +86,14 @@ CLOCK_SKEW = timedelta(minutes=1)
 # may say it was created: generous, as a host clock minutes ahead of GitHub's lost such a
 # run's failure; an earlier run of the candidate is told apart by its recorded outcome.
 UNLINKED_SKEW = timedelta(minutes=10)
+
+
+def _dispatch_of(state: RepoState, run: WorkflowRun) -> Dispatch | None:
+    """The dispatch `run` is the run of, linked or (unlinked) told by its title."""
+    for dispatch in state.dispatches.values():
+        if dispatch.run_id == run.id or (dispatch.run_id is None and may_be_its_run(state, dispatch, run)):
+            return dispatch
+    return None
 
 
 def may_be_its_run(state: RepoState, dispatch: Dispatch, run: WorkflowRun) -> bool:
@@ -183,10 +192,11 @@ class OutcomeRecorder:
         for read in reads:
             if read.transient:
                 self._schedule_retry(state, run, read, change)
-        if not reads:
-            missing = await self._dispatched_without_artifact(state, api, run, info)
-            if missing is not None:
-                attempts.append(missing)
+        dispatch = _dispatch_of(state, run)
+        if dispatch is not None:
+            without = await self._without_outcome(api, run, info, dispatch, reads)
+            if without is not None:
+                attempts = [a for a in attempts if a.candidate != dispatch.candidate] + [without]
         families: set[str] = set()
         for attempt in attempts:
             families |= await self.apply_attempt(state, api, attempt, change)
@@ -228,20 +238,27 @@ class OutcomeRecorder:
         return found
 
     @staticmethod
-    async def _dispatched_without_artifact(
-        state: RepoState, api: RepoAPI, run: WorkflowRun, info: RunInfo
+    async def _without_outcome(
+        api: RepoAPI, run: WorkflowRun, info: RunInfo, dispatch: Dispatch, reads: list[ArtifactRead]
     ) -> Attempt | None:
-        """A run Klaud dispatched for a known candidate that left no artifact.
+        """The attempt of the dispatched candidate's run when it gave no outcome through its
+        own doing (None when its artifact gave one, may still give one, or could not be
+        downloaded, which says nothing of the run).
 
-        A run that failed (or was cancelled) got nowhere near an outcome: its jobs say where
-        it stopped, which is what people need to fix it and what the pause rule counts.
+        A run that failed (or was cancelled) without a readable outcome got nowhere near one,
+        whether it left no artifact or a broken one (a diagnostics step that crashed half-way,
+        its upload still run): its jobs say where it stopped, which is what people need to fix
+        it and what the pause rule counts. A run that finished without any artifact is
+        `artifact-missing`; one that answered for other candidates only has none of its own.
         """
-        for dispatch in state.dispatches.values():
-            if dispatch.run_id == run.id or (dispatch.run_id is None and may_be_its_run(state, dispatch, run)):
-                if run.conclusion in RUN_FAILED_CONCLUSIONS:
-                    jobs = await api.run_jobs(run.id)
-                    return run_failed_attempt(dispatch.candidate, dispatch.family, info, jobs)
-                return unverified_attempt(dispatch.candidate, dispatch.family, info, "artifact-missing")
+        own = [read for read in reads if read.attempt.candidate == dispatch.candidate]
+        if (reads and not own) or any(read.attempt.error not in UNREADABLE_CONTENT for read in own):
+            return None
+        if run.conclusion in RUN_FAILED_CONCLUSIONS:
+            jobs = await api.run_jobs(run.id)
+            return run_failed_attempt(dispatch.candidate, dispatch.family, info, jobs)
+        if not own:
+            return unverified_attempt(dispatch.candidate, dispatch.family, info, "artifact-missing")
         return None
 
     async def read_artifact(

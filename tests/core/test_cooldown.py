@@ -128,7 +128,7 @@ def test_newer_unverified_attempt_is_noted_beside_a_capacity_deferral() -> None:
     unread = attempt(None, hours_ago=1, run_id=2, error="invalid-json")
     state = check([deferred, unread])
     assert state.eligible
-    assert "could not be read (invalid-json)" in state.reason
+    assert "last run left no readable outcome (invalid-json, run 2); once is not a cooldown" in state.reason
 
 
 def test_retry_approval_clears_an_active_cooldown() -> None:
@@ -188,6 +188,26 @@ def test_two_runs_in_a_row_failing_before_an_outcome_cool_down_naming_job_and_st
 def test_an_outcome_between_two_run_failures_breaks_the_row() -> None:
     state = check([run_failed(5, 301), attempt("capacity-deferred", 3, run_id=302), run_failed(1, 303)])
     assert state.eligible
+
+
+@pytest.mark.parametrize("error", ["artifact-missing", "invalid-json", "outcome-invalid", "not-a-zip"])
+def test_two_runs_in_a_row_leaving_no_readable_outcome_cool_down(error: str) -> None:
+    # What this catches (a review on the real configs): a run that finished without its
+    # artifact, or left one that cannot be read, left the candidate eligible, so a broken
+    # diagnostics step had it dispatched again every wave.
+    first, second = attempt(None, 3, run_id=301, error=error), attempt(None, 1, run_id=302, error=error)
+    assert check([first]).eligible
+    state = check([first, second])
+    assert not state.eligible and state.until == NOW - timedelta(hours=1) + timedelta(hours=24)
+    assert f"the last 2 runs left no readable outcome ({error}, run 302)" in state.reason
+    assert not check([run_failed(3, 301), second]).eligible  # any two of them in a row
+
+
+@pytest.mark.parametrize("error", ["artifact-expired", "download-failed", "download-refused", "artifact-not-found"])
+def test_a_download_that_failed_says_nothing_of_the_run_and_breaks_the_row(error: str) -> None:
+    unread = attempt(None, 2, run_id=302, error=error)
+    assert check([run_failed(3, 301), unread, attempt(None, 1, run_id=303, error="invalid-json")]).eligible
+    assert check([attempt(None, 3, run_id=301, error=error), unread]).eligible
 
 
 def test_retry_clears_a_run_failure_cooldown() -> None:

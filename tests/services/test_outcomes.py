@@ -146,6 +146,40 @@ async def test_a_dispatched_run_failing_before_an_outcome_names_its_job_and_step
     assert H200 not in kit.state.dispatches and H200 not in kit.state.claims
 
 
+async def test_a_dispatched_run_failing_with_a_broken_artifact_failed_before_an_outcome(kit: Kit) -> None:
+    # What this catches (a review on the real configs): a diagnostics step that crashed
+    # half-way, its upload still run, left truncated JSON; the run was recorded `invalid-json`
+    # (eligible, not counted by the pause rule) and the candidate was dispatched every wave.
+    run_id = await dispatched_run(kit)
+    with_artifact(kit, run_id)
+    kit.repo.archives[77] = b"not a zip"
+    kit.repo.jobs_of[run_id] = [Job(name="Klaud Cold", conclusion="failure", steps=(Step(name="Diagnostics", conclusion="failure"),))]
+    await kit.outcomes.on_workflow_run(kit.state, failed_run(run_id))
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert (attempt.error, attempt.failed_job, attempt.failed_step) == ("run-failed", "Klaud Cold", "Diagnostics")
+    assert H200 not in kit.state.dispatches and H200 not in kit.state.claims
+
+
+async def test_a_dispatched_run_whose_artifact_could_not_be_downloaded_is_not_a_run_failure(kit: Kit) -> None:
+    # A download GitHub refuses says nothing of the run: its artifact may hold an outcome.
+    run_id = await dispatched_run(kit)
+    with_artifact(kit, run_id)
+    kit.repo.fail("download", BadRequest(403, "Forbidden"))
+    kit.repo.jobs_of[run_id] = [Job(name="cleanup", conclusion="failure")]
+    await kit.outcomes.on_workflow_run(kit.state, failed_run(run_id))
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert attempt.error == "download-refused"
+    assert ("run_jobs", run_id) not in kit.repo.calls
+
+
+async def test_a_dispatched_run_that_succeeded_without_its_artifact_is_artifact_missing(kit: Kit) -> None:
+    run_id = await dispatched_run(kit)
+    await kit.outcomes.on_workflow_run(kit.state, failed_run(run_id, "success"))
+    [attempt] = kit.state.ledger.for_candidate(CAND)
+    assert attempt.error == "artifact-missing"
+    assert ("run_jobs", run_id) not in kit.repo.calls
+
+
 async def test_runs_failing_in_one_job_pause_dispatch_and_a_canary_resumes_it(kit: Kit) -> None:
     await kit.reconciler.reconcile(REPO, 1)
     wave = await kit.waves.run(REPO, trigger="test")

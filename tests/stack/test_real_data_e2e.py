@@ -9,6 +9,7 @@ import json
 
 import yaml
 
+from bot.core.catalog import parse_runners
 from tests import scenarios as sc
 from tests.harness import sandbox_stack
 
@@ -50,3 +51,64 @@ async def test_real_configs_and_a_real_image_bump_end_to_end(tmp_path, fixtures)
         blocked = [d for d in wave.decisions if d.decision == "capacity"]
         assert blocked and all(d.reason for d in blocked)
         assert len(wave.selected) == 5  # the default max_candidates_per_wave
+
+
+def every_cluster_idle(scenario: dict) -> dict:
+    runners = parse_runners(scenario["repositories"][0]["files"]["configs/runners.yaml"])
+    return {"clusters": [sc.cluster(c) for c in sorted(runners.declared)]}
+
+
+def broken_diagnostics_run(run_id: int, candidate: str, conclusion: str) -> dict:
+    """A run whose diagnostics step crashed half-way and whose upload still ran."""
+    return {
+        "id": run_id, "conclusion": conclusion,
+        "jobs": [{"name": "Klaud Cold", "conclusion": conclusion,
+                  "steps": [{"name": "Diagnostics", "conclusion": conclusion}]}],
+        "artifacts": [{"name": f"klaud-candidate-{candidate}", "expired": False,
+                       "files": {"candidate-diagnostics.json": '{"candidate-outcome": {"outcome": "fail'}}],
+    }
+
+
+async def finish_and_wait(run, wave, conclusion: str) -> object:
+    """Each run the wave dispatched ends with a broken artifact; the next wave, 2 h later."""
+    made = {d["inputs"]["candidate"]: d["run_id"] for d in run.github()["dispatches"]}
+    for candidate in wave.selected:
+        await run.act({"action": "complete_run", "repo": "acme/bench",
+                       "run": broken_diagnostics_run(made[candidate], candidate, conclusion)})
+    await run.act({"action": "advance_clock", "seconds": 2 * 3600 + 60})
+    await run.settle()
+    return await run.klaud.waves.run("acme/bench", trigger="test")
+
+
+async def test_runs_failing_with_a_broken_artifact_pause_dispatch_on_the_real_configs(tmp_path, fixtures):
+    # What this catches (a review on the real configs): a failed run that left a broken
+    # artifact was `invalid-json`, which the pause rule did not count: the five stalest of the
+    # 208 families were dispatched wave after wave and the others never had a turn.
+    scenario = real_scenario(fixtures)
+    scenario["repositories"][0]["pulls"] = []
+    scenario["capacity"] = every_cluster_idle(scenario)
+    async with sandbox_stack(tmp_path, scenario) as run:
+        wave = await run.klaud.waves.run("acme/bench", trigger="test")
+        assert len(wave.selected) == 5
+        wave = await finish_and_wait(run, wave, "failure")
+        assert run.state()["blocked"]["code"] == "dispatch-paused"
+        assert "3 of the 3 finished runs of wave 1 failed before an outcome in job Klaud Cold" in run.state()["blocked"]["reason"]
+        assert wave.selected == ()
+
+
+async def test_a_run_that_succeeds_with_a_broken_artifact_is_not_dispatched_every_wave(tmp_path, fixtures):
+    scenario = real_scenario(fixtures)
+    scenario["repositories"][0]["pulls"] = []
+    scenario["repositories"][0]["files"][".github/klaud.yml"] = "max_candidates_per_wave: 1\n"
+    scenario["capacity"] = every_cluster_idle(scenario)
+    async with sandbox_stack(tmp_path, scenario) as run:
+        wave = await run.klaud.waves.run("acme/bench", trigger="test")
+        [first] = wave.selected
+        for _ in range(6):
+            wave = await finish_and_wait(run, wave, "success")
+        made = [d["inputs"]["candidate"] for d in run.github()["dispatches"]]
+        # Once may be bad luck, twice in a row cools it down: the next family gets its turns.
+        assert made[:2] == [first, first] and {made.count(c) for c in made[:6]} == {2}, made
+        [cooling] = [d for d in wave.decisions if d.candidate == first]
+        assert cooling.decision == "cooldown"
+        assert "the last 2 runs left no readable outcome (invalid-json" in cooling.reason

@@ -20,9 +20,10 @@ from datetime import datetime
 from typing import Any, Literal
 
 from bot.core.catalog import config_problems
-from bot.core.commands import code_span, describe_hold, with_until
+from bot.core.commands import MAX_TEXT, code_span, describe_hold, with_until
 from bot.core.cooldown import human_time
 from bot.core.domain import (
+    CANDIDATE_RE,
     Blocked,
     DecisionKind,
     Family,
@@ -49,6 +50,7 @@ MARKER_BUDGET = 32_000
 # v1 is base64 JSON; v2, written only when v1 would not fit, deflated JSON. What a decoded
 # marker may grow to.
 MARKER_MAX_JSON = 1024 * 1024
+MAX_LOGIN = 64  # characters of a login read from a marker (GitHub's are at most 39, "[bot]" aside)
 _MARKER_RE = re.compile(r"<!-- klaud-dashboard:v(?P<version>[12]):(?P<data>[A-Za-z0-9_=-]+) -->")
 # `[ \t]*`, not `\s*`: in multiline mode `\s*` crosses newlines, and a body of 65,000
 # blank lines took 8 s of the event loop to scan.
@@ -225,18 +227,29 @@ def parse_marker(body: str) -> Remembered | None:
         document = json.loads(data)
         return Remembered(
             holds=tuple(_hold(item) for item in document.get("holds", [])),
-            retries=tuple(_retry(item) for item in document.get("retries", [])),
+            retries=tuple(retry for item in document.get("retries", []) if (retry := _retry(item)) is not None),
         )
-    except (ValueError, TypeError, KeyError, AttributeError, zlib.error):
+    # RecursionError: JSON nested thousands deep, which json.loads does not refuse itself.
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, zlib.error):
         return None
 
 
 def _hold(item: dict[str, Any]) -> Hold:
-    return Hold(str(item["family"]), str(item["by"]), str(item.get("reason", "")), _time(item["at"]))
+    # Clipped as a command's are: anyone who may edit the issue writes what it says.
+    return Hold(str(item["family"]), _login(item["by"]), str(item.get("reason", ""))[:MAX_TEXT], _time(item["at"]))
 
 
-def _retry(item: dict[str, Any]) -> RetryApproval:
-    return RetryApproval(str(item["candidate"]), str(item["by"]), _time(item["at"]))
+def _retry(item: dict[str, Any]) -> RetryApproval | None:
+    """None for what names no candidate: it would key a stored record (6,000 characters
+    made PostgreSQL refuse its index row, and the repository's rebuild with it)."""
+    candidate = str(item["candidate"])
+    if not CANDIDATE_RE.match(candidate):
+        return None
+    return RetryApproval(candidate, _login(item["by"]), _time(item["at"]))
+
+
+def _login(value: Any) -> str:
+    return str(value)[:MAX_LOGIN]
 
 
 def _time(value: Any) -> datetime:

@@ -216,7 +216,9 @@ class DashboardKeeper:
                 if hold.family in state.catalog and hold.family not in state.holds:
                     change.extend(state.hold(hold))
             for retry in remembered.retries:
-                if retry.candidate not in state.retries:
+                # Only a current candidate's: an approval of an image since replaced clears nothing.
+                family = state.family_by_hash(retry.candidate[:16])
+                if retry.candidate not in state.retries and family is not None and family.candidate == retry.candidate:
                     change.extend(state.approve_retry(retry))
             log.info("dashboard.restored", repo=state.name, holds=len(remembered.holds), retries=len(remembered.retries))
             return remembered

@@ -157,3 +157,25 @@ def test_long_lists_show_their_first_boxes_and_point_to_the_status_page_so_nothi
     assert "## Configuration errors" in body and "truncated" not in body
     assert len(body) < BODY_LIMIT
     assert f"- [ ] retry `{many[0].id}`" in body  # in the order of family ids, as before
+
+
+def marker_of(document: object) -> str:
+    return f"<!-- klaud-dashboard:v1:{base64.urlsafe_b64encode(json.dumps(document).encode()).decode()} -->"
+
+
+def test_a_marker_written_by_hand_is_read_within_bounds() -> None:
+    # What this catches (a hostile-input review): whoever may edit the issue writes the
+    # marker. JSON nested 5,000 deep raised RecursionError out of parse_marker (the rebuild
+    # of a lost store failed at every reconcile); a retry naming 6,000 characters became a
+    # record's key, which PostgreSQL's index refused; a login or reason had no length.
+    nested = b'{"holds": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    assert parse_marker(f"<!-- klaud-dashboard:v1:{base64.urlsafe_b64encode(nested).decode()} -->") is None
+    remembered = parse_marker(marker_of({
+        "holds": [{"family": C.id, "by": "m" * 5000, "reason": "r" * 5000, "at": "2026-11-30T08:00:00Z"}],
+        "retries": [{"candidate": "f" * 6000, "by": "x", "at": "2026-11-30T08:00:00Z"},
+                    {"candidate": A.candidate, "by": "bob", "at": "2026-11-30T08:00:00Z"}],
+    }))
+    assert remembered is not None
+    [hold] = remembered.holds
+    assert (len(hold.by), len(hold.reason)) == (64, 300)
+    assert remembered.retries == (RetryApproval(A.candidate, "bob", NOW),)

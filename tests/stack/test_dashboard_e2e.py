@@ -3,6 +3,8 @@ holds that survive the loss of the store (DESIGN §4 "Dashboard issue")."""
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 from tests import scenarios as sc
@@ -107,6 +109,29 @@ async def test_a_closed_dashboard_still_brings_the_holds_back_and_is_opened_agai
         await wave(run)
         [again] = dashboards(run)
         assert again["number"] == issue["number"] and again["state"] == "open"
+
+
+async def test_a_hand_written_marker_does_not_stop_a_rebuild_on_postgresql(tmp_path, store_url):
+    # What this catches (a hostile-input review): a marker's retry was restored unchecked and
+    # keyed a record by its 6,000 characters: PostgreSQL refused the index row, and the
+    # repository's rebuild failed at every reconcile.
+    async with sandbox_stack(tmp_path, sc.scenario(), env={"KLAUD_DB": store_url}) as run:
+        await wave(run)
+        [issue] = dashboards(run)
+        at = "2026-11-30T07:00:00Z"
+        marker = base64.urlsafe_b64encode(json.dumps({
+            "holds": [{"family": H200, "by": "alice", "reason": "weights", "at": at}],
+            "retries": [{"candidate": "ab" * 3000, "by": "x", "at": at},
+                        {"candidate": sc.candidate(H200)[:17] + "0" * 16, "by": "x", "at": at}],
+        }).encode()).decode()
+        run.sandbox.world.repos[REPO].issues[issue["number"]].body = f"<!-- klaud-dashboard:v1:{marker} -->"
+        lost = run.klaud
+        lost.live.repos.clear()
+        await lost.store.apply(_forget_everything(REPO))
+        await lost.reconciler.reconcile_new_installations()
+        assert REPO not in lost.reconciler.failures
+        restored = lost.live.repo(REPO)
+        assert restored is not None and list(restored.holds) == [H200] and not restored.retries
 
 
 def _forget_everything(repo: str) -> Any:

@@ -8,6 +8,7 @@ per change, and while one fails the repository's waves dispatch nothing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,20 @@ import yaml
 from bot.core.yamltext import UNREADABLE_YAML
 
 WORKFLOWS_DIR = ".github/workflows"
+
+
+class _WorkflowLoader(yaml.SafeLoader):
+    """Reads a workflow as GitHub does, in YAML 1.2: `on`, `off`, `yes` and `no` are words
+    there (input names among them), only `true` and `false` are booleans."""
+
+
+_WorkflowLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_WorkflowLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +57,7 @@ def workflow_setup_errors(workflow: str, text: str | None, inputs: Iterable[str]
     if text is None:
         return [SetupError("candidate-workflow-missing", f"{path} does not exist on the default branch")]
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_WorkflowLoader)
     except UNREADABLE_YAML:
         return [SetupError("candidate-workflow-invalid", f"{path} is not valid YAML")]
     if not isinstance(document, dict):
@@ -60,8 +75,7 @@ def workflow_setup_errors(workflow: str, text: str | None, inputs: Iterable[str]
 
 def _workflow_dispatch(document: dict[Any, Any]) -> dict[str, Any] | None:
     """The `workflow_dispatch` trigger's settings ({} when it has none), None without it."""
-    # YAML 1.1 reads a bare `on:` key as the boolean true.
-    triggers = document.get("on", document.get(True))
+    triggers = document.get("on")
     if triggers == "workflow_dispatch":
         return {}
     if isinstance(triggers, list):
@@ -73,8 +87,9 @@ def _workflow_dispatch(document: dict[Any, Any]) -> dict[str, Any] | None:
 
 
 def _input_errors(path: str, dispatch: dict[str, Any], sent: set[str]) -> list[SetupError]:
-    declared = dispatch.get("inputs")
-    declared = declared if isinstance(declared, dict) else {}
+    inputs = dispatch.get("inputs")
+    # Keys as GitHub names them: `true:` and `1:` are inputs named "true" and "1" there.
+    declared = {_key_name(key): spec for key, spec in inputs.items()} if isinstance(inputs, dict) else {}
     errors = []
     undeclared = sorted(sent - set(declared))
     if undeclared:
@@ -97,3 +112,7 @@ def _input_errors(path: str, dispatch: dict[str, Any], sent: set[str]) -> list[S
             )
         )
     return errors
+
+
+def _key_name(key: Any) -> str:
+    return str(key).lower() if isinstance(key, bool) else str(key)

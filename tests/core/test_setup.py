@@ -60,3 +60,15 @@ def test_unreadable_text_is_reported_not_raised() -> None:
     assert codes("on: [unclosed\n") == ["candidate-workflow-invalid"]
     assert codes("on: " + "[" * 600 + "]" * 600 + "\n") == ["candidate-workflow-invalid"]  # RecursionError
     assert codes("- a list\n") == ["candidate-workflow-invalid"]
+
+
+def test_input_names_yaml_1_1_reads_as_booleans_are_names_as_github_reads_them() -> None:
+    # What this catches (a hostile-input review): `off`, `on`, `yes`, `no` are input names
+    # for GitHub (YAML 1.2); PyYAML's YAML 1.1 read them as booleans and sorting the names
+    # raised TypeError: every push and reconcile of the repository failed.
+    workflow = GOOD.replace("      wave: {type: string}\n", "      wave: {type: string}\n      off: {required: true}\n"
+                            "      yes: {type: string}\n      true: {required: true}\n      7: {required: true}\n")
+    [error] = workflow_setup_errors("klaud-candidate.yml", workflow, EVERY.values())
+    assert error.detail.endswith("requires the input(s) 7, off, true that Klaud does not send")
+    assert codes(workflow, {**EVERY, "a": "off", "b": "true", "c": "7"}) == []
+    assert codes(workflow.replace("on:\n", "'on':\n"), {**EVERY, "a": "off", "b": "true", "c": "7"}) == []

@@ -7,12 +7,20 @@ stays in force.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 from pydantic.config import JsonDict
 
+from bot.core.catalog import glob_pattern
 from bot.core.yamltext import UNREADABLE_YAML, where
 
 POLICY_PATH = ".github/klaud.yml"
@@ -25,6 +33,12 @@ FAMILY_FILE_PLACEHOLDERS = ("key", "model-prefix", "precision", "framework", "ha
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 # Editors learn from the schema what the validator below refuses.
 _AT_LEAST_ONE: JsonDict = {"minItems": 1}
+# Bounds on what the file may list: every path of every push and pull request is tried
+# against each glob, and the overlap index holds each family's `family_files` expanded;
+# 2,000 globs took 23 s of the event loop for one pull request. Far above real use.
+MAX_GLOBS = 64
+MAX_WORKFLOWS = 16
+Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
 def _every_input() -> dict[InputKey, str]:
@@ -41,13 +55,15 @@ class Policy(BaseModel):
     max_candidates_per_wave: int = Field(default=5, ge=1, le=256)
     max_in_flight: int = Field(default=10, ge=1, le=1024)
     idle_days: int = Field(default=7, ge=1, le=365)
-    candidate_workflow: str = Field(default="klaud-candidate.yml", min_length=1)
-    outcome_workflows: tuple[str, ...] = Field(
-        default=("klaud-candidate.yml", "klaud-plan.yml"), json_schema_extra=_AT_LEAST_ONE
+    candidate_workflow: Text = "klaud-candidate.yml"
+    outcome_workflows: tuple[Text, ...] = Field(
+        default=("klaud-candidate.yml", "klaud-plan.yml"), max_length=MAX_WORKFLOWS, json_schema_extra=_AT_LEAST_ONE
     )
-    config_globs: tuple[str, ...] = Field(default=("configs/*-master.yaml",), json_schema_extra=_AT_LEAST_ONE)
-    runners_file: str = "configs/runners.yaml"
-    family_files: tuple[str, ...] = ()
+    config_globs: tuple[Text, ...] = Field(
+        default=("configs/*-master.yaml",), max_length=MAX_GLOBS, json_schema_extra=_AT_LEAST_ONE
+    )
+    runners_file: Text = "configs/runners.yaml"
+    family_files: tuple[Text, ...] = Field(default=(), max_length=MAX_GLOBS)
     capacity_rule: Literal["all", "any"] = "all"
     claim_ttl_hours: int = Field(default=12, ge=1, le=168)
     enabled: bool = True
@@ -72,7 +88,24 @@ class Policy(BaseModel):
                 if name not in FAMILY_FILE_PLACEHOLDERS:
                     known = ", ".join("{" + known + "}" for known in FAMILY_FILE_PLACEHOLDERS)
                     raise ValueError(f"{pattern!r}: unknown placeholder {{{name}}} (known: {known})")
+            _check_glob(pattern, _PLACEHOLDER.sub("x", pattern))
         return patterns
+
+    @field_validator("config_globs")
+    @classmethod
+    def _valid_globs(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            _check_glob(pattern, pattern)
+        return patterns
+
+
+def _check_glob(pattern: str, glob: str) -> None:
+    """Refuse `pattern` (as `glob`, its placeholders filled in) unless Klaud can match it: a
+    glob such as `[z-a]` raised at every push and reconcile instead, no policy error said."""
+    try:
+        re.compile(glob_pattern(glob))
+    except (re.error, ValueError) as exc:
+        raise ValueError(f"{pattern!r}: not a valid glob ({exc})") from None
 
 
 def policy_schema() -> dict[str, object]:

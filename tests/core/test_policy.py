@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.core.policy import Policy, PolicyError, parse_policy
+from bot.core.policy import MAX_GLOBS, Policy, PolicyError, parse_policy
 
 # Past Python's limit on turning a string of digits into an int (ValueError in PyYAML).
 LONG_NUMBER = "1" * 5000
@@ -73,3 +73,25 @@ def test_family_files_with_an_unknown_placeholder_is_refused_naming_it() -> None
         parse_policy("family_files: ['benchmarks/{model}/*.sh']\n")
     known = "family_files: ['benchmarks/{model-prefix}_{precision}_{framework}_{hardware}.sh', 'x/{key}.yaml']\n"
     assert len(parse_policy(known).family_files) == 2
+
+
+@pytest.mark.parametrize("key", ["config_globs", "family_files"])
+def test_a_glob_klaud_cannot_match_is_a_policy_error(key: str) -> None:
+    # What this catches (a hostile-input review): `[z-a]` was accepted, then raised re.error
+    # at every push and reconcile of the repository, with no policy error said.
+    with pytest.raises(PolicyError, match=rf"{key}.*'configs/\[z-a\]\*-master.yaml': not a valid glob"):
+        parse_policy(f"{key}: ['configs/[z-a]*-master.yaml']\n")
+    assert parse_policy(f"{key}: ['configs/[a-z]*-master.yaml']\n")
+
+
+def test_the_lists_and_names_of_the_policy_are_bounded() -> None:
+    # 2,000 globs took 23 s of the event loop for one pull request's files.
+    many = ", ".join(f"'configs/{n}/*.yaml'" for n in range(MAX_GLOBS + 1))
+    for key in ("config_globs", "family_files"):
+        with pytest.raises(PolicyError, match=key):
+            parse_policy(f"{key}: [{many}]\n")
+    with pytest.raises(PolicyError, match="outcome_workflows"):
+        parse_policy("outcome_workflows: [" + ", ".join(f"w{n}.yml" for n in range(17)) + "]\n")
+    with pytest.raises(PolicyError, match="runners_file"):
+        parse_policy(f"runners_file: {'x' * 257}\n")
+    assert len(parse_policy("config_globs: [" + ", ".join(f"'c/{n}/*.yaml'" for n in range(MAX_GLOBS)) + "]\n").config_globs) == MAX_GLOBS

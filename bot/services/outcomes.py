@@ -109,8 +109,15 @@ def may_be_its_run(state: RepoState, dispatch: Dispatch, run: WorkflowRun) -> bo
     )
 
 
+# Events whose runs use the workflow as a pull request's head has it: a contributor's fork
+# may rewrite an outcome workflow to run on its own pull request and upload
+# `klaud-candidate-<any id>` saying "failed" (a 24 h cooldown for every family it names).
+# Outcome workflows are dispatched or scheduled (domain: WF-PLAN).
+PULL_REQUEST_EVENTS = frozenset({"pull_request", "pull_request_review", "pull_request_review_comment"})
+
+
 def is_outcome_workflow(state: RepoState, run: WorkflowRun) -> bool:
-    return posixpath.basename(run.path) in state.policy.outcome_workflows
+    return posixpath.basename(run.path) in state.policy.outcome_workflows and run.event not in PULL_REQUEST_EVENTS
 
 
 class OutcomeRecorder:
@@ -211,6 +218,7 @@ class OutcomeRecorder:
             for workflow in state.policy.outcome_workflows
             async for run in api.workflow_runs(workflow, created_since=cutoff.date())
             if run.created_at is not None and run.created_at >= cutoff and run.id not in known_runs
+            and run.event not in PULL_REQUEST_EVENTS
         ]
         listed = await self._artifacts_of(api, {run.id for run in runs}, cutoff)
         for run in runs:

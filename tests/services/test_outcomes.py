@@ -497,3 +497,23 @@ async def test_a_full_reconcile_records_the_outcome_of_a_run_whose_event_was_los
     assert (attempt.verified, attempt.outcome, attempt.run_id) == (True, "readiness-blocked", run_id)
     assert H200 not in kit.state.dispatches and claim_ref(H200) not in kit.repo.branches_at
     assert ("run_artifacts", run_id) not in kit.repo.calls
+
+
+async def test_a_pull_requests_run_of_an_outcome_workflow_is_no_outcome(kit: Kit) -> None:
+    # What this catches (a hostile-input review): a contributor's fork may rewrite the
+    # candidate workflow to run on its own pull request (GitHub runs the head's version) and
+    # upload klaud-candidate-<id> saying "failed": the family cooled down for a day.
+    await kit.reconciler.reconcile(REPO, 1)
+    now = kit.clock.now()
+    forged = completed(401).workflow_run.model_copy(update={
+        "path": ".github/workflows/klaud-candidate.yml", "event": "pull_request",
+        "created_at": now - timedelta(minutes=5), "updated_at": now,
+    })
+    with_artifact(kit, 401)
+    await kit.outcomes.on_workflow_run(kit.state, completed(401).model_copy(update={"workflow_run": forged}))
+    kit.repo.runs[401] = forged
+    await kit.reconciler.reconcile(REPO, 1)  # nor from the listing of the last days' runs
+    assert kit.state.ledger.for_candidate(CAND) == [] and ("download", 77) not in kit.repo.calls
+    dispatched = forged.model_copy(update={"event": "workflow_dispatch"})
+    await kit.outcomes.on_workflow_run(kit.state, completed(401).model_copy(update={"workflow_run": dispatched}))
+    assert [a.outcome for a in kit.state.ledger.for_candidate(CAND)] == ["readiness-blocked"]

@@ -293,8 +293,9 @@ class GitHubRepo:
             yield Comment.model_validate(comment)
 
     async def comments_since(self, since: datetime) -> AsyncIterator[ListedComment]:
-        """The comments of every issue and PR updated at or after `since`, oldest first."""
-        url = f"/repos/{{owner}}/{{repo}}/issues/comments?{PER_PAGE}&since={{since}}"
+        """The comments of every issue and PR updated at or after `since`, by update time,
+        oldest first (a reader that stops part-way goes on from the last one it read)."""
+        url = f"/repos/{{owner}}/{{repo}}/issues/comments?{PER_PAGE}&sort=updated&direction=asc&since={{since}}"
         async for comment in self.client.getiter(url, self._at(since=stamp(since))):
             yield ListedComment.model_validate(comment)
 

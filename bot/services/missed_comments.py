@@ -34,6 +34,10 @@ MAX_LOOKBACK = timedelta(days=7)
 # the comments' times from GitHub's, and a comment made just after a sweep, by a clock this
 # much behind, must still fall in the next window. Seen twice, a comment is answered once.
 OVERLAP = timedelta(minutes=30)
+# Comments one sweep reads (10 requests); a flood (spam, a busy week after an outage) is read
+# over several sweeps, each going on from the last comment the one before read: listed
+# whole, 20,000 made the listing fail at every sweep and no lost command was answered again.
+MAX_SWEPT = 1_000
 
 
 class MissedComments:
@@ -55,18 +59,37 @@ class MissedComments:
         # min(): a clock set back since the last sweep must not skip what it had not seen.
         start = max(min(swept, cutoff), now - MAX_LOOKBACK) - OVERLAP
         try:
-            listed = [c async for c in self.live.api(state).comments_since(start)]
+            listed, resume_at = await self._listed(state, start)
         except GitHubError as exc:
             # The watermark stays: the next reconcile looks at the same comments again.
             log.warning("comments.sweep_failed", repo=state.name, error=str(exc))
             return {}
         found = Found(cutoff)
+        if resume_at is not None:
+            # Listed by update time: the next sweep starts at the last comment read (a time
+            # on GitHub's clock, so without OVERLAP's allowance for this host's).
+            found.until = min(found.until, resume_at + OVERLAP)
         await self._handle(state, listed, start, found)
         await self._swept_until(state, found.until)
         counts = {key: n for key, n in (("commands_answered", found.commands), ("receipts_read", found.receipts)) if n}
         if counts:
             log.info("comments.missed_found", repo=state.name, **counts)
         return counts
+
+    async def _listed(self, state: RepoState, start: datetime) -> tuple[list[ListedComment], datetime | None]:
+        """Of up to MAX_SWEPT comments updated since `start`, oldest update first, Klaud's
+        own and people's unedited commands (a flood of others is not held); and, when more
+        were left unread, when the last one read was updated."""
+        kept: list[ListedComment] = []
+        read = 0
+        async for comment in self.live.api(state).comments_since(start):
+            read += 1
+            # An edited comment is ignored, as its `edited` webhook is (DESIGN §4 "Commands").
+            if self.live.is_bot(comment.user.login) or (not comment.edited and parse_commands(comment.body or "")):
+                kept.append(comment)
+            if read == MAX_SWEPT:
+                return kept, comment.updated_at or comment.created_at or start
+        return kept, None
 
     async def _handle(self, state: RepoState, listed: list[ListedComment], start: datetime, found: Found) -> None:
         bot = [c for c in listed if self.live.is_bot(c.user.login)]
@@ -76,9 +99,7 @@ class MissedComments:
             if _made_between(comment, start, found.cutoff):
                 await self._one(state, comment, found, self._receipt(state, comment, found))
         for number, comment in people:
-            # An edited comment is ignored, as its `edited` webhook is (DESIGN §4 "Commands").
-            lost = comment.id not in answered and not comment.edited and _made_between(comment, start, found.cutoff)
-            if lost and parse_commands(comment.body or ""):
+            if comment.id not in answered and _made_between(comment, start, found.cutoff):
                 await self._one(state, comment, found, self._command(state, number, comment, found))
 
     async def _receipt(self, state: RepoState, comment: ListedComment, found: Found) -> None:

@@ -277,10 +277,11 @@ class FakeRepo:
                 updated_at=self.edited_at.get(c.id, c.created_at),
             )
             for number, comments in self.comments_on.items() for c in comments
-            # A comment made here without a time is always listed (GitHub filters by update).
-            if c.created_at is None or c.created_at >= since
         ]
-        for comment in sorted(listed, key=lambda c: c.id):
+        # By update time, as Klaud asks (`sort=updated&direction=asc`): GitHub filters by it
+        # too. A comment made here without a time is always listed, first.
+        listed = [c for c in listed if c.updated_at is None or c.updated_at >= since]
+        for comment in sorted(listed, key=lambda c: (c.updated_at is not None, c.updated_at or since, c.id)):
             yield comment
 
     async def post_comment(self, number: int, body: str) -> None:

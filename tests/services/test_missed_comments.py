@@ -282,3 +282,24 @@ async def test_a_lost_hold_then_a_lost_unhold_leave_the_family_unheld(kit: Kit, 
     lost_comment(kit, 651, f"/klaud unhold {H200}", ago=timedelta(hours=2))
     await reconciler.reconcile(REPO, 1, light=True)
     assert H200 not in kit.state.holds
+
+
+async def test_a_flood_of_comments_is_read_over_several_sweeps_and_a_lost_command_still_answered(
+    kit: Kit, sweeping, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches (a hostile-input review): every comment since the last sweep was
+    # listed at once; past the client's 20,000 the listing failed, the watermark stayed, and
+    # every later sweep failed the same way: no lost command was answered again. Here a
+    # sweep reads 5 comments at most.
+    monkeypatch.setattr("bot.services.missed_comments.MAX_SWEPT", 5)
+    reconciler, _ = sweeping
+    await first_sweep(kit, reconciler)
+    for n in range(12):  # spam, each a second apart, then the command whose webhook was lost
+        lost_comment(kit, 600 + n, f"spam {n}", ago=timedelta(hours=5, seconds=-n))
+    lost_comment(kit, 700, "/klaud status dsr1-fp8-h200-trt", ago=timedelta(hours=4))
+    answered = []
+    for _ in range(4):  # 5 + 5 + 5 (the last read being the command) + what is left
+        report = await reconciler.reconcile(REPO, 1, light=True)
+        answered.append(report.get("commands_answered", 0))
+    assert answered == [0, 0, 1, 0] and len(replies_to(kit, 700)) == 1
+    assert kit.state.meta.comments_swept_at == stamp(kit.clock.now() - GRACE)  # caught up

@@ -75,7 +75,7 @@ class Runners(Mapping[str, tuple[str, ...]]):
     resolve to; `targets` is the whole rule for any runner label of a family.
     """
 
-    __slots__ = ("_longest_first", "_targets", "declared", "labels")
+    __slots__ = ("_lengths", "_longest", "_targets", "declared", "labels")
 
     def __init__(
         self, declared: Iterable[str] = (), labels: Mapping[str, Iterable[str]] | None = None
@@ -84,8 +84,9 @@ class Runners(Mapping[str, tuple[str, ...]]):
         self.labels: Mapping[str, tuple[str, ...]] = {
             label: tuple(names) for label, names in (labels or {}).items()
         }
-        # Longest first, so `h100-dgxc-slurm_07` picks `h100-dgxc` over a declared `h100`.
-        self._longest_first = sorted(self.declared, key=lambda cluster: (-len(cluster), cluster))
+        # The lengths of the declared ids: only a prefix of one of them can be a cluster.
+        self._lengths = frozenset(len(cluster) for cluster in self.declared)
+        self._longest = max(self._lengths, default=-1)
         self._targets = {label: self._resolve(names) for label, names in self.labels.items()}
 
     def cluster_of(self, name: str) -> str | None:
@@ -97,7 +98,16 @@ class Runners(Mapping[str, tuple[str, ...]]):
         exact = _RUNNER_NUMBER_RE.sub("", name)
         if exact in self.declared:
             return exact
-        return next((c for c in self._longest_first if name.startswith(c + "-")), None)
+        # Each prefix that a `-` follows, longest first (`h100-dgxc-slurm_07` picks `h100-dgxc`
+        # over a declared `h100`), looked up: testing the name against every declared id made
+        # a runners.yaml of N clusters and N runner names quadratic (found by a hostile-input
+        # review).
+        at = name.rfind("-", 0, self._longest + 1)
+        while at >= 0:
+            if at in self._lengths and name[:at] in self.declared:
+                return name[:at]
+            at = name.rfind("-", 0, at)
+        return None
 
     def _resolve(self, names: tuple[str, ...]) -> Targets:
         found = {name: self.cluster_of(name) for name in names}

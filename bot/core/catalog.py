@@ -278,20 +278,30 @@ def read_master(path: str, text: str, runners: Runners | None) -> MasterConfig:
     pairs = [(key, value) for key, value in root.value]
     problems: list[str] = []
     families: dict[str, Family] = {}
-    for index, (key_node, value_node) in enumerate(pairs):
-        start = key_node.start_mark.line + 1
-        next_start = pairs[index + 1][0].start_mark.line + 1 if index + 1 < len(pairs) else None
-        end = _block_end(lines, start, next_start)
-        family = _family(path, key_node, value_node, start, end, runners, problems)
-        if family is None:
-            continue
-        if family.key in families:
-            earlier = families.pop(family.key).line_start
-            problems.append(
-                f"{path}:{start}: `{family.key}` repeats the key of line {earlier}; "
-                "the later block wins, as in YAML"
-            )
-        families[family.key] = family
+    blocks = _Blocks(NODE_BUDGET_FLOOR + NODE_BUDGET_PER_CHARACTER * len(text))
+    try:
+        for index, (key_node, value_node) in enumerate(pairs):
+            start = key_node.start_mark.line + 1
+            next_start = pairs[index + 1][0].start_mark.line + 1 if index + 1 < len(pairs) else None
+            end = _block_end(lines, start, next_start)
+            try:
+                family = _family(path, key_node, value_node, start, end, runners, problems, blocks)
+            except _OverBudget:
+                raise CatalogError(
+                    f"{path}:{start}: its blocks build over {blocks.budget} YAML nodes by this line "
+                    "(aliases and merge keys repeat nodes): the file is not read"
+                ) from None
+            if family is None:
+                continue
+            if family.key in families:
+                earlier = families.pop(family.key).line_start
+                problems.append(
+                    f"{path}:{start}: `{family.key}` repeats the key of line {earlier}; "
+                    "the later block wins, as in YAML"
+                )
+            families[family.key] = family
+    finally:
+        blocks.dispose()
     return MasterConfig(path, tuple(families.values()), tuple(problems))
 
 
@@ -309,13 +319,52 @@ def _compose(path: str, text: str) -> yaml.Node | None:
         raise CatalogError(f"{path}: not valid YAML{where(exc)}") from None
 
 
-def _construct(node: yaml.Node) -> Any:
-    # A loader per block, so one bad block's half-built objects cannot leak into the next.
-    loader = _Loader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
+# How many YAML nodes the blocks of one master config may build: a floor, and then as many
+# per character of the file. The real configs build one node per 15 characters; a file of
+# dense flow lists ([1,1,1,...]) one per 2.
+NODE_BUDGET_FLOOR = 100_000
+NODE_BUDGET_PER_CHARACTER = 2
+
+
+class _OverBudget(Exception):
+    """The blocks of a file built more nodes than its budget."""
+
+
+class _Blocks:
+    """Builds the blocks of one master config with one loader, within a budget of nodes.
+
+    One loader for the file builds a node that many blocks alias once: a loader per block
+    built it again for each (a 2,000-item anchored list aliased by 2,000 blocks, an 85 KB
+    file, took seconds; found by a hostile-input review). A loader keeps only whole objects
+    (PyYAML records a node once it is fully built), so a bad block leaks nothing half-built
+    into the next. A merge key still copies its mapping into each block that merges it, so
+    every node built, alias or merged copy, is counted against `budget`.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._left = budget
+        self._loader = _Loader("")
+        build = self._loader.construct_object
+
+        def counted(node: yaml.Node, deep: bool = False) -> Any:
+            self._left -= 1
+            if self._left < 0:
+                raise _OverBudget
+            return build(node, deep)
+
+        # PyYAML's constructor calls self.construct_object for every child node.
+        self._loader.construct_object = counted
+
+    def construct(self, node: yaml.Node) -> Any:
+        try:
+            return self._loader.construct_object(node, deep=True)
+        finally:
+            # A block that failed leaves its nodes marked as under construction.
+            self._loader.recursive_objects = {}
+
+    def dispose(self) -> None:
+        self._loader.dispose()
 
 
 def _block_end(lines: list[str], start: int, next_start: int | None) -> int:
@@ -339,6 +388,7 @@ def _family(
     end: int,
     runners: Runners | None,
     problems: list[str],
+    blocks: _Blocks,
 ) -> Family | None:
     at = f"{path}:{start}"
     key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
@@ -353,7 +403,7 @@ def _family(
         )
         return None
     try:
-        block = _construct(value_node)
+        block = blocks.construct(value_node)
     except UNREADABLE_YAML as exc:
         problems.append(f"{at}: `{key}` cannot be read{where(exc)}")
         return None

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bot.core import catalog
 from bot.core.catalog import (
     Catalog,
     CatalogError,
@@ -248,6 +249,56 @@ def test_anchors_and_merge_keys_resolve() -> None:
     child = next(f for f in parsed.families if f.key == "child")
     assert (child.image, child.runner) == ("shared:1", "h100")
     assert (child.precision, child.framework) == ("fp8", "vllm")
+
+
+def test_a_node_many_blocks_alias_is_built_once_per_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by a hostile-input review: each block had its own loader, which built the anchored
+    # node again, so one 2,000-item list aliased by 2,000 blocks (85 KB) took seconds.
+    table = runners()
+    built: list[int] = []
+    construct_sequence = yaml.constructor.SafeConstructor.construct_sequence
+
+    def counted(self: yaml.constructor.SafeConstructor, node: yaml.SequenceNode, deep: bool = False) -> list[object]:
+        built.append(len(node.value))
+        return construct_sequence(self, node, deep)
+
+    monkeypatch.setattr(yaml.constructor.SafeConstructor, "construct_sequence", counted)
+    anchor = "base:\n  image: a\n  runner: h100\n  big: &A [" + ",".join(["1"] * 300) + "]\n"
+    blocks = "".join(f"k{i}:\n  image: a\n  runner: h100\n  x: *A\n" for i in range(200))
+    parsed = read_master("configs/x-master.yaml", anchor + blocks, table)
+    assert len(parsed.families) == 201 and parsed.problems == ()
+    assert built == [300]
+
+
+def test_an_anchor_that_cannot_be_built_fails_each_block_that_aliases_it() -> None:
+    # One loader serves the whole file: a block that failed leaves nothing behind for the next.
+    text = (
+        "a:\n  image: x\n  runner: h100\n  n: &N " + "1" * 5000 + "\n"
+        "b:\n  image: y\n  runner: h100\n  n: *N\n"
+        "c:\n  image: z\n  runner: h100\n"
+    )
+    parsed = read_master("configs/x-master.yaml", text, runners())
+    assert [f.key for f in parsed.families] == ["c"]
+    assert parsed.problems == (
+        "configs/x-master.yaml:1: `a` cannot be read",
+        "configs/x-master.yaml:5: `b` cannot be read",
+    )
+
+
+def test_merge_keys_that_copy_a_large_mapping_into_every_block_are_a_file_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A merge key copies its mapping into each block that merges it: blocks x mapping size,
+    # whatever the loader keeps. The nodes a file's blocks build are bounded by its length.
+    monkeypatch.setattr(catalog, "NODE_BUDGET_FLOOR", 1000)
+    mapping = "base: &A\n  image: a\n  runner: h100\n" + "".join(f"  k{i}: 1\n" for i in range(300))
+    few = "".join(f"m{i}:\n  <<: *A\n  image: b\n" for i in range(3))
+    assert len(read_master("configs/x-master.yaml", mapping + few, runners()).families) == 4
+    many = "".join(f"m{i}:\n  <<: *A\n  image: b\n" for i in range(300))
+    text = mapping + many
+    with pytest.raises(CatalogError, match=r"^configs/x-master.yaml:\d+: its blocks build over \d+ YAML nodes"):
+        read_master("configs/x-master.yaml", text, runners())
+    assert catalog.NODE_BUDGET_FLOOR + catalog.NODE_BUDGET_PER_CHARACTER * len(text) < 300 * 300 * 2
 
 
 def test_unparseable_master_names_file_and_line() -> None:

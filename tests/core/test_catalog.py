@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import re
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +18,7 @@ from bot.core.catalog import (
     Runners,
     family_file_patterns,
     glob_match,
+    glob_pattern,
     hardware_of,
     is_master_config,
     parse_runners,
@@ -471,6 +474,46 @@ def test_family_file_patterns_skip_missing_values_and_escape_globs() -> None:
 )
 def test_glob_match(path: str, pattern: str, expected: bool) -> None:
     assert glob_match(path, pattern) is expected
+
+
+def _reference_match(path: str, glob: str) -> bool:
+    """`*` any run without `/`, `?` one character but `/`, anything else itself: by search."""
+    if not glob:
+        return not path
+    if glob[0] == "*":
+        return any(_reference_match(path[cut:], glob[1:]) for cut in range(len(path) + 1) if "/" not in path[:cut])
+    if not path or (glob[0] == "?" and path[0] == "/") or (glob[0] != "?" and glob[0] != path[0]):
+        return False
+    return _reference_match(path[1:], glob[1:])
+
+
+def test_globs_of_many_stars_match_as_a_search_of_every_split_does() -> None:
+    # A `*` between two parts takes the first occurrence of the part after it (see
+    # glob_pattern): the same answers as trying every way to split the path.
+    rng = random.Random(36)
+    for _ in range(3000):
+        glob = re.sub(r"\*+", "*", "".join(rng.choice("**ab?/") for _ in range(rng.randint(1, 7))))
+        for _ in range(10):
+            path = "".join(rng.choice("aab/") for _ in range(rng.randint(0, 8)))
+            assert glob_match(path, glob) is _reference_match(path, glob), (path, glob)
+
+
+def test_a_glob_of_many_stars_against_a_long_name_answers_without_trying_every_split() -> None:
+    # Found by a hostile-input review: each `*` was `[^/]*`, and a glob of 12 stars tried
+    # every split of a 48-character name among them before failing (about two minutes).
+    glob = "configs/" + "*a" * 12 + "*b"
+    assert not glob_match("configs/" + "a" * 48, glob)
+    assert glob_match("configs/" + "a" * 48 + "b", glob)
+    assert not glob_match("configs/" + "a" * 24 + "/" + "a" * 24 + "b", glob)
+    assert glob_match("configs/x" + "[a]" * 30 + "b", "configs/" + "*[[]a]" * 12 + "*b")
+
+
+def test_a_glob_with_a_reversed_character_range_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match=r"^glob 'configs/\[z-a\]\.yaml': its character class \[z-a\] is not valid"):
+        glob_pattern("configs/[z-a].yaml")
+    with pytest.raises(ValueError, match=r"character class \[!z-a\]"):
+        glob_match("configs/x.yaml", "configs/[!z-a].yaml")
+    assert glob_match("configs/b.yaml", "configs/[a-z].yaml")
 
 
 def test_is_master_config_uses_policy_globs() -> None:

@@ -75,7 +75,7 @@ class Runners(Mapping[str, tuple[str, ...]]):
     resolve to; `targets` is the whole rule for any runner label of a family.
     """
 
-    __slots__ = ("_longest_first", "_targets", "declared", "labels")
+    __slots__ = ("_lengths", "_longest", "_targets", "declared", "labels")
 
     def __init__(
         self, declared: Iterable[str] = (), labels: Mapping[str, Iterable[str]] | None = None
@@ -84,8 +84,9 @@ class Runners(Mapping[str, tuple[str, ...]]):
         self.labels: Mapping[str, tuple[str, ...]] = {
             label: tuple(names) for label, names in (labels or {}).items()
         }
-        # Longest first, so `h100-dgxc-slurm_07` picks `h100-dgxc` over a declared `h100`.
-        self._longest_first = sorted(self.declared, key=lambda cluster: (-len(cluster), cluster))
+        # The lengths of the declared ids: only a prefix of one of them can be a cluster.
+        self._lengths = frozenset(len(cluster) for cluster in self.declared)
+        self._longest = max(self._lengths, default=-1)
         self._targets = {label: self._resolve(names) for label, names in self.labels.items()}
 
     def cluster_of(self, name: str) -> str | None:
@@ -97,7 +98,16 @@ class Runners(Mapping[str, tuple[str, ...]]):
         exact = _RUNNER_NUMBER_RE.sub("", name)
         if exact in self.declared:
             return exact
-        return next((c for c in self._longest_first if name.startswith(c + "-")), None)
+        # Each prefix that a `-` follows, longest first (`h100-dgxc-slurm_07` picks `h100-dgxc`
+        # over a declared `h100`), looked up: testing the name against every declared id made
+        # a runners.yaml of N clusters and N runner names quadratic (found by a hostile-input
+        # review).
+        at = name.rfind("-", 0, self._longest + 1)
+        while at >= 0:
+            if at in self._lengths and name[:at] in self.declared:
+                return name[:at]
+            at = name.rfind("-", 0, at)
+        return None
 
     def _resolve(self, names: tuple[str, ...]) -> Targets:
         found = {name: self.cluster_of(name) for name in names}
@@ -268,20 +278,30 @@ def read_master(path: str, text: str, runners: Runners | None) -> MasterConfig:
     pairs = [(key, value) for key, value in root.value]
     problems: list[str] = []
     families: dict[str, Family] = {}
-    for index, (key_node, value_node) in enumerate(pairs):
-        start = key_node.start_mark.line + 1
-        next_start = pairs[index + 1][0].start_mark.line + 1 if index + 1 < len(pairs) else None
-        end = _block_end(lines, start, next_start)
-        family = _family(path, key_node, value_node, start, end, runners, problems)
-        if family is None:
-            continue
-        if family.key in families:
-            earlier = families.pop(family.key).line_start
-            problems.append(
-                f"{path}:{start}: `{family.key}` repeats the key of line {earlier}; "
-                "the later block wins, as in YAML"
-            )
-        families[family.key] = family
+    blocks = _Blocks(NODE_BUDGET_FLOOR + NODE_BUDGET_PER_CHARACTER * len(text))
+    try:
+        for index, (key_node, value_node) in enumerate(pairs):
+            start = key_node.start_mark.line + 1
+            next_start = pairs[index + 1][0].start_mark.line + 1 if index + 1 < len(pairs) else None
+            end = _block_end(lines, start, next_start)
+            try:
+                family = _family(path, key_node, value_node, start, end, runners, problems, blocks)
+            except _OverBudget:
+                raise CatalogError(
+                    f"{path}:{start}: its blocks build over {blocks.budget} YAML nodes by this line "
+                    "(aliases and merge keys repeat nodes): the file is not read"
+                ) from None
+            if family is None:
+                continue
+            if family.key in families:
+                earlier = families.pop(family.key).line_start
+                problems.append(
+                    f"{path}:{start}: `{family.key}` repeats the key of line {earlier}; "
+                    "the later block wins, as in YAML"
+                )
+            families[family.key] = family
+    finally:
+        blocks.dispose()
     return MasterConfig(path, tuple(families.values()), tuple(problems))
 
 
@@ -299,13 +319,52 @@ def _compose(path: str, text: str) -> yaml.Node | None:
         raise CatalogError(f"{path}: not valid YAML{where(exc)}") from None
 
 
-def _construct(node: yaml.Node) -> Any:
-    # A loader per block, so one bad block's half-built objects cannot leak into the next.
-    loader = _Loader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
+# How many YAML nodes the blocks of one master config may build: a floor, and then as many
+# per character of the file. The real configs build one node per 15 characters; a file of
+# dense flow lists ([1,1,1,...]) one per 2.
+NODE_BUDGET_FLOOR = 100_000
+NODE_BUDGET_PER_CHARACTER = 2
+
+
+class _OverBudget(Exception):
+    """The blocks of a file built more nodes than its budget."""
+
+
+class _Blocks:
+    """Builds the blocks of one master config with one loader, within a budget of nodes.
+
+    One loader for the file builds a node that many blocks alias once: a loader per block
+    built it again for each (a 2,000-item anchored list aliased by 2,000 blocks, an 85 KB
+    file, took seconds; found by a hostile-input review). A loader keeps only whole objects
+    (PyYAML records a node once it is fully built), so a bad block leaks nothing half-built
+    into the next. A merge key still copies its mapping into each block that merges it, so
+    every node built, alias or merged copy, is counted against `budget`.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._left = budget
+        self._loader = _Loader("")
+        build = self._loader.construct_object
+
+        def counted(node: yaml.Node, deep: bool = False) -> Any:
+            self._left -= 1
+            if self._left < 0:
+                raise _OverBudget
+            return build(node, deep)
+
+        # PyYAML's constructor calls self.construct_object for every child node.
+        self._loader.construct_object = counted
+
+    def construct(self, node: yaml.Node) -> Any:
+        try:
+            return self._loader.construct_object(node, deep=True)
+        finally:
+            # A block that failed leaves its nodes marked as under construction.
+            self._loader.recursive_objects = {}
+
+    def dispose(self) -> None:
+        self._loader.dispose()
 
 
 def _block_end(lines: list[str], start: int, next_start: int | None) -> int:
@@ -329,6 +388,7 @@ def _family(
     end: int,
     runners: Runners | None,
     problems: list[str],
+    blocks: _Blocks,
 ) -> Family | None:
     at = f"{path}:{start}"
     key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
@@ -343,7 +403,7 @@ def _family(
         )
         return None
     try:
-        block = _construct(value_node)
+        block = blocks.construct(value_node)
     except UNREADABLE_YAML as exc:
         problems.append(f"{at}: `{key}` cannot be read{where(exc)}")
         return None
@@ -560,35 +620,73 @@ def glob_literal_prefix(pattern: str) -> str:
 
 
 def glob_pattern(pattern: str) -> str:
-    """The regular expression (for fullmatch) of a `glob_match` glob."""
+    """The regular expression (for fullmatch) of a `glob_match` glob.
+
+    Raises ValueError for a glob no regular expression can express (a character class with
+    a reversed range, `[z-a]`).
+
+    A `*` followed by a part of fixed length that never matches `/` and then by another `*`
+    takes the part's first occurrence, in an atomic group, as CPython's fnmatch does: the
+    next `*` takes up whatever lies before a later occurrence, since neither `*` nor the part
+    crosses a `/`. Without it `*a*a*a*a*a*a*a*a*a*b` tried every way of splitting a long name
+    of `a`s among its stars: seconds for a 42-character path, minutes with 12 stars (found
+    by a hostile-input review).
+    """
+    tokens = _glob_tokens(pattern)
     out: list[str] = []
+    i, n = 0, len(tokens)
+    while i < n:
+        kind, regex = tokens[i]
+        if kind != _STAR:
+            out.append(regex)
+            i += 1
+            continue
+        end = i + 1
+        while end < n and tokens[end][0] == _FIXED:
+            end += 1
+        if end > i + 1 and end < n and tokens[end][0] == _STAR:
+            out.append("(?>[^/]*?" + "".join(regex for _, regex in tokens[i + 1 : end]) + ")")
+            i = end
+        else:
+            out.append(regex)
+            i += 1
+    return "".join(out)
+
+
+# Kinds of glob token: `*`; one character that is never `/` (`?`, a class, a literal);
+# anything else (`/`, `**`, `**/`).
+_STAR, _FIXED, _OTHER = "star", "fixed", "other"
+
+
+def _glob_tokens(pattern: str) -> list[tuple[str, str]]:
+    tokens: list[tuple[str, str]] = []
     i, n = 0, len(pattern)
     while i < n:
         char = pattern[i]
         if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
+            tokens.append((_OTHER, "(?:.*/)?"))
             i += 3
         elif pattern.startswith("**", i):
-            out.append(".*")
+            tokens.append((_OTHER, ".*"))
             i += 2
         elif char == "*":
-            out.append("[^/]*")
+            tokens.append((_STAR, "[^/]*"))
             i += 1
         elif char == "?":
-            out.append("[^/]")
+            tokens.append((_FIXED, "[^/]"))
             i += 1
         elif char == "[":
             end = _class_end(pattern, i)
             if end == -1:
-                out.append(re.escape(char))
+                tokens.append((_FIXED, re.escape(char)))
                 i += 1
             else:
-                out.append(_char_class(pattern[i + 1 : end]))
+                tokens.append((_FIXED, _char_class(pattern, pattern[i + 1 : end])))
                 i = end + 1
         else:
-            out.append(re.escape(char))
+            tokens.append((_OTHER if char == "/" else _FIXED, re.escape(char)))
             i += 1
-    return "".join(out)
+    return tokens
 
 
 def _class_end(pattern: str, start: int) -> int:
@@ -600,13 +698,19 @@ def _class_end(pattern: str, start: int) -> int:
     return pattern.find("]", i)
 
 
-def _char_class(body: str) -> str:
+def _char_class(pattern: str, body: str) -> str:
     negate = body.startswith("!")
     if negate:
         body = body[1:]
     escaped = body.replace("\\", "\\\\").replace("^", "\\^").replace("[", "\\[")
     # A class never matches `/`, like `*` and `?`.
-    return f"(?![/])[^{escaped}]" if negate else f"(?![/])[{escaped}]"
+    regex = f"(?![/])[^{escaped}]" if negate else f"(?![/])[{escaped}]"
+    try:
+        re.compile(regex)
+    except re.error as error:
+        shown = "[" + ("!" if negate else "") + body + "]"
+        raise ValueError(f"glob {pattern!r}: its character class {shown} is not valid ({error.msg})") from None
+    return regex
 
 
 def is_master_config(path: str, config_globs: Iterable[str]) -> bool:

@@ -249,6 +249,13 @@ def _open_archive(data: bytes) -> zipfile.ZipFile:
     entries = _declared_entries(data)
     if entries is not None and entries > MAX_ENTRIES:
         raise ArtifactError("too-many-entries", f"archive lists {entries} entries, over {MAX_ENTRIES}")
+    # zipfile reads the directory by its size, not by that count: a count that understates
+    # the directory is no bound. Its headers are walked, at most MAX_ENTRIES + 1 of them.
+    if _directory_entries(data) > MAX_ENTRIES:
+        raise ArtifactError(
+            "too-many-entries",
+            f"archive's central directory holds over {MAX_ENTRIES} entries (its end record says {entries})",
+        )
     try:
         return zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, NotImplementedError, ValueError, OSError, EOFError) as error:
@@ -273,6 +280,42 @@ def _declared_entries(data: bytes) -> int | None:
     if signature != b"PK\x06\x07" or record_at + _ZIP64_EOCD.size > len(data):
         return None
     return int(_ZIP64_EOCD.unpack_from(data, record_at)[7])
+
+
+_CENTRAL_HEADER = struct.Struct("<4s24x3H12x")  # signature, then name/extra/comment lengths
+_ZIP64_TAIL = _ZIP64_EOCD.size + _ZIP64_LOCATOR.size
+
+
+def _directory_entries(data: bytes) -> int:
+    """How many headers the central directory holds, as zipfile finds it, up to MAX_ENTRIES + 1.
+
+    zipfile places the directory `size` bytes before the end record (before the zip64
+    record when a zip64 locator precedes the end record) and parses headers until that
+    size is used up. 0 when there is no such directory: zipfile refuses the archive then.
+    """
+    at = data.rfind(b"PK\x05\x06", max(0, len(data) - _EOCD.size - 0xFFFF))
+    if at < 0 or at + _EOCD.size > len(data):
+        return 0
+    size = _EOCD.unpack_from(data, at)[5]
+    record_at = at - _ZIP64_TAIL
+    if record_at >= 0 and data[at - _ZIP64_LOCATOR.size : at - _ZIP64_LOCATOR.size + 4] == b"PK\x06\x07":
+        if data[record_at : record_at + 4] != b"PK\x06\x06":
+            return 0
+        size = _ZIP64_EOCD.unpack_from(data, record_at)[8]
+        at = record_at
+    start = at - size
+    if start < 0:
+        return 0
+    entries = 0
+    while start < at and entries <= MAX_ENTRIES:
+        if start + _CENTRAL_HEADER.size > len(data):
+            break
+        signature, name, extra, comment = _CENTRAL_HEADER.unpack_from(data, start)
+        if signature != b"PK\x01\x02":
+            break
+        start += _CENTRAL_HEADER.size + name + extra + comment
+        entries += 1
+    return entries
 
 
 def _find_member(infos: list[zipfile.ZipInfo], member: str) -> zipfile.ZipInfo:

@@ -49,6 +49,12 @@ _INDENTED_KEY_RE = re.compile(r"^(?P<indent>[ ]+)(?P<key>[^\s#:][^:]*):(?:\s|$)"
 # YAML's usual indentation; used until a hunk shows a key's first child line.
 _DEFAULT_INDENT = 2
 
+# The most top-level keys one FileChange keeps; the real master configs have about 150
+# families. A diff that changes more (a file appended with a million keys: found by a
+# hostile-input review, which kept them all, +600 MB) is kept as unavailable instead: the
+# PR overlaps every family of the file with reason `patch-unavailable`.
+MAX_CHANGED_KEYS = 5_000
+
 # Among several reasons a PR touches a family, the one reported: certain facts first.
 _KIND_RANK: dict[str, int] = {"image": 3, "flags": 2, "patch-unavailable": 1}
 
@@ -74,7 +80,10 @@ def file_change_from_patch(
     previous = previous_filename if status == "renamed" else None
     if patch is None:
         return FileChange(filename, previous, unavailable=True)
-    return FileChange(filename, previous, keys=touched_keys(patch))
+    keys = touched_keys(patch)
+    if len(keys) > MAX_CHANGED_KEYS:
+        return FileChange(filename, previous, unavailable=True)
+    return FileChange(filename, previous, keys=keys)
 
 
 def file_change_from_contents(
@@ -89,7 +98,8 @@ def file_change_from_contents(
     A block whose meaningful lines (neither blank nor only a comment) differ is touched:
     `image` when its own `image:` line differs (or exists on one side only), else `flags`.
     A key renamed with its image line unchanged is `flags` on both names, as in its patch,
-    where that line stays context.
+    where that line stays context. Past MAX_CHANGED_KEYS touched keys the change is
+    `unavailable`, as for a patch.
     """
     previous = previous_filename if status == "renamed" else None
     old, new = _blocks(base or ""), _blocks(head or "")
@@ -99,6 +109,8 @@ def file_change_from_contents(
         before, after = old.get(key), new.get(key)
         if before == after:
             continue
+        if len(keys) == MAX_CHANGED_KEYS:
+            return FileChange(filename, previous, unavailable=True)
         moved = key in renamed
         keys[key] = "image" if not moved and _image_line(before) != _image_line(after) else "flags"
     return FileChange(filename, previous, keys=keys)

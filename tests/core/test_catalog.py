@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import re
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -9,12 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bot.core import catalog
 from bot.core.catalog import (
     Catalog,
     CatalogError,
     Runners,
     family_file_patterns,
     glob_match,
+    glob_pattern,
     hardware_of,
     is_master_config,
     parse_runners,
@@ -250,6 +254,56 @@ def test_anchors_and_merge_keys_resolve() -> None:
     assert (child.precision, child.framework) == ("fp8", "vllm")
 
 
+def test_a_node_many_blocks_alias_is_built_once_per_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by a hostile-input review: each block had its own loader, which built the anchored
+    # node again, so one 2,000-item list aliased by 2,000 blocks (85 KB) took seconds.
+    table = runners()
+    built: list[int] = []
+    construct_sequence = yaml.constructor.SafeConstructor.construct_sequence
+
+    def counted(self: yaml.constructor.SafeConstructor, node: yaml.SequenceNode, deep: bool = False) -> list[object]:
+        built.append(len(node.value))
+        return construct_sequence(self, node, deep)
+
+    monkeypatch.setattr(yaml.constructor.SafeConstructor, "construct_sequence", counted)
+    anchor = "base:\n  image: a\n  runner: h100\n  big: &A [" + ",".join(["1"] * 300) + "]\n"
+    blocks = "".join(f"k{i}:\n  image: a\n  runner: h100\n  x: *A\n" for i in range(200))
+    parsed = read_master("configs/x-master.yaml", anchor + blocks, table)
+    assert len(parsed.families) == 201 and parsed.problems == ()
+    assert built == [300]
+
+
+def test_an_anchor_that_cannot_be_built_fails_each_block_that_aliases_it() -> None:
+    # One loader serves the whole file: a block that failed leaves nothing behind for the next.
+    text = (
+        "a:\n  image: x\n  runner: h100\n  n: &N " + "1" * 5000 + "\n"
+        "b:\n  image: y\n  runner: h100\n  n: *N\n"
+        "c:\n  image: z\n  runner: h100\n"
+    )
+    parsed = read_master("configs/x-master.yaml", text, runners())
+    assert [f.key for f in parsed.families] == ["c"]
+    assert parsed.problems == (
+        "configs/x-master.yaml:1: `a` cannot be read",
+        "configs/x-master.yaml:5: `b` cannot be read",
+    )
+
+
+def test_merge_keys_that_copy_a_large_mapping_into_every_block_are_a_file_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A merge key copies its mapping into each block that merges it: blocks x mapping size,
+    # whatever the loader keeps. The nodes a file's blocks build are bounded by its length.
+    monkeypatch.setattr(catalog, "NODE_BUDGET_FLOOR", 1000)
+    mapping = "base: &A\n  image: a\n  runner: h100\n" + "".join(f"  k{i}: 1\n" for i in range(300))
+    few = "".join(f"m{i}:\n  <<: *A\n  image: b\n" for i in range(3))
+    assert len(read_master("configs/x-master.yaml", mapping + few, runners()).families) == 4
+    many = "".join(f"m{i}:\n  <<: *A\n  image: b\n" for i in range(300))
+    text = mapping + many
+    with pytest.raises(CatalogError, match=r"^configs/x-master.yaml:\d+: its blocks build over \d+ YAML nodes"):
+        read_master("configs/x-master.yaml", text, runners())
+    assert catalog.NODE_BUDGET_FLOOR + catalog.NODE_BUDGET_PER_CHARACTER * len(text) < 300 * 300 * 2
+
+
 def test_unparseable_master_names_file_and_line() -> None:
     with pytest.raises(CatalogError, match=r"^configs/x-master.yaml: not valid YAML at line 3$"):
         read_master("configs/x-master.yaml", "a:\n  image: x\n  - item\nb: 1\n", runners())
@@ -420,6 +474,46 @@ def test_family_file_patterns_skip_missing_values_and_escape_globs() -> None:
 )
 def test_glob_match(path: str, pattern: str, expected: bool) -> None:
     assert glob_match(path, pattern) is expected
+
+
+def _reference_match(path: str, glob: str) -> bool:
+    """`*` any run without `/`, `?` one character but `/`, anything else itself: by search."""
+    if not glob:
+        return not path
+    if glob[0] == "*":
+        return any(_reference_match(path[cut:], glob[1:]) for cut in range(len(path) + 1) if "/" not in path[:cut])
+    if not path or (glob[0] == "?" and path[0] == "/") or (glob[0] != "?" and glob[0] != path[0]):
+        return False
+    return _reference_match(path[1:], glob[1:])
+
+
+def test_globs_of_many_stars_match_as_a_search_of_every_split_does() -> None:
+    # A `*` between two parts takes the first occurrence of the part after it (see
+    # glob_pattern): the same answers as trying every way to split the path.
+    rng = random.Random(36)
+    for _ in range(3000):
+        glob = re.sub(r"\*+", "*", "".join(rng.choice("**ab?/") for _ in range(rng.randint(1, 7))))
+        for _ in range(10):
+            path = "".join(rng.choice("aab/") for _ in range(rng.randint(0, 8)))
+            assert glob_match(path, glob) is _reference_match(path, glob), (path, glob)
+
+
+def test_a_glob_of_many_stars_against_a_long_name_answers_without_trying_every_split() -> None:
+    # Found by a hostile-input review: each `*` was `[^/]*`, and a glob of 12 stars tried
+    # every split of a 48-character name among them before failing (about two minutes).
+    glob = "configs/" + "*a" * 12 + "*b"
+    assert not glob_match("configs/" + "a" * 48, glob)
+    assert glob_match("configs/" + "a" * 48 + "b", glob)
+    assert not glob_match("configs/" + "a" * 24 + "/" + "a" * 24 + "b", glob)
+    assert glob_match("configs/x" + "[a]" * 30 + "b", "configs/" + "*[[]a]" * 12 + "*b")
+
+
+def test_a_glob_with_a_reversed_character_range_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match=r"^glob 'configs/\[z-a\]\.yaml': its character class \[z-a\] is not valid"):
+        glob_pattern("configs/[z-a].yaml")
+    with pytest.raises(ValueError, match=r"character class \[!z-a\]"):
+        glob_match("configs/x.yaml", "configs/[!z-a].yaml")
+    assert glob_match("configs/b.yaml", "configs/[a-z].yaml")
 
 
 def test_is_master_config_uses_policy_globs() -> None:

@@ -342,3 +342,43 @@ def test_runners_without_labels_are_still_runners() -> None:
     assert parsed.problems == (
         "configs/x-master.yaml:4: `b` runner `h100` is not cluster:<id>, a declared cluster or a label in runners.yaml",
     )
+
+
+class _Touched(str):
+    """A declared cluster id that counts how often it is concatenated or compared."""
+
+    touches = 0
+
+    def _touch(self) -> None:
+        type(self).touches += 1
+
+    def __add__(self, other: str) -> str:
+        self._touch()
+        return str.__add__(self, other)
+
+    def __eq__(self, other: object) -> bool:
+        self._touch()
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_resolving_runner_names_does_not_test_each_name_against_every_declared_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Found by a hostile-input review: each name was tried against every declared id
+    # (`name.startswith(c + "-")`), so a runners.yaml of N clusters and N runner names took
+    # N² steps on the event loop. A name's own prefixes are looked up instead.
+    monkeypatch.setattr(_Touched, "touches", 0)
+    n = 1000
+    declared = [_Touched(f"c{i}") for i in range(n)] + [_Touched("h100"), _Touched("h100-dgxc")]
+    names = [f"x{i}" for i in range(n)] + ["h100-dgxc-slurm_07", "h100-cw_00", "c7-a-b", "c7_3", "h100-dgxc_2"]
+    runners = Runners(declared, {"l": names})
+    assert runners.targets("l").clusters == ("c7", "h100", "h100-dgxc")
+    assert runners.targets("l").unresolved == tuple(f"x{i}" for i in range(n))
+    assert runners.cluster_of("h100-dgxc-slurm_07") == "h100-dgxc"  # the longest declared prefix
+    assert runners.cluster_of("h100-cw_00") == "h100"
+    assert runners.cluster_of("h100-dgxc_2") == "h100-dgxc"  # the exact id first
+    assert runners.cluster_of("h100x-1") is None  # a declared id followed by `-`, not any prefix
+    # At most a few touches per name that resolves, none for the N that do not.
+    assert _Touched.touches <= 20

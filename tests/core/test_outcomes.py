@@ -22,6 +22,7 @@ from bot.core.events import Job, Step
 from bot.core.outcomes import (
     ERROR_CODES,
     MAX_ARCHIVE_BYTES,
+    MAX_ENTRIES,
     MAX_MEMBER_BYTES,
     ArtifactError,
     CandidateOutcome,
@@ -909,6 +910,31 @@ def test_an_archive_of_too_many_entries_is_refused_before_it_is_parsed() -> None
             archive.writestr(f"padding/{n}", b"")
     error = artifact_error(buffer.getvalue())
     assert error.code == "too-many-entries" and "1501 entries" in error.detail
+
+
+def test_an_end_record_understating_its_entries_is_no_bound_on_the_directory() -> None:
+    # Found by a hostile-input review: zipfile reads the central directory by its size, so
+    # an end record saying 1 entry let a directory of a million through the count check.
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(MEMBER, diagnostics(outcome_doc()))
+        for n in range(MAX_ENTRIES):
+            archive.writestr(f"padding/{n}", b"")
+    data = bytearray(buffer.getvalue())
+    at = data.rfind(b"PK\x05\x06")
+    struct.pack_into("<HH", data, at + 8, 1, 1)  # entries on this disk, entries in total
+    assert len(zipfile.ZipFile(io.BytesIO(bytes(data))).infolist()) == MAX_ENTRIES + 1
+    error = artifact_error(bytes(data))
+    assert error.code == "too-many-entries" and "central directory" in error.detail
+    # An archive of exactly MAX_ENTRIES entries whose count lies the same way is read.
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(MEMBER, diagnostics(outcome_doc()))
+        for n in range(MAX_ENTRIES - 1):
+            archive.writestr(f"padding/{n}", b"")
+    data = bytearray(buffer.getvalue())
+    struct.pack_into("<HH", data, data.rfind(b"PK\x05\x06") + 8, 1, 1)
+    assert read_outcome_artifact(bytes(data)).outcome == "failed"
 
 
 def test_a_zip64_archive_declares_its_count_in_the_zip64_record() -> None:

@@ -20,6 +20,7 @@ from bot.core.domain import (
     candidate_id,
 )
 from bot.core.overlap import (
+    MAX_CHANGED_KEYS,
     OverlapIndex,
     file_change_from_contents,
     file_change_from_patch,
@@ -372,6 +373,24 @@ def test_file_change_from_patch_variants() -> None:
     assert renamed.previous_filename == NV
     # A copy leaves its source untouched, so the source is not kept.
     assert file_change_from_patch("configs/new-master.yaml", "", NV, "copied").previous_filename is None
+
+
+def test_a_diff_of_more_keys_than_the_cap_is_kept_as_unavailable() -> None:
+    # Found by a hostile-input review: without a patch every differing key was kept, and a
+    # master config appended with two million keys kept them all in the PR's record.
+    base = "alpha:\n  image: a:1\n  runner: h100\n"
+    at_cap = base + "".join(f"k{i}: 1\n" for i in range(MAX_CHANGED_KEYS))
+    kept = file_change_from_contents(NV, base, at_cap)
+    assert len(kept.keys) == MAX_CHANGED_KEYS and not kept.unavailable
+    over = file_change_from_contents(NV, base, at_cap + "one-more: 1\n", AMD, "renamed")
+    assert over == FileChange(NV, AMD, unavailable=True)
+    patch = "@@ -1,0 +1,0 @@\n" + "".join(f"+k{i}: 1\n" for i in range(MAX_CHANGED_KEYS + 1))
+    assert file_change_from_patch(NV, patch) == FileChange(NV, unavailable=True)
+    assert len(file_change_from_patch(NV, patch.rsplit("+", 1)[0]).keys) == MAX_CHANGED_KEYS
+    catalog = Catalog([make_family("alpha"), make_family("beta")])
+    assert pull_touches(pull(7, (over,)), catalog) == {
+        f"{NV}:alpha": "patch-unavailable", f"{NV}:beta": "patch-unavailable"
+    }
 
 
 # --- PR -> families ---------------------------------------------------------------

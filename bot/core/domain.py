@@ -205,13 +205,16 @@ class FileChange:
     `keys` maps a top-level key of a master config to "image" (the key's own `image:` line
     changed) or "flags" (any other non-blank, non-comment line of its block changed).
     `unavailable` is set when neither the patch nor a local diff could be had: the PR then
-    overlaps every family of that file with reason `patch-unavailable`.
+    overlaps every family of that file with reason `patch-unavailable`. `oversized` says why
+    when the diff was had but touched more keys than Klaud keeps: reading it again gives the
+    same answer, so it is not read again for the same head.
     """
 
     filename: str
     previous_filename: str | None = None
     keys: dict[str, Literal["image", "flags"]] = field(default_factory=dict)
     unavailable: bool = False
+    oversized: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,7 +82,7 @@ def file_change_from_patch(
         return FileChange(filename, previous, unavailable=True)
     keys = touched_keys(patch)
     if len(keys) > MAX_CHANGED_KEYS:
-        return FileChange(filename, previous, unavailable=True)
+        return FileChange(filename, previous, unavailable=True, oversized=True)
     return FileChange(filename, previous, keys=keys)
 
 
@@ -110,7 +110,7 @@ def file_change_from_contents(
         if before == after:
             continue
         if len(keys) == MAX_CHANGED_KEYS:
-            return FileChange(filename, previous, unavailable=True)
+            return FileChange(filename, previous, unavailable=True, oversized=True)
         moved = key in renamed
         keys[key] = "image" if not moved and _image_line(before) != _image_line(after) else "flags"
     return FileChange(filename, previous, keys=keys)

@@ -132,5 +132,8 @@ class PullSync:
 def _diff_missing(state: RepoState, changes: tuple[FileChange, ...]) -> bool:
     """A master config of the PR whose diff could not be had: it overlaps every family of
     the file (`patch-unavailable`) until a later read succeeds, so the head is read again at
-    the next event or reconcile instead of blocking those families until its next push."""
-    return any(c.unavailable and is_master_config(c.filename, state.policy.config_globs) for c in changes)
+    the next event or reconcile instead of blocking those families until its next push. A
+    diff too large to keep is the same at every read: it waits for the next push."""
+    return any(
+        c.unavailable and not c.oversized and is_master_config(c.filename, state.policy.config_globs) for c in changes
+    )

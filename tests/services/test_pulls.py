@@ -197,6 +197,23 @@ async def test_a_config_whose_diff_could_not_be_had_is_read_again_until_it_can(k
     assert ("pull_files", 28) not in kit.repo.calls  # read once it could be: then kept again
 
 
+async def test_a_config_diff_too_large_to_keep_is_not_read_again_for_the_same_head(
+    kit: Kit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A diff of more keys than a FileChange keeps is kept as unavailable; read again at
+    # every event and reconcile, a hostile PR's 22 MB config was fetched and diffed each time.
+    monkeypatch.setattr("bot.core.overlap.MAX_CHANGED_KEYS", 2)
+    await kit.reconciler.reconcile(REPO, 1)
+    head = "e" * 40
+    kit.repo.put_files({NVIDIA: sc.NVIDIA + "".join(f"k{n}:\n  image: x\n" for n in range(3))}, ref=head)
+    kit.repo.pull_files_of[29] = [PullFile(filename=NVIDIA, patch=None)]
+    await kit.pulls.on_pull_request(kit.state, event("opened", 29, head_sha=head))
+    assert set(kit.state.overlap.touches(29).values()) == {"patch-unavailable"}
+    kit.repo.calls.clear()
+    await kit.pulls.on_pull_request(kit.state, event("edited", 29, head_sha=head))
+    assert kit.repo.calls == []
+
+
 async def test_a_pr_retargeted_to_another_base_is_read_again(kit: Kit) -> None:
     # What this catches: files were read once per head, and retargeting changes the base,
     # not the head: the PR kept its old base's overlaps (or none where it now had some).

@@ -218,7 +218,7 @@ class OutcomeRecorder:
             for workflow in state.policy.outcome_workflows
             async for run in api.workflow_runs(workflow, created_since=cutoff.date())
             if run.created_at is not None and run.created_at >= cutoff and run.id not in known_runs
-            and run.event not in PULL_REQUEST_EVENTS
+            and is_outcome_workflow(state, run)
         ]
         listed = await self._artifacts_of(api, {run.id for run in runs}, cutoff)
         for run in runs:

@@ -425,7 +425,9 @@ class RepoState:
         # Remembered even when nothing was held: "unhold" is the person's word either way.
         kept_from = asked_at - RELEASES_KEPT
         self.meta.released = {f: at for f, at in self.meta.released.items() if (parse_time(at) or UNKNOWN_TIME) >= kept_from}
-        self.meta.released[family] = stamp(asked_at) or ""
+        newer = parse_time(self.meta.released.get(family))
+        if newer is None or newer < asked_at:  # an older unhold found late is not a later word
+            self.meta.released[family] = stamp(asked_at) or ""
         change = self.save_meta(Change().delete(self.name, "hold", family))
         return previous, change
 

@@ -173,3 +173,20 @@ async def test_a_late_hold_does_not_let_a_late_unhold_undo_a_newer_hold(tmp_path
         report = await sweep(run)  # finds t0, then t1
         assert report.get("commands_answered") == 2
         assert held(run) == [H200]
+
+
+async def test_an_older_unhold_found_late_does_not_let_a_hold_between_undo_a_newer_unhold(tmp_path):
+    # What this catches (a chaos soak, seed 66): bob's unhold (t0) and alice's hold (t1) are
+    # lost; alice's unhold (t2) comes on time. The sweep answered t0 first, which dated the
+    # family's release back from t2 to t0; then t1's hold was no longer "released after" and
+    # held the family for good, though the last word was alice's unhold.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await comment(run, "bob", f"/klaud unhold {H200}", lost=True)  # t0
+        run.sandbox.clock.advance(60)
+        await comment(run, "alice", f"/klaud hold {H200} new weights", lost=True)  # t1
+        run.sandbox.clock.advance(60)
+        await comment(run, "alice", f"/klaud unhold {H200}")  # t2, on time
+        assert held(run) == []
+        report = await sweep(run)
+        assert report.get("commands_answered") == 2
+        assert held(run) == []

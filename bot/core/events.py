@@ -306,3 +306,4 @@ class Repository(_Model):
     full_name: str
     id: GitHubId | None = None
     default_branch: str = "main"
+    pushed_at: UtcTime | None = None  # the last push to any branch

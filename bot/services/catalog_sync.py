@@ -20,7 +20,7 @@ from bot.core.catalog import (
     parse_runners,
     read_master,
 )
-from bot.core.domain import CLAIM_BRANCH_PREFIX, Claim
+from bot.core.domain import CLAIM_BRANCH_PREFIX, Claim, parse_time, stamp
 from bot.core.events import PushEvent, Repository
 from bot.core.policy import POLICY_PATH
 from bot.core.setup import workflow_path, workflow_setup_errors
@@ -176,7 +176,13 @@ class CatalogSync:
         state.meta.head_sha = head
         # The push that moved it arms the canary of a paused repository; its webhook lost (or
         # the process dead before its commit), dispatch stayed paused until a person acted.
-        self._arm_canary(state, head, "missed push")  # stored with the reconcile's meta
+        # Only a push after the pause began may fix what paused it: one made before it, found
+        # late, is no more a fix than a `/klaud resume` written before it. The repository's
+        # last push (to any branch) came before the pause: so did this one.
+        if pushed_since_pause(state, repository.pushed_at):
+            self._arm_canary(state, head, "missed push")  # stored with the reconcile's meta
+        else:
+            log.info("dispatch.canary_not_armed", repo=state.name, head=head[:12], pushed_at=stamp(repository.pushed_at))
 
     @staticmethod
     def _arm_canary(state: RepoState, head: str, by: str) -> None:
@@ -314,3 +320,10 @@ def note_repository(state: RepoState, repository: Repository) -> None:
     state.meta.default_branch = repository.default_branch
     if repository.id is not None:
         state.meta.repo_id = repository.id
+
+
+def pushed_since_pause(state: RepoState, last_push: datetime | None) -> bool:
+    """Whether a push missed may have come after dispatch paused, the repository's last
+    push being at `last_push` (when GitHub does not say, it may)."""
+    since = parse_time((state.meta.pause or {}).get("since"))
+    return since is None or last_push is None or last_push >= since

@@ -215,6 +215,35 @@ async def test_runs_failing_in_get_jobs_pause_dispatch_until_a_canary_succeeds(t
         assert resumed.document()["blocked"] is None and resumed.selected
 
 
+async def lost_push(run: Any) -> None:
+    run.sandbox.set_faults({"rules": [{"webhook": "push", "count": 1}]})
+    await run.act({"action": "push_default", "repo": REPO, "files": {"README.md": f"{run.sandbox.clock.now()}\n"}})
+    run.sandbox.set_faults({"rules": []})
+
+
+async def test_a_push_missed_arms_the_canary_only_when_it_came_after_the_pause(tmp_path):
+    # What this catches (a chaos soak, seed 630): a push whose webhook was lost, made before
+    # the runs of a wave failed and paused dispatch, was found by the light reconcile and
+    # armed the canary: the next wave sent one out with no push and no /klaud resume since
+    # the pause (one written before it is refused as late), and its outcome resumed dispatch.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        first = await run.klaud.waves.run(REPO, trigger="test")
+        assert len(first.selected) == 5
+        await lost_push(run)
+        await run.act({"action": "advance_clock", "seconds": 60})
+        for made in run.github()["dispatches"][:3]:
+            await run.act({"action": "complete_run", "repo": REPO, "run": {
+                "id": made["run_id"], "conclusion": "failure", "jobs": failing_jobs()}})
+        assert run.state()["blocked"]["code"] == "dispatch-paused"
+        await run.act({"action": "advance_clock", "seconds": ONE_WAVE})
+        await run.klaud.reconciler.reconcile(REPO, 1, light=True)  # finds the moved head
+        assert (await run.klaud.waves.run(REPO, trigger="test")).selected == ()
+        await lost_push(run)  # after the pause: it may fix what paused dispatch
+        await run.act({"action": "advance_clock", "seconds": ONE_WAVE})
+        await run.klaud.reconciler.reconcile(REPO, 1, light=True)
+        assert len((await run.klaud.waves.run(REPO, trigger="test")).selected) == 1
+
+
 async def test_a_candidate_failing_twice_before_an_outcome_cools_down_once_does_not(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 1\n")) as run:
         for attempt in (1, 2):

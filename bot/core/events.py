@@ -11,6 +11,7 @@ Fields GitHub adds are ignored.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -205,12 +206,45 @@ class Issue(_Model):
     user: Account | None = None
 
 
+class ContentEdit(_Model):
+    edited_at: UtcTime | None = Field(default=None, alias="editedAt")
+    editor: Account | None = None
+
+
+class ContentEdits(_Model):
+    total: int = Field(default=0, alias="totalCount")
+    nodes: list[ContentEdit | None] = Field(default_factory=list)
+
+
 class EditedIssue(_Model):
-    """An issue's body as it is now, and who last edited it (GraphQL: GitHub's REST API
-    does not say who edited an issue)."""
+    """An issue's body as it is now, who last edited it, and both ends of its edit history
+    (GraphQL: GitHub's REST API does not say who edited an issue)."""
 
     body: str = ""
     editor: Account | None = None
+    first_edits: ContentEdits = Field(default_factory=ContentEdits, alias="firstEdits")
+    last_edits: ContentEdits = Field(default_factory=ContentEdits, alias="lastEdits")
+
+    def editors_since(self, moment: datetime | None) -> list[str] | None:
+        """Who edited the body from `moment` on, or None when that is not known: an edit
+        listed without its time or editor (a deleted account), no `moment`, or more edits
+        than the two ends of the history hold where they may fall after it."""
+        pages = [[edit for edit in page.nodes if edit is not None] for page in (self.first_edits, self.last_edits)]
+        listed: set[tuple[datetime, str]] = set()
+        for edit in pages[0] + pages[1]:
+            if edit.edited_at is None or edit.editor is None or not edit.editor.login:
+                return None
+            listed.add((edit.edited_at, edit.editor.login))
+        if moment is None:
+            return None
+        # What the two ends leave out is older than every edit of the newest end: all before
+        # `moment` once one of those is. Times are whole seconds: one in `moment`'s second
+        # may be after it.
+        newest = max(pages, key=lambda page: max((e.edited_at for e in page if e.edited_at), default=moment))
+        total = max(self.first_edits.total, self.last_edits.total)
+        if total > len(listed) and not any(e.edited_at is not None and e.edited_at < moment for e in newest):
+            return None
+        return sorted({login for at, login in listed if at >= moment})
 
 
 class IssueCommentEvent(RepoEvent):

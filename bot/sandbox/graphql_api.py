@@ -94,10 +94,36 @@ class IssueNode:
     issue: Issue
 
 
+@dataclass(frozen=True)
+class EditsNode:
+    """One page of an issue's body edits, newest first (`userContentEdits(first:|last:)`)."""
+
+    edits: list[tuple[str, datetime]]
+    total: int
+
+
+@dataclass(frozen=True)
+class EditNode:
+    login: str
+    at: datetime
+
+
+def content_edits(_call: Call, node: IssueNode, args: dict[str, Any]) -> EditsNode:
+    first, last = args.get("first"), args.get("last")
+    if (first is None) == (last is None):
+        raise GraphQLError("You must provide exactly one of `first` or `last` to paginate userContentEdits.")
+    count = first if first is not None else last
+    if not isinstance(count, int) or not 0 <= count <= 100:
+        raise GraphQLError("`first` and `last` must be between 0 and 100.")
+    newest_first = list(reversed(node.issue.edits))
+    page = newest_first[:count] if first is not None else newest_first[len(newest_first) - count:]
+    return EditsNode(page, len(newest_first))
+
+
 TYPE_NAMES: dict[type, str] = {
     QueryRoot: "Query", RepoNode: "Repository", RefNode: "Ref", CommitNode: "Commit",
     BlobNode: "Blob", BlameNode: "Blame", RangeNode: "BlameRange", ActorNode: "GitActor",
-    UserNode: "User", IssueNode: "Issue",
+    UserNode: "User", IssueNode: "Issue", EditsNode: "UserContentEditConnection", EditNode: "UserContentEdit",
 }
 
 
@@ -229,6 +255,15 @@ SCHEMA = Schema(
             "body": value(lambda n: n.issue.body or ""),
             "lastEditedAt": value(lambda n: ts(n.issue.last_edited_at) if n.issue.last_edited_at else None, "DateTime"),
             "editor": FieldDef("User", lambda _c, n, _a: UserNode(n.issue.editor) if n.issue.editor else None),
+            "userContentEdits": FieldDef("UserContentEditConnection", content_edits, {"first": False, "last": False}),
+        },
+        "UserContentEditConnection": {
+            "totalCount": value(lambda n: n.total, "Int"),
+            "nodes": FieldDef("UserContentEdit", lambda _c, n, _a: [EditNode(*e) for e in n.edits], is_list=True),
+        },
+        "UserContentEdit": {
+            "editedAt": value(lambda n: ts(n.at), "DateTime"),
+            "editor": FieldDef("User", lambda _c, n, _a: UserNode(n.login)),
         },
         "Ref": {
             "name": value(lambda n: n.name.split("/", 2)[2]),

@@ -36,6 +36,7 @@ def edit_issue(world: World, repo: RepoState, issue: Issue, edit: IssueEdit,
         issue.updated_at = world.now()
     if "body" in changes:
         issue.editor, issue.last_edited_at = sender, world.now()
+        issue.edits.append((sender, world.now()))
     payloads = Payloads(world)
     events = []
     if changes:

@@ -139,9 +139,11 @@ class Issue:
     labels: list[str] = field(default_factory=list)
     updated_at: datetime | None = None
     closed_at: datetime | None = None
-    # Who last edited the body, and when (GraphQL's `editor` and `lastEditedAt`).
+    # Who last edited the body, and when (GraphQL's `editor` and `lastEditedAt`), and every
+    # edit, oldest first (GraphQL's `userContentEdits`).
     editor: str | None = None
     last_edited_at: datetime | None = None
+    edits: list[tuple[str, datetime]] = field(default_factory=list)
 
     @property
     def last_change(self) -> datetime:

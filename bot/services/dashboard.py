@@ -24,7 +24,7 @@ from bot.core.dashboard import (
     ticked,
 )
 from bot.core.domain import Wave, parse_time, stamp
-from bot.core.events import IssuesEvent
+from bot.core.events import EditedIssue, IssuesEvent
 from bot.github.errors import GitHubError, NotFound
 from bot.services import controls
 from bot.services.api import RepoAPI
@@ -154,7 +154,9 @@ class DashboardKeeper:
             return 0
         api, person = self.live.api(state), event.sender.login or ""
         acted = await self._act_on(state, api, fresh, person, None)
-        acted += await self._act_on(state, api, carried, person, self._rendered_at(state))
+        if carried:
+            # Ticked by whoever edited since the render, not necessarily this editor.
+            acted += await self._act_late(state, api, carried, person, await api.edited_issue(event.issue.number))
         # The answer is the re-render: the box unticked, the hold gone or the retry noted.
         await self.publish(state.name, force=True)
         return acted
@@ -170,7 +172,28 @@ class DashboardKeeper:
         if not boxes:
             return 0
         log.info("dashboard.lost_ticks", repo=state.name, issue=number, boxes=len(boxes), by=edited.editor.login)
-        return await self._act_on(state, api, boxes, edited.editor.login, self._rendered_at(state))
+        return await self._act_late(state, api, boxes, edited.editor.login, edited)
+
+    async def _act_late(
+        self, state: RepoState, api: RepoAPI, boxes: list[tuple[BoxVerb, str]], person: str, edited: EditedIssue | None
+    ) -> int:
+        """Act on boxes ticked since the last render by someone: GitHub says who edited the
+        issue, not who ticked which box, so they act (as `person`, the last editor) only when
+        every person who edited it since the render may do what they ask. A reader's tick,
+        its webhook lost, once acted as the writer's who edited after it."""
+        rendered_at = self._rendered_at(state)
+        editors = edited.editors_since(rendered_at) if edited is not None else None
+        if editors is None:
+            log.info("dashboard.late_boxes_refused", repo=state.name, boxes=len(boxes), why="editors unknown")
+            return 0
+        people = [login for login in editors if not self.live.is_bot(login)]
+        allowed = []
+        for verb, family in boxes:
+            if all([await self.permissions.allows(api, state, login, verb) for login in people]):
+                allowed.append((verb, family))
+            else:
+                log.info("dashboard.box_refused", family=family, verb=verb, editors=people)
+        return await self._act_on(state, api, allowed, person, rendered_at)
 
     @staticmethod
     def _rendered_at(state: RepoState) -> datetime | None:

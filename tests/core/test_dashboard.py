@@ -18,6 +18,7 @@ from bot.core.dashboard import (
     ticked,
 )
 from bot.core.domain import Blocked, Decision, Hold, RetryApproval, Wave
+from bot.core.events import EditedIssue
 from tests.builders import family
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
@@ -179,3 +180,27 @@ def test_a_marker_written_by_hand_is_read_within_bounds() -> None:
     [hold] = remembered.holds
     assert (len(hold.by), len(hold.reason)) == (64, 300)
     assert remembered.retries == (RetryApproval(A.candidate, "bob", NOW),)
+
+
+def edited(first: list[tuple[str, str | None]], last: list[tuple[str, str | None]], total: int) -> EditedIssue:
+    def page(edits: list[tuple[str, str | None]]) -> dict[str, object]:
+        return {"totalCount": total, "nodes": [
+            {"editedAt": at, "editor": {"login": login} if login else None} for at, login in edits
+        ]}
+    return EditedIssue.model_validate({"body": "", "firstEdits": page(first), "lastEdits": page(last)})
+
+
+def test_who_edited_the_dashboard_since_a_render_is_known_or_said_unknown() -> None:
+    # GitHub says who edited an issue, not who ticked which box: a late box acts only when
+    # every editor since the render may do what it asks (bot/services/dashboard.py).
+    render = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+    old, same, new = "2026-11-30T07:00:00Z", "2026-11-30T08:00:00Z", "2026-11-30T09:00:00Z"
+    assert edited([(new, "bob"), (same, "carol"), (old, "al")], [(new, "bob"), (same, "carol"), (old, "al")],
+                  3).editors_since(render) == ["bob", "carol"]  # within the render's second: maybe after
+    # 50 edits, the newest end (whichever GitHub lists first) reaching back before the render
+    newest_first = [(new, "bob"), (old, "al")]
+    assert edited(newest_first, [(old, "x")], 50).editors_since(render) == ["bob"]
+    assert edited([(old, "x")], list(reversed(newest_first)), 50).editors_since(render) == ["bob"]
+    assert edited([(new, "bob"), (new, "eve")], [(old, "x")], 50).editors_since(render) is None  # more may hide
+    assert edited([(new, None)], [(new, None)], 1).editors_since(render) is None  # a deleted account
+    assert edited([], [], 0).editors_since(None) is None

@@ -263,3 +263,21 @@ async def test_an_issue_says_who_last_edited_its_body(history: Hub) -> None:
     # A pull request's number is no issue here, as on GitHub.
     pull = await graphql(history, ISSUE_EDIT, owner="acme", name="bench", number=12)
     assert pull["data"] == {"repository": {"issue": None}} and pull["errors"][0]["type"] == "NOT_FOUND"
+
+
+EDITS = "query($owner: String!, $name: String!, $number: Int!) { repository(owner: $owner, name: $name) " \
+    "{ issue(number: $number) { newest: userContentEdits(first: 1) { totalCount nodes { editor { login } } } " \
+    "oldest: userContentEdits(last: 1) { nodes { editor { login } } } } } }"
+
+
+async def test_an_issue_lists_its_body_edits_newest_first_and_refuses_an_unbounded_page(history: Hub) -> None:
+    made = await history.json("POST", f"{REPO}/issues", status=201, json={"title": "t", "body": "b"})
+    for user, body in (("alice", "one"), ("bob", "two")):
+        await history.act(action="edit_issue", repo="acme/bench", number=made["number"], user=user, body=body)
+    answer = await graphql(history, EDITS, owner="acme", name="bench", number=made["number"])
+    issue = answer["data"]["repository"]["issue"]
+    assert issue["newest"] == {"totalCount": 2, "nodes": [{"editor": {"login": "bob"}}]}
+    assert issue["oldest"] == {"nodes": [{"editor": {"login": "alice"}}]}
+    unbounded = EDITS.replace("userContentEdits(first: 1)", "userContentEdits")
+    refused = await graphql(history, unbounded, owner="acme", name="bench", number=made["number"])
+    assert "exactly one of `first` or `last`" in refused["errors"][0]["message"]

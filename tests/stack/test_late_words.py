@@ -190,3 +190,53 @@ async def test_an_older_unhold_found_late_does_not_let_a_hold_between_undo_a_new
         report = await sweep(run)
         assert report.get("commands_answered") == 2
         assert held(run) == []
+
+
+async def test_a_readers_tick_carried_by_a_writers_edit_does_not_act(tmp_path):
+    # What this catches (a chaos soak, seed 33): carol (read) ticks `retry` (her `issues` webhook lost); bob (write) then
+    # ticks another box on the issue as it now reads, so his edit carries carol's tick. Klaud
+    # takes every box ticked before an edit as the editor's: carol's retry acts as bob's and
+    # the family in cooldown is dispatched. DESIGN §4: a box acts for users with write permission.
+    cand = sc.candidate(H200)
+    scenario = sc.scenario(runs=[sc.run(301, cand, "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await comment(run, "alice", f"/klaud hold {B200} new weights")
+        await wave(run)
+        assert decision(run, H200) == "cooldown"
+        [issue] = dashboards(run)
+        run.sandbox.set_faults({"rules": [{"webhook": "issues", "rate": 1.0}]})
+        by_carol = issue["body"].replace(f"- [ ] retry `{H200}`", f"- [x] retry `{H200}`")
+        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "carol", "body": by_carol})
+        run.sandbox.set_faults({"rules": []})
+        run.sandbox.clock.advance(60)
+        by_bob = by_carol.replace(f"- [ ] unhold `{B200}`", f"- [x] unhold `{B200}`")
+        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "bob", "body": by_bob})
+        await run.klaud.dashboard.settle()
+        assert held(run) == []  # bob's own tick acted
+        assert run.state()["retries"] == []  # carol may only read
+        run.sandbox.clock.advance(600)
+        await wave(run)
+        assert decision(run, H200) == "cooldown"
+
+
+async def test_a_readers_lost_tick_is_not_taken_as_the_last_writers_at_the_next_render(tmp_path):
+    # What this catches (a chaos soak, seed 28): carol ticks `unhold` (webhook lost), then bob ticks another box (webhook
+    # lost too). The next render reads the issue, finds both boxes ticked, and credits them
+    # all to its last editor (bob): carol's unhold releases the hold.
+    cand = sc.candidate(B200)
+    scenario = sc.scenario(runs=[sc.run(301, cand, "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await comment(run, "alice", f"/klaud hold {H200} new weights")
+        await wave(run)
+        [issue] = dashboards(run)
+        assert f"- [ ] unhold `{H200}`" in issue["body"] and f"- [ ] retry `{B200}`" in issue["body"]
+        run.sandbox.set_faults({"rules": [{"webhook": "issues", "rate": 1.0}]})
+        by_carol = issue["body"].replace(f"- [ ] unhold `{H200}`", f"- [x] unhold `{H200}`")
+        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "carol", "body": by_carol})
+        run.sandbox.clock.advance(60)
+        by_bob = by_carol.replace(f"- [ ] retry `{B200}`", f"- [x] retry `{B200}`")
+        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "bob", "body": by_bob})
+        run.sandbox.set_faults({"rules": []})
+        run.sandbox.clock.advance(600)
+        await wave(run)  # the render reads the issue first
+        assert held(run) == [H200]  # carol may only read

@@ -383,9 +383,9 @@ def test_a_diff_of_more_keys_than_the_cap_is_kept_as_unavailable() -> None:
     kept = file_change_from_contents(NV, base, at_cap)
     assert len(kept.keys) == MAX_CHANGED_KEYS and not kept.unavailable
     over = file_change_from_contents(NV, base, at_cap + "one-more: 1\n", AMD, "renamed")
-    assert over == FileChange(NV, AMD, unavailable=True)
+    assert over == FileChange(NV, AMD, unavailable=True, oversized=True)
     patch = "@@ -1,0 +1,0 @@\n" + "".join(f"+k{i}: 1\n" for i in range(MAX_CHANGED_KEYS + 1))
-    assert file_change_from_patch(NV, patch) == FileChange(NV, unavailable=True)
+    assert file_change_from_patch(NV, patch) == FileChange(NV, unavailable=True, oversized=True)
     assert len(file_change_from_patch(NV, patch.rsplit("+", 1)[0]).keys) == MAX_CHANGED_KEYS
     catalog = Catalog([make_family("alpha"), make_family("beta")])
     assert pull_touches(pull(7, (over,)), catalog) == {

@@ -193,10 +193,11 @@ async def test_an_older_unhold_found_late_does_not_let_a_hold_between_undo_a_new
 
 
 async def test_a_readers_tick_carried_by_a_writers_edit_does_not_act(tmp_path):
-    # What this catches (a chaos soak, seed 33): carol (read) ticks `retry` (her `issues` webhook lost); bob (write) then
-    # ticks another box on the issue as it now reads, so his edit carries carol's tick. Klaud
-    # takes every box ticked before an edit as the editor's: carol's retry acts as bob's and
-    # the family in cooldown is dispatched. DESIGN §4: a box acts for users with write permission.
+    # What this catches (a chaos soak, seed 33): carol (read) ticks `retry`, her `issues`
+    # webhook lost; bob (write) then ticks another box on the issue as it now reads, so his
+    # edit carries carol's tick. Every box ticked before an edit was taken as the editor's:
+    # carol's retry acted as bob's and the family in cooldown was dispatched. DESIGN §4: a
+    # box acts for users with write permission.
     cand = sc.candidate(H200)
     scenario = sc.scenario(runs=[sc.run(301, cand, "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])
     async with sandbox_stack(tmp_path, scenario) as run:
@@ -220,9 +221,9 @@ async def test_a_readers_tick_carried_by_a_writers_edit_does_not_act(tmp_path):
 
 
 async def test_a_readers_lost_tick_is_not_taken_as_the_last_writers_at_the_next_render(tmp_path):
-    # What this catches (a chaos soak, seed 28): carol ticks `unhold` (webhook lost), then bob ticks another box (webhook
-    # lost too). The next render reads the issue, finds both boxes ticked, and credits them
-    # all to its last editor (bob): carol's unhold releases the hold.
+    # What this catches (a chaos soak, seed 28): carol ticks `unhold` (webhook lost), then bob
+    # ticks another box (webhook lost too). The next render read the issue, found both boxes
+    # ticked, and credited them all to its last editor (bob): carol's unhold released the hold.
     cand = sc.candidate(B200)
     scenario = sc.scenario(runs=[sc.run(301, cand, "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])
     async with sandbox_stack(tmp_path, scenario) as run:

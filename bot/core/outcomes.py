@@ -244,18 +244,12 @@ def _read_member(data: bytes, *, member: str, max_bytes: int) -> bytes:
 
 def _open_archive(data: bytes) -> zipfile.ZipFile:
     # zipfile builds an object per entry of the central directory before anything can be
-    # checked: an archive of a million tiny entries costs hundreds of MiB. Its own count,
-    # at the archive's end, is read first.
-    entries = _declared_entries(data)
-    if entries is not None and entries > MAX_ENTRIES:
-        raise ArtifactError("too-many-entries", f"archive lists {entries} entries, over {MAX_ENTRIES}")
-    # zipfile reads the directory by its size, not by that count: a count that understates
-    # the directory is no bound. Its headers are walked, at most MAX_ENTRIES + 1 of them.
-    if _directory_entries(data) > MAX_ENTRIES:
-        raise ArtifactError(
-            "too-many-entries",
-            f"archive's central directory holds over {MAX_ENTRIES} entries (its end record says {entries})",
-        )
+    # checked: an archive of a million tiny entries costs hundreds of MiB. The directory's
+    # headers are counted first, where zipfile will read them (the end record's own count
+    # is no bound: zipfile reads the directory by its size).
+    entries = _directory_entries(data)
+    if entries > MAX_ENTRIES:
+        raise ArtifactError("too-many-entries", f"archive's central directory holds over {MAX_ENTRIES} entries")
     try:
         return zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, NotImplementedError, ValueError, OSError, EOFError) as error:
@@ -265,54 +259,41 @@ def _open_archive(data: bytes) -> zipfile.ZipFile:
 _EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
 _ZIP64_LOCATOR = struct.Struct("<4sLQL")
 _ZIP64_EOCD = struct.Struct("<4sQ2H2L4Q")
-
-
-def _declared_entries(data: bytes) -> int | None:
-    """The entry count the archive's end of central directory declares (None: no such record)."""
-    at = data.rfind(b"PK\x05\x06", max(0, len(data) - _EOCD.size - 0xFFFF))
-    if at < 0 or at + _EOCD.size > len(data):
-        return None
-    entries = _EOCD.unpack_from(data, at)[4]
-    locator_at = at - _ZIP64_LOCATOR.size
-    if entries != 0xFFFF or locator_at < 0:
-        return int(entries)
-    signature, _, record_at, _ = _ZIP64_LOCATOR.unpack_from(data, locator_at)
-    if signature != b"PK\x06\x07" or record_at + _ZIP64_EOCD.size > len(data):
-        return None
-    return int(_ZIP64_EOCD.unpack_from(data, record_at)[7])
-
-
 _CENTRAL_HEADER = struct.Struct("<4s24x3H12x")  # signature, then name/extra/comment lengths
-_ZIP64_TAIL = _ZIP64_EOCD.size + _ZIP64_LOCATOR.size
+_MAX_COMMENT = 1 << 16  # how far before the end zipfile looks for the end record
+
+
+def _central_directory(data: bytes) -> tuple[int, int] | None:
+    """Where zipfile reads the central directory: (the offset it ends at, its size), from
+    the end record found as zipfile finds it (at the very end when it has no comment, else
+    the last signature in the last 64 KiB), and from the zip64 record only when its locator
+    and the record itself are both there. Found any other way, an end record whose counts
+    spell its signature, or a stray locator, hid the directory zipfile reads."""
+    at = len(data) - _EOCD.size
+    if not (at >= 0 and data[at : at + 4] == b"PK\x05\x06" and data[-2:] == b"\x00\x00"):
+        at = data.rfind(b"PK\x05\x06", max(0, len(data) - _MAX_COMMENT - _EOCD.size))
+        if at < 0 or at + _EOCD.size > len(data):
+            return None
+    size = _EOCD.unpack_from(data, at)[5]
+    locator_at = at - _ZIP64_LOCATOR.size
+    record_at = locator_at - _ZIP64_EOCD.size
+    if record_at >= 0 and data[locator_at : locator_at + 4] == b"PK\x06\x07" and data[record_at : record_at + 4] == b"PK\x06\x06":
+        return record_at, int(_ZIP64_EOCD.unpack_from(data, record_at)[8])
+    return at, int(size)
 
 
 def _directory_entries(data: bytes) -> int:
-    """How many headers the central directory holds, as zipfile finds it, up to MAX_ENTRIES + 1.
-
-    zipfile places the directory `size` bytes before the end record (before the zip64
-    record when a zip64 locator precedes the end record) and parses headers until that
-    size is used up. 0 when there is no such directory: zipfile refuses the archive then.
-    """
-    at = data.rfind(b"PK\x05\x06", max(0, len(data) - _EOCD.size - 0xFFFF))
-    if at < 0 or at + _EOCD.size > len(data):
+    """How many headers the central directory holds where zipfile reads it, up to
+    MAX_ENTRIES + 1 (0 without a directory: zipfile refuses the archive then)."""
+    found = _central_directory(data)
+    if found is None:
         return 0
-    size = _EOCD.unpack_from(data, at)[5]
-    record_at = at - _ZIP64_TAIL
-    if record_at >= 0 and data[at - _ZIP64_LOCATOR.size : at - _ZIP64_LOCATOR.size + 4] == b"PK\x06\x07":
-        if data[record_at : record_at + 4] != b"PK\x06\x06":
-            return 0
-        size = _ZIP64_EOCD.unpack_from(data, record_at)[8]
-        at = record_at
-    start = at - size
-    if start < 0:
-        return 0
-    entries = 0
-    while start < at and entries <= MAX_ENTRIES:
-        if start + _CENTRAL_HEADER.size > len(data):
-            break
+    end, size = found
+    start, entries = end - size, 0
+    while 0 <= start < end and entries <= MAX_ENTRIES and start + _CENTRAL_HEADER.size <= len(data):
         signature, name, extra, comment = _CENTRAL_HEADER.unpack_from(data, start)
         if signature != b"PK\x01\x02":
-            break
+            break  # zipfile refuses the archive there
         start += _CENTRAL_HEADER.size + name + extra + comment
         entries += 1
     return entries

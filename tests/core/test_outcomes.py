@@ -909,7 +909,7 @@ def test_an_archive_of_too_many_entries_is_refused_before_it_is_parsed() -> None
         for n in range(1500):
             archive.writestr(f"padding/{n}", b"")
     error = artifact_error(buffer.getvalue())
-    assert error.code == "too-many-entries" and "1501 entries" in error.detail
+    assert error.code == "too-many-entries" and "over 1000 entries" in error.detail
 
 
 def test_an_end_record_understating_its_entries_is_no_bound_on_the_directory() -> None:
@@ -937,7 +937,7 @@ def test_an_end_record_understating_its_entries_is_no_bound_on_the_directory() -
     assert read_outcome_artifact(bytes(data)).outcome == "failed"
 
 
-def test_a_zip64_archive_declares_its_count_in_the_zip64_record() -> None:
+def test_a_zip64_archive_is_bounded_by_the_directory_its_record_says_not_its_count() -> None:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", allowZip64=True) as archive:
         archive.writestr(MEMBER, diagnostics(outcome_doc()))
@@ -949,7 +949,8 @@ def test_a_zip64_archive_declares_its_count_in_the_zip64_record() -> None:
     eocd = bytearray(data[at:])
     eocd[8:12] = b"\xff\xff\xff\xff"
     hostile = bytes(data[:at]) + record + locator + bytes(eocd)
-    assert artifact_error(hostile).code == "too-many-entries"
+    # The count costs nothing: zipfile reads the directory by the size the record gives (0).
+    assert artifact_error(hostile).code == "member-missing"
 
 
 # --- receipts (domain §6.3: the payload is JSON until "\n-->") -------------------------
@@ -1068,3 +1069,28 @@ def test_knows_run_is_any_attempt_of_that_run_of_that_candidate() -> None:
     assert not ledger.knows_run(CANDIDATE, 2)
     assert not ledger.knows_run(CANDIDATE, 8)
     assert not ledger.knows_run(NEXT_CANDIDATE, 7)
+
+
+def test_the_directory_bound_finds_the_end_record_where_zipfile_does() -> None:
+    # Found by a review of the bound above: a zip64 locator with no zip64 record before it
+    # (the last 20 bytes of an entry's comment) made the bound find no directory, while
+    # zipfile ignores such a locator and reads the directory by the end record's size; and
+    # an end record whose counts spell its own signature (0x4b50, 0x0605) was found at that
+    # false signature, with no room for a record. MAX_ENTRIES + 1 entries passed both ways.
+    def padded(count: int, last_comment: bytes = b"") -> bytearray:
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            archive.writestr(MEMBER, diagnostics(outcome_doc()))
+            for n in range(count):
+                info = zipfile.ZipInfo(f"padding/{n}")
+                info.comment = last_comment if n == count - 1 else b""
+                archive.writestr(info, b"")
+        return bytearray(buffer.getvalue())
+
+    stray_locator = padded(MAX_ENTRIES, struct.pack("<4sLQL", b"PK\x06\x07", 0, 0, 1))
+    struct.pack_into("<HH", stray_locator, stray_locator.rfind(b"PK\x05\x06") + 8, 1, 1)
+    spelled = padded(MAX_ENTRIES + 500)
+    struct.pack_into("<HH", spelled, len(spelled) - 22 + 8, 0x4B50, 0x0605)
+    for hostile in (stray_locator, spelled):
+        assert len(zipfile.ZipFile(io.BytesIO(bytes(hostile))).infolist()) > MAX_ENTRIES
+        assert artifact_error(bytes(hostile)).code == "too-many-entries"

@@ -11,7 +11,7 @@ Fields GitHub adds are ignored.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -213,7 +213,11 @@ class ContentEdit(_Model):
 
 class ContentEdits(_Model):
     total: int = Field(default=0, alias="totalCount")
-    nodes: list[ContentEdit | None] = Field(default_factory=list)
+    nodes: list[ContentEdit | None] | None = None  # GitHub's schema lets both be null
+
+
+# Between this host's clock (a render's time) and GitHub's whole seconds (an edit's).
+EDIT_CLOCK_SKEW = timedelta(minutes=1)
 
 
 class EditedIssue(_Model):
@@ -222,29 +226,31 @@ class EditedIssue(_Model):
 
     body: str = ""
     editor: Account | None = None
-    first_edits: ContentEdits = Field(default_factory=ContentEdits, alias="firstEdits")
-    last_edits: ContentEdits = Field(default_factory=ContentEdits, alias="lastEdits")
+    first_edits: ContentEdits | None = Field(default=None, alias="firstEdits")
+    last_edits: ContentEdits | None = Field(default=None, alias="lastEdits")
 
     def editors_since(self, moment: datetime | None) -> list[str] | None:
-        """Who edited the body from `moment` on, or None when that is not known: an edit
-        listed without its time or editor (a deleted account), no `moment`, or more edits
-        than the two ends of the history hold where they may fall after it."""
-        pages = [[edit for edit in page.nodes if edit is not None] for page in (self.first_edits, self.last_edits)]
-        listed: set[tuple[datetime, str]] = set()
-        for edit in pages[0] + pages[1]:
-            if edit.edited_at is None or edit.editor is None or not edit.editor.login:
+        """Who edited the body from about `moment` on (a minute before it, in whole
+        seconds: an edit just after it may carry an earlier time), or None when that is
+        not known: no history, an edit listed without its time or editor (a deleted
+        account), no `moment`, or more edits than the two ends of the history hold where
+        some may fall after it."""
+        if moment is None or self.first_edits is None or self.last_edits is None:
+            return None
+        pages: list[list[tuple[datetime, str]]] = []
+        for page in (self.first_edits, self.last_edits):
+            edits = [(e.edited_at, e.editor.login) for e in page.nodes or () if e and e.edited_at and e.editor and e.editor.login]
+            if page.nodes is None or len(edits) < len(page.nodes):
                 return None
-            listed.add((edit.edited_at, edit.editor.login))
-        if moment is None:
-            return None
-        # What the two ends leave out is older than every edit of the newest end: all before
-        # `moment` once one of those is. Times are whole seconds: one in `moment`'s second
-        # may be after it.
-        newest = max(pages, key=lambda page: max((e.edited_at for e in page if e.edited_at), default=moment))
+            pages.append(edits)
+        since = moment.replace(microsecond=0) - EDIT_CLOCK_SKEW
         total = max(self.first_edits.total, self.last_edits.total)
-        if total > len(listed) and not any(e.edited_at is not None and e.edited_at < moment for e in newest):
+        # What the two ends leave out is older than every edit of the newest end: all
+        # before `since` once one of those is.
+        newest = max(pages, key=lambda page: max((at for at, _ in page), default=since))
+        if len(pages[0]) + len(pages[1]) < total and not any(at < since for at, _ in newest):
             return None
-        return sorted({login for at, login in listed if at >= moment})
+        return sorted({login for at, login in pages[0] + pages[1] if at >= since})
 
 
 class IssueCommentEvent(RepoEvent):

@@ -108,6 +108,11 @@ class EditNode:
     at: datetime
 
 
+def actor(login: str) -> UserNode:
+    """An account as GraphQL names it: an App by its slug, without its REST login's "[bot]"."""
+    return UserNode(login.removesuffix("[bot]"))
+
+
 def content_edits(_call: Call, node: IssueNode, args: dict[str, Any]) -> EditsNode:
     first, last = args.get("first"), args.get("last")
     if (first is None) == (last is None):
@@ -254,7 +259,7 @@ SCHEMA = Schema(
             "title": value(lambda n: n.issue.title),
             "body": value(lambda n: n.issue.body or ""),
             "lastEditedAt": value(lambda n: ts(n.issue.last_edited_at) if n.issue.last_edited_at else None, "DateTime"),
-            "editor": FieldDef("User", lambda _c, n, _a: UserNode(n.issue.editor) if n.issue.editor else None),
+            "editor": FieldDef("User", lambda _c, n, _a: actor(n.issue.editor) if n.issue.editor else None),
             "userContentEdits": FieldDef("UserContentEditConnection", content_edits, {"first": False, "last": False}),
         },
         "UserContentEditConnection": {
@@ -263,7 +268,7 @@ SCHEMA = Schema(
         },
         "UserContentEdit": {
             "editedAt": value(lambda n: ts(n.at), "DateTime"),
-            "editor": FieldDef("User", lambda _c, n, _a: UserNode(n.login)),
+            "editor": FieldDef("User", lambda _c, n, _a: actor(n.login)),
         },
         "Ref": {
             "name": value(lambda n: n.name.split("/", 2)[2]),

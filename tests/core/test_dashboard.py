@@ -204,3 +204,11 @@ def test_who_edited_the_dashboard_since_a_render_is_known_or_said_unknown() -> N
     assert edited([(new, "bob"), (new, "eve")], [(old, "x")], 50).editors_since(render) is None  # more may hide
     assert edited([(new, None)], [(new, None)], 1).editors_since(render) is None  # a deleted account
     assert edited([], [], 0).editors_since(None) is None
+    # Found by a review: a render stamped with microseconds dropped an edit made just after
+    # it in the same second (GitHub's times are whole seconds); two edits of one person in
+    # one second made a whole history look cut; GitHub's schema lets the history be null.
+    late_render = render.replace(microsecond=400_000)
+    assert edited([(same, "carol")], [(same, "carol")], 1).editors_since(late_render) == ["carol"]
+    assert edited([(new, "bob"), (new, "bob")], [(new, "bob"), (new, "bob")], 2).editors_since(render) == ["bob"]
+    nulls = EditedIssue.model_validate({"firstEdits": None, "lastEdits": {"totalCount": 1, "nodes": None}})
+    assert nulls.editors_since(render) is None

@@ -7,6 +7,8 @@ import base64
 import json
 from typing import Any
 
+import pytest
+
 from tests import scenarios as sc
 from tests.harness import sandbox_stack
 
@@ -143,14 +145,18 @@ def _forget_everything(repo: str) -> Any:
     return change.clear_waves(repo).delete("", "repo", repo)
 
 
-async def test_a_tick_whose_webhook_was_lost_acts_before_the_next_render(tmp_path):
+@pytest.mark.parametrize("env", [{}, {"KLAUD_BOT_LOGINS": "klaud-cold[bot]"}])
+async def test_a_tick_whose_webhook_was_lost_acts_before_the_next_render(tmp_path, env):
     # What this catches (a chaos soak): a writer ticked `unhold` while the `issues` webhook
     # was lost; nothing read the issue again, and the next render unticked the box unseen:
-    # the family stayed held for good.
-    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+    # the family stayed held for good. And (a review): GraphQL names Klaud's own renders by
+    # its App's slug, without "[bot]": with only the REST login configured, its render was
+    # taken for a person's edit and the box refused.
+    async with sandbox_stack(tmp_path, sc.scenario(), env=env) as run:
         await run.act({"action": "comment", "repo": REPO, "number": 900, "user": "alice", "body": f"/klaud hold {H200} w"})
+        await wave(run)  # makes the dashboard
         await run.act({"action": "comment", "repo": REPO, "number": 900, "user": "alice", "body": f"/klaud hold {B200} w"})
-        await wave(run)
+        await wave(run)  # edits it: Klaud's own edit, just before the tick
         [issue] = dashboards(run)
         run.sandbox.set_faults({"rules": [{"webhook": "issues", "rate": 1.0}]})
         ticked = issue["body"].replace(f"- [ ] unhold `{H200}`", f"- [x] unhold `{H200}`")

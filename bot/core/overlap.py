@@ -327,8 +327,18 @@ class _FamilyFiles:
     def _regex(self, glob: str) -> re.Pattern[str]:
         compiled = self._compiled.get(glob)
         if compiled is None:
-            compiled = self._compiled[glob] = re.compile(glob_pattern(glob))
+            try:
+                compiled = re.compile(glob_pattern(glob))
+            except (ValueError, re.error):
+                # `[a-{precision}]`, valid for some families' values and not for others',
+                # kept from a policy read before such classes were refused: it matches
+                # nothing for those families, rather than every pull request's event raising.
+                compiled = _NOTHING
+            self._compiled[glob] = compiled
         return compiled
+
+
+_NOTHING = re.compile(r"(?!)")
 
 
 def pull_touches(

@@ -31,6 +31,9 @@ InputKey = Literal["candidate", "family", "base", "wave"]
 # What `family_files` patterns may name (bot.core.catalog fills them in per family).
 FAMILY_FILE_PLACEHOLDERS = ("key", "model-prefix", "precision", "framework", "hardware")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+# A character class holding a placeholder: `[a-{precision}]` is a valid glob for one
+# family's values and a reversed range for another's.
+_PLACEHOLDER_IN_CLASS = re.compile(r"\[[^\]]*\{[^{}]*\}")
 # Editors learn from the schema what the validator below refuses.
 _AT_LEAST_ONE: JsonDict = {"minItems": 1}
 # Bounds on what the file may list: every path of every push and pull request is tried
@@ -88,6 +91,8 @@ class Policy(BaseModel):
                 if name not in FAMILY_FILE_PLACEHOLDERS:
                     known = ", ".join("{" + known + "}" for known in FAMILY_FILE_PLACEHOLDERS)
                     raise ValueError(f"{pattern!r}: unknown placeholder {{{name}}} (known: {known})")
+            if _PLACEHOLDER_IN_CLASS.search(pattern):
+                raise ValueError(f"{pattern!r}: a placeholder inside [...] is not allowed")
             _check_glob(pattern, _PLACEHOLDER.sub("x", pattern))
         return patterns
 

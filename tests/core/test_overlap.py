@@ -845,3 +845,12 @@ def test_a_key_renamed_with_its_block_unchanged_is_flags_on_both_names_without_a
     assert file_change_from_contents(NV, base, added).keys == {"gamma": "image"}
     moved_and_bumped = renamed.replace("a:1", "a:2")
     assert file_change_from_contents(NV, base, moved_and_bumped).keys == {"alpha": "image", "alpha-next": "image"}
+
+
+def test_a_family_files_glob_invalid_for_a_familys_values_matches_nothing_for_it() -> None:
+    # A policy read before placeholders inside [...] were refused: `[a-{precision}]` is
+    # `[a-z]`-like for one family and a reversed range (`[a-8]`) for another. That family's
+    # glob matches nothing; every pull request's event raised instead.
+    catalog = Catalog([family("alpha", precision="z"), family("beta", precision="8")])
+    touches = pull_touches(pull(9, (FileChange("benchmarks/c.sh"),)), catalog, ("benchmarks/[a-{precision}].sh",))
+    assert touches == {"configs/x-master.yaml:alpha": "flags"}

@@ -95,3 +95,11 @@ def test_the_lists_and_names_of_the_policy_are_bounded() -> None:
     with pytest.raises(PolicyError, match="runners_file"):
         parse_policy(f"runners_file: {'x' * 257}\n")
     assert len(parse_policy("config_globs: [" + ", ".join(f"'c/{n}/*.yaml'" for n in range(MAX_GLOBS)) + "]\n").config_globs) == MAX_GLOBS
+
+
+def test_a_placeholder_inside_a_character_class_is_refused() -> None:
+    # Found by a review: `[a-{precision}]` passed as `[a-x]`, and was a reversed range for a
+    # family whose precision is `8`: every pull request's event raised in the overlap index.
+    with pytest.raises(PolicyError, match=r"placeholder inside \[\.\.\.\] is not allowed"):
+        parse_policy("family_files: ['benchmarks/[a-{precision}]*/**']\n")
+    assert parse_policy("family_files: ['benchmarks/[a-z]*/{precision}/**']\n")

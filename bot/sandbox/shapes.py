@@ -231,7 +231,7 @@ class Shapes:
             **self.minimal_repository(repo),
             "created_at": ts(repo.created_at),
             "updated_at": ts(repo.head.at),
-            "pushed_at": ts(repo.head.at),
+            "pushed_at": ts(repo.pushed_at or repo.head.at),
             "git_url": f"git://github.com/{repo.full_name}.git",
             "ssh_url": f"git@github.com:{repo.full_name}.git",
             "clone_url": f"{self.web}/{repo.full_name}.git",
@@ -267,7 +267,7 @@ class Shapes:
         """`push` events spell a few repository fields differently (epoch seconds)."""
         shaped = self.repository(repo)
         shaped["created_at"] = int(repo.created_at.timestamp())
-        shaped["pushed_at"] = int(repo.head.at.timestamp())
+        shaped["pushed_at"] = int((repo.pushed_at or repo.head.at).timestamp())
         shaped["stargazers"] = 0
         shaped["master_branch"] = repo.default_branch
         owner = shaped["owner"]

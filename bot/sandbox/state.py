@@ -355,6 +355,9 @@ class RepoState:
         self.reactions: list[Reaction] = []
         self.dispatches: list[Dispatch] = []
         self.workflow_ids: dict[str, int] = {}
+        # GitHub's `pushed_at`: the last push to any branch (the default branch's head
+        # until something is pushed here).
+        self.pushed_at: datetime | None = None
         head = self.commit_history(spec.history)
         tree = {**(head.tree if head else {}), **spec.files}
         if head is None:
@@ -418,6 +421,7 @@ class RepoState:
         parents = (onto or before.sha,) + ((extra_parent,) if extra_parent else ())
         after = self.commit(tree, parents, message, author, at)
         self.refs[self.default_ref] = after.sha
+        self.pushed_at = at
         return before, after
 
     def resolve(self, ref: str) -> str | None:
@@ -571,6 +575,7 @@ class RepoState:
         tree, files = self.pull_files(self.commits[pull.base_sha].tree, specs)
         head = self.commit(tree, (before,), f"Update {pull.head_ref}", pull.user, now, sha)
         self.refs[f"refs/heads/{pull.head_ref}"] = head.sha
+        self.pushed_at = now
         pull.head_sha = head.sha
         pull.head_shas.append(head.sha)
         pull.files = files

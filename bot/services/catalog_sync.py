@@ -27,6 +27,7 @@ from bot.core.setup import workflow_path, workflow_setup_errors
 from bot.github.errors import GitHubError
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
+from bot.services.outcomes import CLOCK_SKEW
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
 
@@ -324,6 +325,7 @@ def note_repository(state: RepoState, repository: Repository) -> None:
 
 def pushed_since_pause(state: RepoState, last_push: datetime | None) -> bool:
     """Whether a push missed may have come after dispatch paused, the repository's last
-    push being at `last_push` (when GitHub does not say, it may)."""
+    push (to any branch) being at `last_push`: when GitHub does not say, it may; GitHub's
+    times are whole seconds, and its clock and this host's a little apart."""
     since = parse_time((state.meta.pause or {}).get("since"))
-    return since is None or last_push is None or last_push >= since
+    return since is None or last_push is None or last_push >= since.replace(microsecond=0) - CLOCK_SKEW

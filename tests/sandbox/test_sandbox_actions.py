@@ -415,3 +415,13 @@ async def test_rename_repository_refuses_an_unknown_repository_and_a_name_with_a
     response = await hub.client.post("/_sandbox/act", json={"action": "rename_repository", "repo": "acme/bench",
                                                             "name": "bad/name"})
     assert response.status == 400
+
+
+async def test_pushed_at_is_the_last_push_to_any_branch(wired: Hub) -> None:
+    # GitHub's `pushed_at` moves with a push to any branch, which the canary rule reads
+    # (catalog_sync.pushed_since_pause); the sandbox gave the default branch's head time.
+    before = (await wired.json("GET", "/repos/acme/bench"))["pushed_at"]
+    wired.sandbox.clock.advance(3600)
+    await wired.act(action="push_pull", repo="acme/bench", number=12, head_sha="a" * 40,
+                    files=[{"filename": "README.md", "status": "added", "content": "# bench\n"}])
+    assert (await wired.json("GET", "/repos/acme/bench"))["pushed_at"] > before

@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 
 from bot.core.domain import claim_ref
 from bot.core.events import Account, PullFile, PullRequestEvent, PushEvent
+from bot.services.catalog_sync import pushed_since_pause
+from bot.services.repo_state import RepoMeta, RepoState
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import pull
@@ -211,3 +213,15 @@ async def test_a_push_deleting_runners_yaml_keeps_the_last_runners_and_says_why(
     await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
     assert "not found" in kit.state.meta.config_errors.get("configs/runners.yaml", "")
     assert kit.state.catalog.get(H200).clusters == ("h200-nb",)
+
+
+def test_a_push_missed_may_have_come_after_a_pause_begun_in_its_second_or_within_the_skew() -> None:
+    # Found by a review: the pause is stamped with microseconds and GitHub's pushed_at is in
+    # whole seconds on its own clock: a push at 10:00:00.8, after a pause at 10:00:00.3,
+    # read 10:00:00 and was taken for one before the pause (dispatch stayed paused).
+    state = RepoState(REPO, RepoMeta(installation=1))
+    assert pushed_since_pause(state, None)  # no pause: nothing to judge
+    state.meta.pause = {"reason": "r", "since": "2026-11-30T10:00:00.300000Z"}
+    assert pushed_since_pause(state, datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC))
+    assert pushed_since_pause(state, datetime(2026, 11, 30, 9, 59, 30, tzinfo=UTC))  # a clock behind
+    assert not pushed_since_pause(state, datetime(2026, 11, 30, 9, 58, 0, tzinfo=UTC))

@@ -179,8 +179,9 @@ class CatalogSync:
         # the process dead before its commit), dispatch stayed paused until a person acted.
         # Only a push after the pause began may fix what paused it: one made before it, found
         # late, is no more a fix than a `/klaud resume` written before it. The repository's
-        # last push (to any branch) came before the pause: so did this one.
-        if pushed_since_pause(state, repository.pushed_at):
+        # last push (to any branch) came before the pause: so did this one. Read again before
+        # it is refused: the head may have moved after the repository was read.
+        if pushed_since_pause(state, repository.pushed_at) or pushed_since_pause(state, (await api.repository()).pushed_at):
             self._arm_canary(state, head, "missed push")  # stored with the reconcile's meta
         else:
             log.info("dispatch.canary_not_armed", repo=state.name, head=head[:12], pushed_at=stamp(repository.pushed_at))

@@ -91,6 +91,7 @@ class FakeRepo:
     id: int = 4242
     default_branch: str = DEFAULT_BRANCH
     head: str = sha(1)
+    pushed_at: datetime | None = None  # GitHub's: the last push to any branch
     files: dict[str, dict[str, str]] = field(default_factory=dict)  # ref -> path -> text
     pulls: dict[int, PullRequest] = field(default_factory=dict)
     pull_files_of: dict[int, list[PullFile]] = field(default_factory=dict)
@@ -146,7 +147,7 @@ class FakeRepo:
 
     async def repository(self) -> Repository:
         self._call("repository")
-        return Repository(full_name=self.name, id=self.id, default_branch=self.default_branch)
+        return Repository(full_name=self.name, id=self.id, default_branch=self.default_branch, pushed_at=self.pushed_at)
 
     async def head_sha(self, branch: str) -> str:
         self._call("head_sha", branch)

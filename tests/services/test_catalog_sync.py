@@ -8,6 +8,7 @@ from bot.core.domain import claim_ref
 from bot.core.events import Account, PullFile, PullRequestEvent, PushEvent
 from bot.services.catalog_sync import pushed_since_pause
 from bot.services.repo_state import RepoMeta, RepoState
+from bot.store.change import Change
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import pull
@@ -225,3 +226,23 @@ def test_a_push_missed_may_have_come_after_a_pause_begun_in_its_second_or_within
     assert pushed_since_pause(state, datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC))
     assert pushed_since_pause(state, datetime(2026, 11, 30, 9, 59, 30, tzinfo=UTC))  # a clock behind
     assert not pushed_since_pause(state, datetime(2026, 11, 30, 9, 58, 0, tzinfo=UTC))
+
+
+async def test_a_missed_push_is_judged_by_the_repository_read_after_the_head_moved(kit: Kit) -> None:
+    # A reconcile reads the repository, then the head: a push between the two moves the
+    # head with the repository's pushed_at from before it. Found before the pause by the
+    # first read, it is read again before the canary is refused.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.state.meta.pause = {"reason": "r", "since": "2026-11-30T10:00:00Z"}
+    stale = await kit.repo.repository()
+    stale = stale.model_copy(update={"pushed_at": datetime(2026, 11, 30, 9, 0, tzinfo=UTC)})
+    after = "e" * 40
+    kit.repo.files[after] = dict(kit.repo.files[kit.repo.head])
+    kit.repo.head, kit.repo.pushed_at = after, datetime(2026, 11, 30, 10, 30, tzinfo=UTC)
+    await kit.catalog.catch_up(kit.state, kit.repo, Change(), stale)
+    assert kit.state.meta.canary == {"armed": True, "candidate": None, "wave": None}
+    kit.state.meta.canary = None
+    kit.repo.head, kit.repo.pushed_at = "f" * 40, datetime(2026, 11, 30, 9, 30, tzinfo=UTC)
+    kit.repo.files["f" * 40] = dict(kit.repo.files[after])
+    await kit.catalog.catch_up(kit.state, kit.repo, Change(), stale)
+    assert kit.state.meta.canary is None  # both reads say it came before the pause

@@ -42,7 +42,7 @@ from bot.core.events import WorkflowRun
 from bot.services.api import RepoAPI
 from bot.services.dispatch import delete_claim_ref
 from bot.services.live import LiveState
-from bot.services.outcomes import UNLINKED_SKEW, OutcomeRecorder
+from bot.services.outcomes import UNLINKED_SKEW, OutcomeRecorder, may_be_dispatched
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
 
@@ -243,6 +243,8 @@ class ClaimKeeper:
     async def _by_candidate(state: RepoState, runs: AsyncIterator[WorkflowRun]) -> dict[str, WorkflowRun]:
         found: dict[str, WorkflowRun] = {}
         async for run in runs:
+            if not may_be_dispatched(run):
+                continue
             for candidate in CANDIDATE_IN_TEXT.findall(run.display_title or ""):
                 if not state.ledger.knows_run(candidate, run.id):  # an earlier attempt's run
                     found.setdefault(candidate, run)

@@ -96,6 +96,12 @@ def _dispatch_of(state: RepoState, run: WorkflowRun) -> Dispatch | None:
     return None
 
 
+def may_be_dispatched(run: WorkflowRun) -> bool:
+    """Whether `run` may be one a dispatch started: a pull request's, whatever its title
+    says, is none of Klaud's (a fork may rewrite the workflow it runs)."""
+    return run.event in (None, "workflow_dispatch")
+
+
 def may_be_its_run(state: RepoState, dispatch: Dispatch, run: WorkflowRun) -> bool:
     """Whether `run` may be the run of `dispatch`, which no answer linked to one: titled with
     its candidate, not a run whose outcome is recorded already, and created after it. A late
@@ -103,7 +109,8 @@ def may_be_its_run(state: RepoState, dispatch: Dispatch, run: WorkflowRun) -> bo
     outcome would be the old one's)."""
     created = run.created_at
     return (
-        dispatch.candidate in (run.display_title or "")
+        may_be_dispatched(run)
+        and dispatch.candidate in (run.display_title or "")
         and not state.ledger.knows_run(dispatch.candidate, run.id)
         and (created is None or created >= dispatch.at - UNLINKED_SKEW)
     )

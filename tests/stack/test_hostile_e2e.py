@@ -13,6 +13,7 @@ from typing import Any
 
 from tests import scenarios as sc
 from tests.harness import headers_for, sandbox_stack
+from tests.stack.test_dashboard_e2e import wave
 
 REPO = "acme/bench"
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
@@ -141,3 +142,35 @@ async def test_a_comment_of_thousands_of_commands_gets_one_reply_github_accepts(
         await run.settle()
         [reply] = [c["body"] for c in run.github()["comments"] if c["user"] == "klaud-cold[bot]"]
         assert len(reply) <= 65_536 and "4991 more `/klaud` commands were not run" in reply
+
+
+def recorded_runs(run: Any) -> set[int]:
+    return {a.run_id for a in run.klaud.live.repo(REPO).ledger.all()}
+
+
+async def test_a_pull_request_run_titled_with_a_candidate_is_not_its_unlinked_dispatchs_run(tmp_path):
+    # What this catches (a chaos soak, seed 34): a pull request's run of the candidate
+    # workflow, titled with a candidate, stood in for that candidate's unlinked dispatch
+    # (its answer lost) and its forged outcome was recorded.
+    cand = sc.candidate(H200)
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        # The dispatch's answer is lost (502): Klaud keeps it unlinked, to be found by title.
+        run.sandbox.set_faults({"rules": [{"route": "/dispatches$", "status": 502, "rate": 1.0}]})
+        await wave(run)
+        run.sandbox.set_faults({"rules": []})
+        assert H200 in run.klaud.live.repo(REPO).dispatches
+        run.sandbox.clock.advance(60)
+        # A contributor's pull request runs the candidate workflow, titled with the candidate,
+        # and uploads `klaud-candidate-<id>` saying "failed".
+        await run.act({"action": "complete_run", "repo": REPO, "run": {
+            "workflow": "klaud-candidate.yml", "event": "pull_request", "display_title": f"Klaud candidate {cand}",
+            "conclusion": "success", "artifacts": [{"name": f"klaud-candidate-{cand}",
+                                                     "files": {"candidate-diagnostics.json": sc.diagnostics("failed")}}]}})
+        await run.settle()
+        pr_run = max(r.id for r in run.sandbox.world.repos[REPO].runs.values() if r.event == "pull_request")
+        assert pr_run not in recorded_runs(run)  # the workflow_run event is ignored
+        await run.act({"action": "advance_clock", "seconds": 3600})
+        await run.klaud.reconciler.reconcile(REPO, 1, light=True)
+        await run.settle()
+        assert pr_run not in recorded_runs(run)  # nor taken for the unlinked dispatch's run
+        assert not [a for a in run.klaud.live.repo(REPO).ledger.for_candidate(cand) if a.verified]

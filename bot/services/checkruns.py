@@ -16,7 +16,6 @@ import structlog
 
 from bot.core.checks import CHECK_NAME, CheckView, render_check
 from bot.core.clock import Clock
-from bot.core.cooldown import cooldown
 from bot.core.domain import BRANCH_CANDIDATE_RE, PullRequest, family_hash
 from bot.core.events import CheckRunEvent
 from bot.github.errors import GitHubError
@@ -62,8 +61,7 @@ class CheckPublisher:
         # The PR works on the candidate its branch names, even if the family moved on since.
         candidate = match.group(1) if match else (family.candidate if family else "")
         attempts = state.ledger.for_candidate(candidate)
-        approval = state.retries.get(candidate)
-        cool = cooldown(attempts, candidate, now, state.policy.cooldown_hours, approval.at if approval else None)
+        cool = state.cooldown_of(candidate, now)
         overlaps = []
         if family is not None:
             overlaps = [o for o in state.overlap.overlaps(family, now, state.policy.idle_days) if o.pr != pull.number]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from bot.core.cooldown import CooldownState, began_after, cooldown
+from bot.core.cooldown import CooldownState, began_after
 from bot.core.domain import Family, Hold, RetryApproval, parse_time
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
@@ -16,7 +16,7 @@ async def approve_retry(
     """Clear the cooldown of the family's candidate for the next real wave, if it has one
     that began by `asked_at` (when the person asked, for a command found late)."""
     candidate = family.candidate
-    cool = cooldown(state.ledger.for_candidate(candidate), candidate, now, state.policy.cooldown_hours, None)
+    cool = state.cooldown_of(candidate, now, with_retry=False)
     if not cool.eligible and not began_after(cool, asked_at):
         async with live.lock(state.name):
             # Dated when asked: it clears the cooldown decided by then (`cooldown`).

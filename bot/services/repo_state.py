@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from bot.core.catalog import Catalog, config_problems
+from bot.core.cooldown import CooldownState, cooldown
 from bot.core.dispatching import WaveRuns, count_finished, disabled_block, pause_reason
 from bot.core.domain import (
     Attempt,
@@ -235,6 +236,15 @@ class RepoState:
 
     def family_by_hash(self, fam16: str) -> Family | None:
         return self._by_hash.get(fam16)
+
+    def cooldown_of(self, candidate: str, now: datetime, *, with_retry: bool = True) -> CooldownState:
+        """The candidate's cooldown from its attempts, cleared by its pending `/klaud retry`
+        (if it has one and `with_retry`) as `cooldown` says."""
+        approval = self.retries.get(candidate) if with_retry else None
+        return cooldown(
+            self.ledger.for_candidate(candidate), candidate, now, self.policy.cooldown_hours,
+            approval.at if approval else None,
+        )
 
     def family_of_candidate(self, candidate: str) -> str | None:
         family = self.family_by_hash(candidate[:16])

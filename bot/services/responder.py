@@ -31,7 +31,7 @@ from bot.core.commands import (
     render_unhold,
     resolve_command,
 )
-from bot.core.cooldown import began_after, cooldown
+from bot.core.cooldown import began_after
 from bot.core.domain import Family, parse_time
 from bot.core.events import Comment, IssueCommentEvent
 from bot.core.overlap import is_idle
@@ -193,9 +193,8 @@ class CommandResponder:
         now = self.clock.now()
         wave = await self.waves.preview_state(state, now)
         decision = next(d for d in wave.decisions if d.family == family.id)
-        approval = state.retries.get(family.candidate)
         attempts = state.ledger.for_candidate(family.candidate)
-        cool = cooldown(attempts, family.candidate, now, state.policy.cooldown_hours, approval.at if approval else None)
+        cool = state.cooldown_of(family.candidate, now)
         view = StatusView(
             family=family,
             staleness=family.image_changed_at,

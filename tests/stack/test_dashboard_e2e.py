@@ -182,10 +182,15 @@ async def held_twice(run: Any) -> dict[str, Any]:
     return issue
 
 
-async def tick_unhold(run: Any, issue: dict[str, Any], body: str, family: str, user: str) -> str:
-    body = body.replace(f"- [ ] unhold `{family}`", f"- [x] unhold `{family}`")
+async def tick_box(run: Any, issue: dict[str, Any], body: str, verb: str, family: str, user: str) -> str:
+    """`user` ticks the `verb` box of `family` on the dashboard as `body` reads; the new body."""
+    body = body.replace(f"- [ ] {verb} `{family}`", f"- [x] {verb} `{family}`")
     await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": user, "body": body})
     return body
+
+
+async def tick_unhold(run: Any, issue: dict[str, Any], body: str, family: str, user: str) -> str:
+    return await tick_box(run, issue, body, "unhold", family, user)
 
 
 async def test_a_tick_whose_webhook_was_lost_acts_with_the_next_tick_whose_webhook_came(tmp_path):

@@ -8,7 +8,13 @@ from typing import Any
 
 from tests import scenarios as sc
 from tests.harness import sandbox_stack
-from tests.stack.test_dashboard_e2e import dashboards, held_twice, tick_unhold, wave
+from tests.stack.test_dashboard_e2e import (
+    dashboards,
+    held_twice,
+    tick_box,
+    tick_unhold,
+    wave,
+)
 from tests.stack.test_people_e2e import comment as comment_on
 from tests.stack.test_waves_e2e import decision as decision_of
 
@@ -192,26 +198,33 @@ async def test_an_older_unhold_found_late_does_not_let_a_hold_between_undo_a_new
         assert held(run) == []
 
 
+def cooling_scenario(family: str) -> dict[str, Any]:
+    """The scenario, `family`'s candidate cooling down after a verified outcome."""
+    return sc.scenario(runs=[sc.run(301, sc.candidate(family), "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])
+
+
+async def held_and_rendered(run: Any, family: str) -> dict[str, Any]:
+    """`family` held by alice; after a wave, the dashboard issue."""
+    await comment(run, "alice", f"/klaud hold {family} new weights")
+    await wave(run)
+    [issue] = dashboards(run)
+    return issue
+
+
 async def test_a_readers_tick_carried_by_a_writers_edit_does_not_act(tmp_path):
     # What this catches (a chaos soak, seed 33): carol (read) ticks `retry`, her `issues`
     # webhook lost; bob (write) then ticks another box on the issue as it now reads, so his
     # edit carries carol's tick. Every box ticked before an edit was taken as the editor's:
     # carol's retry acted as bob's and the family in cooldown was dispatched. DESIGN §4: a
     # box acts for users with write permission.
-    cand = sc.candidate(H200)
-    scenario = sc.scenario(runs=[sc.run(301, cand, "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])
-    async with sandbox_stack(tmp_path, scenario) as run:
-        await comment(run, "alice", f"/klaud hold {B200} new weights")
-        await wave(run)
+    async with sandbox_stack(tmp_path, cooling_scenario(H200)) as run:
+        issue = await held_and_rendered(run, B200)
         assert decision(run, H200) == "cooldown"
-        [issue] = dashboards(run)
         run.sandbox.set_faults({"rules": [{"webhook": "issues", "rate": 1.0}]})
-        by_carol = issue["body"].replace(f"- [ ] retry `{H200}`", f"- [x] retry `{H200}`")
-        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "carol", "body": by_carol})
+        by_carol = await tick_box(run, issue, issue["body"], "retry", H200, "carol")
         run.sandbox.set_faults({"rules": []})
         run.sandbox.clock.advance(60)
-        by_bob = by_carol.replace(f"- [ ] unhold `{B200}`", f"- [x] unhold `{B200}`")
-        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "bob", "body": by_bob})
+        await tick_box(run, issue, by_carol, "unhold", B200, "bob")
         await run.klaud.dashboard.settle()
         assert held(run) == []  # bob's own tick acted
         assert run.state()["retries"] == []  # carol may only read
@@ -224,19 +237,13 @@ async def test_a_readers_lost_tick_is_not_taken_as_the_last_writers_at_the_next_
     # What this catches (a chaos soak, seed 28): carol ticks `unhold` (webhook lost), then bob
     # ticks another box (webhook lost too). The next render read the issue, found both boxes
     # ticked, and credited them all to its last editor (bob): carol's unhold released the hold.
-    cand = sc.candidate(B200)
-    scenario = sc.scenario(runs=[sc.run(301, cand, "readiness-blocked", completed_at="2026-11-30T07:00:00Z")])
-    async with sandbox_stack(tmp_path, scenario) as run:
-        await comment(run, "alice", f"/klaud hold {H200} new weights")
-        await wave(run)
-        [issue] = dashboards(run)
+    async with sandbox_stack(tmp_path, cooling_scenario(B200)) as run:
+        issue = await held_and_rendered(run, H200)
         assert f"- [ ] unhold `{H200}`" in issue["body"] and f"- [ ] retry `{B200}`" in issue["body"]
         run.sandbox.set_faults({"rules": [{"webhook": "issues", "rate": 1.0}]})
-        by_carol = issue["body"].replace(f"- [ ] unhold `{H200}`", f"- [x] unhold `{H200}`")
-        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "carol", "body": by_carol})
+        by_carol = await tick_box(run, issue, issue["body"], "unhold", H200, "carol")
         run.sandbox.clock.advance(60)
-        by_bob = by_carol.replace(f"- [ ] retry `{B200}`", f"- [x] retry `{B200}`")
-        await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"], "user": "bob", "body": by_bob})
+        await tick_box(run, issue, by_carol, "retry", B200, "bob")
         run.sandbox.set_faults({"rules": []})
         run.sandbox.clock.advance(600)
         await wave(run)  # the render reads the issue first

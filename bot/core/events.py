@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bot.core.domain import UtcTime, parse_time
 
@@ -206,9 +206,25 @@ class Issue(_Model):
     user: Account | None = None
 
 
+class GraphQLAccount(Account):
+    """An account as GitHub's GraphQL names it (`login`, `__typename`), read as its REST
+    login: GraphQL names an App by its slug, webhooks and Klaud's settings by the slug and
+    "[bot]" (a person whose login is an App's slug is not that App)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rest_login(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        kind, login = data.get("__typename"), data.get("login")
+        if kind == "Bot" and isinstance(login, str) and login and not login.endswith("[bot]"):
+            login = f"{login}[bot]"
+        return {"login": login, "type": kind}
+
+
 class ContentEdit(_Model):
     edited_at: UtcTime | None = Field(default=None, alias="editedAt")
-    editor: Account | None = None
+    editor: GraphQLAccount | None = None
 
 
 class ContentEdits(_Model):
@@ -225,7 +241,7 @@ class EditedIssue(_Model):
     (GraphQL: GitHub's REST API does not say who edited an issue)."""
 
     body: str = ""
-    editor: Account | None = None
+    editor: GraphQLAccount | None = None
     first_edits: ContentEdits | None = Field(default=None, alias="firstEdits")
     last_edits: ContentEdits | None = Field(default=None, alias="lastEdits")
 

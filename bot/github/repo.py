@@ -32,11 +32,11 @@ from bot.github.errors import Conflict, NotFound
 # Both ends of the body's edit history (GitHub does not document its order): whichever is
 # the newest holds the edits since Klaud's last render, unless there were more (`totalCount`).
 ISSUE_EDIT_QUERY = """
-fragment edits on UserContentEditConnection { totalCount nodes { editedAt editor { login } } }
+fragment edits on UserContentEditConnection { totalCount nodes { editedAt editor { __typename login } } }
 query($owner: String!, $name: String!, $number: Int!) {
   repository(owner: $owner, name: $name) {
     issue(number: $number) {
-      body editor { login }
+      body editor { __typename login }
       firstEdits: userContentEdits(first: 20) { ...edits }
       lastEdits: userContentEdits(last: 20) { ...edits }
     }

@@ -90,6 +90,11 @@ class UserNode:
 
 
 @dataclass(frozen=True)
+class BotNode:
+    login: str  # an App's slug
+
+
+@dataclass(frozen=True)
 class IssueNode:
     issue: Issue
 
@@ -108,9 +113,12 @@ class EditNode:
     at: datetime
 
 
-def actor(login: str) -> UserNode:
-    """An account as GraphQL names it: an App by its slug, without its REST login's "[bot]"."""
-    return UserNode(login.removesuffix("[bot]"))
+def actor(login: str) -> UserNode | BotNode:
+    """An account as GraphQL names it: an App as a Bot named by its slug, without its REST
+    login's "[bot]"."""
+    if login.endswith("[bot]"):
+        return BotNode(login.removesuffix("[bot]"))
+    return UserNode(login)
 
 
 def content_edits(_call: Call, node: IssueNode, args: dict[str, Any]) -> EditsNode:
@@ -128,7 +136,7 @@ def content_edits(_call: Call, node: IssueNode, args: dict[str, Any]) -> EditsNo
 TYPE_NAMES: dict[type, str] = {
     QueryRoot: "Query", RepoNode: "Repository", RefNode: "Ref", CommitNode: "Commit",
     BlobNode: "Blob", BlameNode: "Blame", RangeNode: "BlameRange", ActorNode: "GitActor",
-    UserNode: "User", IssueNode: "Issue", EditsNode: "UserContentEditConnection", EditNode: "UserContentEdit",
+    UserNode: "User", BotNode: "Bot", IssueNode: "Issue", EditsNode: "UserContentEditConnection", EditNode: "UserContentEdit",
 }
 
 
@@ -236,6 +244,7 @@ GIT_OBJECT: dict[str, FieldDef] = {
     "abbreviatedOid": value(lambda n: object_oid(n)[:7]),
     "commitUrl": value(commit_url, "URI"),
 }
+ACTOR_FIELDS: dict[str, FieldDef] = {"login": value(lambda n: n.login)}
 ACTOR = FieldDef("GitActor", lambda _c, n, _a: ActorNode(n.commit.author, n.commit.at))
 SCHEMA = Schema(
     types={
@@ -259,7 +268,7 @@ SCHEMA = Schema(
             "title": value(lambda n: n.issue.title),
             "body": value(lambda n: n.issue.body or ""),
             "lastEditedAt": value(lambda n: ts(n.issue.last_edited_at) if n.issue.last_edited_at else None, "DateTime"),
-            "editor": FieldDef("User", lambda _c, n, _a: actor(n.issue.editor) if n.issue.editor else None),
+            "editor": FieldDef("Actor", lambda _c, n, _a: actor(n.issue.editor) if n.issue.editor else None),
             "userContentEdits": FieldDef("UserContentEditConnection", content_edits, {"first": False, "last": False}),
         },
         "UserContentEditConnection": {
@@ -268,7 +277,7 @@ SCHEMA = Schema(
         },
         "UserContentEdit": {
             "editedAt": value(lambda n: ts(n.at), "DateTime"),
-            "editor": FieldDef("User", lambda _c, n, _a: actor(n.login)),
+            "editor": FieldDef("Actor", lambda _c, n, _a: actor(n.login)),
         },
         "Ref": {
             "name": value(lambda n: n.name.split("/", 2)[2]),
@@ -311,11 +320,11 @@ SCHEMA = Schema(
             "date": value(lambda n: ts(n.at), "GitTimestamp"),
             "user": FieldDef("User", lambda _c, n, _a: UserNode(n.login)),
         },
-        "User": {
-            "login": value(lambda n: n.login),
-        },
+        "Actor": ACTOR_FIELDS,
+        "User": ACTOR_FIELDS,
+        "Bot": ACTOR_FIELDS,
     },
-    interfaces={"GitObject": frozenset({"Commit", "Blob"})},
+    interfaces={"GitObject": frozenset({"Commit", "Blob"}), "Actor": frozenset({"User", "Bot"})},
     scalars=frozenset({"String", "Int", "Boolean", "ID", "URI", "DateTime", "GitTimestamp",
                        "GitObjectID"}),
     type_of=type_of,

@@ -166,7 +166,7 @@ class DashboardKeeper:
         unticks them unseen: Klaud renders every box unticked, so one ticked is a person's
         (its last editor's) not taken yet. One its webhook brings later acts again, the same."""
         edited = await api.edited_issue(number)
-        if edited is None or edited.editor is None or not edited.editor.login or self._is_bot_editor(edited.editor.login):
+        if edited is None or edited.editor is None or not edited.editor.login or self.live.is_bot(edited.editor.login):
             return 0
         boxes = ticked("", edited.body)
         if not boxes:
@@ -186,7 +186,7 @@ class DashboardKeeper:
         if editors is None:
             log.info("dashboard.late_boxes_refused", repo=state.name, boxes=len(boxes), why="editors unknown")
             return 0
-        people = [login for login in editors if not self._is_bot_editor(login)]
+        people = [login for login in editors if not self.live.is_bot(login)]
         allowed = []
         for verb, family in boxes:
             if all([await self.permissions.allows(api, state, login, verb) for login in people]):
@@ -194,10 +194,6 @@ class DashboardKeeper:
             else:
                 log.info("dashboard.box_refused", family=family, verb=verb, editors=people)
         return await self._act_on(state, api, allowed, person, rendered_at)
-
-    def _is_bot_editor(self, login: str) -> bool:
-        # GraphQL names an App by its slug, without the "[bot]" of its REST login.
-        return self.live.is_bot(login) or self.live.is_bot(f"{login}[bot]")
 
     @staticmethod
     def _rendered_at(state: RepoState) -> datetime | None:

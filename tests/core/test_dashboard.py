@@ -184,9 +184,15 @@ def test_a_marker_written_by_hand_is_read_within_bounds() -> None:
 
 def edited(first: list[tuple[str, str | None]], last: list[tuple[str, str | None]], total: int) -> EditedIssue:
     def page(edits: list[tuple[str, str | None]]) -> dict[str, object]:
-        return {"totalCount": total, "nodes": [
-            {"editedAt": at, "editor": {"login": login} if login else None} for at, login in edits
-        ]}
+        return {"totalCount": total, "nodes": [{"editedAt": at, "editor": editor(login)} for at, login in edits]}
+
+    def editor(login: str | None) -> dict[str, str] | None:
+        # "app:<slug>" an App, as GraphQL names it: a Bot, by its slug
+        if login is None:
+            return None
+        kind, _, slug = login.rpartition(":")
+        return {"__typename": "Bot" if kind == "app" else "User", "login": slug}
+
     return EditedIssue.model_validate({"body": "", "firstEdits": page(first), "lastEdits": page(last)})
 
 
@@ -212,3 +218,9 @@ def test_who_edited_the_dashboard_since_a_render_is_known_or_said_unknown() -> N
     assert edited([(new, "bob"), (new, "bob")], [(new, "bob"), (new, "bob")], 2).editors_since(render) == ["bob"]
     nulls = EditedIssue.model_validate({"firstEdits": None, "lastEdits": {"totalCount": 1, "nodes": None}})
     assert nulls.editors_since(render) is None
+    # GraphQL names an App by its slug: read back as its REST login (Klaud's settings'), so
+    # a person whose login is an App's slug is not taken for the App.
+    both = [(new, "app:klaud-cold"), (new, "klaud-cold")]
+    assert edited(both, both, 2).editors_since(render) == ["klaud-cold", "klaud-cold[bot]"]
+    last = EditedIssue.model_validate({"editor": {"__typename": "Bot", "login": "klaud-cold"}})
+    assert last.editor is not None and (last.editor.login, last.editor.type) == ("klaud-cold[bot]", "Bot")

@@ -265,6 +265,23 @@ async def test_an_issue_says_who_last_edited_its_body(history: Hub) -> None:
     assert pull["data"] == {"repository": {"issue": None}} and pull["errors"][0]["type"] == "NOT_FOUND"
 
 
+EDITOR_KIND = "query($owner: String!, $name: String!, $number: Int!) { repository(owner: $owner, name: $name) " \
+    "{ issue(number: $number) { editor { __typename login } " \
+    "userContentEdits(first: 5) { nodes { editor { __typename login } } } } } }"
+
+
+async def test_an_app_edits_as_a_bot_named_by_its_slug_and_a_person_as_a_user(history: Hub) -> None:
+    # As GitHub's GraphQL: an App is a Bot whose login is its slug (its REST login without
+    # "[bot]"); Klaud reads it back as its REST login (`GraphQLAccount`).
+    made = await history.json("POST", f"{REPO}/issues", status=201, json={"title": "t", "body": "b"})
+    await history.json("PATCH", f"{REPO}/issues/{made['number']}", json={"body": "by the app"})
+    await history.act(action="edit_issue", repo="acme/bench", number=made["number"], user="alice", body="by alice")
+    issue = (await graphql(history, EDITOR_KIND, owner="acme", name="bench", number=made["number"]))["data"]["repository"]["issue"]
+    alice, app = {"__typename": "User", "login": "alice"}, {"__typename": "Bot", "login": "klaud-cold"}
+    assert issue["editor"] == alice
+    assert issue["userContentEdits"]["nodes"] == [{"editor": alice}, {"editor": app}]
+
+
 EDITS = "query($owner: String!, $name: String!, $number: Int!) { repository(owner: $owner, name: $name) " \
     "{ issue(number: $number) { newest: userContentEdits(first: 1) { totalCount nodes { editor { login } } } " \
     "oldest: userContentEdits(last: 1) { nodes { editor { login } } } } } }"

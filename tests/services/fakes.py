@@ -317,7 +317,9 @@ class FakeRepo:
         if issue is None:
             return None
         editor = self.editors.get(number)
-        return EditedIssue(body=issue.body or "", editor=Account(login=editor) if editor else None)
+        # As GitHub's GraphQL names the editor: an App as a Bot, by its slug.
+        named = {"__typename": "Bot" if editor.endswith("[bot]") else "User", "login": editor.removesuffix("[bot]")} if editor else None
+        return EditedIssue.model_validate({"body": issue.body or "", "editor": named})
 
     async def update_issue(self, number: int, body: str) -> None:
         self._call("update_issue", number)

@@ -356,6 +356,16 @@ class BlameRange(_Model):
     committed: UtcTime
 
 
+class RefActivity(_Model):
+    """One entry of `GET /repos/{owner}/{repo}/activity`: a ref moved (pushed, force
+    pushed, merged into, created or deleted) at `timestamp`."""
+
+    ref: str = ""
+    after: str = ""
+    timestamp: UtcTime | None = None
+    activity_type: str = ""
+
+
 class Repository(_Model):
     """`GET /repos/{owner}/{repo}` and the entries of `GET /installation/repositories`."""
 

@@ -23,11 +23,12 @@ from bot.core.events import (
     ListedComment,
     PullFile,
     PullRequest,
+    RefActivity,
     Repository,
     WorkflowRun,
 )
 from bot.github.client import RAW_MEDIA_TYPE, GitHubApp, InstallationClient
-from bot.github.errors import Conflict, NotFound
+from bot.github.errors import BadRequest, Conflict, NotFound
 
 # Both ends of the body's edit history (GitHub does not document its order): whichever is
 # the newest holds the edits since Klaud's last render, unless there were more (`totalCount`).
@@ -45,6 +46,7 @@ query($owner: String!, $name: String!, $number: Int!) {
 """
 
 PER_PAGE = "per_page=100"
+ACTIVITY_PAGE = 10
 COMPARE_MAX_FILES = 300  # GitHub lists at most this many files of a comparison
 BLAME_QUERY = """
 query($owner: String!, $name: String!, $ref: String!, $path: String!) {
@@ -79,6 +81,23 @@ class GitHubRepo:
     async def head_sha(self, branch: str) -> str:
         commit = await self.client.getitem("/repos/{owner}/{repo}/commits/{ref}", self._at(ref=branch))
         return str(commit["sha"])
+
+    async def moved_to_at(self, branch: str, sha: str) -> datetime | None:
+        # The branch's head is its newest move but for moves made since it was read: a
+        # page of ten holds it. GitHub Enterprise Server before 3.10 has no activity API
+        # (404); a refusal (403) says nothing of when the branch moved either.
+        ref = f"refs/heads/{branch}"
+        try:
+            items = await self.client.getitem(
+                "/repos/{owner}/{repo}/activity", self._at(), params={"ref": ref, "per_page": str(ACTIVITY_PAGE)}
+            )
+        except (NotFound, BadRequest):
+            return None
+        for item in items if isinstance(items, list) else ():
+            activity = RefActivity.model_validate(item)
+            if activity.after == sha and activity.ref == ref:
+                return activity.timestamp
+        return None
 
     async def file_text(self, path: str, ref: str) -> str | None:
         """A file's text at `ref`, or None when it does not exist there."""

@@ -190,6 +190,25 @@ def get_repository(call: Call) -> Reply:
     return Reply(body=call.shapes.repository(call.repo()))
 
 
+def list_activity(call: Call) -> Reply:
+    """The repository's activity, newest first (`direction=asc`: oldest): the moves of its
+    branches Klaud's sandbox makes (pushes, force pushes, merges of pull requests; not
+    refs written through the REST API), filtered by `ref` (a branch's name or full ref)
+    and `activity_type`."""
+    repo = call.repo()
+    moves = list(repo.moves)
+    ref = call.query.get("ref")
+    if ref:
+        full = ref if ref.startswith("refs/") else f"refs/heads/{ref}"
+        moves = [move for move in moves if move.ref == full]
+    kind = call.query.get("activity_type")
+    if kind:
+        moves = [move for move in moves if move.kind == kind]
+    if call.query.get("direction", "desc") != "asc":
+        moves.reverse()
+    return Reply(items=[call.shapes.activity(move) for move in moves])
+
+
 def get_repository_by_id(call: Call) -> Reply:
     """A repository by the id that stays through renames and transfers."""
     wanted = call.number("repository_id")

@@ -25,6 +25,7 @@ from bot.sandbox.state import (
     Job,
     PullRequest,
     Reaction,
+    RefMove,
     RepoState,
     WorkflowRun,
     workflow_display_name,
@@ -547,6 +548,19 @@ class Shapes:
             "added": [path for path, status in changes if status == "added"],
             "removed": [path for path, status in changes if status == "removed"],
             "modified": [path for path, status in changes if status == "modified"],
+        }
+
+    def activity(self, move: RefMove) -> dict[str, Any]:
+        """An entry of `GET /repos/{owner}/{repo}/activity`."""
+        return {
+            "id": move.id,
+            "node_id": node_id("RepositoryActivity", move.id),
+            "before": move.before,
+            "after": move.after,
+            "ref": move.ref,
+            "timestamp": ts(move.at),
+            "activity_type": move.kind,
+            "actor": self.user(move.actor),
         }
 
     def ref(self, repo: RepoState, name: str, sha: str) -> dict[str, Any]:

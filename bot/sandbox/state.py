@@ -62,6 +62,7 @@ class Ids:
         "workflow": 70_000_001,
         "check_suite": 8_000_000_001,
         "job": 6_000_000_001,
+        "activity": 9_000_000_001,
     }
 
     def __init__(self) -> None:
@@ -75,6 +76,19 @@ class Ids:
     def reserve(self, kind: str, used: int) -> None:
         """Make sure ids handed out later never repeat one a scenario fixed."""
         self._next[kind] = max(self._next[kind], used + 1)
+
+
+@dataclass(frozen=True)
+class RefMove:
+    """A branch moved, as GitHub's repository activity lists it."""
+
+    id: int
+    ref: str
+    before: str
+    after: str
+    kind: str  # "push", "force_push", "pr_merge"
+    actor: str
+    at: datetime
 
 
 @dataclass
@@ -358,6 +372,7 @@ class RepoState:
         # GitHub's `pushed_at`: the last push to any branch (the default branch's head
         # until something is pushed here).
         self.pushed_at: datetime | None = None
+        self.moves: list[RefMove] = []  # oldest first
         head = self.commit_history(spec.history)
         tree = {**(head.tree if head else {}), **spec.files}
         if head is None:
@@ -414,15 +429,21 @@ class RepoState:
         return made
 
     def advance_default(self, tree: dict[str, str], message: str, author: str, at: datetime,
-                        extra_parent: str | None = None, onto: str | None = None) -> tuple[Commit, Commit]:
+                        extra_parent: str | None = None, onto: str | None = None,
+                        kind: str = "push") -> tuple[Commit, Commit]:
         """A new commit on the default branch (on `onto` for a force-push); answers
         (previous head, new head)."""
         before = self.head
         parents = (onto or before.sha,) + ((extra_parent,) if extra_parent else ())
         after = self.commit(tree, parents, message, author, at)
-        self.refs[self.default_ref] = after.sha
-        self.pushed_at = at
+        self.move(self.default_ref, after.sha, "force_push" if onto is not None else kind, author, at)
         return before, after
+
+    def move(self, ref: str, sha: str, kind: str, actor: str, at: datetime) -> None:
+        """Point `ref` at `sha`, noted in the repository's activity and its `pushed_at`."""
+        self.moves.append(RefMove(self.ids.next("activity"), ref, self.refs.get(ref, "0" * 40), sha, kind, actor, at))
+        self.refs[ref] = sha
+        self.pushed_at = at
 
     def resolve(self, ref: str) -> str | None:
         """The commit sha a ref, branch, tag or (short) sha names."""
@@ -574,8 +595,7 @@ class RepoState:
         before = pull.head_sha
         tree, files = self.pull_files(self.commits[pull.base_sha].tree, specs)
         head = self.commit(tree, (before,), f"Update {pull.head_ref}", pull.user, now, sha)
-        self.refs[f"refs/heads/{pull.head_ref}"] = head.sha
-        self.pushed_at = now
+        self.move(f"refs/heads/{pull.head_ref}", head.sha, "push", pull.user, now)
         pull.head_sha = head.sha
         pull.head_shas.append(head.sha)
         pull.files = files
@@ -599,7 +619,7 @@ class RepoState:
                     "unknown (give its content in the scenario)", 409
                 )
         message = f"Merge pull request #{pull.number} from {pull.head_ref}\n\n{pull.title}"
-        before, after = self.advance_default(tree, message, by, now, extra_parent=pull.head_sha)
+        before, after = self.advance_default(tree, message, by, now, extra_parent=pull.head_sha, kind="pr_merge")
         pull.merged, pull.merged_at, pull.merged_by = True, now, by
         pull.merge_commit_sha = after.sha
         return before, after

@@ -171,20 +171,31 @@ class CatalogSync:
         if head == state.meta.head_sha:
             await self.date_images(state, api, change)  # asks again for what GitHub did not answer
             return
-        log.info("catalog.missed_push", old=state.meta.head_sha[:12], new=head[:12])
-        # When the push happened is unknown; changed images are dated when we noticed.
-        await self.apply_change(state, api, None, head, self.live.clock.now(), change)
+        # When the branch moved to it, from the repository's activity: the images it changed
+        # are dated then (else when we noticed: an older GitHub Enterprise Server says not).
+        moved_at = await api.moved_to_at(state.meta.default_branch, head)
+        log.info("catalog.missed_push", old=state.meta.head_sha[:12], new=head[:12], moved_at=stamp(moved_at))
+        await self.apply_change(state, api, None, head, moved_at or self.live.clock.now(), change)
         state.meta.head_sha = head
         # The push that moved it arms the canary of a paused repository; its webhook lost (or
         # the process dead before its commit), dispatch stayed paused until a person acted.
         # Only a push after the pause began may fix what paused it: one made before it, found
-        # late, is no more a fix than a `/klaud resume` written before it. The repository's
-        # last push (to any branch) came before the pause: so did this one. Read again before
-        # it is refused: the head may have moved after the repository was read.
-        if pushed_since_pause(state, repository.pushed_at) or pushed_since_pause(state, (await api.repository()).pushed_at):
+        # late, is no more a fix than a `/klaud resume` written before it.
+        if await self._moved_since_pause(state, api, repository, moved_at):
             self._arm_canary(state, head, "missed push")  # stored with the reconcile's meta
         else:
-            log.info("dispatch.canary_not_armed", repo=state.name, head=head[:12], pushed_at=stamp(repository.pushed_at))
+            log.info("dispatch.canary_not_armed", repo=state.name, head=head[:12], moved_at=stamp(moved_at),
+                     pushed_at=stamp(repository.pushed_at))
+
+    @staticmethod
+    async def _moved_since_pause(state: RepoState, api: RepoAPI, repository: Repository, moved_at: datetime | None) -> bool:
+        """Whether the missed move of the default branch may have come after the pause:
+        when the activity does not date it, the repository's last push (to any branch)
+        came before the pause, so did this one. Read again before it is refused: the head
+        may have moved after the repository was read."""
+        if moved_at is not None:
+            return pushed_since_pause(state, moved_at)
+        return pushed_since_pause(state, repository.pushed_at) or pushed_since_pause(state, (await api.repository()).pushed_at)
 
     @staticmethod
     def _arm_canary(state: RepoState, head: str, by: str) -> None:
@@ -325,8 +336,8 @@ def note_repository(state: RepoState, repository: Repository) -> None:
 
 
 def pushed_since_pause(state: RepoState, last_push: datetime | None) -> bool:
-    """Whether a push missed may have come after dispatch paused, the repository's last
-    push (to any branch) being at `last_push`: when GitHub does not say, it may; GitHub's
-    times are whole seconds, and its clock and this host's a little apart."""
+    """Whether a push missed may have come after dispatch paused, it or a later one being
+    at `last_push`: when GitHub does not say, it may; GitHub's times are whole seconds, and
+    its clock and this host's a little apart."""
     since = parse_time((state.meta.pause or {}).get("since"))
     return since is None or last_push is None or last_push >= since.replace(microsecond=0) - CLOCK_SKEW

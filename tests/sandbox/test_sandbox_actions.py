@@ -425,3 +425,23 @@ async def test_pushed_at_is_the_last_push_to_any_branch(wired: Hub) -> None:
     await wired.act(action="push_pull", repo="acme/bench", number=12, head_sha="a" * 40,
                     files=[{"filename": "README.md", "status": "added", "content": "# bench\n"}])
     assert (await wired.json("GET", "/repos/acme/bench"))["pushed_at"] > before
+
+
+async def test_the_activity_lists_each_branch_move_newest_first(wired: Hub) -> None:
+    # GitHub's repository activity dates a missed push to the default branch (the canary
+    # rule and image dates, catalog_sync.catch_up), where `pushed_at` says any branch's.
+    head = (await wired.json("GET", "/repos/acme/bench/commits/main"))["sha"]
+    pushed = await wired.act(action="push_default", repo="acme/bench", files={"README.md": "one\n"})
+    wired.sandbox.clock.advance(60)
+    await wired.act(action="push_pull", repo="acme/bench", number=12, head_sha="a" * 40,
+                    files=[{"filename": "README.md", "status": "added", "content": "# bench\n"}])
+    wired.sandbox.clock.advance(60)
+    merged = await wired.act(action="close_pull", repo="acme/bench", number=12, merged=True, user="alice")
+    main = await wired.json("GET", "/repos/acme/bench/activity?ref=refs/heads/main")
+    assert [(a["activity_type"], a["before"], a["after"]) for a in main] == [
+        ("pr_merge", pushed["sha"], merged["merge_commit_sha"]), ("push", head, pushed["sha"])]
+    assert main[0]["timestamp"] > main[1]["timestamp"] and main[0]["actor"]["login"] == "alice"
+    assert await wired.json("GET", "/repos/acme/bench/activity?ref=main&direction=asc") == list(reversed(main))
+    [branch] = await wired.json("GET", "/repos/acme/bench/activity?ref=bump-sglang")
+    assert (branch["ref"], branch["after"]) == ("refs/heads/bump-sglang", "a" * 40)
+    assert len(await wired.json("GET", "/repos/acme/bench/activity?activity_type=push")) == 2

@@ -75,6 +75,7 @@ CASES: list[tuple[dict[str, str], str, str, dict[str, Any] | None, int]] = [
      {"body": "hi"}, 201),
     (without("issues", pull_requests="none"), "GET", f"{REPO}/issues/12/comments", None, 403),
     ({"contents": "read"}, "GET", REPO, None, 200),  # metadata comes with any permission
+    ({"contents": "read"}, "GET", f"{REPO}/activity", None, 200),
     ({"contents": "read"}, "GET", f"{REPO}/collaborators/bob/permission", None, 200),
 ]
 

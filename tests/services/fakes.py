@@ -106,6 +106,7 @@ class FakeRepo:
     blames: dict[str, list[BlameRange]] = field(default_factory=dict)  # path -> ranges at any ref
     issues: dict[int, Issue] = field(default_factory=dict)
     editors: dict[int, str] = field(default_factory=dict)  # issue number -> who last edited its body
+    moves: dict[str, datetime] = field(default_factory=dict)  # sha -> when the default branch moved to it
     workflows: set[str] = field(default_factory=lambda: {"klaud-candidate.yml"})
     answer_run_ids: bool = True  # False: dispatch answers like an older server (204)
     dispatches_unanswered: int = 0  # the next N dispatches start their run, then time out
@@ -152,6 +153,10 @@ class FakeRepo:
     async def head_sha(self, branch: str) -> str:
         self._call("head_sha", branch)
         return self.head
+
+    async def moved_to_at(self, branch: str, sha: str) -> datetime | None:
+        self._call("moved_to_at", branch, sha)
+        return self.moves.get(sha) if branch == self.default_branch else None
 
     async def file_text(self, path: str, ref: str) -> str | None:
         self._call("file_text", path, ref)
@@ -330,7 +335,7 @@ class FakeRepo:
 
 READS = frozenset(
     {
-        "repository", "head_sha", "file_text", "directory", "changed_paths", "open_pulls", "pull_files",
+        "repository", "head_sha", "moved_to_at", "file_text", "directory", "changed_paths", "open_pulls", "pull_files",
         "branches", "workflow_runs", "run", "run_jobs", "run_artifacts", "artifacts", "artifact", "download",
         "comments", "comments_since", "edited_issue", "permission", "blame", "find_issue",
     }

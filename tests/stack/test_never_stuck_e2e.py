@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from bot.app import Klaud
@@ -242,6 +243,39 @@ async def test_a_push_missed_arms_the_canary_only_when_it_came_after_the_pause(t
         await run.act({"action": "advance_clock", "seconds": ONE_WAVE})
         await run.klaud.reconciler.reconcile(REPO, 1, light=True)
         assert len((await run.klaud.waves.run(REPO, trigger="test")).selected) == 1
+
+
+def docs_pull(number: int) -> dict[str, Any]:
+    """A pull request that changes no family (a document)."""
+    return {"number": number, "title": "Docs", "user": "bob", "head_ref": "docs", "draft": False, "labels": [],
+            "created_at": sc.NOW, "updated_at": sc.NOW,
+            "files": [{"filename": "docs/notes.md", "status": "added", "content": "notes\n"}]}
+
+
+@pytest.mark.parametrize("activity", ["listed", "refused"])
+async def test_a_push_missed_before_the_pause_arms_no_canary_after_a_push_to_another_branch(tmp_path, activity):
+    # The limit the repository's `pushed_at` left (stop 36): it dates the last push to any
+    # branch, so a missed push made before the pause armed the canary once someone pushed
+    # to a pull request's branch after it. The default branch's activity dates the push
+    # itself; where GitHub has no activity API, `pushed_at` still decides.
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[docs_pull(60)])) as run:
+        first = await run.klaud.waves.run(REPO, trigger="test")
+        assert first.selected
+        await lost_push(run)
+        await run.act({"action": "advance_clock", "seconds": 600})
+        for made in run.github()["dispatches"][:3]:
+            await run.act({"action": "complete_run", "repo": REPO, "run": {
+                "id": made["run_id"], "conclusion": "failure", "jobs": failing_jobs()}})
+        assert run.state()["blocked"]["code"] == "dispatch-paused"
+        await run.act({"action": "advance_clock", "seconds": 600})
+        await run.act({"action": "push_pull", "repo": REPO, "number": 60,
+                       "files": [{"filename": "docs/notes.md", "status": "added", "content": "more notes\n"}]})
+        if activity == "refused":
+            run.sandbox.set_faults({"rules": [{"method": "GET", "route": "/activity$", "status": 404}]})
+        await run.act({"action": "advance_clock", "seconds": ONE_WAVE})
+        await run.klaud.reconciler.reconcile(REPO, 1, light=True)  # finds the moved head
+        armed = len((await run.klaud.waves.run(REPO, trigger="test")).selected)
+        assert armed == (0 if activity == "listed" else 1)
 
 
 async def test_a_candidate_failing_twice_before_an_outcome_cools_down_once_does_not(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import TypedDict
 
 from bot.core.domain import Attempt, Blocked, Decision, Wave
 
@@ -95,13 +96,29 @@ class WaveRuns:
     failed_jobs: dict[str, int] = field(default_factory=dict)  # job -> runs that failed in it
     failed_steps: dict[str, str] = field(default_factory=dict)  # job -> a step that failed
 
-    def document(self) -> dict[str, object]:
+    def document(self) -> WaveRunsDocument:
         return {
             "dispatched": self.dispatched,
             "finished": self.finished,
             "failed_jobs": dict(self.failed_jobs),
             "failed_steps": dict(self.failed_steps),
         }
+
+
+class WaveRunsDocument(TypedDict):
+    """`WaveRuns` as the repository's record keeps it (every key required when read)."""
+
+    dispatched: int
+    finished: int
+    failed_jobs: dict[str, int]
+    failed_steps: dict[str, str]
+
+
+class PauseDocument(TypedDict):
+    """A dispatch pause as the repository's record keeps it (both keys required when read)."""
+
+    reason: str
+    since: str
 
 
 def count_finished(runs: WaveRuns, attempt: Attempt) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
@@ -39,8 +39,15 @@ class SetupError:
     code: str  # candidate-workflow-missing | -invalid | -not-dispatchable | -inputs
     detail: str
 
-    def document(self) -> dict[str, str]:
+    def document(self) -> SetupErrorDocument:
         return {"code": self.code, "detail": self.detail}
+
+
+class SetupErrorDocument(TypedDict):
+    """A setup error as the repository's record keeps it (both keys required when read)."""
+
+    code: str
+    detail: str
 
 
 def workflow_path(workflow: str) -> str:

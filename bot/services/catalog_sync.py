@@ -339,5 +339,5 @@ def pushed_since_pause(state: RepoState, last_push: datetime | None) -> bool:
     """Whether a push missed may have come after dispatch paused, it or a later one being
     at `last_push`: when GitHub does not say, it may; GitHub's times are whole seconds, and
     its clock and this host's a little apart."""
-    since = parse_time((state.meta.pause or {}).get("since"))
+    since = parse_time(state.meta.pause["since"]) if state.meta.pause else None
     return since is None or last_push is None or last_push >= since.replace(microsecond=0) - CLOCK_SKEW

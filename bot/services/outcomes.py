@@ -333,7 +333,7 @@ class OutcomeRecorder:
             # A retried read of the canary's artifact ends the canary after its dispatch did.
             turn = state.note_canary_attempt(attempt)
         if turn is not None:
-            log.warning("dispatch." + turn, repo=state.name, reason=(state.meta.pause or {}).get("reason"))
+            log.warning("dispatch." + turn, repo=state.name, reason=state.meta.pause["reason"] if state.meta.pause else None)
             # Every Klaud check run shows a pause: all of them re-render (and LiveState.notify,
             # which follows every recorded attempt, sets klaud_dispatch_paused).
             families |= {f.id for f in state.catalog}

@@ -17,7 +17,14 @@ import msgspec
 
 from bot.core.catalog import Catalog, config_problems
 from bot.core.cooldown import CooldownState, cooldown
-from bot.core.dispatching import WaveRuns, count_finished, disabled_block, pause_reason
+from bot.core.dispatching import (
+    PauseDocument,
+    WaveRuns,
+    WaveRunsDocument,
+    count_finished,
+    disabled_block,
+    pause_reason,
+)
 from bot.core.domain import (
     Attempt,
     Blocked,
@@ -47,7 +54,7 @@ from bot.core.planner import (
     verdict,
 )
 from bot.core.policy import Policy, PolicyError, parse_policy
-from bot.core.setup import SetupError
+from bot.core.setup import SetupError, SetupErrorDocument
 from bot.store.change import Change
 
 # How many waves' run endings are kept for the pause rule.
@@ -85,13 +92,13 @@ class RepoMeta:
     comments_swept_at: str | None = None
     check_runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # PR number -> {head_sha, id, digest, earlier}
     # What keeps the candidate workflow from taking dispatches ({code, detail} each), since when.
-    setup_errors: list[dict[str, str]] = field(default_factory=list)
+    setup_errors: list[SetupErrorDocument] = field(default_factory=list)
     setup_since: str | None = None
     # A dispatch pause ({reason, since}) and its canary ({armed, candidate, wave}).
-    pause: dict[str, str] | None = None
+    pause: PauseDocument | None = None
     canary: dict[str, Any] | None = None
     # Wave number -> how the runs it dispatched ended so far (dispatching.WaveRuns).
-    wave_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    wave_runs: dict[str, WaveRunsDocument] = field(default_factory=dict)
     # The dashboard issue: {issue: number, digest: of its last render}.
     dashboard: dict[str, Any] = field(default_factory=dict)
     # PR number -> when it was last seen closed (its `updated_at`), the newest few: a

@@ -163,8 +163,8 @@ class CommandResponder:
         return sorted(f for f in state.overlap.touches(number) if f in state.catalog)
 
     async def _resume(self, state: RepoState, author: str, asked_at: datetime | None) -> str:
-        pause = (state.meta.pause or {}).get("reason")
-        since = parse_time((state.meta.pause or {}).get("since"))
+        pause = state.meta.pause["reason"] if state.meta.pause else None
+        since = parse_time(state.meta.pause["since"]) if state.meta.pause else None
         if asked_at is not None and since is not None and since > asked_at:
             # Asked before this pause began (found late): not the pause the person meant.
             return render_resume_late(pause or "", since)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from structlog.testing import capture_logs
 
 from bot.core.clock import Clock
@@ -21,7 +22,8 @@ def meta() -> RepoMeta:
         check_runs={"5": {"head_sha": "a" * 40, "id": 3}},
         setup_errors=[{"code": "workflow-missing", "detail": "no klaud-candidate.yml"}],
         pause={"reason": "three failed dispatches", "since": "2026-11-30T08:00:00Z"},
-        wave_runs={"3": {"dispatched": 2, "failed": 1}},
+        wave_runs={"3": {"dispatched": 2, "finished": 1, "failed_jobs": {"get-jobs": 1},
+                         "failed_steps": {"get-jobs": "Generate matrix"}}},
     )
 
 
@@ -48,5 +50,24 @@ async def test_a_record_this_version_cannot_read_is_reported_and_the_repository_
     with capture_logs() as logs:
         await live.load()
     assert sorted(live.repos) == ["o/new"] and live.repos["o/new"].meta.installation == 7
+    assert [(e["event"], e["key"]) for e in logs if e["log_level"] == "warning"] == [("store.record_unreadable", "o/bad")]
+    await db.close()
+
+
+@pytest.mark.parametrize("field", [
+    {"pause": {"reason": "x"}},  # no `since`
+    {"setup_errors": [{"code": "candidate-workflow-missing"}]},  # no `detail`
+    {"wave_runs": {"3": {"dispatched": 2}}},
+])
+async def test_a_record_whose_nested_fields_lack_keys_is_reported_not_read(tmp_path, field) -> None:
+    # What this catches (a review): these fields were read as plain dicts, so a record
+    # missing one of their keys loaded, and every plan, state document, status page and
+    # delivery of the repository then failed with a KeyError (a /klaud hold was lost).
+    db = Database(str(tmp_path / "k.db"))
+    await db.open()
+    store = StateStore(db)
+    await store.apply(Change().put("", "repo", "o/bad", {"installation": 7, **field}))
+    with capture_logs() as logs:
+        await LiveState(store, None, Clock(), ()).load()
     assert [(e["event"], e["key"]) for e in logs if e["log_level"] == "warning"] == [("store.record_unreadable", "o/bad")]
     await db.close()

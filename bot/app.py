@@ -274,7 +274,7 @@ class Klaud:
         latest = state.meta.wave
         documents = []
         for number in range(latest, max(0, latest - limit), -1):
-            document = await self.store.wave(state.name, number)
-            if document is not None:  # a dry-run wave numbers nothing it stores
-                documents.append(document)
+            wave = await self.live.stored_wave(state.name, number)
+            if wave is not None:  # a dry-run wave numbers nothing it stores
+                documents.append(wave.document())
         return documents

@@ -109,8 +109,7 @@ class DashboardKeeper:
         )
 
     async def _stored_wave(self, state: RepoState) -> Wave | None:
-        document = await self.live.store.wave(state.name, state.meta.wave)
-        return Wave.from_document(document) if document else None
+        return await self.live.stored_wave(state.name, state.meta.wave)
 
     async def _updated(self, api: RepoAPI, known: int | None, body: str) -> int | None:
         """The dashboard issue, now showing `body` (and open, if a person closed it); None

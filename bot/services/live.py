@@ -29,6 +29,9 @@ from bot.store.change import Change
 from bot.store.records import StateStore
 
 log = structlog.get_logger("klaud.live")
+# What reading a stored wave document of the wrong shape raises: a key missing, a value of
+# the wrong type (`Wave.from_document` reads a dict it trusts).
+UNREADABLE_WAVE = (KeyError, TypeError, ValueError, AttributeError)
 
 # Cooldowns look back at most 168 hours and artifacts live 14 days: older attempts stay in
 # the store only.
@@ -204,6 +207,19 @@ class LiveState:
         if state is not None:
             self.put(state)
         return state
+
+    async def stored_wave(self, name: str, number: int) -> Wave | None:
+        """Wave `number` as stored; None when it is absent or unreadable (reported in one
+        line: a document written by hand or by another version must not take down the
+        status page, the API or the dashboard)."""
+        document = await self.store.wave(name, number)
+        if document is None:
+            return None
+        try:
+            return Wave.from_document(document)
+        except UNREADABLE_WAVE as exc:
+            log.warning("store.record_unreadable", repo=name, kind="wave", key=number, reason=f"{type(exc).__name__}: {exc}")
+            return None
 
     async def _stored(self, name: str) -> RepoState | None:
         meta = await self.store.get("", "repo", name)

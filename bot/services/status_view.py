@@ -286,10 +286,10 @@ class StatusViews:
         for number in range(first, state.meta.wave + 1):
             if number not in known:
                 # A miss is not remembered: the wave being stored right now may be it.
-                document = await self.live.store.wave(state.name, number)
-                if document is None:
+                wave = await self.live.stored_wave(state.name, number)
+                if wave is None:
                     continue
-                known[number] = summarize_wave(document)
+                known[number] = summarize_wave(wave)
             found.append(known[number])
         return found
 
@@ -312,17 +312,13 @@ def repo_summary(
     )
 
 
-def summarize_wave(document: dict[str, Any]) -> WaveSummary:
-    at = parse_time(document["at"])
-    if at is None:
-        raise ValueError(f"wave {document.get('wave')} has no time")
-    blocked = document.get("blocked")
+def summarize_wave(wave: Wave) -> WaveSummary:
     return WaveSummary(
-        number=int(document["wave"]),
-        at=at,
-        selected=tuple(document["selected"]),
-        decisions=ordered_counts(Counter(d["decision"] for d in document["decisions"]), DECISION_KINDS),
-        blocked=blocked["code"] if blocked else None,
+        number=wave.wave,
+        at=wave.at,
+        selected=wave.selected,
+        decisions=ordered_counts(Counter(d.decision for d in wave.decisions), DECISION_KINDS),
+        blocked=wave.blocked.code if wave.blocked else None,
     )
 
 

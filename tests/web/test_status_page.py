@@ -5,6 +5,7 @@ the family page's attempts, 404s, the admin token, and escaping of text people t
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -155,3 +156,21 @@ async def test_the_admin_token_guards_the_pages(tmp_path):
         for path in ("/", "/repos/acme/bench", f"/repos/acme/bench/families/{H200}"):
             assert (await get(run, path))[0] == 401, path
             assert (await get(run, path, {"Authorization": "Bearer t0ken"}))[0] == 200, path
+
+
+@pytest.mark.parametrize("stored", [b"{}", b"[1]", b'{"wave": 1, "decisions": []}'])
+async def test_a_stored_wave_of_the_wrong_shape_is_reported_and_passed_over(run, stored):
+    # What this catches (a review): a wave document written by hand, or kept by an older
+    # Klaud (`{"wave", "decisions"}` only), answered 500 on `/` for every repository, and
+    # on the repository's page, its wave history and the dashboard's render.
+    from structlog.testing import capture_logs
+
+    from bot.store.engine import Statement
+
+    await run.klaud.db.transaction([Statement("UPDATE waves SET encoding = NULL, body = ?", (stored,))])
+    with capture_logs() as logs:
+        assert REPO in await page(run, "/")
+        assert "wave history" in (await page(run, f"/repos/{REPO}")).lower()
+        status, body, _ = await get(run, f"/api/v1/repos/{REPO}/waves")
+    assert status == 200 and json.loads(body) == []
+    assert {(e["event"], e["kind"]) for e in logs if e["log_level"] == "warning"} == {("store.record_unreadable", "wave")}

@@ -10,8 +10,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from importlib import metadata
+from typing import TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -146,6 +147,17 @@ FAMILY_IMAGE_AGES = ImageAges()
 REGISTRY.register(FAMILY_IMAGE_AGES)
 
 REPO_GAUGES = (LAST_WAVE_TIMESTAMP, DISPATCH_PAUSED)
+Kind = TypeVar("Kind", bound=str)  # a decision kind
+
+
+def show_wave(repo: str, at: float, counts: Mapping[Kind, int], kinds: Iterable[Kind], image_times: list[float]) -> None:
+    """What /metrics shows of a repository's last wave (finished at `at`): its decisions of
+    every kind, zeros included (a decision that disappears reads 0, not its old count),
+    and its families' image ages then (`image_times`: when each image last changed)."""
+    LAST_WAVE_TIMESTAMP.labels(repo).set(at)
+    for kind in kinds:
+        LAST_WAVE_CANDIDATES.labels(repo, kind).set(counts.get(kind, 0))
+    FAMILY_IMAGE_AGES.set(repo, image_times, at)
 
 
 def forget_repo(repo: str, decisions: Iterable[str]) -> None:

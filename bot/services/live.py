@@ -10,7 +10,7 @@ runners, policy), `pulls` (the overlap index), `outcomes` (the ledger), `reconci
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import timedelta
@@ -22,7 +22,7 @@ from cachetools import LRUCache
 from bot.core.clock import Clock
 from bot.core.domain import DecisionKind, Wave, stamp
 from bot.core.errors import is_permanent
-from bot.metrics import DISPATCH_PAUSED, forget_repo
+from bot.metrics import DISPATCH_PAUSED, forget_repo, show_wave
 from bot.services.api import RepoAPI, ReposAPI
 from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
@@ -206,7 +206,18 @@ class LiveState:
         state = await self._stored(name)
         if state is not None:
             self.put(state)
+            await self._show_stored(state)
         return state
+
+    async def _show_stored(self, state: RepoState) -> None:
+        """What /metrics shows of a repository, from the store: after a restart (or a
+        replica's takeover) an alert on the last wave's time, or on a pause, must not go
+        blind until the next wave, up to two hours later."""
+        DISPATCH_PAUSED.labels(state.name).set(0 if state.blocked_now(self.clock.now()) is None else 1)
+        wave = await self.stored_wave(state.name, state.meta.wave) if state.meta.wave else None
+        if wave is not None:
+            counts = Counter(d.decision for d in wave.decisions)
+            show_wave(state.name, wave.at.timestamp(), counts, get_args(DecisionKind), state.image_change_times())
 
     async def stored_wave(self, name: str, number: int) -> Wave | None:
         """Wave `number` as stored; None when it is absent or unreadable (reported in one

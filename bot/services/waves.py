@@ -39,13 +39,7 @@ from bot.github.errors import (
     Unauthorized,
     Unavailable,
 )
-from bot.metrics import (
-    CANDIDATES,
-    FAMILY_IMAGE_AGES,
-    LAST_WAVE_CANDIDATES,
-    LAST_WAVE_TIMESTAMP,
-    WAVE_SECONDS,
-)
+from bot.metrics import CANDIDATES, WAVE_SECONDS, show_wave
 from bot.services.api import CapacitySource, RepoAPI
 from bot.services.dispatch import claim_family, dispatch_run, release_refused_claim
 from bot.services.live import LiveState
@@ -146,14 +140,9 @@ class WaveRunner:
 
     def _gauge(self, state: RepoState, wave: Wave, counts: Counter[DecisionKind]) -> None:
         """What /metrics shows of the repository after a wave (once per wave, not per family event)."""
-        repo = state.name
-        LAST_WAVE_TIMESTAMP.labels(repo).set(wave.at.timestamp())
-        # Every kind, zeros included: a decision that disappears reads 0, not its old count.
-        for kind in get_args(DecisionKind):
-            LAST_WAVE_CANDIDATES.labels(repo, kind).set(counts[kind])
         # The change times are kept until the catalog changes: no pass over the families
         # here (one cost ~4 ms of the event loop after every wave at 2,000 families).
-        FAMILY_IMAGE_AGES.set(repo, state.image_change_times(), wave.at.timestamp())
+        show_wave(state.name, wave.at.timestamp(), counts, get_args(DecisionKind), state.image_change_times())
 
     def _report(self, wave: Wave, counts: Counter[DecisionKind], trigger: str, elapsed: float) -> None:
         WAVE_SECONDS.observe(elapsed)

@@ -101,3 +101,26 @@ def test_serve_sandbox_runs_without_a_webhook_secret_as_the_readme_shows(tmp_pat
         assert server.wait(timeout=30) == 0
     finally:
         server.kill()
+
+
+async def test_the_last_wave_and_a_pause_show_on_metrics_after_a_restart(tmp_path):
+    # What this catches (a review): the last wave's time and the pause gauge were set only
+    # by a wave and by an event, so after every restart (or a replica's takeover) an alert
+    # on them went blind until the next wave, up to two hours later.
+    from typing import get_args
+
+    from bot.core.domain import DecisionKind
+    from bot.metrics import REGISTRY, forget_repo
+    from tests import scenarios as sc
+    from tests.harness import sandbox_stack
+
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        wave = await run.klaud.waves.run(sc.REPO, trigger="test")
+        await run.settle()
+        forget_repo(sc.REPO, get_args(DecisionKind))  # what a new process starts with
+        assert REGISTRY.get_sample_value("klaud_last_wave_timestamp_seconds", {"repo": sc.REPO}) is None
+        await run.klaud.live.load()
+    labels = {"repo": sc.REPO}
+    assert REGISTRY.get_sample_value("klaud_last_wave_timestamp_seconds", labels) == wave.at.timestamp()
+    assert REGISTRY.get_sample_value("klaud_dispatch_paused", labels) == 0
+    assert REGISTRY.get_sample_value("klaud_last_wave_candidates", labels | {"decision": "selected"}) == len(wave.selected)

@@ -118,7 +118,7 @@ def create_admin_app(klaud: Backend, *, token: str | None = None) -> web.Applica
     app = web.Application(middlewares=[private, bearer_token, json_errors])
     app[KLAUD_KEY] = klaud
     app[TOKEN_KEY] = (token or "").encode()
-    add_health_routes(app)
+    add_health_routes(app, public=False)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/v1/deliveries/{id}", delivery_status)
     app.router.add_get("/api/v1/repos", repos)

@@ -235,7 +235,7 @@ def create_webhook_app(
     app[KLAUD_KEY] = klaud
     app[INTAKE_KEY] = Intake(read_timeout, BodyBudget(body_budget))
     app.router.add_post("/webhook", webhook)
-    add_health_routes(app)
+    add_health_routes(app, public=True)
     if extra_routes is not None:
         extra_routes(app)
     return app

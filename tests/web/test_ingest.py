@@ -358,14 +358,18 @@ async def test_a_store_that_stops_answering_is_not_ready_until_it_answers_again(
         fetch = klaud.inbox.store.db.fetch
 
         async def unreachable(sql, *args):
-            raise ConnectionRefusedError("connection refused")
+            raise ConnectionRefusedError("Connect call failed ('10.0.0.5', 5432)")
 
         monkeypatch.setattr(klaud.inbox.store.db, "fetch", unreachable)
         monkeypatch.setattr(inbox_module, "PROBE_EVERY", 0.0)
         down = await run.get_json("/readyz")
+        async with run.session.get(f"{run.url}/readyz") as public:
+            down_in_public = public.status, await public.json()
         monkeypatch.setattr(klaud.inbox.store.db, "fetch", fetch)
         up = await run.get_json("/readyz")
-    assert down[0] == 503 and "ConnectionRefusedError" in down[1]["store_error"]
+    assert down[0] == 503 and down[1]["store_error"] == "ConnectionRefusedError: Connect call failed ('10.0.0.5', 5432)"
+    # The webhook listener faces the internet: the store's address stays off it (a review).
+    assert down_in_public == (503, {**down[1], "store_error": "ConnectionRefusedError"})
     assert up[0] == 200 and up[1]["store_error"] is None
 
 

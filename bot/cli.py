@@ -306,15 +306,49 @@ async def _plan_from_server(settings: Settings, args: argparse.Namespace, at: da
                     " as the server has them"
                 ) from None
 
-        repos = [args.repo] if args.repo else (await get("/api/v1/repos"))["repos"]
+        repos = [args.repo] if args.repo else _listed_repos(await get("/api/v1/repos"), base)
         if not repos:
             # Said, as the store's own plan says it: a server still starting keeps none yet.
             print(f"klaud: the running server at {base} keeps no repository yet (starting up, or none "
                   "reconciled: `klaud reconcile`)", file=sys.stderr)
         for repo in repos:
-            document = await get(f"/api/v1/repos/{repo}/plan")
-            print(json.dumps(document, indent=2) if args.json else render_wave_table(Wave.from_document(document)))
+            path = f"/api/v1/repos/{repo}/plan"
+            document = await get(path)
+            wave = _answered_wave(document, f"{base}{path}")
+            print(json.dumps(document, indent=2) if args.json else render_wave_table(wave))
     return 0
+
+
+def _not_klaud(url: str, expected: str) -> Refused:
+    # A port that answers 200, but not as Klaud does: another service on KLAUD_ADMIN_PORT,
+    # or a proxy's page. Said in one line like a port that does not answer at all.
+    return Refused(f"the admin API at {url} answered, but not with {expected} as Klaud does; set"
+                   " KLAUD_ADMIN_HOST and KLAUD_ADMIN_PORT as the running Klaud server has them")
+
+
+def _listed_repos(answer: Any, base: str) -> list[str]:
+    """The repositories of the admin API's `/api/v1/repos` answer."""
+    repos = answer.get("repos") if isinstance(answer, dict) else None
+    if not isinstance(repos, list) or not all(isinstance(repo, str) for repo in repos):
+        raise _not_klaud(f"{base}/api/v1/repos", "a list of repositories")
+    return repos
+
+
+def _answered_wave(document: Any, url: str) -> Wave:
+    """The admin API's plan read back as a wave, checked even for --json: a document of
+    another shape is refused rather than printed as if it were a plan."""
+    if not isinstance(document, dict):
+        raise _not_klaud(url, "a wave document")
+    try:
+        wave = Wave.from_document(document)
+    except (KeyError, TypeError, ValueError):  # what reading a foreign document raises
+        raise _not_klaud(url, "a wave document") from None
+    # The table prints these as text: a number or a list there would fail while printing.
+    texts = [wave.repo, wave.base, *(text for d in wave.decisions
+                                     for text in (d.family, d.candidate, d.decision, d.reason))]
+    if not all(isinstance(text, str) for text in texts):
+        raise _not_klaud(url, "a wave document")
+    return wave
 
 
 def admin_url(settings: Settings) -> str:

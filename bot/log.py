@@ -3,7 +3,8 @@
 Libraries log through the standard `logging` module (aiohttp's "Error handling request",
 asyncio's "Task exception was never retrieved"); those records go through the same
 renderer, so an exception anywhere becomes one JSON line carrying its traceback, never a
-bare traceback in the middle of the JSON stream.
+bare traceback in the middle of the JSON stream. A request aiohttp cannot parse is the
+client's error, not one of the server: one info line without a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 
 import msgspec
 import structlog
+from aiohttp.http_exceptions import HttpProcessingError
 from structlog.types import Processor
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -86,3 +88,31 @@ def _route_standard_logging(renderer: Processor, level: int) -> None:
     # Replaces an earlier set-up's handler; others (a test runner's capture) stay.
     root.handlers = [h for h in root.handlers if not isinstance(h, _StderrHandler)] + [handler]
     root.setLevel(level)
+    logging.getLogger("aiohttp.server").addFilter(_CLIENT_ERRORS)  # once: the same filter object
+
+
+# How much of a client's malformed request a log line repeats (a request line may be 8 KB).
+CLIENT_ERROR_CHARS = 200
+
+
+class _ClientErrorsAsInfo(logging.Filter):
+    """aiohttp's server logs a request it cannot parse (`GET * HTTP/1.1`, a Content-Length
+    that is not a number) as an ERROR with a traceback, after answering it 400: anyone on
+    the internet could fill the error log and trip error-rate alerts. Its parser's errors
+    (HttpProcessingError and subclasses) are the client's: one info line, no traceback.
+    Any other exception on that logger stays an error with its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            # The parser's message spans lines (a caret under the bad byte): one line here.
+            said = " ".join(f"{type(exc).__name__}: {exc.code} {exc.message}".split())[:CLIENT_ERROR_CHARS]
+            record.msg, record.args = f"{record.getMessage()}: {said}", ()
+            # Never raised: aiohttp logs non-HTTP traffic on a connection's first request at debug.
+            record.levelno = min(record.levelno, logging.INFO)
+            record.levelname = logging.getLevelName(record.levelno)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+_CLIENT_ERRORS = _ClientErrorsAsInfo()

@@ -7,6 +7,7 @@ holds it, never discovered later as an odd behaviour.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -22,6 +23,9 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+
+# ASCII control characters: no HTTP header value carries them.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class SettingsError(ValueError):
@@ -67,6 +71,19 @@ class Settings(BaseModel):
         except (ValueError, TypeError, UnsupportedAlgorithm):
             # The message never includes the key itself.
             raise ValueError("not an unencrypted PEM private key") from None
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _presentable_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # HTTP drops the whitespace around a header's value (RFC 9110 §5.5) and carries no
+        # control character: a token with either (a secret file's trailing newline) would be
+        # accepted here and then match no request, every admin call a 401.
+        token = value.get_secret_value() if value is not None else ""
+        if token != token.strip() or _CONTROL.search(token):
+            # The message never includes the token itself.
+            raise ValueError("has whitespace around it or a control character in it (a secret file's"
+                             " trailing newline?); no request could present it")
         return value
 
     @field_validator("db")

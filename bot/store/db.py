@@ -35,6 +35,9 @@ from bot.store.migrations import (
     LATEST,
     RECORD_VERSION,
     VERSION_TABLE,
+    Migration,
+    failed,
+    report_left,
     to_apply,
 )
 
@@ -158,15 +161,24 @@ class Database:
             conn.execute(VERSION_TABLE["sqlite"])
             current = conn.execute(CURRENT_VERSION).fetchone()[0]
             migrations = to_apply(current, self.path)
-            for migration in migrations:
-                for sql in migration.sqlite:
-                    conn.execute(sql)
-                conn.execute(RECORD_VERSION, (migration.version, migration.name, time.time()))
+            left = [(migration, self._apply(conn, migration)) for migration in migrations]
         if migrations:
             log.info(
                 "store.migrated", engine="sqlite", path=self.path, from_version=current, to_version=LATEST,
                 adopted_unversioned=unversioned,
             )
+        for migration, rows in left:  # said once the upgrade is committed
+            report_left(migration, self.path, rows)
+
+    def _apply(self, conn: sqlite3.Connection, migration: Migration) -> list[Row]:
+        """Run `migration` in the open transaction; the records it left behind."""
+        try:
+            for sql in migration.sqlite:
+                conn.execute(sql)
+            conn.execute(RECORD_VERSION, (migration.version, migration.name, time.time()))
+            return conn.execute(migration.left).fetchall() if migration.left else []
+        except sqlite3.Error as exc:
+            raise failed(migration, self.path, exc) from exc
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         return await self._run_sync(self._fetch, sql, args)

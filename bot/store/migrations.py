@@ -12,10 +12,16 @@ Migration 1 is the schema Klaud used before versions existed. Its SQLite stateme
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import structlog
 
 from bot.store.engine import Dialect
-from bot.store.errors import LEASE_TAKEN_SQLSTATE, SchemaTooNew
+from bot.store.errors import LEASE_TAKEN_SQLSTATE, SchemaTooNew, StoreError
+
+log = structlog.get_logger("klaud.store")
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,9 @@ class Migration:
     name: str
     sqlite: tuple[str, ...]
     postgresql: tuple[str, ...]
+    # A query (both engines) of the records, as (repo, kind, key), that the migration could
+    # not move and left where no code reads them: reported in one line after the upgrade.
+    left: str = ""
 
     def statements(self, dialect: Dialect) -> tuple[str, ...]:
         return self.sqlite if dialect == "sqlite" else self.postgresql
@@ -53,6 +62,11 @@ CREATE TABLE IF NOT EXISTS records (
     data TEXT NOT NULL,
     PRIMARY KEY (repo, kind, key)
 ) WITHOUT ROWID"""
+
+# A wave record's key that is a wave number: 1 to 18 ASCII digits (any 18 fit a BIGINT),
+# the same keys on both engines.
+SQLITE_WAVE_NUMBER = "length(key) BETWEEN 1 AND 18 AND key NOT GLOB '*[^0-9]*'"
+POSTGRESQL_WAVE_NUMBER = "key ~ '^[0-9]{1,18}$'"
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -131,6 +145,13 @@ MIGRATIONS: tuple[Migration, ...] = (
     # written by every wave and read only by the API, the dashboard and the status page: in
     # a table of its own it is compressed like delivery bodies (~10x less to fsync), and the
     # start-up load of a repository's records no longer decodes a hundred of them.
+    #
+    # Klaud keys a wave record by its number ("00000003"); a key that is not one (edited by
+    # hand: "latest") has no number to be read back by. PostgreSQL's `key::bigint` refused
+    # it and stopped every start, SQLite's CAST read it as wave 0: both now move only keys
+    # of digits that fit the column, and keep any other in `records` (reported by `left`).
+    # Kept, not dropped: an upgrade does not delete what it cannot read, and no code reads
+    # wave records there, so the operator can look at it and delete it.
     Migration(
         4,
         "wave documents in a table of their own",
@@ -138,16 +159,19 @@ MIGRATIONS: tuple[Migration, ...] = (
             ("CREATE TABLE waves (repo TEXT NOT NULL, number INTEGER NOT NULL, encoding TEXT, body BLOB NOT NULL,"
             " PRIMARY KEY (repo, number))"),
             ("INSERT INTO waves (repo, number, encoding, body)"
-            " SELECT repo, CAST(key AS INTEGER), NULL, CAST(data AS BLOB) FROM records WHERE kind = 'wave'"),
-            "DELETE FROM records WHERE kind = 'wave'",
+            " SELECT repo, CAST(key AS INTEGER), NULL, CAST(data AS BLOB) FROM records"
+            f" WHERE kind = 'wave' AND {SQLITE_WAVE_NUMBER}"),
+            f"DELETE FROM records WHERE kind = 'wave' AND {SQLITE_WAVE_NUMBER}",
         ),
         postgresql=(
             ("CREATE TABLE waves (repo TEXT NOT NULL, number BIGINT NOT NULL, encoding TEXT, body BYTEA NOT NULL,"
             " PRIMARY KEY (repo, number))"),
             ("INSERT INTO waves (repo, number, encoding, body)"
-            " SELECT repo, key::bigint, NULL, convert_to(data::text, 'UTF8') FROM records WHERE kind = 'wave'"),
-            "DELETE FROM records WHERE kind = 'wave'",
+            " SELECT repo, key::bigint, NULL, convert_to(data::text, 'UTF8') FROM records"
+            f" WHERE kind = 'wave' AND {POSTGRESQL_WAVE_NUMBER}"),
+            f"DELETE FROM records WHERE kind = 'wave' AND {POSTGRESQL_WAVE_NUMBER}",
         ),
+        left="SELECT repo, kind, key FROM records WHERE kind = 'wave' ORDER BY repo, key",
     ),
     # PostgreSQL compresses a stored body with pglz by default, which costs more CPU than
     # the rest of a delivery's intake (~0.6 ms for a 20 KB webhook); lz4 is several times
@@ -237,3 +261,27 @@ def to_apply(current: int, where: str) -> tuple[Migration, ...]:
         # replica restarting during a rolling upgrade).
         raise SchemaTooNew(f"{where} has schema version {current}; this Klaud knows versions up to {LATEST}")
     return tuple(m for m in MIGRATIONS if m.version > current)
+
+
+def failed(migration: Migration, where: str, exc: Exception) -> StoreError:
+    """The store's one-line error for a migration the engine refused (its transaction is
+    rolled back: the store stays at the version it had)."""
+    reason = " ".join(str(exc).split())  # an engine's message may span lines (DETAIL, HINT)
+    return StoreError(f"{where}: migration {migration.version} ({migration.name}) failed:"
+                      f" {type(exc).__name__}: {reason}")
+
+
+# Records named in a report, at most: the count says how many there are.
+LEFT_SHOWN = 10
+
+
+def report_left(migration: Migration, where: str, rows: Sequence[Sequence[Any]]) -> None:
+    """One warning line for the records `migration` left behind (none: no line)."""
+    if not rows:
+        return
+    log.warning(
+        "store.records_left", where=where, migration=migration.version, count=len(rows),
+        records=[f"{repo or '-'} {kind} {key!r}" for repo, kind, key in rows[:LEFT_SHOWN]],
+        reason=f"migration {migration.version} ({migration.name}) could not move them; kept in"
+        " `records`, where Klaud does not read them",
+    )

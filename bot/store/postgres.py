@@ -30,6 +30,9 @@ from bot.store.migrations import (
     LATEST,
     RECORD_VERSION,
     VERSION_TABLE,
+    Migration,
+    failed,
+    report_left,
     to_apply,
 )
 
@@ -110,12 +113,23 @@ class PostgresDatabase:
             await conn.execute(VERSION_TABLE["postgresql"])
             current = await conn.fetchval(CURRENT_VERSION)
             migrations = to_apply(current, self.where)
-            for migration in migrations:
-                for sql in migration.postgresql:
-                    await conn.execute(sql, timeout=MIGRATION_SECONDS)
-                await conn.execute(numbered(RECORD_VERSION), migration.version, migration.name, time.time())
+            left = [(migration, await self._apply(conn, migration)) for migration in migrations]
         if migrations:
             log.info("store.migrated", engine="postgresql", where=self.where, from_version=current, to_version=LATEST)
+        for migration, rows in left:  # said once the upgrade is committed
+            report_left(migration, self.where, rows)
+
+    async def _apply(self, conn: Any, migration: Migration) -> list[Row]:
+        """Run `migration` in the open transaction; the records it left behind."""
+        try:
+            for sql in migration.postgresql:
+                await conn.execute(sql, timeout=MIGRATION_SECONDS)
+            await conn.execute(numbered(RECORD_VERSION), migration.version, migration.name, time.time())
+            return list(await conn.fetch(migration.left)) if migration.left else []
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            # The transaction rolls back: the store keeps its version, and the next start
+            # meets the same refusal, said in one line rather than an asyncpg traceback.
+            raise failed(migration, self.where, exc) from exc
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         with self._errors_named():

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bot.core.domain import Family
-from bot.store import SchemaTooNew, open_stores
+from bot.store import SchemaTooNew, StoreError, open_stores, sqlite_path
 from bot.store.codec import encode
 from bot.store.engine import Statement
 from bot.store.migrations import LATEST, RECORD_VERSION
@@ -165,5 +165,75 @@ async def test_a_store_left_at_each_older_version_is_upgraded_with_its_data(stor
         loaded = await stores.state.load("o/r")
         assert loaded["family"] == {FAMILY.id: FAMILY} and "wave" not in loaded
         assert [d.id for d in await stores.deliveries.claim_owned("me", {"o/r"}, unrouted=False, limit=5)] == ["old-1"]
+    finally:
+        await stores.close()
+
+
+PUT_RECORD = "INSERT INTO records (repo, kind, key, data) VALUES (?, ?, ?, ?)"
+WAVE_3 = '{"wave": 3, "decisions": []}'
+
+
+async def write_store_at_version(store_url: str, monkeypatch: pytest.MonkeyPatch, version: int,
+                                 records: list[tuple[str, str, str, str]]) -> None:
+    """A store as a Klaud that knew migrations up to `version` left it, with `records`."""
+    from bot.store import migrations
+
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:version])
+    monkeypatch.setattr(migrations, "LATEST", version)
+    try:
+        old = await open_stores(store_url)
+        await old.engine.transaction([Statement(PUT_RECORD, record) for record in records])
+        await old.close()
+    finally:
+        monkeypatch.undo()
+
+
+async def test_a_wave_record_whose_key_is_not_a_number_is_kept_and_reported_alike_on_both_engines(store_url, monkeypatch):
+    # What this catches: a wave record keyed "latest" (edited by hand) stopped every start on
+    # PostgreSQL (`key::bigint`: an asyncpg traceback) and became wave 0 on SQLite (CAST).
+    await write_store_at_version(store_url, monkeypatch, 3, [
+        ("", "repo", "o/r", '{"installation": 1, "wave": 3}'),
+        ("o/r", "wave", "00000003", WAVE_3),
+        ("o/r", "wave", "latest", WAVE_3),
+        ("o/r", "wave", " 4", WAVE_3),  # a number to both casts, not a key Klaud writes
+    ])
+    with capture_logs() as logs:
+        stores = await open_stores(store_url)
+    try:
+        assert await stores.state.wave("o/r", 3) == {"wave": 3, "decisions": []}
+        numbers = await stores.engine.fetch("SELECT repo, number FROM waves")
+        assert [tuple(row) for row in numbers] == [("o/r", 3)]
+        kept = await stores.engine.fetch("SELECT key FROM records WHERE kind = 'wave' ORDER BY key")
+        assert [row[0] for row in kept] == [" 4", "latest"]
+    finally:
+        await stores.close()
+    [report] = [e for e in logs if e["event"] == "store.records_left"]
+    assert report["log_level"] == "warning" and (report["migration"], report["count"]) == (4, 2)
+    assert report["records"] == ["o/r wave ' 4'", "o/r wave 'latest'"]
+
+
+async def test_a_migration_the_engine_refuses_is_one_store_error_naming_it_and_changes_nothing(store_url, monkeypatch):
+    # What this catches: a migration's statement refused by the engine (here two wave records
+    # of one number: "3" and "00000003") escaping start-up as sqlite3's or asyncpg's own
+    # exception with a traceback, instead of the store's one line naming the migration.
+    await write_store_at_version(store_url, monkeypatch, 3, [
+        ("o/r", "wave", "00000003", WAVE_3),
+        ("o/r", "wave", "3", WAVE_3),
+    ])
+    with pytest.raises(StoreError) as refused:
+        await open_stores(store_url)
+    message = str(refused.value)
+    assert type(refused.value) is StoreError and len(message.splitlines()) == 1
+    assert "migration 4 (wave documents in a table of their own) failed: " in message
+    assert message.startswith(sqlite_path(store_url) or "PostgreSQL ")  # the store it names
+    # Rolled back: the store is still at version 3 with its records, for the next try.
+    from bot.store import migrations
+
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:3])
+    monkeypatch.setattr(migrations, "LATEST", 3)
+    stores = await open_stores(store_url)
+    try:
+        assert (await stores.engine.fetch("SELECT max(version) FROM schema_version"))[0][0] == 3
+        assert len(await stores.engine.fetch("SELECT key FROM records WHERE kind = 'wave'")) == 2
     finally:
         await stores.close()

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 from importlib import metadata
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from bot.cli import main
 from bot.core.domain import parse_time
 from bot.sandbox import load_scenario
 from bot.store import open_stores
+from bot.store.lockfile import PidLock
 from tests import scenarios as sc
 from tests.harness import SECRET, sandbox_stack
 
@@ -298,3 +302,69 @@ async def test_receive_of_a_payload_its_handler_cannot_read_logs_one_warning_wit
     assert done.returncode == 1 and json.loads(done.stdout)["status"] == "failed"
     [failed] = [json.loads(line) for line in done.stderr.splitlines() if is_json(line) and "receive.failed" in line]
     assert failed["permanent"] is True and "ValidationError" in failed["error"] and "exception" not in failed
+
+
+@contextlib.contextmanager
+def an_admin_port_answering(answers: dict[str, bytes]):
+    """A port that answers 200 with `answers[path]` (or `answers["*"]`), as a service that is
+    not Klaud (or a proxy's page) on KLAUD_ADMIN_PORT does; yields the port."""
+
+    class NotKlaud(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = answers.get(self.path.split("?")[0], answers.get("*", b"{}"))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotKlaud)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# A plan of the right keys whose family is a number: the table cannot print it.
+FOREIGN_PLAN = json.dumps({"repo": "acme/bench", "at": "2026-11-30T09:00:00Z", "base": "abc", "wave": 1, "decisions": [
+    {"family": 7, "candidate": "c", "decision": "selected", "reason": "r"}]}).encode()
+
+
+@pytest.mark.parametrize(
+    "answers, args",
+    [
+        ({"*": b"{}"}, ["plan"]),
+        ({"*": b"[]"}, ["plan"]),
+        ({"*": b'{"repos": "acme/bench"}'}, ["plan"]),
+        ({"*": b'{"repos": ["acme/bench"]}'}, ["plan"]),
+        ({"*": b'{"repos": ["acme/bench"]}'}, ["plan", "--json"]),
+        ({"*": b'{"decisions": [1]}'}, ["plan", "--repo", "acme/bench"]),
+        ({"/api/v1/repos": b'{"repos": ["acme/bench"]}', "*": FOREIGN_PLAN}, ["plan"]),
+    ],
+)
+def test_plan_through_an_admin_port_that_answers_not_as_klaud_is_refused_in_one_line(
+        tmp_path, monkeypatch, capsys, answers, args):
+    # What this catches: `klaud plan` indexing the admin API's answer (`["repos"]`, the wave
+    # document) outside the code that refuses in one line: a KeyError or TypeError traceback.
+    db = tmp_path / "klaud.db"
+    db.touch()
+    lock = PidLock(str(db))
+    lock.acquire()  # what a running `klaud serve` holds: plan asks its admin port
+    try:
+        with an_admin_port_answering(answers) as port:
+            for name, value in {"KLAUD_DB": f"sqlite:///{db}", "KLAUD_ADMIN_PORT": str(port),
+                                "KLAUD_LOG_FORMAT": "json"}.items():
+                monkeypatch.setenv(name, value)
+            for name in ("KLAUD_ADMIN_TOKEN", "KLAUD_ADMIN_HOST"):
+                monkeypatch.delenv(name, raising=False)
+            assert main(args) == 1
+    finally:
+        lock.release()
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    assert one_line(printed.err).startswith(f"klaud: the admin API at http://127.0.0.1:{port}/api/v1/repos")

@@ -374,6 +374,33 @@ async def test_an_exception_in_a_route_is_one_json_log_line_and_a_json_500(tmp_p
     assert "RuntimeError: the state exploded" in failed["exception"]
 
 
+@pytest.mark.parametrize(("request_head", "error"), [
+    (b"GET * HTTP/1.1\r\nHost: klaud\r\n\r\n", "InvalidURLError: 400 *"),
+    (b"GET /healthz HTTP/1.1\r\nHost: klaud\r\nContent-Length: x\r\n\r\n",
+     "BadHttpMessage: 400 Invalid character in Content-Length"),
+    (b"POST /webhook HTTP/1.1\r\nHost: klaud\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+     "BadHttpMessage: 400 Duplicate Content-Length"),
+])
+async def test_a_request_the_listener_cannot_parse_is_400_and_one_info_line_without_a_traceback(
+        tmp_path, capsys, request_head, error):
+    # What this catches: aiohttp logging a malformed request (the client's error, answered
+    # 400) as an ERROR with a traceback: anyone could flood the error log and trip alerts.
+    configure_logging("json")
+    capsys.readouterr()
+    async with running_klaud(make_klaud(tmp_path)) as run:
+        where = urlsplit(run.url)
+        reader, writer = await asyncio.open_connection(where.hostname, where.port)
+        writer.write(request_head)
+        assert (await reader.readline()).startswith(b"HTTP/1.0 400 ")
+        await reader.read()  # aiohttp closes the connection after logging
+        writer.close()
+    records = [json.loads(line) for line in capsys.readouterr().err.splitlines()]  # every line is JSON
+    [said] = [record for record in records if record.get("logger") == "aiohttp.server"]
+    assert said["level"] == "info" and "exception" not in said
+    assert said["event"].startswith(f"Error handling request from 127.0.0.1: {error}")
+    assert not [record for record in records if record["level"] in ("error", "critical")]
+
+
 def test_library_log_records_become_json_lines_with_their_exception(capsys):
     configure_logging("json")
     try:
@@ -384,6 +411,17 @@ def test_library_log_records_become_json_lines_with_their_exception(capsys):
     record = json.loads(line)
     assert record["event"] == "Error handling request" and record["logger"] == "aiohttp.server"
     assert record["level"] == "error" and "ValueError: boom" in record["exception"]
+
+
+def test_a_client_error_aiohttp_logs_at_debug_stays_at_debug(capsys):
+    # What this catches: the client-error filter raising aiohttp's debug line for non-HTTP
+    # traffic (BadHttpMethod on a connection's first request) to info.
+    from aiohttp.http_exceptions import BadHttpMethod
+
+    configure_logging("json", "debug")
+    logging.getLogger("aiohttp.server").debug("Error handling request", exc_info=BadHttpMethod("\x16\x03"))
+    [record] = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert record["level"] == "debug" and "exception" not in record
 
 
 def test_log_level_warning_hides_info_lines_of_klaud_and_libraries(capsys):

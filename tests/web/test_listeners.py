@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from bot.settings import load_settings
+from bot.settings import SettingsError, load_settings
 from tests import scenarios as sc
 from tests.harness import headers_for, make_settings, running_klaud, sandbox_stack
 from tests.web.test_ingest import PR_PAYLOAD, Recorder, make_klaud
@@ -107,6 +107,15 @@ def test_admin_settings_are_read_from_the_environment(tmp_path):
     assert (settings.admin_host, settings.admin_port) == ("0.0.0.0", 9100)
     assert settings.admin_token is not None and settings.admin_token.get_secret_value() == "x"
     assert "x" not in repr(settings)
+
+
+@pytest.mark.parametrize("token", ["t0ken\n", "t0ken ", " t0ken", "t0\x01ken"])
+def test_an_admin_token_no_request_can_present_stops_start_up_naming_the_variable(tmp_path, token):
+    # What this catches: a token read with a secret file's trailing newline accepted at
+    # start-up; HTTP strips a header value's surrounding whitespace, so every admin call was a 401.
+    with pytest.raises(SettingsError, match="^KLAUD_ADMIN_TOKEN: ") as refused:
+        make_settings(tmp_path / "k.db", KLAUD_ADMIN_TOKEN=token)
+    assert "t0" not in str(refused.value) and len(str(refused.value).splitlines()) == 1
 
 
 async def test_an_unknown_delivery_id_is_404_not_found(tmp_path):

@@ -73,12 +73,13 @@ class Settings(BaseModel):
             raise ValueError("not an unencrypted PEM private key") from None
         return value
 
-    @field_validator("admin_token")
+    @field_validator("admin_token", "capacity_token")
     @classmethod
     def _presentable_token(cls, value: SecretStr | None) -> SecretStr | None:
         # HTTP drops the whitespace around a header's value (RFC 9110 §5.5) and carries no
         # control character: a token with either (a secret file's trailing newline) would be
-        # accepted here and then match no request, every admin call a 401.
+        # accepted here and then match no request, every admin call a 401 (the capacity
+        # feed's token: every read of the feed refused by aiohttp before it is sent).
         token = value.get_secret_value() if value is not None else ""
         if token != token.strip() or _CONTROL.search(token):
             # The message never includes the token itself.

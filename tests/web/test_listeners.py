@@ -109,12 +109,14 @@ def test_admin_settings_are_read_from_the_environment(tmp_path):
     assert "x" not in repr(settings)
 
 
+@pytest.mark.parametrize("variable", ["KLAUD_ADMIN_TOKEN", "KLAUD_CAPACITY_TOKEN"])
 @pytest.mark.parametrize("token", ["t0ken\n", "t0ken ", " t0ken", "t0\x01ken"])
-def test_an_admin_token_no_request_can_present_stops_start_up_naming_the_variable(tmp_path, token):
+def test_an_admin_token_no_request_can_present_stops_start_up_naming_the_variable(tmp_path, token, variable):
     # What this catches: a token read with a secret file's trailing newline accepted at
-    # start-up; HTTP strips a header value's surrounding whitespace, so every admin call was a 401.
-    with pytest.raises(SettingsError, match="^KLAUD_ADMIN_TOKEN: ") as refused:
-        make_settings(tmp_path / "k.db", KLAUD_ADMIN_TOKEN=token)
+    # start-up; HTTP strips a header value's surrounding whitespace, so every admin call was
+    # a 401 (and aiohttp refused to send every read of the capacity feed with such a token).
+    with pytest.raises(SettingsError, match=f"^{variable}: ") as refused:
+        make_settings(tmp_path / "k.db", **{variable: token})
     assert "t0" not in str(refused.value) and len(str(refused.value).splitlines()) == 1
 
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator
 
@@ -141,6 +141,23 @@ def as_utc(value: datetime) -> datetime:
 
 # The type of every time the domain's records and GitHub's models hold (see `as_utc`).
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
+
+
+# What reading a document of another shape than the one Klaud writes raises (a key missing,
+# a value of another type: `Wave.from_document`).
+UNREADABLE_DOCUMENT = (KeyError, TypeError, ValueError)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"text expected, not {type(value).__name__}")
+    return value
+
+
+def _whole(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a whole number expected, not {type(value).__name__}")
+    return value
 
 
 def _required_time(value: str) -> datetime:
@@ -359,27 +376,31 @@ class Wave:
 
     @classmethod
     def from_document(cls, document: dict[str, Any]) -> Wave:
-        """A stored wave document read back (the inverse of `document`)."""
+        """A stored wave document read back (the inverse of `document`). One of another
+        shape (written by hand, or not by Klaud) raises one of UNREADABLE_DOCUMENT: its
+        values are checked here, as every reader of a wave counts, prints and compares them."""
+        if not isinstance(document, dict):
+            raise TypeError(f"a wave document is an object, not {type(document).__name__}")
         blocked = document.get("blocked")
         return cls(
-            repo=document["repo"],
+            repo=_text(document["repo"]),
             at=_required_time(document["at"]),
-            base=document["base"],
-            wave=int(document["wave"]),
+            base=_text(document["base"]),
+            wave=_whole(document["wave"]),
             decisions=tuple(
                 Decision(
-                    family=d["family"],
-                    candidate=d["candidate"],
-                    decision=d["decision"],
-                    reason=d["reason"],
+                    family=_text(d["family"]),
+                    candidate=_text(d["candidate"]),
+                    decision=cast(DecisionKind, _text(d["decision"])),
+                    reason=_text(d["reason"]),
                     until=parse_time(d.get("until")),
-                    pull_requests=tuple(d.get("pull_requests") or ()),
-                    clusters=tuple(d.get("clusters") or ()),
+                    pull_requests=tuple(_whole(n) for n in d.get("pull_requests") or ()),
+                    clusters=tuple(_text(c) for c in d.get("clusters") or ()),
                 )
                 for d in document["decisions"]
             ),
             blocked=(
-                Blocked(blocked["code"], blocked["reason"], _required_time(blocked["since"]))
+                Blocked(cast(BlockCode, _text(blocked["code"])), _text(blocked["reason"]), _required_time(blocked["since"]))
                 if blocked else None
             ),
         )

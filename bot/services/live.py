@@ -20,7 +20,7 @@ import structlog
 from cachetools import LRUCache
 
 from bot.core.clock import Clock
-from bot.core.domain import DecisionKind, Wave, stamp
+from bot.core.domain import UNREADABLE_DOCUMENT, DecisionKind, Wave, stamp
 from bot.core.errors import is_permanent
 from bot.metrics import DISPATCH_PAUSED, forget_repo, show_wave
 from bot.services.api import RepoAPI, ReposAPI
@@ -29,9 +29,6 @@ from bot.store.change import Change
 from bot.store.records import StateStore
 
 log = structlog.get_logger("klaud.live")
-# What reading a stored wave document of the wrong shape raises: a key missing, a value of
-# the wrong type (`Wave.from_document` reads a dict it trusts).
-UNREADABLE_WAVE = (KeyError, TypeError, ValueError, AttributeError)
 
 # Cooldowns look back at most 168 hours and artifacts live 14 days: older attempts stay in
 # the store only.
@@ -228,7 +225,7 @@ class LiveState:
             return None
         try:
             return Wave.from_document(document)
-        except UNREADABLE_WAVE as exc:
+        except UNREADABLE_DOCUMENT as exc:
             log.warning("store.record_unreadable", repo=name, kind="wave", key=number, reason=f"{type(exc).__name__}: {exc}")
             return None
 

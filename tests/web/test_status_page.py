@@ -174,3 +174,20 @@ async def test_a_stored_wave_of_the_wrong_shape_is_reported_and_passed_over(run,
         status, body, _ = await get(run, f"/api/v1/repos/{REPO}/waves")
     assert status == 200 and json.loads(body) == []
     assert {(e["event"], e["kind"]) for e in logs if e["log_level"] == "warning"} == {("store.record_unreadable", "wave")}
+
+
+@pytest.mark.parametrize("odd", [["selected"], {"kind": "selected"}, 7])
+async def test_a_stored_wave_whose_values_are_of_another_type_is_passed_over_at_load_and_on_the_page(run, odd):
+    # What this catches (a review): a wave document with every key but a decision that is
+    # a list read as a wave; counting its decisions at start-up (the metrics of the last
+    # wave) raised, and `klaud serve` failed at every start (with replicas, no replica
+    # could take the repository), and the status page answered 500.
+    from bot.store.engine import Statement
+
+    [stored] = await run.klaud.db.fetch("SELECT number FROM waves")
+    document = (await run.klaud.live.stored_wave(REPO, stored[0])).document()
+    document["decisions"][0]["decision"] = odd
+    await run.klaud.db.transaction([Statement("UPDATE waves SET encoding = NULL, body = ?", (json.dumps(document).encode(),))])
+    await run.klaud.live.load()  # what start-up does
+    assert run.klaud.live.repo(REPO) is not None
+    assert REPO in await page(run, "/")

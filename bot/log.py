@@ -112,6 +112,9 @@ class _ClientErrorsAsInfo(logging.Filter):
             record.levelno = min(record.levelno, logging.INFO)
             record.levelname = logging.getLevelName(record.levelno)
             record.exc_info = record.exc_text = None
+            # The logger let it through at its first level: at the new one it is kept only
+            # where KLAUD_LOG_LEVEL (the root's level) shows such lines.
+            return record.levelno >= logging.getLogger().getEffectiveLevel()
         return True
 
 

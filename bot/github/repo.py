@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from datetime import date, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from bot.core.domain import stamp
 from bot.core.events import (
     Artifact,
@@ -94,7 +96,12 @@ class GitHubRepo:
         except (NotFound, BadRequest):
             return None
         for item in items if isinstance(items, list) else ():
-            activity = RefActivity.model_validate(item)
+            try:
+                activity = RefActivity.model_validate(item)
+            # An entry of another shape (a proxy's, an older server's) dates nothing: the
+            # caller falls back to the repository's pushed_at, as when the API is absent.
+            except ValidationError:
+                continue
             if activity.after == sha and activity.ref == ref:
                 return activity.timestamp
         return None

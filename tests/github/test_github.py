@@ -1148,3 +1148,27 @@ async def test_creating_an_issue_in_dry_run_makes_none_and_says_so(make_app: Cal
 ])
 def test_the_repository_a_write_is_for_is_read_from_its_url(url: str, repo: str | None) -> None:
     assert repository_of(url) == repo
+
+
+class _OneAnswer:
+    """A client whose every GET answers `answer` (GitHub's, or a proxy's)."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    async def getitem(self, url: str, url_vars: Any = None, *, params: Any = None, accept: Any = None) -> Any:
+        return self.answer
+
+
+@pytest.mark.parametrize("odd", [
+    "not an object",
+    {"ref": "refs/heads/main", "after": None, "timestamp": "2026-12-01T00:00:00Z"},
+    {"ref": "refs/heads/main", "after": "c" * 40, "timestamp": "yesterday"},
+])
+async def test_an_activity_entry_of_another_shape_dates_nothing_and_the_others_still_do(odd: Any) -> None:
+    # What this catches (a review): one entry pydantic could not read raised out of the
+    # light reconcile, so a missed push, the open PRs and the claims were never caught up.
+    moved = {"ref": "refs/heads/main", "after": "c" * 40, "timestamp": "2026-12-01T08:00:00Z", "activity_type": "push"}
+    assert await GitHubRepo(_OneAnswer([odd]), "acme/bench").moved_to_at("main", "c" * 40) is None  # type: ignore[arg-type]
+    found = await GitHubRepo(_OneAnswer([odd, moved]), "acme/bench").moved_to_at("main", "c" * 40)  # type: ignore[arg-type]
+    assert found == datetime(2026, 12, 1, 8, tzinfo=UTC)

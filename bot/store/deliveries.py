@@ -214,6 +214,7 @@ UNCLAIM = (
     "UPDATE deliveries SET status = 'queued', claimed_by = NULL"
     " WHERE lower(repo) = ? AND status = 'processing'"
 )
+HAND_BACK = "UPDATE deliveries SET status = 'queued', claimed_by = NULL WHERE {ids} AND claimed_by = ? AND status = 'processing'"
 WAITING_REPOS = "SELECT DISTINCT repo FROM deliveries WHERE status IN ('queued', 'processing') AND repo IS NOT NULL"
 COUNT_UNFINISHED = "SELECT count(*) FROM deliveries WHERE status IN ('queued', 'processing')"
 
@@ -350,6 +351,16 @@ class DeliveryStore:
         """How many deliveries, every replica's, are not done yet."""
         [(count,)] = await self.db.fetch(COUNT_UNFINISHED)
         return int(count)
+
+    def hand_back(self, owner: str, delivery_ids: list[str]) -> asyncio.Future[list[Result]]:
+        """Put `owner`'s claims of these deliveries back in the queue, for whichever replica
+        owns their repository to claim (queued on the writer now; the future answers once
+        committed). Claimed, but not kept in `owner`'s memory (its lease clock lapsed while
+        the claim ran, or its queue was dropped), they would wait out the 30 s after which
+        its own claims count as stale, and the claims passing over them would let the
+        repository's later deliveries be processed first."""
+        ids, args = ids_among(self.db.dialect, delivery_ids)
+        return self.writer.enqueue([Statement(HAND_BACK.format(ids=ids), (*args, owner))])
 
     async def waiting_repos(self) -> set[str]:
         """Repositories (lowercase) with deliveries not yet done."""

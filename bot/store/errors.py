@@ -23,7 +23,15 @@ LEASE_TAKEN_SQLSTATE = "KL001"
 
 
 class LeaseTaken(StoreError):
-    """A write of repositories another replica has taken since was refused (replicas)."""
+    """A write of repositories another replica has taken since was refused (replicas).
+
+    Transient: the refusal may come from this replica's own clock alone (a stall past
+    most of its lease, before the lease expired), and its next round renews the lease. A
+    delivery refused so is tried again: failed, it was never processed although nobody
+    else could have taken it; if another replica did take its repository, the claim fence
+    refuses this replica's commit of it anyway, and the new owner processes it."""
+
+    transient = True
 
 
 class SchemaTooNew(StoreError):

@@ -87,6 +87,11 @@ CLAIM_GAP_SECONDS = 0.25  # the longest pause
 CLAIM_BATCH = 96
 
 
+def _report_hand_back(future: asyncio.Future[list[Result]]) -> None:
+    if not future.cancelled() and (exc := future.exception()) is not None:
+        log.warning("inbox.hand_back_failed", error=f"{type(exc).__name__}: {exc}")
+
+
 def claim_pause(claimed: int, gathered: float) -> float:
     """How long to pause after a claim took `claimed` deliveries that came in `gathered`
     seconds: until CLAIM_BATCH more are likely waiting at that pace, CLAIM_GAP_SECONDS at most."""
@@ -392,10 +397,12 @@ class Inbox:
         claimed = await self.store.claim_owned(
             ownership.owner, ownership.repos(), unrouted=ownership.unrouted(), limit=room
         )
-        # Owned still (a lease may have gone while the claim ran; its next owner takes the
-        # claim over) and not already here (a delivery waiting for its retry is `queued`).
+        # Owned still (the lease clock may have lapsed while the claim ran: those are handed
+        # back) and not already here (a delivery waiting for its retry is `queued`).
         owned = ownership.repos()
-        fresh = [d for d in claimed if d.id not in self._queued and (d.repo is None or d.repo.lower() in owned)]
+        new = [d for d in claimed if d.id not in self._queued]
+        fresh = [d for d in new if d.repo is None or d.repo.lower() in owned]
+        self._hand_back([d.id for d in new if d.repo is not None and d.repo.lower() not in owned])
         for delivery in fresh:
             self._released.discard(delivery.ordering_key)
             delivery.body = self._own_bodies.pop(delivery.id, None)
@@ -404,12 +411,23 @@ class Inbox:
 
     def _drop_released(self, key: str) -> None:
         self._released.discard(key)
-        for delivery in self._queues.pop(key, deque()):
+        dropped = self._queues.pop(key, deque())
+        for delivery in dropped:
             self._queued.discard(delivery.id)
             self._in_doubt.pop(delivery.id, None)
             self._held_bytes -= self._held.pop(delivery.id, 0)
             self._set_backlog(self._backlog - 1)
         self._due.pop(key, None)
+        # This replica may own the repository again by now (taken back while a batch of it
+        # ran): the store's copy of what was dropped is claimed again, fresh.
+        self._hand_back([delivery.id for delivery in dropped])
+
+    def _hand_back(self, delivery_ids: list[str]) -> None:
+        """Hand back claims this replica does not keep in memory (`DeliveryStore.hand_back`).
+        Should the store refuse, they count as stale 30 s after their claim and are claimed
+        again then: said in one line, not raised."""
+        if self.ownership is not None and delivery_ids:
+            self.store.hand_back(self.ownership.owner, delivery_ids).add_done_callback(_report_hand_back)
 
     def _enqueue(self, delivery: Delivery) -> None:
         size = len(delivery.body or b"")

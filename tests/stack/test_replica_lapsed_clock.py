@@ -1,0 +1,198 @@
+"""Replicas whose own lease clock lapsed (a stall past LEASE_TRUST of the lease, but not past
+the lease: nobody else could take the repository) lose no delivery and keep each
+repository's order (a seeded chaos review of three replicas on PostgreSQL: SIGSTOP for 0.8
+to 1 lease, slow claims)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import asyncpg
+from gidgethub import routing
+
+from bot.app import Klaud
+from bot.store.change import Change
+from tests.harness import make_settings, running_klaud
+
+LAPSE, STALL, BUSY = "acme/lapse", "acme/stall", "acme/busy"
+
+
+def pr(repo: str, number: int) -> dict:
+    return {"action": "synchronize", "number": number, "repository": {"full_name": repo}, "installation": {"id": 1}}
+
+
+async def test_a_write_refused_by_the_replicas_own_lapsed_clock_does_not_fail_the_delivery(
+    store_url, tmp_path: Path
+) -> None:
+    # What this catches: the write refused by the replica's own clock (LeaseTaken) was a
+    # permanent error, so the delivery was committed `failed` (its claim was still this
+    # replica's) and never processed, though the same replica renewed the lease a moment later.
+    started, go = asyncio.Event(), asyncio.Event()
+    router = routing.Router()
+
+    async def record(event, services) -> None:  # type: ignore[no-untyped-def]
+        started.set()
+        await go.wait()  # a handler that awaits (GitHub, the store) across the stall
+        payload = json.loads(event.body)
+        change = Change().put(payload["repository"]["full_name"], "seen", event.delivery_id, {"n": payload["number"]})
+        await services.live.persist(change)
+
+    router.add(record, "pull_request")
+    klaud = Klaud(make_settings(tmp_path / "unused.db", KLAUD_DB=store_url), router=router)
+    assert klaud.replicas is not None
+    klaud.replicas.round_seconds = 3600.0  # rounds are run by hand below
+    async with running_klaud(klaud) as run:
+        assert (await run.post("pull_request", pr(LAPSE, 1), delivery="d-1"))[0] == 202
+        await klaud.replicas.round()  # takes the repository (its delivery waits)
+        assert klaud.replicas.owns(LAPSE)
+        await asyncio.wait_for(started.wait(), 10)
+
+        # The process stalls for longer than LEASE_TRUST x lease but less than the lease:
+        # by its own clock it holds nothing; in the store its lease is unexpired, its claim
+        # its own, and no other replica could have taken anything.
+        klaud.replicas._valid_until = 0.0
+        go.set()
+        await asyncio.sleep(0.5)
+        await klaud.replicas.round()  # the next round renews: nobody else ever held the repository
+
+        conn = await asyncpg.connect(store_url)
+        try:
+            for _ in range(100):  # 10 s for the delivery to be processed after all
+                row = await conn.fetchrow("SELECT status, error FROM deliveries WHERE id = 'd-1'")
+                seen = await conn.fetchval("SELECT count(*) FROM records WHERE kind = 'seen'")
+                if row["status"] == "done" or row["status"] == "failed":
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            await conn.close()
+        assert (row["status"], seen) == ("done", 1), f"acknowledged delivery lost: {dict(row)}, {seen} records"
+
+
+async def test_a_claim_returning_after_the_lease_clock_lapsed_keeps_order_and_loses_nothing(
+    store_url, tmp_path: Path
+) -> None:
+    # What this catches: the claim's rows were filtered by the repositories the replica
+    # holds by its clock (none, lapsed), so they stayed claimed by it but not in its memory;
+    # its claims pass over its own fresh claims for 30 s, and the repository's next
+    # delivery was processed first.
+    router = routing.Router()
+    order: list[int] = []
+
+    async def record(event, services) -> None:  # type: ignore[no-untyped-def]
+        payload = json.loads(event.body)
+        order.append(payload["number"])
+        await services.live.persist(Change().put(STALL, "seen", event.delivery_id, {"n": payload["number"], "at": time.time_ns()}))
+
+    router.add(record, "pull_request")
+    klaud = Klaud(make_settings(tmp_path / "unused.db", KLAUD_DB=store_url), router=router)
+    assert klaud.replicas is not None
+    klaud.replicas.round_seconds = 3600.0  # rounds are run by hand below
+    replicas = klaud.replicas
+    claim_owned = klaud.inbox.store.claim_owned
+    stalled = False
+
+    async def claim_across_a_stall(owner, repos, **options):  # type: ignore[no-untyped-def]
+        nonlocal stalled
+        claimed = await claim_owned(owner, repos, **options)
+        if claimed and not stalled:
+            stalled = True
+            replicas._valid_until = 0.0  # the process was stopped while the query ran
+        return claimed
+
+    klaud.inbox.store.claim_owned = claim_across_a_stall  # type: ignore[method-assign]
+    async with running_klaud(klaud) as run:
+        assert (await run.post("pull_request", pr(STALL, 1), delivery="d-1"))[0] == 202
+        await replicas.round()  # takes the repository; the claim loop claims d-1 across the stall
+        for _ in range(50):
+            if stalled:
+                break
+            await asyncio.sleep(0.05)
+        assert stalled
+        await replicas.round()  # back from the stall: the lease was never lost, it is renewed
+        assert replicas.owns(STALL)
+        assert (await run.post("pull_request", pr(STALL, 2), delivery="d-2"))[0] == 202
+
+        conn = await asyncpg.connect(store_url)
+        try:
+            for _ in range(50):  # 5 s: both are processed within moments when nothing is lost
+                statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
+                if statuses.get("d-1") == statuses.get("d-2") == "done":
+                    break
+                await asyncio.sleep(0.1)
+            assert statuses == {"d-1": "done", "d-2": "done"}, f"after 5 s: {statuses}, handlers ran for {order}"
+            committed = await conn.fetch("SELECT data FROM records WHERE kind = 'seen'")
+        finally:
+            await conn.close()
+        runs = sorted((json.loads(row["data"])["at"], json.loads(row["data"])["n"]) for row in committed)
+        assert [n for _, n in runs] == [1, 2], f"committed in the order {runs}"
+
+
+async def test_a_repository_taken_back_while_its_batch_runs_keeps_its_queue(store_url, tmp_path: Path) -> None:
+    # What this catches: let go when its rounds failed (its queue to be dropped once the
+    # running batch ends) and taken back before that, the repository's queue was dropped
+    # while its deliveries stayed claimed by this replica: the next one went first, and the
+    # dropped ones waited 30 s. What is dropped is handed back, and claimed again fresh.
+    router = routing.Router()
+    order: list[int] = []
+    first_started, first_go = asyncio.Event(), asyncio.Event()
+
+    async def record(event, services) -> None:  # type: ignore[no-untyped-def]
+        payload = json.loads(event.body)
+        if payload["number"] == 1:
+            first_started.set()
+            await first_go.wait()  # a slow handler (a GitHub call) across the store's outage
+        order.append(payload["number"])
+        await services.live.persist(Change().put(BUSY, "seen", event.delivery_id, {"n": payload["number"], "at": time.time_ns()}))
+
+    router.add(record, "pull_request")
+    klaud = Klaud(make_settings(tmp_path / "unused.db", KLAUD_DB=store_url), router=router)
+    assert klaud.replicas is not None
+    klaud.replicas.round_seconds = 3600.0  # rounds are run by hand below
+    klaud.replicas.lease_seconds = 3.0
+    replicas = klaud.replicas
+    conn = await asyncpg.connect(store_url)
+    try:
+        async with running_klaud(klaud) as run:
+            assert (await run.post("pull_request", pr(BUSY, 1), delivery="d-1"))[0] == 202
+            await replicas.round()
+            await asyncio.wait_for(first_started.wait(), 10)
+            assert (await run.post("pull_request", pr(BUSY, 2), delivery="d-2"))[0] == 202
+            for _ in range(50):  # d-2 is claimed and queued behind the running batch of d-1
+                if klaud.inbox.backlog == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert klaud.inbox.backlog == 2
+
+            # Rounds fail past LEASE_TRUST x lease (the store out of reach): the loop lets go.
+            replicas._valid_until = 0.0
+            replicas._let_go_if_lapsed()
+            assert not replicas.owns(BUSY)
+            # The lease then expires in the store, nobody else takes it, the store answers
+            # again: the next round takes the repository back, d-1's handler still running.
+            await asyncio.sleep(3.2)
+            await replicas.round()
+            assert replicas.owns(BUSY)
+            first_go.set()
+
+            for _ in range(30):  # 3 s: d-1 then d-2 are processed within moments
+                await replicas.round()  # the rounds go on (by hand here)
+                statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
+                if set(statuses.values()) == {"done"}:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await run.post("pull_request", pr(BUSY, 3), delivery="d-3"))[0] == 202
+            for _ in range(30):
+                await replicas.round()
+                statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
+                if statuses.get("d-3") == "done":
+                    break
+                await asyncio.sleep(0.1)
+            assert statuses == {"d-1": "done", "d-2": "done", "d-3": "done"}, f"{statuses}, processed {order}"
+            committed = await conn.fetch("SELECT data FROM records WHERE kind = 'seen'")
+            runs = sorted((json.loads(row["data"])["at"], json.loads(row["data"])["n"]) for row in committed)
+            assert [n for _, n in runs] == [1, 2, 3], f"committed in the order {runs}"
+    finally:
+        await conn.close()

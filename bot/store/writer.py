@@ -31,6 +31,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from bot.core.errors import is_transient
 from bot.store.engine import Engine, Result, Statement, coalesced
+from bot.store.errors import LeaseTaken
 
 Group = list[Statement]
 T = TypeVar("T")
@@ -280,10 +281,10 @@ class Writer:
                 results = await self._transaction(entry.group())
             except Exception as exc:  # noqa: BLE001 - reaches the caller through its future
                 entry.fail(exc)
-                if is_transient(exc):
+                if is_transient(exc) and not isinstance(exc, LeaseTaken):
                     # The store is out of reach, not refusing this group: the later ones fail
                     # with it rather than commit ahead of it (a repository's deliveries commit
-                    # in their order).
+                    # in their order). A lease refused is this group's repository's alone.
                     for later in entries[index + 1 :]:
                         later.fail(exc)
                     return

@@ -11,6 +11,7 @@ import pytest
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore, status_statement
 from bot.store.engine import Statement
+from bot.store.errors import LeaseTaken
 from bot.store.records import StateStore
 from bot.store.writer import Writer
 from tests.store.recording import RecordingDatabase
@@ -125,6 +126,29 @@ async def test_a_store_out_of_reach_fails_the_later_groups_too_rather_than_commi
     assert [type(result).__name__ for result in results] == ["ConnectionError", "ConnectionError"]
     assert len(tried) == 2, "the second group was not tried alone"
     assert await state.get("o/a", "wave", "g") is None
+
+
+async def test_a_group_its_lease_refuses_fails_alone_though_the_refusal_is_transient(
+    db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches: LeaseTaken is transient (a replica's lapsed clock: its delivery is
+    # tried again), and the writer took every transient error for a store out of reach,
+    # failing the batch's later groups with it: other repositories' deliveries run again.
+    state = StateStore(db)
+    transaction = db.transaction
+
+    async def lease_fence(statements):  # the fence of migration 7, refusing o/b only
+        if any("taken" in str(statement.args) for statement in statements):
+            raise LeaseTaken("o/b: another replica holds its lease")
+        return await transaction(statements)
+
+    monkeypatch.setattr(db, "transaction", lease_fence)
+    results = await asyncio.gather(
+        state.apply(put("o/a", "f", 1)), state.apply(put("o/b", "f", "taken")), state.apply(put("o/c", "f", 1)),
+        return_exceptions=True,
+    )
+    assert [type(result).__name__ for result in results] == ["NoneType", "LeaseTaken", "NoneType"]
+    assert await state.get("o/c", "wave", "f") is not None
 
 
 async def test_a_group_that_comes_after_a_refused_one_is_not_committed(db: RecordingDatabase) -> None:

@@ -20,6 +20,23 @@ from tests.harness import make_settings, running_klaud
 LAPSE, STALL, BUSY = "acme/lapse", "acme/stall", "acme/busy"
 
 
+def replica_handling(tmp_path: Path, store_url: str, handler) -> Klaud:  # type: ignore[no-untyped-def]
+    """A replica whose `pull_request` handler is `handler`; its lease rounds are run by hand."""
+    router = routing.Router()
+    router.add(handler, "pull_request")
+    klaud = Klaud(make_settings(tmp_path / "unused.db", KLAUD_DB=store_url), router=router)
+    assert klaud.replicas is not None
+    klaud.replicas.round_seconds = 3600.0
+    return klaud
+
+
+async def note_seen(services, repo: str, event) -> int:  # type: ignore[no-untyped-def]
+    """Record the delivery as processed (committed with its status); its number."""
+    number = json.loads(event.body)["number"]
+    await services.live.persist(Change().put(repo, "seen", event.delivery_id, {"n": number, "at": time.time_ns()}))
+    return number
+
+
 def pr(repo: str, number: int) -> dict:
     return {"action": "synchronize", "number": number, "repository": {"full_name": repo}, "installation": {"id": 1}}
 
@@ -31,19 +48,13 @@ async def test_a_write_refused_by_the_replicas_own_lapsed_clock_does_not_fail_th
     # permanent error, so the delivery was committed `failed` (its claim was still this
     # replica's) and never processed, though the same replica renewed the lease a moment later.
     started, go = asyncio.Event(), asyncio.Event()
-    router = routing.Router()
 
     async def record(event, services) -> None:  # type: ignore[no-untyped-def]
         started.set()
         await go.wait()  # a handler that awaits (GitHub, the store) across the stall
-        payload = json.loads(event.body)
-        change = Change().put(payload["repository"]["full_name"], "seen", event.delivery_id, {"n": payload["number"]})
-        await services.live.persist(change)
+        await note_seen(services, LAPSE, event)
 
-    router.add(record, "pull_request")
-    klaud = Klaud(make_settings(tmp_path / "unused.db", KLAUD_DB=store_url), router=router)
-    assert klaud.replicas is not None
-    klaud.replicas.round_seconds = 3600.0  # rounds are run by hand below
+    klaud = replica_handling(tmp_path, store_url, record)
     async with running_klaud(klaud) as run:
         assert (await run.post("pull_request", pr(LAPSE, 1), delivery="d-1"))[0] == 202
         await klaud.replicas.round()  # takes the repository (its delivery waits)
@@ -78,18 +89,12 @@ async def test_a_claim_returning_after_the_lease_clock_lapsed_keeps_order_and_lo
     # holds by its clock (none, lapsed), so they stayed claimed by it but not in its memory;
     # its claims pass over its own fresh claims for 30 s, and the repository's next
     # delivery was processed first.
-    router = routing.Router()
     order: list[int] = []
 
     async def record(event, services) -> None:  # type: ignore[no-untyped-def]
-        payload = json.loads(event.body)
-        order.append(payload["number"])
-        await services.live.persist(Change().put(STALL, "seen", event.delivery_id, {"n": payload["number"], "at": time.time_ns()}))
+        order.append(await note_seen(services, STALL, event))
 
-    router.add(record, "pull_request")
-    klaud = Klaud(make_settings(tmp_path / "unused.db", KLAUD_DB=store_url), router=router)
-    assert klaud.replicas is not None
-    klaud.replicas.round_seconds = 3600.0  # rounds are run by hand below
+    klaud = replica_handling(tmp_path, store_url, record)
     replicas = klaud.replicas
     claim_owned = klaud.inbox.store.claim_owned
     stalled = False
@@ -135,22 +140,16 @@ async def test_a_repository_taken_back_while_its_batch_runs_keeps_its_queue(stor
     # running batch ends) and taken back before that, the repository's queue was dropped
     # while its deliveries stayed claimed by this replica: the next one went first, and the
     # dropped ones waited 30 s. What is dropped is handed back, and claimed again fresh.
-    router = routing.Router()
     order: list[int] = []
     first_started, first_go = asyncio.Event(), asyncio.Event()
 
     async def record(event, services) -> None:  # type: ignore[no-untyped-def]
-        payload = json.loads(event.body)
-        if payload["number"] == 1:
+        if json.loads(event.body)["number"] == 1:
             first_started.set()
             await first_go.wait()  # a slow handler (a GitHub call) across the store's outage
-        order.append(payload["number"])
-        await services.live.persist(Change().put(BUSY, "seen", event.delivery_id, {"n": payload["number"], "at": time.time_ns()}))
+        order.append(await note_seen(services, BUSY, event))
 
-    router.add(record, "pull_request")
-    klaud = Klaud(make_settings(tmp_path / "unused.db", KLAUD_DB=store_url), router=router)
-    assert klaud.replicas is not None
-    klaud.replicas.round_seconds = 3600.0  # rounds are run by hand below
+    klaud = replica_handling(tmp_path, store_url, record)
     klaud.replicas.lease_seconds = 3.0
     replicas = klaud.replicas
     conn = await asyncpg.connect(store_url)

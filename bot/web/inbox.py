@@ -182,6 +182,12 @@ class Inbox:
         self._claimer: asyncio.Task[None] | None = None
         self._queued: set[str] = set()  # ids of the deliveries in the queues
         self._released: set[str] = set()  # ordering keys whose queues are dropped once idle
+        # Hand-backs (`_hand_back`) not committed yet, and how many there were: a claim
+        # passes over this replica's own fresh claims as kept here, so one that read the
+        # store before a hand-back committed would take a repository's later deliveries
+        # ahead of those handed back.
+        self._handing_back: set[asyncio.Future[list[Result]]] = set()
+        self._hand_backs = 0
         self._free: tuple[float, int | None] = (-1.0, None)  # (when measured, bytes)
         self._unanswered: set[asyncio.Future[bool]] = set()  # puts past their answer's time
         # Deliveries whose last commit raised, by id, until the store says what became of them.
@@ -394,15 +400,23 @@ class Inbox:
         room = self.claim_limit - self._backlog
         if room <= 0:  # enough work in memory; the rest waits in the store
             return 0, False
+        if self._handing_back:  # the claim reads the store once they are in it
+            await asyncio.wait(set(self._handing_back))
+        since = self._hand_backs
         claimed = await self.store.claim_owned(
             ownership.owner, ownership.repos(), unrouted=ownership.unrouted(), limit=room
         )
         # Owned still (the lease clock may have lapsed while the claim ran: those are handed
-        # back) and not already here (a delivery waiting for its retry is `queued`).
-        owned = ownership.repos()
+        # back) and not already here (a delivery waiting for its retry is `queued`). After a
+        # hand-back while the claim ran (a queue dropped), it may have passed over what was
+        # handed back: all it took is handed back too, and claimed again in order.
         new = [d for d in claimed if d.id not in self._queued]
-        fresh = [d for d in new if d.repo is None or d.repo.lower() in owned]
-        self._hand_back([d.id for d in new if d.repo is not None and d.repo.lower() not in owned])
+        fresh: list[Delivery] = []
+        if self._hand_backs == since:
+            owned = ownership.repos()
+            fresh = [d for d in new if d.repo is None or d.repo.lower() in owned]
+        kept = {d.id for d in fresh}
+        self._hand_back([d.id for d in new if d.id not in kept])
         for delivery in fresh:
             self._released.discard(delivery.ordering_key)
             delivery.body = self._own_bodies.pop(delivery.id, None)
@@ -426,8 +440,13 @@ class Inbox:
         """Hand back claims this replica does not keep in memory (`DeliveryStore.hand_back`).
         Should the store refuse, they count as stale 30 s after their claim and are claimed
         again then: said in one line, not raised."""
-        if self.ownership is not None and delivery_ids:
-            self.store.hand_back(self.ownership.owner, delivery_ids).add_done_callback(_report_hand_back)
+        if self.ownership is None or not delivery_ids:
+            return
+        self._hand_backs += 1
+        written = self.store.hand_back(self.ownership.owner, delivery_ids)
+        self._handing_back.add(written)
+        written.add_done_callback(self._handing_back.discard)
+        written.add_done_callback(_report_hand_back)
 
     def _enqueue(self, delivery: Delivery) -> None:
         size = len(delivery.body or b"")

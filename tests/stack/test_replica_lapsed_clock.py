@@ -6,6 +6,7 @@ to 1 lease, slow claims)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from gidgethub import routing
 
 from bot.app import Klaud
 from bot.store.change import Change
+from bot.store.leases import repo_lease
 from tests.harness import make_settings, running_klaud
 
 LAPSE, STALL, BUSY = "acme/lapse", "acme/stall", "acme/busy"
@@ -193,5 +195,140 @@ async def test_a_repository_taken_back_while_its_batch_runs_keeps_its_queue(stor
             committed = await conn.fetch("SELECT data FROM records WHERE kind = 'seen'")
             runs = sorted((json.loads(row["data"])["at"], json.loads(row["data"])["n"]) for row in committed)
             assert [n for _, n in runs] == [1, 2, 3], f"committed in the order {runs}"
+    finally:
+        await conn.close()
+
+
+async def committed_order(conn: asyncpg.Connection, repo: str) -> list[int]:
+    rows = await conn.fetch("SELECT data FROM records WHERE kind = 'seen' AND repo = $1", repo)
+    return [n for _, n in sorted((json.loads(row["data"])["at"], json.loads(row["data"])["n"]) for row in rows)]
+
+
+async def test_a_claim_made_while_a_hand_back_waits_for_the_writer_keeps_order(store_url, tmp_path: Path) -> None:
+    # What this catches (the chaos soak again, seed 32, on the fixes above): a claim that
+    # returned after the lease clock lapsed handed d-1 back, queued on the writer; the next
+    # claim read the store before that commit, passed over d-1 (this replica's own fresh
+    # claim, as if kept here) and took d-2, processed first.
+    async def record(event, services) -> None:  # type: ignore[no-untyped-def]
+        await note_seen(services, STALL, event)
+
+    klaud = replica_handling(tmp_path, store_url, record)
+    replicas, store = klaud.replicas, klaud.inbox.store
+    assert replicas is not None
+    claim_owned, hand_back = store.claim_owned, store.hand_back
+    stalled, d2_claimed, writer_free = False, asyncio.Event(), asyncio.Event()
+
+    async def claim_across_a_stall(owner, repos, **options):  # type: ignore[no-untyped-def]
+        nonlocal stalled
+        claimed = await claim_owned(owner, repos, **options)
+        if claimed and not stalled:
+            stalled = True
+            replicas._valid_until = 0.0  # the process was stopped while the query ran
+        if any(delivery.id == "d-2" for delivery in claimed):
+            d2_claimed.set()
+        return claimed
+
+    def hand_back_behind_a_batch(owner, delivery_ids):  # type: ignore[no-untyped-def]
+        async def later():  # type: ignore[no-untyped-def]
+            await writer_free.wait()  # the writer commits another batch first
+            return await hand_back(owner, delivery_ids)
+
+        return asyncio.ensure_future(later())
+
+    store.claim_owned = claim_across_a_stall  # type: ignore[method-assign]
+    store.hand_back = hand_back_behind_a_batch  # type: ignore[method-assign]
+    conn = await asyncpg.connect(store_url)
+    try:
+        async with running_klaud(klaud) as run:
+            assert (await run.post("pull_request", pr(STALL, 1), delivery="d-1"))[0] == 202
+            await replicas.round()  # takes the repository; d-1 is claimed across the stall
+            for _ in range(50):
+                if stalled:
+                    break
+                await asyncio.sleep(0.05)
+            assert stalled
+            await replicas.round()  # back from the stall: the lease was never lost
+            assert (await run.post("pull_request", pr(STALL, 2), delivery="d-2"))[0] == 202
+            with contextlib.suppress(TimeoutError):  # a claim before the hand-back commits
+                await asyncio.wait_for(d2_claimed.wait(), 1.0)
+            writer_free.set()
+            for _ in range(50):
+                statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
+                if set(statuses.values()) == {"done"}:
+                    break
+                await asyncio.sleep(0.1)
+            assert statuses == {"d-1": "done", "d-2": "done"}, f"after 5 s: {statuses}"
+            assert await committed_order(conn, STALL) == [1, 2]
+    finally:
+        await conn.close()
+
+
+async def test_a_claim_in_flight_while_the_queue_is_dropped_keeps_order(store_url, tmp_path: Path) -> None:
+    # What this catches (the same soak): a claim in flight (slow: many rows) passed over d-1,
+    # kept here then, and took d-2; meanwhile the rounds failed past the lease clock, d-1's
+    # queue was dropped and handed back, and the repository taken back: the claim's d-2 was
+    # kept and went first, d-1, claimed again, after it.
+    other_go = asyncio.Event()
+
+    async def record(event, services) -> None:  # type: ignore[no-untyped-def]
+        repo = json.loads(event.body)["repository"]["full_name"]
+        if repo == LAPSE:
+            await other_go.wait()  # another repository's handler keeps BUSY's queue waiting
+        await note_seen(services, repo, event)
+
+    klaud = replica_handling(tmp_path, store_url, record)
+    replicas, store = klaud.replicas, klaud.inbox.store
+    assert replicas is not None
+    klaud.inbox.concurrency = 1
+    claim_owned = store.claim_owned
+    claiming, in_flight, answer = False, asyncio.Event(), asyncio.Event()
+
+    async def claim_held_in_flight(owner, repos, **options):  # type: ignore[no-untyped-def]
+        if not claiming:
+            return []
+        claimed = await claim_owned(owner, repos, **options)
+        if any(delivery.id == "d-2" for delivery in claimed) and not answer.is_set():
+            in_flight.set()
+            await answer.wait()  # the claim's answer comes late (its rows claimed meanwhile)
+        return claimed
+
+    store.claim_owned = claim_held_in_flight  # type: ignore[method-assign]
+    conn = await asyncpg.connect(store_url)
+    try:
+        async with running_klaud(klaud) as run:
+            assert (await run.post("pull_request", pr(LAPSE, 1), delivery="o-1"))[0] == 202
+            assert (await run.post("pull_request", pr(BUSY, 1), delivery="d-1"))[0] == 202
+            await replicas.round()
+            assert replicas.owns(BUSY) and replicas.owns(LAPSE)
+            claiming = True
+            for _ in range(50):  # o-1 runs (held), d-1 waits in memory behind it
+                if klaud.inbox.backlog == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert klaud.inbox.backlog == 2
+            assert (await run.post("pull_request", pr(BUSY, 2), delivery="d-2"))[0] == 202
+            await asyncio.wait_for(in_flight.wait(), 5)  # d-2 claimed; the answer not back yet
+            replicas._valid_until = 0.0  # rounds failing past the lease clock: it lets go
+            replicas._let_go_if_lapsed()
+            for _ in range(50):
+                if klaud.inbox.backlog == 1:  # d-1's queue dropped, o-1 still runs
+                    break
+                await asyncio.sleep(0.05)
+            assert klaud.inbox.backlog == 1
+            for repo in (BUSY, LAPSE):  # the leases expire, nobody else takes them
+                await replicas.leases.release(repo_lease(repo.lower()), replicas.owner)
+            await replicas.round()  # taken back
+            assert replicas.owns(BUSY)
+            answer.set()  # the claim in flight answers now
+            await asyncio.sleep(0.5)
+            other_go.set()
+            for _ in range(50):
+                await replicas.round()
+                statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
+                if set(statuses.values()) == {"done"}:
+                    break
+                await asyncio.sleep(0.1)
+            assert statuses == {"o-1": "done", "d-1": "done", "d-2": "done"}, f"after 5 s: {statuses}"
+            assert await committed_order(conn, BUSY) == [1, 2]
     finally:
         await conn.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,15 +160,19 @@ PRUNABLE = "(status = 'done' AND updated_at < ?) OR (status = 'failed' AND updat
 PRUNE_BODIES = f"DELETE FROM delivery_bodies WHERE id IN (SELECT id FROM deliveries WHERE {PRUNABLE})"
 PRUNE = f"DELETE FROM deliveries WHERE {PRUNABLE}"
 # The claim of a repository's owner (it holds the repository's lease, so it is the only one
-# allowed to work on it): queued deliveries of its repositories, those another process
-# claimed (a replica that died or lost the lease), and its own claims older than `?` 2
-# seconds (claimed before it lost the lease and took it back; the inbox skips those it
-# still holds). `?` 3 says whether to take deliveries without a repository, `?` 4 is a JSON
-# array of lowercase repository names.
+# allowed to work on it): the unfinished deliveries of its repositories but its own claims it
+# keeps in memory (`kept`: queued there, or running), whoever claimed them: another process's (a
+# replica that died or lost the lease) and its own that it does not keep (claimed before it
+# let the repository go, a claim whose answer was lost, one that came back after its lease
+# clock lapsed, a queue dropped while a claim ran). Passing over its own claims for a while
+# instead, as kept, let the repository's later deliveries go first. Its parameters: the
+# owner, the ids kept, whether to take deliveries without a repository, a JSON array of
+# lowercase repository names, the limit.
 # On PostgreSQL, SKIP LOCKED passes over a row another transaction holds (the last owner's
 # claim or commit still in flight): `held_back` keeps the repository's later deliveries out of
 # this claim, or they would run before the one passed over. Rows not picked for another
-# reason are this owner's own fresh claims, already queued here, or past the LIMIT.
+# reason are kept here (their order is the queue's) or past the LIMIT. A delivery kept here
+# whose claim was reset (its repository taken up again) is claimed again, not run twice.
 # Names are ordering keys (`Delivery.ordering_key`): a repository's, or for deliveries of no
 # repository their installation's (matched by repository alone, one passed over never held
 # back the later events of its installation).
@@ -181,7 +185,7 @@ CLAIM_OWNED: dict[Dialect, str] = {
     "sqlite": """
         WITH picked AS (
             SELECT seq FROM deliveries
-            WHERE (status = 'queued' OR (status = 'processing' AND (claimed_by IS NOT ? OR claimed_at < {now} - ?)))
+            WHERE status IN ('queued', 'processing') AND NOT (claimed_by IS ? AND id IN (SELECT value FROM json_each(?)))
               AND ((repo IS NULL AND ?) OR lower(repo) IN (SELECT value FROM json_each(?)))
             ORDER BY seq LIMIT ?
         )
@@ -191,8 +195,7 @@ CLAIM_OWNED: dict[Dialect, str] = {
     "postgresql": """
         WITH picked AS MATERIALIZED (
             SELECT seq, coalesce(lower(repo), 'installation:' || installation) AS name FROM deliveries
-            WHERE (status = 'queued'
-                   OR (status = 'processing' AND (claimed_by IS DISTINCT FROM $1 OR claimed_at < {now} - $2)))
+            WHERE status IN ('queued', 'processing') AND NOT (claimed_by IS NOT DISTINCT FROM $1 AND id = ANY($2::text[]))
               AND ((repo IS NULL AND $3::boolean) OR lower(repo) IN (SELECT json_array_elements_text($4::json)))
             ORDER BY seq LIMIT $5
             FOR UPDATE SKIP LOCKED
@@ -202,7 +205,7 @@ CLAIM_OWNED: dict[Dialect, str] = {
               AND (lower(repo) IN (SELECT DISTINCT name FROM picked)
                    OR (repo IS NULL AND 'installation:' || installation IN (SELECT DISTINCT name FROM picked)))
               AND seq NOT IN (SELECT seq FROM picked)
-              AND NOT (status = 'processing' AND claimed_by = $1 AND claimed_at >= {now} - $2)
+              AND NOT (claimed_by IS NOT DISTINCT FROM $1 AND id = ANY($2::text[]))
             GROUP BY 1
         )
         UPDATE deliveries SET status = 'processing', claimed_by = $1, claimed_at = {now}
@@ -214,7 +217,6 @@ UNCLAIM = (
     "UPDATE deliveries SET status = 'queued', claimed_by = NULL"
     " WHERE lower(repo) = ? AND status = 'processing'"
 )
-HAND_BACK = "UPDATE deliveries SET status = 'queued', claimed_by = NULL WHERE {ids} AND claimed_by = ? AND status = 'processing'"
 WAITING_REPOS = "SELECT DISTINCT repo FROM deliveries WHERE status IN ('queued', 'processing') AND repo IS NOT NULL"
 COUNT_UNFINISHED = "SELECT count(*) FROM deliveries WHERE status IN ('queued', 'processing')"
 
@@ -318,17 +320,18 @@ class DeliveryStore:
         return {row[0]: Progress(row[1], row[2], row[3]) for row in rows}
 
     async def claim_owned(
-        self, owner: str, repos: set[str], *, unrouted: bool, limit: int, own_stale_after: float = 30.0
+        self, owner: str, repos: set[str], *, unrouted: bool, limit: int, kept: Collection[str] = ()
     ) -> list[Delivery]:
         """The claim of the owner of `repos` (and, with `unrouted`, of deliveries without a
-        repository): up to `limit` of their unfinished deliveries not already `owner`'s,
-        oldest first, now `processing` for `owner`."""
+        repository): up to `limit` of their unfinished deliveries but those `kept` (in the
+        owner's memory), oldest first, now `processing` for `owner`."""
         if not repos and not unrouted:
             return []
         wanted = msgspec.json.encode(sorted(repo.lower() for repo in repos)).decode()
-        args: tuple[Any, ...] = (owner, own_stale_after, unrouted, wanted, limit)
         if self.db.dialect == "sqlite":  # its `?` are positional; PostgreSQL's $1 is used twice
-            args += (owner,)
+            args: tuple[Any, ...] = (owner, msgspec.json.encode(sorted(kept)).decode(), unrouted, wanted, limit, owner)
+        else:
+            args = (owner, sorted(kept), unrouted, wanted, limit)
         results = await self.db.transaction([Statement(self._claim_owned, args, rows=True)])
         rows = sorted(as_rows(results[0]), key=lambda row: row[-1])
         return [_row_to_delivery(row) for row in rows]
@@ -351,16 +354,6 @@ class DeliveryStore:
         """How many deliveries, every replica's, are not done yet."""
         [(count,)] = await self.db.fetch(COUNT_UNFINISHED)
         return int(count)
-
-    def hand_back(self, owner: str, delivery_ids: list[str]) -> asyncio.Future[list[Result]]:
-        """Put `owner`'s claims of these deliveries back in the queue, for whichever replica
-        owns their repository to claim (queued on the writer now; the future answers once
-        committed). Claimed, but not kept in `owner`'s memory (its lease clock lapsed while
-        the claim ran, or its queue was dropped), they would wait out the 30 s after which
-        its own claims count as stale, and the claims passing over them would let the
-        repository's later deliveries be processed first."""
-        ids, args = ids_among(self.db.dialect, delivery_ids)
-        return self.writer.enqueue([Statement(HAND_BACK.format(ids=ids), (*args, owner))])
 
     async def waiting_repos(self) -> set[str]:
         """Repositories (lowercase) with deliveries not yet done."""

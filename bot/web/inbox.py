@@ -87,11 +87,6 @@ CLAIM_GAP_SECONDS = 0.25  # the longest pause
 CLAIM_BATCH = 96
 
 
-def _report_hand_back(future: asyncio.Future[list[Result]]) -> None:
-    if not future.cancelled() and (exc := future.exception()) is not None:
-        log.warning("inbox.hand_back_failed", error=f"{type(exc).__name__}: {exc}")
-
-
 def claim_pause(claimed: int, gathered: float) -> float:
     """How long to pause after a claim took `claimed` deliveries that came in `gathered`
     seconds: until CLAIM_BATCH more are likely waiting at that pace, CLAIM_GAP_SECONDS at most."""
@@ -182,12 +177,9 @@ class Inbox:
         self._claimer: asyncio.Task[None] | None = None
         self._queued: set[str] = set()  # ids of the deliveries in the queues
         self._released: set[str] = set()  # ordering keys whose queues are dropped once idle
-        # Hand-backs (`_hand_back`) not committed yet, and how many there were: a claim
-        # passes over this replica's own fresh claims as kept here, so one that read the
-        # store before a hand-back committed would take a repository's later deliveries
-        # ahead of those handed back.
-        self._handing_back: set[asyncio.Future[list[Result]]] = set()
-        self._hand_backs = 0
+        # How many queues were dropped (`_drop_released`): a claim during which one was may
+        # have passed over its deliveries as kept here (they were when it read the store).
+        self._drops = 0
         self._free: tuple[float, int | None] = (-1.0, None)  # (when measured, bytes)
         self._unanswered: set[asyncio.Future[bool]] = set()  # puts past their answer's time
         # Deliveries whose last commit raised, by id, until the store says what became of them.
@@ -400,23 +392,18 @@ class Inbox:
         room = self.claim_limit - self._backlog
         if room <= 0:  # enough work in memory; the rest waits in the store
             return 0, False
-        if self._handing_back:  # the claim reads the store once they are in it
-            await asyncio.wait(set(self._handing_back))
-        since = self._hand_backs
+        drops = self._drops
         claimed = await self.store.claim_owned(
-            ownership.owner, ownership.repos(), unrouted=ownership.unrouted(), limit=room
+            ownership.owner, ownership.repos(), unrouted=ownership.unrouted(), limit=room, kept=list(self._queued)
         )
-        # Owned still (the lease clock may have lapsed while the claim ran: those are handed
-        # back) and not already here (a delivery waiting for its retry is `queued`). After a
-        # hand-back while the claim ran (a queue dropped), it may have passed over what was
-        # handed back: all it took is handed back too, and claimed again in order.
-        new = [d for d in claimed if d.id not in self._queued]
+        # Owned still (the lease clock may have lapsed while the claim ran). What is not kept
+        # stays claimed here but not in memory, and the next claim takes it again, in order:
+        # all of this claim, when a queue was dropped while it ran (it passed over that
+        # queue's deliveries as kept here, and took later ones).
         fresh: list[Delivery] = []
-        if self._hand_backs == since:
+        if self._drops == drops:
             owned = ownership.repos()
-            fresh = [d for d in new if d.repo is None or d.repo.lower() in owned]
-        kept = {d.id for d in fresh}
-        self._hand_back([d.id for d in new if d.id not in kept])
+            fresh = [d for d in claimed if d.id not in self._queued and (d.repo is None or d.repo.lower() in owned)]
         for delivery in fresh:
             self._released.discard(delivery.ordering_key)
             delivery.body = self._own_bodies.pop(delivery.id, None)
@@ -425,28 +412,15 @@ class Inbox:
 
     def _drop_released(self, key: str) -> None:
         self._released.discard(key)
-        dropped = self._queues.pop(key, deque())
-        for delivery in dropped:
+        for delivery in self._queues.pop(key, deque()):
             self._queued.discard(delivery.id)
             self._in_doubt.pop(delivery.id, None)
             self._held_bytes -= self._held.pop(delivery.id, 0)
             self._set_backlog(self._backlog - 1)
         self._due.pop(key, None)
         # This replica may own the repository again by now (taken back while a batch of it
-        # ran): the store's copy of what was dropped is claimed again, fresh.
-        self._hand_back([delivery.id for delivery in dropped])
-
-    def _hand_back(self, delivery_ids: list[str]) -> None:
-        """Hand back claims this replica does not keep in memory (`DeliveryStore.hand_back`).
-        Should the store refuse, they count as stale 30 s after their claim and are claimed
-        again then: said in one line, not raised."""
-        if self.ownership is None or not delivery_ids:
-            return
-        self._hand_backs += 1
-        written = self.store.hand_back(self.ownership.owner, delivery_ids)
-        self._handing_back.add(written)
-        written.add_done_callback(self._handing_back.discard)
-        written.add_done_callback(_report_hand_back)
+        # ran): no longer kept here, what was dropped is claimed again by its owner, fresh.
+        self._drops += 1
 
     def _enqueue(self, delivery: Delivery) -> None:
         size = len(delivery.body or b"")

@@ -6,7 +6,6 @@ to 1 lease, slow claims)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from gidgethub import routing
 
 from bot.app import Klaud
 from bot.store.change import Change
+from bot.store.errors import StoreUnavailable
 from bot.store.leases import repo_lease
 from tests.harness import make_settings, running_klaud
 
@@ -141,7 +141,7 @@ async def test_a_repository_taken_back_while_its_batch_runs_keeps_its_queue(stor
     # What this catches: let go when its rounds failed (its queue to be dropped once the
     # running batch ends) and taken back before that, the repository's queue was dropped
     # while its deliveries stayed claimed by this replica: the next one went first, and the
-    # dropped ones waited 30 s. What is dropped is handed back, and claimed again fresh.
+    # dropped ones waited 30 s. What is dropped is claimed again fresh, in order.
     order: list[int] = []
     first_started, first_go = asyncio.Event(), asyncio.Event()
 
@@ -204,54 +204,39 @@ async def committed_order(conn: asyncpg.Connection, repo: str) -> list[int]:
     return [n for _, n in sorted((json.loads(row["data"])["at"], json.loads(row["data"])["n"]) for row in rows)]
 
 
-async def test_a_claim_made_while_a_hand_back_waits_for_the_writer_keeps_order(store_url, tmp_path: Path) -> None:
-    # What this catches (the chaos soak again, seed 32, on the fixes above): a claim that
-    # returned after the lease clock lapsed handed d-1 back, queued on the writer; the next
-    # claim read the store before that commit, passed over d-1 (this replica's own fresh
-    # claim, as if kept here) and took d-2, processed first.
+async def test_a_claim_whose_answer_was_lost_keeps_order(store_url, tmp_path: Path) -> None:
+    # What this catches (a review of the fixes above): a claim committed but whose answer
+    # was lost (the connection dropped after its COMMIT) left d-1 claimed here but not in
+    # memory; the claims passed over this replica's own claims for 30 s, and d-2 went first.
     async def record(event, services) -> None:  # type: ignore[no-untyped-def]
         await note_seen(services, STALL, event)
 
     klaud = replica_handling(tmp_path, store_url, record)
     replicas, store = klaud.replicas, klaud.inbox.store
     assert replicas is not None
-    claim_owned, hand_back = store.claim_owned, store.hand_back
-    stalled, d2_claimed, writer_free = False, asyncio.Event(), asyncio.Event()
+    claim_owned = store.claim_owned
+    lost = False
 
-    async def claim_across_a_stall(owner, repos, **options):  # type: ignore[no-untyped-def]
-        nonlocal stalled
+    async def answer_lost_once(owner, repos, **options):  # type: ignore[no-untyped-def]
+        nonlocal lost
         claimed = await claim_owned(owner, repos, **options)
-        if claimed and not stalled:
-            stalled = True
-            replicas._valid_until = 0.0  # the process was stopped while the query ran
-        if any(delivery.id == "d-2" for delivery in claimed):
-            d2_claimed.set()
+        if claimed and not lost:
+            lost = True
+            raise StoreUnavailable("connection lost after COMMIT")
         return claimed
 
-    def hand_back_behind_a_batch(owner, delivery_ids):  # type: ignore[no-untyped-def]
-        async def later():  # type: ignore[no-untyped-def]
-            await writer_free.wait()  # the writer commits another batch first
-            return await hand_back(owner, delivery_ids)
-
-        return asyncio.ensure_future(later())
-
-    store.claim_owned = claim_across_a_stall  # type: ignore[method-assign]
-    store.hand_back = hand_back_behind_a_batch  # type: ignore[method-assign]
+    store.claim_owned = answer_lost_once  # type: ignore[method-assign]
     conn = await asyncpg.connect(store_url)
     try:
         async with running_klaud(klaud) as run:
             assert (await run.post("pull_request", pr(STALL, 1), delivery="d-1"))[0] == 202
-            await replicas.round()  # takes the repository; d-1 is claimed across the stall
+            await replicas.round()
             for _ in range(50):
-                if stalled:
+                if lost:
                     break
                 await asyncio.sleep(0.05)
-            assert stalled
-            await replicas.round()  # back from the stall: the lease was never lost
+            assert lost
             assert (await run.post("pull_request", pr(STALL, 2), delivery="d-2"))[0] == 202
-            with contextlib.suppress(TimeoutError):  # a claim before the hand-back commits
-                await asyncio.wait_for(d2_claimed.wait(), 1.0)
-            writer_free.set()
             for _ in range(50):
                 statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
                 if set(statuses.values()) == {"done"}:
@@ -264,10 +249,10 @@ async def test_a_claim_made_while_a_hand_back_waits_for_the_writer_keeps_order(s
 
 
 async def test_a_claim_in_flight_while_the_queue_is_dropped_keeps_order(store_url, tmp_path: Path) -> None:
-    # What this catches (the same soak): a claim in flight (slow: many rows) passed over d-1,
-    # kept here then, and took d-2; meanwhile the rounds failed past the lease clock, d-1's
-    # queue was dropped and handed back, and the repository taken back: the claim's d-2 was
-    # kept and went first, d-1, claimed again, after it.
+    # What this catches (the chaos soak again, seed 32): a claim in flight (slow: many rows)
+    # passed over d-1, kept here then, and took d-2; meanwhile the rounds failed past the
+    # lease clock, d-1's queue was dropped, and the repository taken back: the claim's d-2
+    # was kept and went first, d-1, claimed again, after it.
     other_go = asyncio.Event()
 
     async def record(event, services) -> None:  # type: ignore[no-untyped-def]

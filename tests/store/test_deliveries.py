@@ -132,7 +132,7 @@ async def test_replicas_claiming_at_once_get_exactly_the_deliveries_of_the_repos
 
     async def drain(replica, owner):
         got = []
-        while batch := await replica.deliveries.claim_owned(owner, leases[owner], unrouted=False, limit=7):
+        while batch := await replica.deliveries.claim_owned(owner, leases[owner], unrouted=False, limit=7, kept=got):
             got.extend(d.id for d in batch)
         return got
 
@@ -160,7 +160,7 @@ async def test_a_claim_skips_deliveries_another_transaction_holds_without_waitin
         await holder.close()
     # o/r's d2 waits with the d1 passed over, or it would run before it; o/s's are free.
     assert [d.id for d in claimed] == ["d0", "d3", "d4"]
-    again = await stores.deliveries.claim_owned("b", {"o/r", "o/s"}, unrouted=False, limit=5)
+    again = await stores.deliveries.claim_owned("b", {"o/r", "o/s"}, unrouted=False, limit=5, kept={"d0", "d3", "d4"})
     assert [d.id for d in again] == ["d1", "d2"]
 
 
@@ -180,7 +180,7 @@ async def test_installation_events_passed_over_hold_back_their_installations_lat
     finally:
         await holder.close()
     assert [d.id for d in claimed] == ["u0", "v0"]  # u2 waits behind u1; installation 8 is free
-    again = await stores.deliveries.claim_owned("b", set(), unrouted=True, limit=10)
+    again = await stores.deliveries.claim_owned("b", set(), unrouted=True, limit=10, kept={"u0", "v0"})
     assert [d.id for d in again] == ["u1", "u2"]
 
 
@@ -335,9 +335,9 @@ async def test_the_owner_of_a_repository_claims_its_queued_deliveries_and_those_
     assert [d.id for d in await stores.deliveries.claim_owned("dead", {"o/a"}, unrouted=False, limit=1)] == ["d1"]
     claimed = await stores.deliveries.claim_owned("w1", {"O/a"}, unrouted=False, limit=2)
     assert [(d.id, d.status) for d in claimed] == [("d1", "processing"), ("d3", "processing")]
-    assert [d.id for d in await stores.deliveries.claim_owned("w1", {"o/a"}, unrouted=False, limit=9)] == ["d5"]
-    # its own fresh claims are work in hand, not taken twice
-    assert await stores.deliveries.claim_owned("w1", {"o/a"}, unrouted=False, limit=9) == []
+    assert [d.id for d in await stores.deliveries.claim_owned("w1", {"o/a"}, unrouted=False, limit=9, kept={"d1", "d3"})] == ["d5"]
+    # its own claims it keeps in memory are work in hand, not taken twice
+    assert await stores.deliveries.claim_owned("w1", {"o/a"}, unrouted=False, limit=9, kept={"d1", "d3", "d5"}) == []
     assert await stores.deliveries.claim_owned("w1", set(), unrouted=False, limit=9) == []
     assert [d.id for d in await stores.deliveries.claim_owned("w2", set(), unrouted=True, limit=9)] == ["d4"]
     assert await stores.deliveries.waiting_repos() == {"o/a", "o/b"}
@@ -364,9 +364,10 @@ async def test_taking_a_repository_up_requeues_its_unfinished_claims_whoever_mad
     assert await stores.deliveries.unclaim("O/A") == 2  # w1's, taken up by w2 (or by w1 again)
     assert await stores.deliveries.unclaim("o/a") == 0
     assert [d.id for d in await stores.deliveries.claim_owned("w1", {"o/a"}, unrouted=False, limit=9)] == ["d1", "d2"]
-    # a claim of its own older than the stale time is taken again (it lost and retook the lease)
-    await asyncio.sleep(0.25)
-    again = await stores.deliveries.claim_owned("w1", {"o/b"}, unrouted=False, limit=9, own_stale_after=0.2)
+    # a claim of its own it does not keep in memory is taken again (it lost and retook the
+    # lease, the claim's answer was lost); one it keeps is not
+    assert await stores.deliveries.claim_owned("w1", {"o/a", "o/b"}, unrouted=False, limit=9, kept={"d1", "d2", "d3"}) == []
+    again = await stores.deliveries.claim_owned("w1", {"o/b"}, unrouted=False, limit=9, kept={"d1", "d2"})
     assert [d.id for d in again] == ["d3"]
     for finished in again:
         finished.status = "done"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -37,6 +38,22 @@ async def note_seen(services, repo: str, event) -> int:  # type: ignore[no-untyp
     number = json.loads(event.body)["number"]
     await services.live.persist(Change().put(repo, "seen", event.delivery_id, {"n": number, "at": time.time_ns()}))
     return number
+
+
+def after_the_first_claim(klaud: Klaud, then: Callable[[], None]) -> asyncio.Event:
+    """Run `then` (it may raise: the claim's answer lost) once, after the first claim that
+    took something has committed; the event says it ran."""
+    claim_owned, ran = klaud.inbox.store.claim_owned, asyncio.Event()
+
+    async def claim(owner, repos, **options):  # type: ignore[no-untyped-def]
+        claimed = await claim_owned(owner, repos, **options)
+        if claimed and not ran.is_set():
+            ran.set()
+            then()
+        return claimed
+
+    klaud.inbox.store.claim_owned = claim  # type: ignore[method-assign]
+    return ran
 
 
 def pr(repo: str, number: int) -> dict:
@@ -98,26 +115,13 @@ async def test_a_claim_returning_after_the_lease_clock_lapsed_keeps_order_and_lo
 
     klaud = replica_handling(tmp_path, store_url, record)
     replicas = klaud.replicas
-    claim_owned = klaud.inbox.store.claim_owned
-    stalled = False
-
-    async def claim_across_a_stall(owner, repos, **options):  # type: ignore[no-untyped-def]
-        nonlocal stalled
-        claimed = await claim_owned(owner, repos, **options)
-        if claimed and not stalled:
-            stalled = True
-            replicas._valid_until = 0.0  # the process was stopped while the query ran
-        return claimed
-
-    klaud.inbox.store.claim_owned = claim_across_a_stall  # type: ignore[method-assign]
+    assert replicas is not None
+    # The process was stopped while the claim's query ran.
+    stalled = after_the_first_claim(klaud, lambda: setattr(replicas, "_valid_until", 0.0))
     async with running_klaud(klaud) as run:
         assert (await run.post("pull_request", pr(STALL, 1), delivery="d-1"))[0] == 202
         await replicas.round()  # takes the repository; the claim loop claims d-1 across the stall
-        for _ in range(50):
-            if stalled:
-                break
-            await asyncio.sleep(0.05)
-        assert stalled
+        await asyncio.wait_for(stalled.wait(), 5)
         await replicas.round()  # back from the stall: the lease was never lost, it is renewed
         assert replicas.owns(STALL)
         assert (await run.post("pull_request", pr(STALL, 2), delivery="d-2"))[0] == 202
@@ -212,30 +216,19 @@ async def test_a_claim_whose_answer_was_lost_keeps_order(store_url, tmp_path: Pa
         await note_seen(services, STALL, event)
 
     klaud = replica_handling(tmp_path, store_url, record)
-    replicas, store = klaud.replicas, klaud.inbox.store
+    replicas = klaud.replicas
     assert replicas is not None
-    claim_owned = store.claim_owned
-    lost = False
 
-    async def answer_lost_once(owner, repos, **options):  # type: ignore[no-untyped-def]
-        nonlocal lost
-        claimed = await claim_owned(owner, repos, **options)
-        if claimed and not lost:
-            lost = True
-            raise StoreUnavailable("connection lost after COMMIT")
-        return claimed
+    def answer_lost() -> None:
+        raise StoreUnavailable("connection lost after COMMIT")
 
-    store.claim_owned = answer_lost_once  # type: ignore[method-assign]
+    lost = after_the_first_claim(klaud, answer_lost)
     conn = await asyncpg.connect(store_url)
     try:
         async with running_klaud(klaud) as run:
             assert (await run.post("pull_request", pr(STALL, 1), delivery="d-1"))[0] == 202
             await replicas.round()
-            for _ in range(50):
-                if lost:
-                    break
-                await asyncio.sleep(0.05)
-            assert lost
+            await asyncio.wait_for(lost.wait(), 5)
             assert (await run.post("pull_request", pr(STALL, 2), delivery="d-2"))[0] == 202
             for _ in range(50):
                 statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))

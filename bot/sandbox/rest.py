@@ -190,21 +190,28 @@ def get_repository(call: Call) -> Reply:
     return Reply(body=call.shapes.repository(call.repo()))
 
 
+ACTIVITY_TYPES = ("push", "force_push", "branch_creation", "branch_deletion", "pr_merge", "merge_queue_merge")
+
+
 def list_activity(call: Call) -> Reply:
     """The repository's activity, newest first (`direction=asc`: oldest): the moves of its
     branches Klaud's sandbox makes (pushes, force pushes, merges of pull requests; not
     refs written through the REST API), filtered by `ref` (a branch's name or full ref)
-    and `activity_type`."""
+    and `activity_type`. As on GitHub, a type or direction it does not know is a 422."""
     repo = call.repo()
+    kind, direction = call.query.get("activity_type"), call.query.get("direction", "desc")
+    if kind is not None and kind not in ACTIVITY_TYPES:
+        raise validation_failed(f"activity_type must be one of {', '.join(ACTIVITY_TYPES)}")
+    if direction not in ("asc", "desc"):
+        raise validation_failed("direction must be asc or desc")
     moves = list(repo.moves)
     ref = call.query.get("ref")
     if ref:
         full = ref if ref.startswith("refs/") else f"refs/heads/{ref}"
         moves = [move for move in moves if move.ref == full]
-    kind = call.query.get("activity_type")
-    if kind:
+    if kind is not None:
         moves = [move for move in moves if move.kind == kind]
-    if call.query.get("direction", "desc") != "asc":
+    if direction == "desc":
         moves.reverse()
     return Reply(items=[call.shapes.activity(move) for move in moves])
 

@@ -445,3 +445,6 @@ async def test_the_activity_lists_each_branch_move_newest_first(wired: Hub) -> N
     [branch] = await wired.json("GET", "/repos/acme/bench/activity?ref=bump-sglang")
     assert (branch["ref"], branch["after"]) == ("refs/heads/bump-sglang", "a" * 40)
     assert len(await wired.json("GET", "/repos/acme/bench/activity?activity_type=push")) == 2
+    # GitHub refuses what it does not know, rather than listing nothing.
+    await wired.json("GET", "/repos/acme/bench/activity?activity_type=pushed", status=422)
+    await wired.json("GET", "/repos/acme/bench/activity?direction=newest", status=422)

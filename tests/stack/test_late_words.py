@@ -36,6 +36,14 @@ async def comment(run: Any, user: str, body: str, *, lost: bool = False) -> dict
     return made
 
 
+async def comments_a_minute_apart(run: Any, words: list[tuple[str, str, bool]]) -> None:
+    """Each (user, body, lost) a comment on #900, a minute after the one before."""
+    for index, (user, body, lost) in enumerate(words):
+        if index:
+            run.sandbox.clock.advance(60)
+        await comment(run, user, body, lost=lost)
+
+
 async def sweep(run: Any) -> dict[str, Any]:
     await run.act({"action": "advance_clock", "seconds": 3600})
     report = await run.klaud.reconciler.reconcile(REPO, 1, light=True)
@@ -45,9 +53,10 @@ async def sweep(run: Any) -> dict[str, Any]:
 
 async def test_a_refused_unhold_by_a_reader_does_not_cancel_a_writers_hold_found_late(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
-        await comment(run, "alice", f"/klaud hold {H200} weights", lost=True)  # t0, webhook lost
-        run.sandbox.clock.advance(60)
-        await comment(run, "carol", f"/klaud unhold {H200}")  # t1, carol may only read: refused
+        await comments_a_minute_apart(run, [
+            ("alice", f"/klaud hold {H200} weights", True),  # t0, webhook lost
+            ("carol", f"/klaud unhold {H200}", False),  # t1, carol may only read: refused
+        ])
         report = await sweep(run)
         assert report.get("commands_answered") == 1
         assert held(run) == [H200]  # alice's is the last permitted word
@@ -171,11 +180,11 @@ async def test_a_late_hold_does_not_let_a_late_unhold_undo_a_newer_hold(tmp_path
     # What this catches (a fifth chaos soak): bob's lost hold re-dated alice's newer hold
     # to its own older time, so bob's lost unhold, written between them, released it.
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
-        await comment(run, "bob", f"/klaud hold {H200} a", lost=True)  # t0
-        run.sandbox.clock.advance(60)
-        await comment(run, "bob", f"/klaud unhold {H200}", lost=True)  # t1
-        run.sandbox.clock.advance(60)
-        await comment(run, "alice", f"/klaud hold {H200} b")  # t2, on time
+        await comments_a_minute_apart(run, [
+            ("bob", f"/klaud hold {H200} a", True),  # t0
+            ("bob", f"/klaud unhold {H200}", True),  # t1
+            ("alice", f"/klaud hold {H200} b", False),  # t2, on time
+        ])
         report = await sweep(run)  # finds t0, then t1
         assert report.get("commands_answered") == 2
         assert held(run) == [H200]
@@ -187,11 +196,11 @@ async def test_an_older_unhold_found_late_does_not_let_a_hold_between_undo_a_new
     # family's release back from t2 to t0; then t1's hold was no longer "released after" and
     # held the family for good, though the last word was alice's unhold.
     async with sandbox_stack(tmp_path, sc.scenario()) as run:
-        await comment(run, "bob", f"/klaud unhold {H200}", lost=True)  # t0
-        run.sandbox.clock.advance(60)
-        await comment(run, "alice", f"/klaud hold {H200} new weights", lost=True)  # t1
-        run.sandbox.clock.advance(60)
-        await comment(run, "alice", f"/klaud unhold {H200}")  # t2, on time
+        await comments_a_minute_apart(run, [
+            ("bob", f"/klaud unhold {H200}", True),  # t0
+            ("alice", f"/klaud hold {H200} new weights", True),  # t1
+            ("alice", f"/klaud unhold {H200}", False),  # t2, on time
+        ])
         assert held(run) == []
         report = await sweep(run)
         assert report.get("commands_answered") == 2

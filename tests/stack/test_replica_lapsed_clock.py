@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 from gidgethub import routing
@@ -54,6 +55,25 @@ def after_the_first_claim(klaud: Klaud, then: Callable[[], None]) -> asyncio.Eve
 
     klaud.inbox.store.claim_owned = claim  # type: ignore[method-assign]
     return ran
+
+
+async def statuses_when(
+    conn: asyncpg.Connection, done: Callable[[dict[str, str]], bool], *, seconds: float = 5.0, rounds: Any = None
+) -> dict[str, str]:
+    """The deliveries' statuses once `done` says so, or after `seconds` (the test's assertion
+    then says what was left); with `rounds` (the replicas), their lease rounds go on by hand."""
+    for _ in range(int(seconds * 10)):
+        if rounds is not None:
+            await rounds.round()
+        statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
+        if done(statuses):
+            break
+        await asyncio.sleep(0.1)
+    return statuses
+
+
+def all_done(statuses: dict[str, str]) -> bool:
+    return set(statuses.values()) == {"done"}
 
 
 def pr(repo: str, number: int) -> dict:
@@ -128,11 +148,8 @@ async def test_a_claim_returning_after_the_lease_clock_lapsed_keeps_order_and_lo
 
         conn = await asyncpg.connect(store_url)
         try:
-            for _ in range(50):  # 5 s: both are processed within moments when nothing is lost
-                statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
-                if statuses.get("d-1") == statuses.get("d-2") == "done":
-                    break
-                await asyncio.sleep(0.1)
+            # Both are processed within moments when nothing is lost.
+            statuses = await statuses_when(conn, lambda now: now.get("d-1") == now.get("d-2") == "done")
             assert statuses == {"d-1": "done", "d-2": "done"}, f"after 5 s: {statuses}, handlers ran for {order}"
             committed = await conn.fetch("SELECT data FROM records WHERE kind = 'seen'")
         finally:
@@ -182,19 +199,9 @@ async def test_a_repository_taken_back_while_its_batch_runs_keeps_its_queue(stor
             assert replicas.owns(BUSY)
             first_go.set()
 
-            for _ in range(30):  # 3 s: d-1 then d-2 are processed within moments
-                await replicas.round()  # the rounds go on (by hand here)
-                statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
-                if set(statuses.values()) == {"done"}:
-                    break
-                await asyncio.sleep(0.1)
+            await statuses_when(conn, all_done, seconds=3, rounds=replicas)  # d-1 then d-2, within moments
             assert (await run.post("pull_request", pr(BUSY, 3), delivery="d-3"))[0] == 202
-            for _ in range(30):
-                await replicas.round()
-                statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
-                if statuses.get("d-3") == "done":
-                    break
-                await asyncio.sleep(0.1)
+            statuses = await statuses_when(conn, lambda now: now.get("d-3") == "done", seconds=3, rounds=replicas)
             assert statuses == {"d-1": "done", "d-2": "done", "d-3": "done"}, f"{statuses}, processed {order}"
             committed = await conn.fetch("SELECT data FROM records WHERE kind = 'seen'")
             runs = sorted((json.loads(row["data"])["at"], json.loads(row["data"])["n"]) for row in committed)
@@ -230,11 +237,7 @@ async def test_a_claim_whose_answer_was_lost_keeps_order(store_url, tmp_path: Pa
             await replicas.round()
             await asyncio.wait_for(lost.wait(), 5)
             assert (await run.post("pull_request", pr(STALL, 2), delivery="d-2"))[0] == 202
-            for _ in range(50):
-                statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
-                if set(statuses.values()) == {"done"}:
-                    break
-                await asyncio.sleep(0.1)
+            statuses = await statuses_when(conn, all_done)
             assert statuses == {"d-1": "done", "d-2": "done"}, f"after 5 s: {statuses}"
             assert await committed_order(conn, STALL) == [1, 2]
     finally:
@@ -300,12 +303,7 @@ async def test_a_claim_in_flight_while_the_queue_is_dropped_keeps_order(store_ur
             answer.set()  # the claim in flight answers now
             await asyncio.sleep(0.5)
             other_go.set()
-            for _ in range(50):
-                await replicas.round()
-                statuses = dict(await conn.fetch("SELECT id, status FROM deliveries"))
-                if set(statuses.values()) == {"done"}:
-                    break
-                await asyncio.sleep(0.1)
+            statuses = await statuses_when(conn, all_done, rounds=replicas)
             assert statuses == {"o-1": "done", "d-1": "done", "d-2": "done"}, f"after 5 s: {statuses}"
             assert await committed_order(conn, BUSY) == [1, 2]
     finally:

@@ -33,6 +33,12 @@ def is_permanent(exc: BaseException) -> bool:
     return not is_transient(exc)
 
 
+def says_what_happened(exc: BaseException) -> bool:
+    """Whether `exc` is one of Klaud's own errors (the GitHub client's, the store's): their
+    message says what happened and where, so a log line needs no traceback."""
+    return isinstance(getattr(exc, "transient", None), bool)
+
+
 def retry_after(exc: BaseException) -> float | None:
     """Seconds the error asks to wait before trying again (a rate limit's), if it says."""
     wait = getattr(exc, "retry_after", None)

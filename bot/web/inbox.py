@@ -26,7 +26,12 @@ from typing import Protocol, TypeVar
 import structlog
 from cachetools import LRUCache
 
-from bot.core.errors import RepositoryMoved, is_permanent, retry_after
+from bot.core.errors import (
+    RepositoryMoved,
+    is_permanent,
+    retry_after,
+    says_what_happened,
+)
 from bot.metrics import DELIVERIES, INBOX_BACKLOG, PROCESSING_SECONDS
 from bot.store.deliveries import (
     Delivery,
@@ -757,8 +762,10 @@ class Inbox:
             delay = max(self.retry_delay(delivery.attempts), retry_after(ended.error) or 0.0)
             self._due[key] = asyncio.get_running_loop().time() + delay
             DELIVERIES.labels(label, "retry").inc()
-            log.warning("delivery.retry", retry_in_s=round(delay, 3), error=delivery.error, exc_info=ended.error,
-                        **context)
+            # A GitHub outage or a lapsed lease retries every delivery it meets: one line each,
+            # not a traceback; an error from elsewhere (a bug's, a library's) is shown whole.
+            log.warning("delivery.retry", retry_in_s=round(delay, 3), error=delivery.error,
+                        exc_info=None if says_what_happened(ended.error) else ended.error, **context)
 
     def _moved(self, key: str, delivery: Delivery, to: str, label: str, context: Mapping[str, object]) -> None:
         DELIVERIES.labels(label, "moved").inc()

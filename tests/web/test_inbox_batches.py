@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from bot.core.clock import Clock
 from bot.core.domain import Attempt
 from bot.core.errors import RepositoryMoved
-from bot.github.errors import RateLimited
+from bot.github.errors import RateLimited, Unavailable
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.repo_state import RepoMeta, RepoState
@@ -317,8 +317,6 @@ async def test_a_handler_cut_by_its_timeout_runs_again_on_memory_read_back(db: R
 
 
 async def test_a_rate_limited_delivery_waits_for_the_reset_without_using_up_its_attempts(db: RecordingDatabase) -> None:
-    from bot.github.errors import RateLimited
-
     store = DeliveryStore(db)
     runs: list[float] = []
 
@@ -454,6 +452,33 @@ async def test_a_failed_read_back_waits_and_shows_a_bug_whole(db: RecordingDatab
     assert failed["error"] == f"{type(error).__name__}: {error}"
     assert (failed.get("exc_info") is error) is traceback
     assert reloaded == ["acme/bench"] and handler.seen == ["d1"]  # read back, then run
+
+
+@pytest.mark.parametrize(("error", "traceback"), [(LeaseTaken("leases repo:acme/bench (b) are held"), False),
+                                                  (Unavailable(502, "Bad Gateway"), False),
+                                                  (ConnectionError("reset by peer"), True)])
+async def test_a_retry_is_one_line_when_klaud_says_what_happened(db: RecordingDatabase, error: Exception,
+                                                                 traceback: bool) -> None:
+    # A GitHub outage or a lapsed lease retries every delivery it meets, each several times:
+    # a traceback each would bury the log. An error Klaud did not name is shown whole.
+    store = DeliveryStore(db)
+    failures = [error]
+
+    async def handler(item: Delivery) -> None:
+        if failures:
+            raise failures.pop()
+
+    inbox = Inbox(store, handler, base_delay=0.01, max_delay=0.02)
+    await inbox.open()
+    await store.put(delivery(1))
+    with capture_logs() as logs:
+        await inbox.start()
+        await inbox.drained()
+        await inbox.stop()
+    [retry] = [e for e in logs if e["event"] == "delivery.retry"]
+    assert retry["error"].endswith(str(error))
+    assert (retry.get("exc_info") is error) is traceback
+    assert [e["delivery_id"] for e in logs if e["event"] == "delivery.processed"] == ["d1"]
 
 
 class Leases(OwnerOf):

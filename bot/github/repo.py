@@ -11,6 +11,7 @@ import base64
 from collections.abc import AsyncIterator
 from datetime import date, datetime
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import ValidationError
 
@@ -30,7 +31,7 @@ from bot.core.events import (
     WorkflowRun,
 )
 from bot.github.client import RAW_MEDIA_TYPE, GitHubApp, InstallationClient
-from bot.github.errors import BadRequest, Conflict, NotFound
+from bot.github.errors import BadRequest, Conflict, NotFound, TooLarge
 
 # Both ends of the body's edit history (GitHub does not document its order): whichever is
 # the newest holds the edits since Klaud's last render, unless there were more (`totalCount`).
@@ -50,6 +51,7 @@ query($owner: String!, $name: String!, $number: Int!) {
 PER_PAGE = "per_page=100"
 ACTIVITY_PAGE = 10
 COMPARE_MAX_FILES = 300  # GitHub lists at most this many files of a comparison
+CONTENTS_MAX_ENTRIES = 1000  # GitHub lists at most this many entries of a folder's contents
 BLAME_QUERY = """
 query($owner: String!, $name: String!, $ref: String!, $path: String!) {
   repository(owner: $owner, name: $name) {
@@ -74,6 +76,12 @@ class GitHubRepo:
 
     def _at(self, **extra: Any) -> dict[str, Any]:
         return {**self._vars, **extra}
+
+    def _at_path(self, path: str) -> dict[str, Any]:
+        """The variables of a `{+path}` route: each segment percent-encoded, so a file whose
+        name holds `#`, `?` or `%` is asked for by that name (reserved expansion would pass
+        them on as they are: the rest of the URL a fragment, `%41` an `A`)."""
+        return self._at(path="/".join(quote(segment, safe="") for segment in path.split("/")))
 
     # -- repository and contents ---------------------------------------------------------
 
@@ -110,7 +118,7 @@ class GitHubRepo:
         """A file's text at `ref`, or None when it does not exist there."""
         try:
             item = await self.client.getitem(
-                "/repos/{owner}/{repo}/contents/{+path}", self._at(path=path), params={"ref": ref}
+                "/repos/{owner}/{repo}/contents/{+path}", self._at_path(path), params={"ref": ref}
             )
         except NotFound:
             return None
@@ -121,7 +129,7 @@ class GitHubRepo:
             # type still returns it (up to 100 MB).
             raw = await self.client.getitem(
                 "/repos/{owner}/{repo}/contents/{+path}",
-                self._at(path=path),
+                self._at_path(path),
                 params={"ref": ref},
                 accept=RAW_MEDIA_TYPE,
             )
@@ -130,17 +138,51 @@ class GitHubRepo:
         # (keeping the last good state) instead of the delivery failing over and over.
         return base64.b64decode(item.get("content") or "").decode("utf-8", errors="replace")
 
-    async def directory(self, path: str, ref: str) -> list[str]:
-        """Paths of the files directly in `path` at `ref` ([] when there is no such folder)."""
+    async def directory(self, path: str, ref: str, *, nested: bool = False) -> list[str]:
+        """Paths of the files directly in `path` at `ref` ([] when there is no such folder);
+        with `nested`, of the files in its folders too (one recursive tree read)."""
+        if nested:
+            return await self._tree_files(path, ref, recursive=True)
         try:
             items = await self.client.getitem(
-                "/repos/{owner}/{repo}/contents/{+path}", self._at(path=path), params={"ref": ref}
+                "/repos/{owner}/{repo}/contents/{+path}", self._at_path(path), params={"ref": ref}
             )
         except NotFound:
             return []
         if not isinstance(items, list):
             return []
+        if len(items) >= CONTENTS_MAX_ENTRIES:
+            # The listing may stop there without saying so: the folder's tree lists it whole.
+            return await self._tree_files(path, ref)
         return [str(item["path"]) for item in items if item.get("type") == "file"]
+
+    async def _tree_files(self, path: str, ref: str, *, recursive: bool = False) -> list[str]:
+        """Paths of the files in `path` at `ref` (at any depth if `recursive`), from the Git
+        Trees API: the commit's tree, then each folder's down to `path`, one request each."""
+        tree = ref
+        try:
+            for segment in [part for part in path.split("/") if part]:
+                entries = await self._tree_entries(tree, path)
+                folder = next((e for e in entries if e.get("type") == "tree" and e.get("path") == segment), None)
+                if folder is None:
+                    return []
+                tree = str(folder["sha"])
+            entries = await self._tree_entries(tree, path, recursive=recursive)
+        except NotFound:
+            return []
+        prefix = path.strip("/") + "/" if path.strip("/") else ""
+        return [prefix + str(e["path"]) for e in entries if e.get("type") == "blob"]
+
+    async def _tree_entries(self, tree: str, path: str, *, recursive: bool = False) -> list[dict[str, Any]]:
+        found = await self.client.getitem(
+            "/repos/{owner}/{repo}/git/trees/{tree}", self._at(tree=tree), params={"recursive": "1"} if recursive else None
+        )
+        if not isinstance(found, dict) or not isinstance(found.get("tree"), list):
+            raise BadRequest(None, f"git/trees/{tree}: not a tree")
+        if found.get("truncated"):
+            # Only past 100,000 entries: a part of the folder must not pass for all of it.
+            raise TooLarge(None, f"{path}: GitHub lists only part of its tree")
+        return [entry for entry in found["tree"] if isinstance(entry, dict)]
 
     async def changed_paths(self, base: str, head: str) -> set[str] | None:
         """Paths changed from `base` to `head` (renames give both); None when a comparison

@@ -23,7 +23,7 @@ from bot.sandbox.events import Payloads
 from bot.sandbox.gate import ApiError
 from bot.sandbox.patches import blob_sha
 from bot.sandbox.permissions import METADATA_READ, Needs, covers, grants
-from bot.sandbox.shapes import BOT_LOGIN, Shapes, ts
+from bot.sandbox.shapes import BOT_LOGIN, Shapes, folder_sha, ts
 from bot.sandbox.state import (
     Artifact,
     CheckRun,
@@ -39,6 +39,7 @@ from bot.sandbox.world import Event, World
 MAX_PULL_FILES = 3000
 MAX_COMPARE_FILES = 300
 LARGE_FILE = 1024 * 1024
+CONTENTS_LISTING_MAX = 1000
 CHECK_STATUSES = ("queued", "in_progress", "completed", "waiting", "requested", "pending")
 ACTIONS_ONLY_STATUSES = ("waiting", "requested", "pending")
 CHECK_CONCLUSIONS = ("action_required", "cancelled", "failure", "neutral", "success",
@@ -257,13 +258,15 @@ def get_contents(call: Call) -> Reply:
     if not children:
         raise ApiError(404, "Not Found")
     listing = []
-    for name in children:
+    # GitHub lists a folder's first 1,000 entries and says nothing of the others (its
+    # documentation sends larger folders to the Git Trees API).
+    for name in children[:CONTENTS_LISTING_MAX]:
         child = prefix + name
         if child in tree:
             listing.append(call.shapes.content_entry(
                 repo, child, ref, "file", blob_sha(tree[child]), len(tree[child].encode())))
         else:
-            listing.append(call.shapes.content_entry(repo, child, ref, "dir", blob_sha(child), 0))
+            listing.append(call.shapes.content_entry(repo, child, ref, "dir", folder_sha(tree, child), 0))
     return Reply(body=listing)
 
 
@@ -331,26 +334,41 @@ def compare(call: Call) -> Reply:
 
 
 def get_tree(call: Call) -> Reply:
+    """A tree named by a commit, a ref or its own id (a folder's, from a listing)."""
     repo = call.repo()
-    sha = resolve_or_404(repo, call.params["tree_sha"])
-    tree = repo.commits[sha].tree
+    tree, folder = found_tree(repo, call.params["tree_sha"])
+    prefix = f"{folder}/" if folder else ""
+    held = {path[len(prefix):]: text for path, text in tree.items() if path.startswith(prefix)}
     recursive = call.query.get("recursive") not in (None, "", "0", "false")
-    paths = sorted(tree) if recursive else sorted({p.split("/")[0] for p in tree})
+    paths = sorted(held) if recursive else sorted({p.split("/")[0] for p in held})
     entries = []
     for path in paths:
-        if path in tree:
-            entries.append({"path": path, "mode": "100644", "type": "blob", "sha": blob_sha(tree[path]),
-                            "size": len(tree[path].encode())})
+        if path in held:
+            entries.append({"path": path, "mode": "100644", "type": "blob", "sha": blob_sha(held[path]),
+                            "size": len(held[path].encode())})
         else:
-            entries.append({"path": path, "mode": "040000", "type": "tree", "sha": blob_sha(path)})
+            entries.append({"path": path, "mode": "040000", "type": "tree", "sha": folder_sha(tree, prefix + path)})
     if recursive:
-        directories = sorted({"/".join(p.split("/")[:i]) for p in tree
+        directories = sorted({"/".join(p.split("/")[:i]) for p in held
                               for i in range(1, p.count("/") + 1)})
-        entries += [{"path": d, "mode": "040000", "type": "tree", "sha": blob_sha(d)}
+        entries += [{"path": d, "mode": "040000", "type": "tree", "sha": folder_sha(tree, prefix + d)}
                     for d in directories]
         entries.sort(key=entry_path)
+    sha = folder_sha(tree, folder)
     return Reply(body={"sha": sha, "url": f"{call.shapes.api}/repos/{repo.full_name}/git/trees/{sha}",
                        "tree": entries, "truncated": False})
+
+
+def found_tree(repo: RepoState, name: str) -> tuple[dict[str, str], str]:
+    """(a commit's files, the folder) of the tree `name` names; 404 when none is known."""
+    if (sha := repo.resolve(name)) is not None:
+        return repo.commits[sha].tree, ""
+    for commit in repo.commits.values():
+        folders = {"/".join(p.split("/")[:i]) for p in commit.tree for i in range(1, p.count("/") + 1)}
+        for folder in ["", *sorted(folders)]:
+            if folder_sha(commit.tree, folder) == name:
+                return commit.tree, folder
+    raise ApiError(404, "Not Found")
 
 
 def entry_path(entry: dict[str, Any]) -> str:
@@ -669,8 +687,8 @@ def check_inputs(trigger: dict[str, Any], inputs: dict[str, Any]) -> None:
 # --- check runs ------------------------------------------------------------------------
 
 
-# GitHub refuses a longer check-run output summary or text with 422.
-CHECK_OUTPUT_MAX_CHARACTERS = 65_535
+# GitHub refuses a check-run output summary or text longer than this many UTF-8 bytes (422).
+CHECK_OUTPUT_MAX_BYTES = 65_535
 
 
 def apply_check_fields(call: Call, check: CheckRun) -> None:
@@ -690,11 +708,8 @@ def apply_check_fields(call: Call, check: CheckRun) -> None:
         if not isinstance(output, dict) or not output.get("summary") or not output.get("title"):
             raise validation_failed("Invalid request.\n\n\"title\" and \"summary\" are required in \"output\".")
         for name in ("summary", "text"):
-            size = len(str(output.get(name) or ""))
-            if size > CHECK_OUTPUT_MAX_CHARACTERS:
-                raise validation_failed(
-                    f"Invalid request.\n\nOnly {CHECK_OUTPUT_MAX_CHARACTERS} characters are allowed; {size} were supplied."
-                )
+            if len(str(output.get(name) or "").encode("utf-8")) > CHECK_OUTPUT_MAX_BYTES:
+                raise validation_failed(f"{name} exceeds a maximum bytesize of {CHECK_OUTPUT_MAX_BYTES}")
         check.output = dict(output)
     for name in ("name", "details_url", "external_id"):
         if isinstance(call.field(name), str):

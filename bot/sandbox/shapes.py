@@ -820,4 +820,12 @@ def suite_state(checks: list[CheckRun]) -> tuple[str, str | None]:
 
 
 def tree_sha(commit: Commit) -> str:
-    return hashlib.sha1(repr(sorted(commit.tree.items())).encode()).hexdigest()
+    return folder_sha(commit.tree, "")
+
+
+def folder_sha(tree: dict[str, str], folder: str) -> str:
+    """The tree id of `folder` ("" for the root) in a commit's `tree`: like git's, it
+    changes with what the folder holds and only with that."""
+    prefix = f"{folder}/" if folder else ""
+    held = sorted((path[len(prefix):], text) for path, text in tree.items() if path.startswith(prefix))
+    return hashlib.sha1(repr(held).encode()).hexdigest()

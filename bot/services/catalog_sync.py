@@ -43,6 +43,13 @@ def glob_directory(pattern: str) -> str:
     return posixpath.dirname(head)
 
 
+def spans_folders(pattern: str) -> bool:
+    """Whether a glob matches files below its fixed folder's own (`configs/**/x.yaml`,
+    `configs/*/x.yaml`): that folder's files alone would miss them."""
+    folder = glob_directory(pattern)
+    return "/" in pattern[len(folder) + 1 if folder else 0 :]
+
+
 def _health(state: RepoState) -> tuple[object, ...]:
     """What every Klaud check run shows of the repository's set-up."""
     return (state.meta.policy_error, dict(state.meta.config_errors), list(state.meta.setup_errors))
@@ -215,20 +222,24 @@ class CatalogSync:
         """Re-read what `changed` names (None: everything) at `ref`; the families whose image moved."""
         before = {f.id: f.image for f in state.catalog}
         reload_all = changed is None
+        runners_moved = False
         workflow_changed = changed is None or workflow_path(state.policy.candidate_workflow) in changed
         if changed is None or POLICY_PATH in changed:
             old_policy = state.policy
             policy_changed, policy_change = await self.refresh_policy(state, api, ref)
             change.extend(policy_change)
-            if policy_changed and (
-                old_policy.config_globs != state.policy.config_globs
-                or old_policy.runners_file != state.policy.runners_file
-            ):
+            runners_moved = policy_changed and old_policy.runners_file != state.policy.runners_file
+            if runners_moved:
+                # The old file's problems are no longer the repository's.
+                state.meta.config_errors.pop(old_policy.runners_file, None)
+            if policy_changed and (old_policy.config_globs != state.policy.config_globs or runners_moved):
                 reload_all = True
             workflow_changed = workflow_changed or policy_changed
         if workflow_changed:
             await self.refresh_setup(state, api, ref)
-        if (changed is None or state.policy.runners_file in changed) and await self.refresh_runners(state, api, ref):
+        # A policy naming another runners file reads it though the push did not change it.
+        reread_runners = changed is None or runners_moved or state.policy.runners_file in changed
+        if reread_runners and await self.refresh_runners(state, api, ref):
             reload_all = True
         if reload_all:
             paths = set(await self.config_paths(state, api, ref))
@@ -246,8 +257,9 @@ class CatalogSync:
 
     async def config_paths(self, state: RepoState, api: RepoAPI, ref: str) -> list[str]:
         paths: set[str] = set()
-        for directory in sorted({glob_directory(p) for p in state.policy.config_globs}):
-            for path in await api.directory(directory, ref):
+        folders = {(glob_directory(p), spans_folders(p)) for p in state.policy.config_globs}
+        for folder, nested in sorted(folders):
+            for path in await api.directory(folder, ref, nested=nested):
                 if is_master_config(path, state.policy.config_globs):
                     paths.add(path)
         return sorted(paths)

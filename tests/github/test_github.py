@@ -1172,3 +1172,38 @@ async def test_an_activity_entry_of_another_shape_dates_nothing_and_the_others_s
     assert await GitHubRepo(_OneAnswer([odd]), "acme/bench").moved_to_at("main", "c" * 40) is None  # type: ignore[arg-type]
     found = await GitHubRepo(_OneAnswer([odd, moved]), "acme/bench").moved_to_at("main", "c" * 40)  # type: ignore[arg-type]
     assert found == datetime(2026, 12, 1, 8, tzinfo=UTC)
+
+
+class _Trees:
+    """A client answering a folder's contents with GitHub's first 1,000 entries, and trees."""
+
+    def __init__(self, trees: dict[str, dict[str, Any]]) -> None:
+        self.trees = trees
+        self.asked: list[str] = []
+
+    async def getitem(self, url: str, url_vars: Any = None, *, params: Any = None, accept: Any = None) -> Any:
+        if url.endswith("/contents/{+path}"):
+            return [{"type": "file", "path": f"{url_vars['path']}/n-{number:04d}.md"} for number in range(1_000)]
+        self.asked.append(url_vars["tree"])
+        return self.trees[url_vars["tree"]]
+
+
+async def test_a_folder_of_a_thousand_entries_is_read_from_its_tree_down_the_path() -> None:
+    notes = [{"path": f"n-{number:04d}.md", "type": "blob"} for number in range(1_200)]
+    client = _Trees({
+        "c" * 40: {"tree": [{"path": "deploy", "type": "tree", "sha": "d1"}, {"path": "x", "type": "blob"}]},
+        "d1": {"tree": [{"path": "configs", "type": "tree", "sha": "d2"}]},
+        "d2": {"tree": [*notes, {"path": "a-master.yaml", "type": "blob"}, {"path": "old", "type": "tree", "sha": "d3"}],
+               "truncated": False},
+    })
+    found = await GitHubRepo(client, "acme/bench").directory("deploy/configs", "c" * 40)  # type: ignore[arg-type]
+    assert client.asked == ["c" * 40, "d1", "d2"]
+    assert len(found) == 1_201 and "deploy/configs/a-master.yaml" in found and "deploy/configs/old" not in found
+
+
+async def test_a_tree_github_lists_only_in_part_is_an_error_not_a_shorter_folder() -> None:
+    # Families of the configs past the part would be retired by the next full reload.
+    client = _Trees({"c" * 40: {"tree": [{"path": "configs", "type": "tree", "sha": "d1"}]},
+                     "d1": {"tree": [{"path": "a-master.yaml", "type": "blob"}], "truncated": True}})
+    with pytest.raises(TooLarge, match="configs: GitHub lists only part of its tree"):
+        await GitHubRepo(client, "acme/bench").directory("configs", "c" * 40)  # type: ignore[arg-type]

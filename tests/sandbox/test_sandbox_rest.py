@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import zipfile
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -577,3 +578,38 @@ async def test_the_repository_comment_listing_filters_sorts_and_hides_issues_wit
     hub.token = f"token {minted['token']}"
     only_pulls = await hub.json("GET", f"{REPO}/issues/comments")
     assert [c["id"] for c in only_pulls] == [first["id"]]
+
+
+async def test_a_check_run_summary_is_measured_in_utf8_bytes_as_github_does(hub: Hub) -> None:
+    head = hub.state()["head_sha"]
+    summary = "\u2705" * 30_000  # 30,000 characters, 90,000 bytes
+    refused = await hub.api("POST", f"{REPO}/check-runs",
+                            json={"name": "x", "head_sha": head, "output": {"title": "t", "summary": summary}})
+    assert refused.status == 422
+    assert (await refused.json())["message"] == "summary exceeds a maximum bytesize of 65535"
+    fits = {"title": "t", "summary": "\u2705" * 21_845}  # 65,535 bytes
+    await hub.json("POST", f"{REPO}/check-runs", status=201, json={"name": "x", "head_sha": head, "output": fits})
+
+
+@pytest.fixture
+async def crowded() -> AsyncIterator[Hub]:
+    """A configs folder of 1,200 notes before its master config."""
+    scenario = small_scenario()
+    repo_of(scenario)["files"].update({f"configs/aaa-{number:04d}.md": "notes\n" for number in range(1_200)})
+    async for served in serve(Sandbox(scenario)):
+        yield served
+
+
+async def test_a_folder_lists_its_first_1000_entries_and_its_tree_lists_them_all(crowded: Hub) -> None:
+    # GitHub: "This API has an upper limit of 1,000 files for a directory. If you need to
+    # retrieve more files, use the Git Trees API."
+    listed = await crowded.json("GET", f"{REPO}/contents/configs")
+    assert len(listed) == 1_000 and "configs/nvidia-master.yaml" not in {e["path"] for e in listed}
+    root = await crowded.json("GET", f"{REPO}/git/trees/main")
+    [configs] = [e for e in root["tree"] if e["path"] == "configs"]
+    assert configs["type"] == "tree"
+    folder = await crowded.json("GET", f"{REPO}/git/trees/{configs['sha']}")
+    assert folder["sha"] == configs["sha"]
+    names = {e["path"] for e in folder["tree"]}
+    assert len(names) == 1_202 and "nvidia-master.yaml" in names and "runners.yaml" in names
+    assert (await crowded.api("GET", f"{REPO}/git/trees/{'0' * 40}")).status == 404

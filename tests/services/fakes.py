@@ -162,10 +162,11 @@ class FakeRepo:
         self._call("file_text", path, ref)
         return self.files.get(ref, {}).get(path)
 
-    async def directory(self, path: str, ref: str) -> list[str]:
+    async def directory(self, path: str, ref: str, *, nested: bool = False) -> list[str]:
         self._call("directory", path, ref)
         prefix = f"{path}/" if path else ""
-        return sorted(p for p in self.files.get(ref, {}) if p.startswith(prefix) and "/" not in p[len(prefix):])
+        return sorted(p for p in self.files.get(ref, {})
+                      if p.startswith(prefix) and (nested or "/" not in p[len(prefix):]))
 
     async def changed_paths(self, base: str, head: str) -> set[str] | None:
         self._call("changed_paths", base, head)

@@ -246,3 +246,57 @@ async def test_a_missed_push_is_judged_by_the_repository_read_after_the_head_mov
     kit.repo.files["f" * 40] = dict(kit.repo.files[after])
     await kit.catalog.catch_up(kit.state, kit.repo, Change(), stale)
     assert kit.state.meta.canary is None  # both reads say it came before the pause
+
+
+NESTED_POLICY = 'config_globs: ["configs/**/*-master.yaml"]\n'
+NESTED = "configs/nvidia/nvidia-master.yaml"
+
+
+async def test_a_glob_reaching_into_folders_finds_their_master_configs_at_install(kit: Kit) -> None:
+    # Only the glob's fixed folder was listed, not its folders: no family at install.
+    kit.repo.put_files({".github/klaud.yml": NESTED_POLICY, NESTED: sc.NVIDIA})
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.state.meta.policy_error is None
+    assert NESTED in {family.path for family in kit.state.catalog}
+    assert ("directory", "configs", kit.repo.head) in kit.repo.calls
+
+
+async def test_a_full_reconcile_keeps_the_nested_families_a_push_brought_in(kit: Kit) -> None:
+    kit.repo.put_files({".github/klaud.yml": NESTED_POLICY})
+    await kit.reconciler.reconcile(REPO, 1)
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {**kit.repo.files[before], NESTED: sc.NVIDIA}
+    kit.repo.head = after
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert NESTED in {family.path for family in kit.state.catalog}
+    await kit.reconciler.reconcile(REPO, 1)  # a full reconcile at the same head
+    assert NESTED in {family.path for family in kit.state.catalog}
+
+
+def test_a_glob_spans_folders_when_a_folder_follows_its_fixed_part() -> None:
+    from bot.services.catalog_sync import spans_folders
+
+    assert [spans_folders(p) for p in ("configs/*-master.yaml", "*-master.yaml", "configs/**/*-master.yaml",
+                                       "configs/*/x-master.yaml", "**/x.yaml", "a/b/*.yaml")] == \
+        [False, False, True, True, True, False]
+
+
+MOVED_RUNNERS = "configs/runners-v2.yaml"
+
+
+async def test_a_policy_push_naming_another_runners_file_reads_that_file(kit: Kit) -> None:
+    # Runners were read again only when the push changed the runners file itself: the
+    # configs were parsed again with the old file's clusters, its problems kept.
+    moved = sc.RUNNERS.replace("  h200-nb: {}\n", "  h200-nb: {}\n  h200-dgxc: {}\n").replace(
+        "    - h200-nb_0\n    - h200-nb_1\n", "    - h200-dgxc_0\n")
+    kit.repo.put_files({MOVED_RUNNERS: moved})
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.state.catalog.get(H200).clusters == ("h200-nb",)
+    kit.state.meta.config_errors["configs/runners.yaml"] = "runner `x` names no cluster"
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {**kit.repo.files[before], ".github/klaud.yml": f"runners_file: {MOVED_RUNNERS}\n"}
+    kit.repo.head = after
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert kit.state.policy.runners_file == MOVED_RUNNERS
+    assert kit.state.catalog.get(H200).clusters == ("h200-dgxc",)
+    assert "configs/runners.yaml" not in kit.state.meta.config_errors

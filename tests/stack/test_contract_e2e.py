@@ -173,3 +173,35 @@ async def test_outcome_workflows_names_the_workflows_whose_runs_carry_outcomes(t
         ledger = run.klaud.live.repo(REPO).ledger
         assert [a.run_id for a in ledger.for_candidate(sc.candidate(H200))] == [301]
         assert ledger.for_candidate(sc.candidate(B200)) == []
+
+
+async def test_a_configs_folder_of_more_than_a_thousand_files_is_read_whole(tmp_path):
+    # GitHub's contents API lists a folder's first 1,000 entries only: the master configs past
+    # them were never found, and a full reload retired their families without a word.
+    scenario = sc.scenario()
+    files = scenario["repositories"][0]["files"]
+    files.update({f"configs/aaa-{number:04d}.md": "notes\n" for number in range(1_200)})
+    async with sandbox_stack(tmp_path, scenario) as run:
+        state = run.klaud.live.repo(REPO)
+        assert {f.id for f in state.catalog} >= {H200, B200}
+
+
+async def test_a_master_config_whose_name_holds_a_hash_sign_is_read_by_that_name(tmp_path):
+    # A `#` in a path passed into the URL as it was: the rest of the path and `?ref=` became
+    # a fragment, and the file was read as absent.
+    scenario = sc.scenario()
+    files = scenario["repositories"][0]["files"]
+    files["configs/gpu#2-master.yaml"] = files.pop(NV)
+    async with sandbox_stack(tmp_path, scenario) as run:
+        keys = {f.id for f in run.klaud.live.repo(REPO).catalog}
+        assert H200.replace(NV, "configs/gpu#2-master.yaml") in keys
+
+
+async def test_a_glob_reaching_into_folders_reads_their_master_configs_from_github(tmp_path):
+    scenario = sc.scenario(policy='config_globs: ["configs/**/*-master.yaml"]\n')
+    files = scenario["repositories"][0]["files"]
+    files["configs/nvidia/gpu-master.yaml"] = files.pop(NV)
+    async with sandbox_stack(tmp_path, scenario) as run:
+        keys = {f.id for f in run.klaud.live.repo(REPO).catalog}
+        assert H200.replace(NV, "configs/nvidia/gpu-master.yaml") in keys
+        assert any(key.startswith("configs/amd-master.yaml:") for key in keys)

@@ -98,7 +98,9 @@ def _time(value: Any) -> datetime | None:
 
 
 def _has_capacity(cluster: dict[str, Any], generated_at: datetime) -> bool:
-    if cluster.get("stale") is not False or cluster.get("status") not in USABLE_STATUSES:
+    status = cluster.get("status")
+    # Checked as text first: a list or an object is not a status (and not hashable).
+    if cluster.get("stale") is not False or not isinstance(status, str) or status not in USABLE_STATUSES:
         return False
     observed_at = _time(cluster.get("observedAt"))
     received_at = _time(cluster.get("receivedAt"))

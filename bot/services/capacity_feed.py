@@ -178,7 +178,9 @@ def _parse_json(body: bytes) -> Any:
         return json.loads(
             body.decode("utf-8"), parse_constant=_reject_number, parse_float=_finite_float
         )
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    # ValueError includes JSONDecodeError and an integer past Python's 4,300 digits;
+    # RecursionError, arrays nested too deep (a few hundred KB reach it).
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise FeedUnusable("invalid-json") from None
 
 

@@ -144,6 +144,8 @@ def test_duplicate_ids_empty_the_whole_set() -> None:
         {"stale": None},
         {"status": "down"},
         {"status": "Operational"},
+        {"status": ["operational"]},  # not text (nor hashable): raised TypeError
+        {"status": {"state": "operational"}},
         {"observedAt": None},
         {"receivedAt": "soon"},
         # observed more than 5 s after it was received

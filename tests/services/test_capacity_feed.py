@@ -131,6 +131,9 @@ def answer(status: int = 200, body: bytes = b"{}", content_type: str = "applicat
         (answer(200, b"\xff\xfe{}"), "invalid-json", 1),
         (answer(200, b'{"n": NaN}'), "invalid-json-number", 1),
         (answer(200, b'{"n": 1e999}'), "invalid-json-number", 1),
+        # Past what Python's json reads: arrays nested too deep, an integer of 5,000 digits.
+        (answer(200, b'{"kind": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), "invalid-json", 1),
+        (answer(200, b'{"n": ' + b"7" * 5_000 + b"}"), "invalid-json", 1),
         (answer(200, b"{}"), "invalid-kind", 1),
         (answer(200, gzip.compress(b"{}"), headers={"Content-Encoding": "br"}),
          "unsupported-content-encoding", 1),

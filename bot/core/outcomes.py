@@ -366,7 +366,8 @@ def _inflate(raw: memoryview, info: zipfile.ZipInfo, max_bytes: int) -> bytes:
 def _json_object(content: bytes) -> dict[str, Any]:
     try:
         document = json.loads(content.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+    # ValueError: not UTF-8, not JSON, or an integer past Python's 4,300 digits.
+    except (ValueError, RecursionError) as error:
         raise ArtifactError("invalid-json", str(error) or type(error).__name__) from error
     if not isinstance(document, dict):
         raise ArtifactError("invalid-json", f"top level is {type(document).__name__}, not object")

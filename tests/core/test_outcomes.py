@@ -511,8 +511,8 @@ def test_bomb_lying_about_its_size_stops_inflating_at_the_cap(
 
 @pytest.mark.parametrize(
     "content",
-    [b"{not json", b'{"candidate-outcome": ', b"\xff\xfe\x00", b"", b"[" * 100_000],
-    ids=["broken", "cut short", "not utf-8", "empty", "nested too deep"],
+    [b"{not json", b'{"candidate-outcome": ', b"\xff\xfe\x00", b"", b"[" * 100_000, b'{"run": ' + b"7" * 5_000 + b"}"],
+    ids=["broken", "cut short", "not utf-8", "empty", "nested too deep", "an integer past 4,300 digits"],
 )
 def test_invalid_json(content: bytes) -> None:
     assert artifact_error(zip_of({MEMBER: content})).code == "invalid-json"

@@ -6,7 +6,8 @@ error with its kind and key, never a half-built object.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import msgspec
 from pydantic import TypeAdapter, ValidationError
@@ -74,16 +75,23 @@ def decode_document(data: bytes) -> Any:
     return _ANY.decode(data)
 
 
-def decode_many(kind: str, texts: list[str]) -> list[Any]:
-    """Every record, or ValueError (pydantic's ValidationError is one) if any is unreadable."""
+def decode_many(kind: str, texts: Sequence[str | bytes]) -> list[Any]:
+    """Every record (its JSON as text, or as UTF-8 bytes), or ValueError (pydantic's
+    ValidationError is one, as are bytes that are not UTF-8) if any is unreadable."""
     adapter = LIST_ADAPTERS.get(kind)
     if adapter is None:
         return [_ANY.decode(text) for text in texts]
     # One validate_json call over a JSON array is far faster than one call per record.
-    return adapter.validate_json("[" + ",".join(texts) + "]")
+    return adapter.validate_json(_json_array(texts))
 
 
-def decode_one(kind: str, text: str) -> Any:
+def _json_array(texts: Sequence[str | bytes]) -> str | bytes:
+    if all(isinstance(text, bytes) for text in texts):
+        return b"[" + b",".join(cast("Sequence[bytes]", texts)) + b"]"
+    return "[" + ",".join(text if isinstance(text, str) else text.decode("utf-8") for text in texts) + "]"
+
+
+def decode_one(kind: str, text: str | bytes) -> Any:
     adapter = ADAPTERS.get(kind)
     if adapter is None:
         return _ANY.decode(text)

@@ -63,8 +63,11 @@ NAME_OF: dict[Dialect, str] = {
 }
 # Whether anything is stored under a name, as GitHub compares names (readable or not).
 STORED = "SELECT 1 FROM records WHERE repo = '' AND kind = 'repo' AND lower(key) = lower(?)"
-LOAD = "SELECT kind, key, data FROM records WHERE repo = ?"
-GET = "SELECT data FROM records WHERE repo = ? AND kind = ? AND key = ?"
+# SQLite hands each record over as bytes: decoded as text, one that is not UTF-8 (or typed
+# BLOB by a hand edit) failed the whole query, and its repository could not load at all.
+STORED_DATA: dict[Dialect, str] = {"sqlite": "CAST(data AS BLOB)", "postgresql": "data"}
+LOAD = "SELECT kind, key, {data} FROM records WHERE repo = ?"
+GET = "SELECT {data} FROM records WHERE repo = ? AND kind = ? AND key = ?"
 # An attempt's completion time (ISO text), NULL when the record has none. SQLite's TEXT
 # column may hold text that is not JSON, on which json_extract would fail the whole query.
 COMPLETED_AT: dict[Dialect, str] = {
@@ -81,8 +84,10 @@ class StateStore:
         self.db = db
         # Shared with the delivery store, so a delivery's status commits with its changes.
         self.writer = writer or Writer(db)
-        completed_at = COMPLETED_AT[db.dialect]
-        self._load_since = LOAD_SINCE.format(completed_at=completed_at)
+        completed_at, data = COMPLETED_AT[db.dialect], STORED_DATA[db.dialect]
+        self._load = LOAD.format(data=data)
+        self._get = GET.format(data=data)
+        self._load_since = LOAD_SINCE.format(completed_at=completed_at, data=data)
         self._prune_attempts = PRUNE_ATTEMPTS.format(completed_at=completed_at)
         # Replicas (PostgreSQL): this process's owner name (set by `Replicas`). Changes then
         # commit only while no other replica holds their repositories' leases (a delivery's
@@ -141,10 +146,10 @@ class StateStore:
         history no rule reads, and decoding them dominated the time of a restart.
         """
         if attempts_since is None:
-            rows = await self.db.fetch(LOAD, repo)
+            rows = await self.db.fetch(self._load, repo)
         else:
             rows = await self.db.fetch(self._load_since, repo, attempts_since)
-        grouped: dict[str, tuple[list[str], list[str]]] = defaultdict(lambda: ([], []))
+        grouped: dict[str, tuple[list[str], list[str | bytes]]] = defaultdict(lambda: ([], []))
         for kind, key, data in rows:
             keys, texts = grouped[kind]
             keys.append(key)
@@ -169,7 +174,7 @@ class StateStore:
 
     async def get(self, repo: str, kind: str, key: str) -> Any | None:
         """The record's value; None when it is absent or unreadable (then reported)."""
-        rows = await self.db.fetch(GET, repo, kind, key)
+        rows = await self.db.fetch(self._get, repo, kind, key)
         if not rows:
             return None
         return _decode(repo, kind, [key], [rows[0][0]]).get(key)
@@ -189,7 +194,7 @@ class StateStore:
         return document
 
 
-def _decode(repo: str, kind: str, keys: list[str], texts: list[str]) -> dict[str, Any]:
+def _decode(repo: str, kind: str, keys: list[str], texts: list[str | bytes]) -> dict[str, Any]:
     try:
         # strict: text that is not one JSON value could split into several array items.
         return dict(zip(keys, decode_many(kind, texts), strict=True))
@@ -198,7 +203,7 @@ def _decode(repo: str, kind: str, keys: list[str], texts: list[str]) -> dict[str
         return dict(_readable(repo, kind, keys, texts))
 
 
-def _readable(repo: str, kind: str, keys: list[str], texts: list[str]) -> Iterator[tuple[str, Any]]:
+def _readable(repo: str, kind: str, keys: list[str], texts: list[str | bytes]) -> Iterator[tuple[str, Any]]:
     for key, text in zip(keys, texts, strict=True):
         try:
             yield key, decode_one(kind, text)

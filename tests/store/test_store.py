@@ -221,3 +221,30 @@ async def test_a_renamed_repository_moves_its_records_and_waves_and_leaves_the_o
     # Its deliveries still to process follow it (with replicas, to the new name's lease).
     assert await stores.deliveries.waiting_repos() == {"o/renamed"}
     assert (await stores.deliveries.get("d1")).repo == "O/R"  # type: ignore[union-attr]  # history stays
+
+
+@pytest.mark.parametrize(("stored_as", "readable"), [
+    ("CAST(data AS BLOB)", True),  # what the sqlite3 shell's readfile() writes: the same JSON, typed BLOB
+    ("CAST(X'7B22FF22' AS TEXT)", False),  # not UTF-8: a corrupted page, a hand edit
+])
+async def test_a_sqlite_record_typed_blob_or_not_utf8_costs_only_itself(tmp_path, stored_as, readable):
+    # What this catches: SQLite decoded every record as text, so one such row failed the
+    # repository's whole load, and with it every start of `klaud serve` and `klaud plan`.
+    path = tmp_path / "klaud.db"
+    stores = await open_stores(f"sqlite:///{path}")
+    await stores.state.apply(Change().put("o/r", "family", family("good").id, family("good"))
+                             .put("o/r", "family", family("odd").id, family("odd")))
+    await stores.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"UPDATE records SET data = {stored_as} WHERE key = ?", (family("odd").id,))
+    stores = await open_stores(f"sqlite:///{path}")
+    try:
+        with capture_logs() as logs:
+            loaded = await stores.state.load("o/r")
+            odd = await stores.state.get("o/r", "family", family("odd").id)
+    finally:
+        await stores.close()
+    assert family("good").id in loaded["family"]
+    assert (family("odd").id in loaded["family"]) is readable and (odd == family("odd")) is readable
+    reports = [e for e in logs if e["event"] == "store.record_unreadable"]
+    assert len(reports) == (0 if readable else 2) and all("invalid unicode" in e["reason"] for e in reports)

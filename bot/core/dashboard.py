@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from bot.core.catalog import config_problems
-from bot.core.commands import MAX_TEXT, code_span, describe_hold, with_until
+from bot.core.commands import MAX_TEXT, code_span, describe_hold, table_cell, with_until
 from bot.core.cooldown import human_time
 from bot.core.domain import (
     CANDIDATE_RE,
@@ -162,7 +162,8 @@ def _stalest_section(families: Sequence[Family], now: datetime) -> list[str]:
     ordered = sorted(families, key=lambda f: (f.image_changed_at is not None, f.image_changed_at or now, f.id))
     lines = ["## Stalest images", "", "| Family | Image | Image age |", "| --- | --- | --- |"]
     for family in ordered[:STALEST_SHOWN]:
-        lines.append(f"| {code_span(family.id)} | {code_span(family.image)} | {image_age(family, now)} |")
+        cells = (table_cell(code_span(family.id)), table_cell(code_span(family.image)), image_age(family, now))
+        lines.append(f"| {' | '.join(cells)} |")
     return [*lines, ""]
 
 

@@ -141,6 +141,19 @@ def test_a_body_of_blank_lines_is_scanned_at_once_and_indented_boxes_still_count
     ]
 
 
+def _gfm_cells(row: str) -> list[str]:
+    """A GFM table row's cells: split on every `|` not escaped by a backslash (GFM splits on
+    them inside code spans too)."""
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
+
+
+def test_a_pipe_in_an_image_or_family_key_keeps_the_stalest_images_row_to_three_cells() -> None:
+    piped = family("we|ird", image="registry|mirror/img:1", image_changed_at=NOW)
+    body = render_dashboard(view(families=[piped], cooling=[], holds=[], retries=[]))
+    [row] = [line for line in body.splitlines() if line.startswith("| ") and "we" in line]
+    assert _gfm_cells(row) == [r"`configs/x-master.yaml:we\|ird`", r"`registry\|mirror/img:1`", "0 days"]
+
+
 def test_each_configuration_problem_is_a_list_item_of_its_own() -> None:
     body = render_dashboard(view(config_errors={"configs/runners.yaml": "runner x_0 names no cluster\nrunner y_1 names no cluster"}))
     assert "- `configs/runners.yaml`: runner x_0 names no cluster\n- `configs/runners.yaml`: runner y_1 names no cluster" in body

@@ -9,6 +9,8 @@ import re
 import zlib
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from bot.core.dashboard import (
     BODY_LIMIT,
     BOXES_SHOWN,
@@ -131,6 +133,16 @@ def test_ticked_finds_only_the_boxes_a_person_ticked_now() -> None:
     assert ticked(after, after) == []
     both = after.replace(f"- [ ] unhold `{C.id}`", f"- [X] unhold `{C.id}`")
     assert ticked(before, both) == [("retry", B.id), ("unhold", C.id)]
+
+
+@pytest.mark.parametrize("key", ["tick`y", "double``tick", "ends-with`"])
+def test_the_box_of_a_family_whose_key_has_backticks_reads_back_the_family_it_was_rendered_for(key: str) -> None:
+    # What this catches: such a key renders in a longer backtick fence (and, ending with a
+    # backtick, padded with spaces), and the box reader took single-backtick spans only.
+    ticky = family(key)
+    before = render_dashboard(view(cooling=[(ticky, "cooling down", None)], holds=[Hold(ticky.id, "alice", "r", NOW)]))
+    after = before.replace("- [ ] retry", "- [x] retry").replace("- [ ] unhold", "- [x] unhold")
+    assert ticked(before, after) == [("retry", ticky.id), ("unhold", ticky.id)]
 
 
 def test_a_body_of_blank_lines_is_scanned_at_once_and_indented_boxes_still_count() -> None:

@@ -105,9 +105,7 @@ class Settings(BaseModel):
     @field_validator("github_url", "capacity_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http(s) URL")
-        return value.rstrip("/") if value else value
+        return _checked_http_url(value).rstrip("/") if value is not None else value
 
     def secrets(self) -> list[str]:
         """Webhook secrets to accept, current first."""
@@ -198,6 +196,22 @@ def load_settings(
                 "KLAUD_PRIVATE_KEY: required (or KLAUD_PRIVATE_KEY_FILE) to sign App JWTs"
             )
     return settings
+
+
+def _checked_http_url(value: str) -> str:
+    """An http(s) URL with a host and a port that is a number in range: read later, a URL
+    without them is a traceback at the GitHub client's first request, or a capacity feed
+    whose every read fails."""
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must be an http(s) URL")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (read for its check: a port out of range or not a number raises)
+    except ValueError:
+        raise ValueError("not a URL (http(s)://HOST[:PORT][/PATH], PORT a number up to 65535)") from None
+    if not parts.hostname:
+        raise ValueError("needs a host (http(s)://HOST[:PORT][/PATH])")
+    return value
 
 
 def _checked_postgresql_url(value: str) -> str:

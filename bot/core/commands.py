@@ -611,8 +611,14 @@ def render_status(view: StatusView) -> str:
 # ------------------------------------------------- Markdown pieces shared with checks
 
 
+def table_cell(text: str) -> str:
+    """`text` made safe as one cell of a Markdown table."""
+    # A pipe would end the table cell even inside a code span.
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def facts_table(facts: Sequence[tuple[str, str]]) -> list[str]:
-    return ["| | |", "| --- | --- |", *(f"| {name} | {_cell(value)} |" for name, value in facts)]
+    return ["| | |", "| --- | --- |", *(f"| {name} | {table_cell(value)} |" for name, value in facts)]
 
 
 def attempts_table_header() -> list[str]:
@@ -654,7 +660,7 @@ def _attempt_row(attempt: Attempt, repo: str | None, web_url: str) -> str:
         pull,
         run,
     ]
-    return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
+    return "| " + " | ".join(table_cell(cell) for cell in cells) + " |"
 
 
 def _overlaps_inline(overlaps: Sequence[Overlap]) -> str:
@@ -693,11 +699,6 @@ def code_span(text: str) -> str:
     ticks = "`" * (longest + 1)
     padded = f" {flat} " if flat.startswith("`") or flat.endswith("`") else flat
     return f"{ticks}{padded}{ticks}"
-
-
-def _cell(text: str) -> str:
-    # A pipe would end the table cell even inside a code span.
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _answer(*lines: str) -> str:

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from bot.core.catalog import config_problems
-from bot.core.commands import MAX_TEXT, code_span, describe_hold, with_until
+from bot.core.commands import MAX_TEXT, code_span, describe_hold, table_cell, with_until
 from bot.core.cooldown import human_time
 from bot.core.domain import (
     CANDIDATE_RE,
@@ -53,8 +53,13 @@ MARKER_MAX_JSON = 1024 * 1024
 MAX_LOGIN = 64  # characters of a login read from a marker (GitHub's are at most 39, "[bot]" aside)
 _MARKER_RE = re.compile(r"<!-- klaud-dashboard:v(?P<version>[12]):(?P<data>[A-Za-z0-9_=-]+) -->")
 # `[ \t]*`, not `\s*`: in multiline mode `\s*` crosses newlines, and a body of 65,000
-# blank lines took 8 s of the event loop to scan.
-_BOX_RE = re.compile(r"^[ \t]*- \[(?P<mark>[ xX])\] (?P<verb>retry|unhold) `(?P<family>[^`]+)`", re.MULTILINE)
+# blank lines took 8 s of the event loop to scan. The family is a code span as `code_span`
+# writes it: a fence of as many backticks as it takes, closed by a run of exactly as many.
+_BOX_RE = re.compile(
+    r"^[ \t]*- \[(?P<mark>[ xX])\] (?P<verb>retry|unhold) "
+    r"(?P<fence>`+)(?!`)(?P<family>.+?)(?<!`)(?P=fence)(?!`)",
+    re.MULTILINE,
+)
 
 BoxVerb = Literal["retry", "unhold"]
 
@@ -162,7 +167,8 @@ def _stalest_section(families: Sequence[Family], now: datetime) -> list[str]:
     ordered = sorted(families, key=lambda f: (f.image_changed_at is not None, f.image_changed_at or now, f.id))
     lines = ["## Stalest images", "", "| Family | Image | Image age |", "| --- | --- | --- |"]
     for family in ordered[:STALEST_SHOWN]:
-        lines.append(f"| {code_span(family.id)} | {code_span(family.image)} | {image_age(family, now)} |")
+        cells = (table_cell(code_span(family.id)), table_cell(code_span(family.image)), image_age(family, now))
+        lines.append(f"| {' | '.join(cells)} |")
     return [*lines, ""]
 
 
@@ -272,5 +278,13 @@ def _ticked_boxes(body: str) -> list[tuple[BoxVerb, str]]:
     boxes: list[tuple[BoxVerb, str]] = []
     for match in _BOX_RE.finditer(body):
         if match["mark"] != " ":
-            boxes.append(("retry" if match["verb"] == "retry" else "unhold", match["family"]))
+            boxes.append(("retry" if match["verb"] == "retry" else "unhold", _span_text(match["family"])))
     return boxes
+
+
+def _span_text(inside: str) -> str:
+    """What a code span's fences enclose, read as CommonMark does: `code_span` pads text that
+    begins or ends with a backtick with one space each side, and the reader drops them."""
+    if inside.startswith(" ") and inside.endswith(" ") and inside.strip(" "):
+        return inside[1:-1]
+    return inside

@@ -29,7 +29,8 @@ REQUIRED_EVENTS = frozenset(
      "repository"}
 )
 _LEVELS = {"none": 0, "read": 1, "write": 2, "admin": 3}
-_RUN_NAME_RE = re.compile(r"^run-name:.*\$\{\{\s*inputs\.(?P<input>[\w-]+)\s*\}\}", re.MULTILINE)
+_RUN_NAME_RE = re.compile(r"^run-name:(?P<title>.*)$", re.MULTILINE)
+_EXPRESSION_RE = re.compile(r"\$\{\{(?P<expression>.*?)\}\}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +80,7 @@ def workflow_checks(workflow: str, text: str | None, errors: Sequence[SetupError
             Check("candidate workflow", False, error.detail, _workflow_hint(error.code)) for error in errors
         ]
     checks = [Check("candidate workflow", True, f"{path} takes Klaud's dispatches")]
-    run_name = _RUN_NAME_RE.search(text or "")
-    if candidate_input is not None and (run_name is None or run_name["input"] != candidate_input):
+    if candidate_input is not None and not _run_name_reads(text or "", candidate_input):
         checks.append(
             Check(
                 "run-name", False, f"{path} does not name its runs with the candidate id",
@@ -90,6 +90,16 @@ def workflow_checks(workflow: str, text: str | None, errors: Sequence[SetupError
     else:
         checks.append(Check("run-name", True, "runs are titled with the candidate id"))
     return checks
+
+
+def _run_name_reads(workflow: str, candidate_input: str) -> bool:
+    """Whether an expression of the workflow's run-name reads the input, in either of the
+    forms GitHub gives dispatch inputs: `inputs.X` or `github.event.inputs.X`."""
+    run_name = _RUN_NAME_RE.search(workflow)
+    if run_name is None:
+        return False
+    reads = re.compile(rf"(?<![\w.-])(?:github\.event\.)?inputs\.{re.escape(candidate_input)}(?![\w-])")
+    return any(reads.search(found["expression"]) for found in _EXPRESSION_RE.finditer(run_name["title"]))
 
 
 def _workflow_hint(code: str) -> str:

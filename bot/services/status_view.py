@@ -257,11 +257,15 @@ class StatusViews:
 
     async def family(self, repo: str, family_id: str) -> FamilyPage | None:
         state = self.live.repo(repo)
-        family = state.catalog.get(family_id) if state is not None else None
-        if state is None or family is None:
-            return None
+        if state is None or family_id not in state.catalog:
+            return None  # at once, without waiting on the capacity feed
         now = self.clock.now()
         plan = await self.waves.preview_state(state, now)
+        # Deliveries go on while the capacity feed is read: a push may have removed or
+        # changed the family. The plan was made from the catalog after the read; so is this.
+        family = state.catalog.get(family_id)
+        if family is None:
+            return None
         [(priority, decision)] = ((n, d) for n, d in enumerate(plan.decisions, start=1) if d.family == family.id)
         overlaps = tuple(state.overlap.overlaps(family, now, state.policy.idle_days))
         return FamilyPage(

@@ -64,14 +64,16 @@ def repo_url(repo: str) -> str:
     return f"/repos/{repo}"
 
 
-DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}
+DOT_SEGMENTS = frozenset({".", ".."})
 
 
 def family_url(repo: str, family: str) -> str:
-    # Family ids hold `/` and `:`, which the route's path parameter takes as they are; a
-    # `.` or `..` segment is escaped, else the browser resolves it away (RFC 3986).
-    segments = [DOT_SEGMENTS.get(part) or quote(part, safe=":") for part in family.split("/")]
-    return f"/repos/{repo}/families/{'/'.join(segments)}"
+    # Family ids hold `/` and `:`, which the route's path parameter takes as they are. A
+    # `.` or `..` segment cannot be escaped on its own: browsers (WHATWG URL) and yarl
+    # resolve `%2E%2E` away like `..`. Such an id escapes its slashes instead, making one
+    # segment that is no dot segment; the route reads `%2F` back as `/`.
+    safe = ":" if DOT_SEGMENTS.intersection(family.split("/")) else ":/"
+    return f"/repos/{repo}/families/{quote(family, safe=safe)}"
 
 
 def github_url(repo: str, *path: object) -> str:

@@ -9,6 +9,8 @@ import re
 import zlib
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from bot.core.dashboard import (
     BODY_LIMIT,
     BOXES_SHOWN,
@@ -133,12 +135,35 @@ def test_ticked_finds_only_the_boxes_a_person_ticked_now() -> None:
     assert ticked(before, both) == [("retry", B.id), ("unhold", C.id)]
 
 
+@pytest.mark.parametrize("key", ["tick`y", "double``tick", "ends-with`"])
+def test_the_box_of_a_family_whose_key_has_backticks_reads_back_the_family_it_was_rendered_for(key: str) -> None:
+    # What this catches: such a key renders in a longer backtick fence (and, ending with a
+    # backtick, padded with spaces), and the box reader took single-backtick spans only.
+    ticky = family(key)
+    before = render_dashboard(view(cooling=[(ticky, "cooling down", None)], holds=[Hold(ticky.id, "alice", "r", NOW)]))
+    after = before.replace("- [ ] retry", "- [x] retry").replace("- [ ] unhold", "- [x] unhold")
+    assert ticked(before, after) == [("retry", ticky.id), ("unhold", ticky.id)]
+
+
 def test_a_body_of_blank_lines_is_scanned_at_once_and_indented_boxes_still_count() -> None:
     # Anyone who may edit the issue can send this; it is read before permissions are asked.
     blank = "\n" * 200_000
     assert ticked("", blank + f"  - [x] retry `{B.id}`\n\t- [x] unhold `{C.id}`" + blank) == [
         ("retry", B.id), ("unhold", C.id),
     ]
+
+
+def _gfm_cells(row: str) -> list[str]:
+    """A GFM table row's cells: split on every `|` not escaped by a backslash (GFM splits on
+    them inside code spans too)."""
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
+
+
+def test_a_pipe_in_an_image_or_family_key_keeps_the_stalest_images_row_to_three_cells() -> None:
+    piped = family("we|ird", image="registry|mirror/img:1", image_changed_at=NOW)
+    body = render_dashboard(view(families=[piped], cooling=[], holds=[], retries=[]))
+    [row] = [line for line in body.splitlines() if line.startswith("| ") and "we" in line]
+    assert _gfm_cells(row) == [r"`configs/x-master.yaml:we\|ird`", r"`registry\|mirror/img:1`", "0 days"]
 
 
 def test_each_configuration_problem_is_a_list_item_of_its_own() -> None:

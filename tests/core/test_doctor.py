@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bot.core.doctor import (
@@ -45,6 +46,30 @@ def test_the_workflow_needs_a_run_name_with_the_candidate() -> None:
     assert [c.ok for c in checks] == [True, False] and "inputs.candidate" in checks[1].hint
     named = "run-name: Klaud ${{ inputs.candidate }}\n" + text
     assert all(c.ok for c in workflow_checks("w.yml", named, [], "candidate"))
+
+
+@pytest.mark.parametrize("run_name", [
+    "run-name: Klaud Cold ${{ inputs.candidate }} for ${{ inputs.family }}",
+    "run-name: Klaud Cold ${{ github.event.inputs.candidate }}",
+    "run-name: ${{ format('Klaud Cold {0}', inputs.candidate) }}",
+])
+def test_a_run_name_with_the_candidate_in_any_of_its_expressions_passes(run_name: str) -> None:
+    # What this catches: only the last `${{ inputs.X }}` of the line was read, and never
+    # `github.event.inputs.X`: a workflow titling its runs correctly failed the doctor.
+    text = run_name + "\non:\n  workflow_dispatch:\n    inputs: {candidate: {}, family: {}}\n"
+    checks = workflow_checks("klaud-candidate.yml", text, [], "candidate")
+    assert [(c.name, c.ok) for c in checks] == [("candidate workflow", True), ("run-name", True)], checks[-1].detail
+
+
+@pytest.mark.parametrize("run_name", [
+    "run-name: Klaud Cold ${{ inputs.candidate_id }}",
+    "run-name: Klaud Cold ${{ github.event.client_payload.inputs.candidate }}",
+    "run-name: Klaud Cold inputs.candidate",
+])
+def test_a_run_name_without_the_candidate_input_fails(run_name: str) -> None:
+    text = run_name + "\non:\n  workflow_dispatch:\n    inputs: {candidate: {}}\n"
+    checks = workflow_checks("klaud-candidate.yml", text, [], "candidate")
+    assert [(c.name, c.ok) for c in checks] == [("candidate workflow", True), ("run-name", False)]
 
 
 def test_setup_errors_become_failed_checks_with_hints() -> None:

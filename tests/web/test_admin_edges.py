@@ -8,7 +8,7 @@ import html
 import re
 from dataclasses import replace
 from datetime import timedelta
-from urllib.parse import urljoin
+from urllib.parse import unquote, urljoin
 
 import yaml
 
@@ -46,20 +46,44 @@ async def test_repository_page_survives_image_changes_dated_after_now(tmp_path):
             assert response.status == 200, await response.text()
 
 
-async def test_every_family_link_on_the_repository_page_opens_its_family(tmp_path):
+def with_dot_segment_families() -> dict:
+    """The scenario plus two families whose keys hold a `..` and a `.` path segment."""
     scenario = sc.scenario()
     block = "  image: x/y:1\n  model: m\n  model-prefix: m\n  runner: b200\n  precision: fp4\n  framework: sglang\n"
     scenario["repositories"][0]["files"]["configs/odd-master.yaml"] = "".join(
         quoted(key) + ":\n" + block for key in ("a/../b", "a/./b")
     )
-    async with sandbox_stack(tmp_path, scenario) as run:
-        async with run.klaud.session.get(f"{run.admin_url}/repos/acme/bench") as response:
-            body = await response.text()
-        links = [html.unescape(link) for link in re.findall(r'href="(/repos/acme/bench/families/[^"]+)"', body)]
+    return scenario
+
+
+async def family_links(run) -> list[str]:
+    async with run.klaud.session.get(f"{run.admin_url}/repos/acme/bench") as response:
+        body = await response.text()
+    return [html.unescape(link) for link in re.findall(r'href="(/repos/acme/bench/families/[^"]+)"', body)]
+
+
+async def test_every_family_link_on_the_repository_page_opens_its_family(tmp_path):
+    async with sandbox_stack(tmp_path, with_dot_segment_families()) as run:
+        links = await family_links(run)
         assert len(links) == 7
         for link in links:  # resolved as a browser resolves an href (RFC 3986 dot segments)
             path = urljoin(f"{run.admin_url}/repos/acme/bench", link)[len(run.admin_url):]
             assert await raw_status(run.admin_url, path) == 200, (link, path)
+
+
+async def test_a_family_link_with_a_dot_segment_opens_its_family_where_escaped_dots_are_resolved(tmp_path):
+    # What this catches: `..` was escaped as `%2E%2E`, which browsers (WHATWG URL) and yarl
+    # resolve as a dot segment all the same: the link led to a 404.
+    async with sandbox_stack(tmp_path, with_dot_segment_families()) as run:
+        links = await family_links(run)
+        for key in ("a/../b", "a/./b"):
+            [link] = [link for link in links if unquote(link).endswith(f":{key}")]
+            async with run.klaud.session.get(f"{run.admin_url}{link}") as answer:  # yarl resolves them
+                assert answer.status == 200, link
+                assert f'<h1><span class="path">configs/odd-master.yaml:</span>{key}</h1>' in await answer.text()
+        # Every other family keeps the link it had: its id, as it reads.
+        plain = {f"/repos/acme/bench/families/{family}" for family in sc.FAMILIES}
+        assert plain <= set(links)
 
 
 async def test_the_bearer_scheme_is_case_insensitive(tmp_path):

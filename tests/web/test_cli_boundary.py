@@ -135,6 +135,31 @@ def test_bad_settings_name_the_variable_that_was_set(tmp_path, env, says):
     assert str(refused.value).startswith(says) and "pw" not in str(refused.value)
 
 
+@pytest.mark.parametrize("variable", ["KLAUD_GITHUB_URL", "KLAUD_CAPACITY_URL"])
+@pytest.mark.parametrize("url", ["https://ghe.example.com:443333/api/v3", "https://[::1/api/v3", "http://", "http://host:port"])
+def test_an_http_url_without_a_host_or_a_port_in_range_is_refused_naming_the_variable(variable, url):
+    # What this catches: only the `http(s)://` prefix was checked; the GitHub client read the
+    # port at its first request and the command ended with a traceback.
+    from bot.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match=f"^{variable}: "):
+        load_settings({variable: url})
+
+
+def test_doctor_with_a_github_url_whose_port_is_out_of_range_exits_2_in_one_line(tmp_path):
+    # With the App's identity set, the doctor reaches the GitHub client: its first request
+    # ended with a traceback and exit 1.
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (tmp_path / "key.pem").write_bytes(pem)
+    env = klaud_env(tmp_path, KLAUD_APP_ID="1", KLAUD_PRIVATE_KEY_FILE=str(tmp_path / "key.pem"),
+                    KLAUD_GITHUB_URL="https://ghe.example.com:443333/api/v3")
+    done = run_klaud(["doctor"], env)
+    assert "Traceback" not in done.stderr, done.stderr[-1500:]
+    assert done.returncode == 2
+    assert one_line(done.stderr).startswith("klaud: KLAUD_GITHUB_URL: not a URL")
+
+
 @pytest.mark.parametrize("password", ["Zm9vYmFy/c2VjcmV0", "S3cr#etPassw0rd", "8675/SECRETTAIL", "hunter2?xyzzy/plugh"])
 def test_a_password_that_is_not_percent_encoded_is_never_quoted(password):
     # What this catches: urlsplit cut such a password into the port or the path, and the

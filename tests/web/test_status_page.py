@@ -4,6 +4,7 @@ the family page's attempts, 404s, the admin token, and escaping of text people t
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import re
@@ -142,6 +143,31 @@ async def test_names_are_case_insensitive_and_unknown_ones_answer_a_friendly_404
         status, body, headers = await get(run, path)
         assert (status, headers["Content-Type"].split(";")[0]) == (404, "text/html"), path
         assert says in html.unescape(body) and 'href="/"' in body
+
+
+async def test_a_family_that_leaves_the_configs_while_its_page_reads_the_capacity_feed_answers_404(tmp_path):
+    # What this catches: the page looked its family up before the capacity read and its
+    # decision after, in a plan that no longer had it: a 500.
+    gone = "configs/amd-master.yaml:llama70b-fp8-mi300x-vllm"
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        capacity = run.klaud.status.waves.capacity
+        real_read, reading, release = capacity.read, asyncio.Event(), asyncio.Event()
+
+        async def slow_read():  # the feed answering slowly (up to 15 s a try, three tries)
+            reading.set()
+            await release.wait()
+            return await real_read()
+
+        capacity.read = slow_read
+        asked = asyncio.create_task(get(run, f"/repos/acme/bench/families/{gone}"))
+        await reading.wait()
+        without = sc.AMD[: sc.AMD.index("llama70b-fp8-mi300x-vllm:")]
+        await run.act({"action": "push_default", "repo": REPO, "files": {"configs/amd-master.yaml": without}})
+        assert gone not in [f["family"] for f in run.state()["families"]]
+        release.set()
+        status, body, _ = await asked
+        assert status == 404, body[:300]
+        assert f"acme/bench has no family {gone}." in html.unescape(body)
 
 
 async def test_text_people_typed_is_escaped(run):

@@ -270,10 +270,8 @@ def pull_record(
     files_sha: str | None,
 ) -> PullRequest:
     """What the overlap index keeps of an open PR (from a webhook or the pulls API alike)."""
-    head_repo = pull.head.repo.full_name if pull.head.repo is not None else None
     author = pull.user.login or ""
-    same_repo = head_repo is not None and head_repo.lower() == repo.lower()
-    own, fam16 = is_klaud_own(pull.head.ref, author, same_repo, bot_logins)
+    own, fam16 = is_klaud_own(pull.head.ref, author, _head_in_base_repo(repo, pull), bot_logins)
     return PullRequest(
         number=pull.number,
         title=pull.title,
@@ -291,6 +289,20 @@ def pull_record(
         files_complete=files_complete,
         files_sha=files_sha,
     )
+
+
+def _head_in_base_repo(repo: str, pull: events.PullRequest) -> bool:
+    """Whether the PR's branch lives in the repository itself (`repo`), not in a fork.
+
+    Ids first: an event sent before a rename, handled after it, names both repositories by
+    the old name while `repo` is the new one. Names only when a payload carries no ids.
+    """
+    head, base = pull.head.repo, pull.base.repo
+    if head is None:
+        return False  # the fork was deleted
+    if head.id is not None and base is not None and base.id is not None:
+        return head.id == base.id
+    return head.full_name.lower() == repo.lower()
 
 
 def is_idle(pr: PullRequest, now: datetime, idle_days: int) -> bool:

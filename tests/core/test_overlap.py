@@ -774,6 +774,21 @@ def test_pull_record_klaud_branch_counts_only_in_the_same_repository() -> None:
     assert (deleted_fork.klaud_own, deleted_fork.own_family_hash) == (False, None)
 
 
+def test_pull_record_knows_the_same_repository_by_its_id_under_any_name() -> None:
+    # An event sent before a rename names both sides by the old name; a repository that took
+    # a freed name is another one all the same.
+    def sides(head: dict[str, object], base: dict[str, object]):
+        payload = pull_event(candidate_branch(ALPHA.candidate), "bob", None).model_dump(mode="json")
+        payload["head"]["repo"], payload["base"]["repo"] = head, base
+        pull = events.PullRequest.model_validate(payload)
+        return pull_record("acme/bench", pull, BOTS, changes=(), files_complete=True, files_sha=None)
+
+    renamed = sides({"full_name": "acme/old-bench", "id": 1}, {"full_name": "acme/old-bench", "id": 1})
+    assert (renamed.klaud_own, renamed.own_family_hash) == (True, ALPHA.family_hash)
+    reused_name = sides({"full_name": "acme/bench", "id": 2}, {"full_name": "acme/bench", "id": 1})
+    assert (reused_name.klaud_own, reused_name.own_family_hash) == (False, None)
+
+
 def test_pull_record_by_a_bot_login_is_klaud_own_and_keeps_its_author() -> None:
     bot = record("bump-x", "Klaud-Cold", "acme/bench")
     assert bot.klaud_own and bot.own_family_hash is None and bot.author == "Klaud-Cold"

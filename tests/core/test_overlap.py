@@ -393,6 +393,57 @@ def test_a_diff_of_more_keys_than_the_cap_is_kept_as_unavailable() -> None:
     }
 
 
+# A family key of 80+ characters (MAX_FAMILY_KEY admits 200): git cuts a hunk header's
+# context to 80 bytes, so the header names the key without its `:`.
+LONG_KEY = "dsr1-fp8-h200-trt-" + "x" * 70
+LONG_BASE = f"""first-family:
+  image: a:1
+  runner: cluster:h200-nb
+  model-prefix: dsr1
+{LONG_KEY}:
+  image: nvcr.io/nvidia/tensorrt-llm/release:1.2.0rc4
+  model: deepseek-r1
+  model-prefix: dsr1
+  runner: cluster:h200-nb
+  precision: fp8
+  framework: trt
+  tp: 8
+  ep: 1
+  conc: 4
+  other: 1
+"""
+LONG_HEAD = LONG_BASE.replace("  tp: 8\n", "  tp: 4\n")
+# `git diff --no-index` of the two (git 2.39), hunk header as git prints it.
+LONG_GIT_PATCH = (
+    "@@ -9,7 +9,7 @@ " + LONG_KEY[:80] + "\n"
+    "   runner: cluster:h200-nb\n   precision: fp8\n   framework: trt\n-  tp: 8\n+  tp: 4\n"
+    "   ep: 1\n   conc: 4\n   other: 1\n"
+)
+
+
+def test_a_hunk_header_cut_inside_a_long_key_names_the_one_family_key_it_begins() -> None:
+    assert unified_diff(LONG_BASE, LONG_HEAD) == LONG_GIT_PATCH  # the sandbox's diff agrees
+    assert touched_keys(LONG_GIT_PATCH, {"first-family", LONG_KEY}) == {LONG_KEY: "flags"}
+
+
+def test_a_settings_change_of_a_family_with_a_long_key_blocks_it() -> None:
+    catalog = Catalog(read_master(NV, LONG_BASE, None).families)
+    assert LONG_KEY in {f.key for f in catalog}  # a live family
+    change = file_change_from_patch(NV, LONG_GIT_PATCH, known_keys={f.key for f in catalog.families_of(NV)})
+    assert pull_touches(pull(7, (change,)), catalog) == {f"{NV}:{LONG_KEY}": "flags"}
+
+
+@pytest.mark.parametrize(
+    "known", [set(), {"first-family"}, {LONG_KEY, LONG_KEY[:80] + "-other"}], ids=["none", "no match", "two match"]
+)
+def test_a_cut_key_no_single_family_key_completes_leaves_the_patch_to_the_contents(known: set[str]) -> None:
+    # Never a PR that touches a family and silently overlaps nothing: the patch is
+    # `unavailable`, as when GitHub omits it, and the contents say which block changed.
+    assert touched_keys(LONG_GIT_PATCH, known) is None
+    assert file_change_from_patch(NV, LONG_GIT_PATCH, known_keys=known) == FileChange(NV, unavailable=True)
+    assert file_change_from_contents(NV, LONG_BASE, LONG_HEAD).keys == {LONG_KEY: "flags"}
+
+
 # --- PR -> families ---------------------------------------------------------------
 
 

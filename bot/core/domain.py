@@ -221,7 +221,8 @@ class FileChange:
 
     `keys` maps a top-level key of a master config to "image" (the key's own `image:` line
     changed) or "flags" (any other non-blank, non-comment line of its block changed).
-    `unavailable` is set when neither the patch nor a local diff could be had: the PR then
+    `unavailable` is set when neither a usable patch (GitHub may omit it, and a hunk header
+    may name a cut key no family key completes) nor a local diff could be had: the PR then
     overlaps every family of that file with reason `patch-unavailable`. `oversized` says why
     when the diff was had but touched more keys than Klaud keeps: reading it again gives the
     same answer, so it is not read again for the same head.
@@ -232,6 +233,11 @@ class FileChange:
     keys: dict[str, Literal["image", "flags"]] = field(default_factory=dict)
     unavailable: bool = False
     oversized: bool = False
+
+    @property
+    def diff_missing(self) -> bool:
+        """Neither the patch nor a local diff said what changed: a later read may."""
+        return self.unavailable and not self.oversized
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,15 @@ Which family a changed line belongs to comes from the patch alone: the hunk head
 context (git's funcname, the nearest line above the hunk starting with a letter) names the
 enclosing top-level key, and top-level key lines inside the hunk move it. The old and the
 new side keep their own current key, because a hunk can remove lines of one block and add
-lines of another.
+lines of another. git cuts that context to 80 bytes: a longer key's line arrives without
+its `:`, and the file's family keys complete it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -69,18 +71,22 @@ def file_change_from_patch(
     patch: str | None,
     previous_filename: str | None = None,
     status: str = "modified",
+    *,
+    known_keys: Collection[str] = (),
 ) -> FileChange:
     """What a master config's patch touches: top-level key -> "image" or "flags".
 
     Call it for master configs only; any other file is `FileChange(filename)`.
-    A None patch means GitHub left it out: try `file_change_from_contents` first, and
-    keep this `unavailable` answer only when the contents cannot be had either.
+    A None patch means GitHub left it out, and a patch whose cut hunk-header key no single
+    one of `known_keys` (the file's family keys) completes cannot say whose lines it
+    changes: for both, try `file_change_from_contents` first, and keep this `unavailable`
+    answer only when the contents cannot be had either.
     `previous_filename` is kept for renames only: a copy leaves its source untouched.
     """
     previous = previous_filename if status == "renamed" else None
-    if patch is None:
+    keys = touched_keys(patch, known_keys) if patch is not None else None
+    if keys is None:
         return FileChange(filename, previous, unavailable=True)
-    keys = touched_keys(patch)
     if len(keys) > MAX_CHANGED_KEYS:
         return FileChange(filename, previous, unavailable=True, oversized=True)
     return FileChange(filename, previous, keys=keys)
@@ -161,15 +167,27 @@ def _image_line(block: tuple[str, ...] | None) -> str | None:
     return None
 
 
-def touched_keys(patch: str) -> dict[str, Literal["image", "flags"]]:
-    """Top-level keys whose blocks the patch changes; see the module notes for the rule."""
+def touched_keys(
+    patch: str, known_keys: Collection[str] = ()
+) -> dict[str, Literal["image", "flags"]] | None:
+    """Top-level keys whose blocks the patch changes; see the module notes for the rule.
+
+    None when a hunk header names a key git cut short that no single one of `known_keys`
+    completes: the patch alone cannot say which block that hunk's lines belong to.
+    """
     old, new = _SideState(), _SideState()
     touched: dict[str, Literal["image", "flags"]] = {}
     in_hunk = False
+    sorted_keys = sorted(known_keys)
     for line in patch.split("\n"):
         header = _HUNK_HEADER_RE.match(line)
         if header is not None:
-            key = top_level_key(header.group(1))
+            context = header.group(1)
+            key = top_level_key(context)
+            if context and key is None:
+                key = _completed_key(context, sorted_keys)
+                if key is None:
+                    return None
             # The lines between two hunks are the same on both sides. When they hold no key
             # line, the header repeats the old side's current key, and the new side keeps
             # its own (which differs when the last hunk added or removed a key line).
@@ -190,6 +208,18 @@ def touched_keys(patch: str) -> dict[str, Literal["image", "flags"]]:
             if kind is not None and side.key is not None and touched.get(side.key) != "image":
                 touched[side.key] = kind
     return touched
+
+
+def _completed_key(cut: str, sorted_keys: Sequence[str]) -> str | None:
+    """The one key of `sorted_keys` that a hunk header's context without a `:` begins.
+
+    In a YAML mapping every line git picks as that context is a top-level key line, so one
+    without its `:` was cut to 80 bytes (xdiff's funcname buffer; trailing blanks trimmed).
+    """
+    start = cut.rstrip()
+    at = bisect_left(sorted_keys, start)
+    found = [key for key in sorted_keys[at : at + 2] if key.startswith(start)]
+    return found[0] if len(found) == 1 else None
 
 
 class _SideState:
@@ -270,10 +300,8 @@ def pull_record(
     files_sha: str | None,
 ) -> PullRequest:
     """What the overlap index keeps of an open PR (from a webhook or the pulls API alike)."""
-    head_repo = pull.head.repo.full_name if pull.head.repo is not None else None
     author = pull.user.login or ""
-    same_repo = head_repo is not None and head_repo.lower() == repo.lower()
-    own, fam16 = is_klaud_own(pull.head.ref, author, same_repo, bot_logins)
+    own, fam16 = is_klaud_own(pull.head.ref, author, _head_in_base_repo(repo, pull), bot_logins)
     return PullRequest(
         number=pull.number,
         title=pull.title,
@@ -291,6 +319,20 @@ def pull_record(
         files_complete=files_complete,
         files_sha=files_sha,
     )
+
+
+def _head_in_base_repo(repo: str, pull: events.PullRequest) -> bool:
+    """Whether the PR's branch lives in the repository itself (`repo`), not in a fork.
+
+    Ids first: an event sent before a rename, handled after it, names both repositories by
+    the old name while `repo` is the new one. Names only when a payload carries no ids.
+    """
+    head, base = pull.head.repo, pull.base.repo
+    if head is None:
+        return False  # the fork was deleted
+    if head.id is not None and base is not None and base.id is not None:
+        return head.id == base.id
+    return head.full_name.lower() == repo.lower()
 
 
 def is_idle(pr: PullRequest, now: datetime, idle_days: int) -> bool:

@@ -96,6 +96,11 @@ def _dispatch_of(state: RepoState, run: WorkflowRun) -> Dispatch | None:
     return None
 
 
+def _unlinked_dispatch_of(state: RepoState, run: WorkflowRun) -> Dispatch | None:
+    """The dispatch no answer or event linked to a run yet that `run` may be the run of."""
+    return next((d for d in state.dispatches.values() if d.run_id is None and may_be_its_run(state, d, run)), None)
+
+
 def may_be_dispatched(run: WorkflowRun) -> bool:
     """Whether `run` may be one a dispatch started: a pull request's, whatever its title
     says, is none of Klaud's (a fork may rewrite the workflow it runs)."""
@@ -177,12 +182,16 @@ class OutcomeRecorder:
         return news
 
     async def _note_run_started(self, state: RepoState, run: WorkflowRun) -> None:
-        """Link a run of a dispatched candidate to its dispatch (so TTL release can see it)."""
-        for dispatch in list(state.dispatches.values()):
-            if dispatch.run_id is None and may_be_its_run(state, dispatch, run):
-                async with self.live.lock(state.name):
-                    await self.live.persist(state.link_run(dispatch.family, run.id))
-                return
+        """Link a run of a dispatched candidate to its dispatch (so TTL release can see it).
+
+        The dispatch is looked for under the lock: while this waited for it, the claim
+        keeper may have settled the dispatch (released, its run's failure recorded) or
+        linked it to its run, and a late event must leave either as it is.
+        """
+        async with self.live.lock(state.name):
+            dispatch = _unlinked_dispatch_of(state, run)
+            if dispatch is not None:
+                await self.live.persist(state.link_run(dispatch.family, run.id))
 
     # -- reading runs --------------------------------------------------------------------
 

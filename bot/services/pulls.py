@@ -114,8 +114,12 @@ class PullSync:
             if item.patch is None:
                 return FileChange(filename=item.filename, previous_filename=previous, unavailable=True)
         if item.patch is not None:
-            return file_change_from_patch(item.filename, item.patch, previous, item.status)
-        # GitHub omits the patch of a large diff: compare the base and head contents here.
+            known_keys = {family.key for path in paths for family in state.catalog.families_of(path)}
+            change = file_change_from_patch(item.filename, item.patch, previous, item.status, known_keys=known_keys)
+            if not change.diff_missing:
+                return change
+        # GitHub omits the patch of a large diff, and a hunk header may name a key git cut
+        # short that no family key completes: compare the base and head contents here.
         try:
             base = await api.file_text(previous or item.filename, base_sha)
             head = await api.file_text(item.filename, head_sha)
@@ -134,6 +138,4 @@ def _diff_missing(state: RepoState, changes: tuple[FileChange, ...]) -> bool:
     the file (`patch-unavailable`) until a later read succeeds, so the head is read again at
     the next event or reconcile instead of blocking those families until its next push. A
     diff too large to keep is the same at every read: it waits for the next push."""
-    return any(
-        c.unavailable and not c.oversized and is_master_config(c.filename, state.policy.config_globs) for c in changes
-    )
+    return any(c.diff_missing and is_master_config(c.filename, state.policy.config_globs) for c in changes)

@@ -393,6 +393,57 @@ def test_a_diff_of_more_keys_than_the_cap_is_kept_as_unavailable() -> None:
     }
 
 
+# A family key of 80+ characters (MAX_FAMILY_KEY admits 200): git cuts a hunk header's
+# context to 80 bytes, so the header names the key without its `:`.
+LONG_KEY = "dsr1-fp8-h200-trt-" + "x" * 70
+LONG_BASE = f"""first-family:
+  image: a:1
+  runner: cluster:h200-nb
+  model-prefix: dsr1
+{LONG_KEY}:
+  image: nvcr.io/nvidia/tensorrt-llm/release:1.2.0rc4
+  model: deepseek-r1
+  model-prefix: dsr1
+  runner: cluster:h200-nb
+  precision: fp8
+  framework: trt
+  tp: 8
+  ep: 1
+  conc: 4
+  other: 1
+"""
+LONG_HEAD = LONG_BASE.replace("  tp: 8\n", "  tp: 4\n")
+# `git diff --no-index` of the two (git 2.39), hunk header as git prints it.
+LONG_GIT_PATCH = (
+    "@@ -9,7 +9,7 @@ " + LONG_KEY[:80] + "\n"
+    "   runner: cluster:h200-nb\n   precision: fp8\n   framework: trt\n-  tp: 8\n+  tp: 4\n"
+    "   ep: 1\n   conc: 4\n   other: 1\n"
+)
+
+
+def test_a_hunk_header_cut_inside_a_long_key_names_the_one_family_key_it_begins() -> None:
+    assert unified_diff(LONG_BASE, LONG_HEAD) == LONG_GIT_PATCH  # the sandbox's diff agrees
+    assert touched_keys(LONG_GIT_PATCH, {"first-family", LONG_KEY}) == {LONG_KEY: "flags"}
+
+
+def test_a_settings_change_of_a_family_with_a_long_key_blocks_it() -> None:
+    catalog = Catalog(read_master(NV, LONG_BASE, None).families)
+    assert LONG_KEY in {f.key for f in catalog}  # a live family
+    change = file_change_from_patch(NV, LONG_GIT_PATCH, known_keys={f.key for f in catalog.families_of(NV)})
+    assert pull_touches(pull(7, (change,)), catalog) == {f"{NV}:{LONG_KEY}": "flags"}
+
+
+@pytest.mark.parametrize(
+    "known", [set(), {"first-family"}, {LONG_KEY, LONG_KEY[:80] + "-other"}], ids=["none", "no match", "two match"]
+)
+def test_a_cut_key_no_single_family_key_completes_leaves_the_patch_to_the_contents(known: set[str]) -> None:
+    # Never a PR that touches a family and silently overlaps nothing: the patch is
+    # `unavailable`, as when GitHub omits it, and the contents say which block changed.
+    assert touched_keys(LONG_GIT_PATCH, known) is None
+    assert file_change_from_patch(NV, LONG_GIT_PATCH, known_keys=known) == FileChange(NV, unavailable=True)
+    assert file_change_from_contents(NV, LONG_BASE, LONG_HEAD).keys == {LONG_KEY: "flags"}
+
+
 # --- PR -> families ---------------------------------------------------------------
 
 
@@ -772,6 +823,21 @@ def test_pull_record_klaud_branch_counts_only_in_the_same_repository() -> None:
     assert (fork.klaud_own, fork.own_family_hash) == (False, None)
     deleted_fork = record(branch, "bob", None)
     assert (deleted_fork.klaud_own, deleted_fork.own_family_hash) == (False, None)
+
+
+def test_pull_record_knows_the_same_repository_by_its_id_under_any_name() -> None:
+    # An event sent before a rename names both sides by the old name; a repository that took
+    # a freed name is another one all the same.
+    def sides(head: dict[str, object], base: dict[str, object]):
+        payload = pull_event(candidate_branch(ALPHA.candidate), "bob", None).model_dump(mode="json")
+        payload["head"]["repo"], payload["base"]["repo"] = head, base
+        pull = events.PullRequest.model_validate(payload)
+        return pull_record("acme/bench", pull, BOTS, changes=(), files_complete=True, files_sha=None)
+
+    renamed = sides({"full_name": "acme/old-bench", "id": 1}, {"full_name": "acme/old-bench", "id": 1})
+    assert (renamed.klaud_own, renamed.own_family_hash) == (True, ALPHA.family_hash)
+    reused_name = sides({"full_name": "acme/bench", "id": 2}, {"full_name": "acme/bench", "id": 1})
+    assert (reused_name.klaud_own, reused_name.own_family_hash) == (False, None)
 
 
 def test_pull_record_by_a_bot_login_is_klaud_own_and_keeps_its_author() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 
 import pytest
@@ -224,6 +225,72 @@ async def test_a_late_event_of_an_earlier_run_of_the_candidate_is_not_taken_for_
     assert kit.state.dispatches[family].run_id is None
     await kit.outcomes.on_workflow_run(kit.state, started(502, dispatch.at + timedelta(seconds=5)))
     assert kit.state.dispatches[family].run_id == 502
+
+
+def run_requested(kit: Kit, run_id: int) -> WorkflowRunEvent:
+    """The "requested" delivery of run `run_id`, as GitHub sent it when the run was queued."""
+    return WorkflowRunEvent.model_validate({
+        "action": "requested",
+        "workflow_run": {**kit.repo.runs[run_id].model_dump(mode="json"), "status": "queued", "conclusion": None},
+        "repository": {"full_name": REPO}, "installation": {"id": 1},
+    })
+
+
+async def waiting_for_the_lock(task: asyncio.Task[None]) -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)  # no clock: the task runs until it waits for the repository's lock
+    assert not task.done()
+
+
+async def test_a_late_requested_event_of_a_run_the_keeper_just_settled_does_nothing(kit: Kit) -> None:
+    # The keeper settles an unlinked dispatch whose run failed (holding the lock while it reads
+    # the run's jobs); the run's "requested" delivery, processed meanwhile beside it, linked
+    # the dispatch the keeper had dropped: a KeyError, and the delivery failed for good.
+    kit.repo.answer_run_ids = False  # an older GitHub answers 204: the dispatch is unlinked
+    family, cand, _ = await dispatched(kit)
+    [run_id] = [d["run_id"] for d in kit.repo.dispatched]
+    created = kit.state.dispatches[family].at + timedelta(seconds=3)
+    set_run(kit, run_id, status="completed", conclusion="failure", created_at=created,
+            updated_at=created + timedelta(seconds=20))
+    kit.repo.jobs_of[run_id] = [Job(name="get-jobs", conclusion="failure", steps=(Step(name="Validate", conclusion="failure"),))]
+    kit.clock.advance(UNLINKED_CHECK_AFTER.total_seconds())
+    reading_jobs, go_on = asyncio.Event(), asyncio.Event()
+    real_run_jobs = kit.repo.run_jobs
+
+    async def slow_run_jobs(rid: int) -> list[Job]:
+        reading_jobs.set()
+        await go_on.wait()
+        return await real_run_jobs(rid)
+
+    kit.repo.run_jobs = slow_run_jobs  # type: ignore[method-assign]
+    keeper = asyncio.create_task(kit.claims.check_due(kit.state))
+    await reading_jobs.wait()
+    delivery = asyncio.create_task(kit.outcomes.on_workflow_run(kit.state, run_requested(kit, run_id)))
+    await waiting_for_the_lock(delivery)
+    go_on.set()
+    await keeper
+    await delivery
+
+    assert family not in kit.state.dispatches and family not in kit.state.claims
+    assert [a.error for a in kit.state.ledger.for_candidate(cand)] == ["run-failed"]
+
+
+async def test_a_late_requested_event_does_not_relink_a_dispatch_linked_while_it_waited(kit: Kit) -> None:
+    kit.repo.answer_run_ids = False
+    family, _, _ = await dispatched(kit)
+    [run_id] = [d["run_id"] for d in kit.repo.dispatched]
+    # A second run titled with the candidate (a person dispatched it too), after ours.
+    kit.repo.runs[run_id + 1] = kit.repo.runs[run_id].model_copy(
+        update={"id": run_id + 1, "created_at": kit.state.dispatches[family].at + timedelta(seconds=9)}
+    )
+    async with kit.live.lock(REPO):
+        delivery = asyncio.create_task(kit.outcomes.on_workflow_run(kit.state, run_requested(kit, run_id + 1)))
+        await waiting_for_the_lock(delivery)
+        # Whoever held the lock (the claim keeper) found the dispatch's own run meanwhile.
+        await kit.live.persist(kit.state.link_run(family, run_id))
+    await delivery
+
+    assert kit.state.dispatches[family].run_id == run_id
 
 
 # Found by an audit of time: with our clock two minutes ahead of GitHub's, the failure was lost.

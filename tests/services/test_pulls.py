@@ -227,3 +227,45 @@ async def test_a_pr_retargeted_to_another_base_is_read_again(kit: Kit) -> None:
         update={"base": retargeted.pull_request.base.model_copy(update={"ref": "release"})})})
     await kit.pulls.on_pull_request(kit.state, retargeted)
     assert kit.state.overlap.touches(12) == {}
+
+
+# A family key of 80+ characters: git cuts a hunk header's context to 80 bytes, so the
+# header of a hunk inside its block names the key without its `:`.
+LONG_KEY = "dsr1-fp8-h200-trt-" + "x" * 70
+# As `git diff` prints it for a tp change of that family in `sc.NVIDIA`.
+LONG_TP_PATCH = (
+    "@@ -26,7 +26,7 @@ " + LONG_KEY[:80] + "\n"
+    "     - isl: 8192\n       osl: 1024\n       search-space:\n"
+    "-      - { tp: 8, conc-start: 4, conc-end: 32 }\n+      - { tp: 4, conc-start: 4, conc-end: 32 }\n"
+    " \n gptoss-fp4-b200-vllm:\n   image: vllm/vllm-openai:v0.11.2\n"
+)
+
+
+async def reconciled_with_long_keys(kit: Kit, *keys: str) -> str:
+    """The H200 family renamed to the first of `keys`, copies of it under the others; its text."""
+    text = sc.NVIDIA.replace("dsr1-fp8-h200-trt:", f"{keys[0]}:")
+    block = text[text.index(f"{keys[0]}:") : text.index("gptoss-fp4-b200-vllm:")]
+    text += "".join("\n" + block.replace(f"{keys[0]}:", f"{key}:", 1) for key in keys[1:])
+    kit.repo.put_files({NVIDIA: text})
+    await kit.reconciler.reconcile(REPO, 1)
+    assert {f"{NVIDIA}:{key}" for key in keys} <= {f.id for f in kit.state.catalog}
+    return text
+
+
+async def test_a_patch_whose_hunk_header_cuts_a_long_family_key_touches_that_family(kit: Kit) -> None:
+    await reconciled_with_long_keys(kit, LONG_KEY)
+    kit.repo.pull_files_of[31] = [PullFile(filename=NVIDIA, patch=LONG_TP_PATCH)]
+    kit.repo.calls.clear()
+    await kit.pulls.on_pull_request(kit.state, event("opened", 31))
+    assert kit.state.overlap.touches(31) == {f"{NVIDIA}:{LONG_KEY}": "flags"}
+    assert kit.repo.calls == [("pull_files", 31)]  # the patch sufficed
+
+
+async def test_a_cut_key_two_families_begin_is_decided_from_the_contents(kit: Kit) -> None:
+    other = LONG_KEY[:80] + "-other"
+    text = await reconciled_with_long_keys(kit, LONG_KEY, other)
+    head = "c" * 40
+    kit.repo.put_files({NVIDIA: text.replace("tp: 8, conc-start: 4, conc-end: 32", "tp: 4, conc-start: 4, conc-end: 32", 1)}, ref=head)
+    kit.repo.pull_files_of[32] = [PullFile(filename=NVIDIA, patch=LONG_TP_PATCH)]
+    await kit.pulls.on_pull_request(kit.state, event("opened", 32, head_sha=head))
+    assert kit.state.overlap.touches(32) == {f"{NVIDIA}:{LONG_KEY}": "flags"}

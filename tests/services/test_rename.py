@@ -7,12 +7,13 @@ both names with the same repository), and events name it as it was called when t
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 
 import pytest
 
 from bot.core.domain import Hold
 from bot.core.errors import RepositoryMoved
-from bot.core.events import Named, RepoEvent
+from bot.core.events import Named, PullRequestEvent, RepoEvent
 from bot.store.change import Change
 from tests.services.conftest import NOW, REPO, Kit
 
@@ -239,3 +240,57 @@ async def test_a_repository_stored_under_an_old_name_it_cannot_load_is_rebuilt_n
     state = await kit.reconciler.state_for(event(REPO))
 
     assert state is not None and state.name == REPO
+
+
+def klaud_pr_event(kit: Kit, action: str, repo_name: str, updated_at: datetime) -> PullRequestEvent:
+    """Klaud's PR #77 on H200's branch, its repositories named `repo_name` (id 4242)."""
+    state = kit.live.repo(REPO) or kit.live.repo(NEW)
+    assert state is not None
+    family = state.catalog.get(H200)
+    assert family is not None
+    named = {"full_name": repo_name, "id": 4242}
+    return PullRequestEvent.model_validate({
+        "action": action, "repository": named, "installation": {"id": 1},
+        "pull_request": {
+            "number": 77, "title": "[Klaud Cold] bump", "user": {"login": "klaud-cold[bot]", "type": "Bot"},
+            "head": {"ref": f"klaud/auto-{family.candidate}", "sha": "c" * 40, "repo": named},
+            "base": {"ref": "main", "sha": kit.repo.head, "repo": named},
+            "created_at": (NOW - timedelta(hours=1)).isoformat(), "updated_at": updated_at.isoformat(),
+        },
+    })
+
+
+async def test_a_klaud_pr_event_sent_under_the_old_name_keeps_the_pr_on_its_family(kit: Kit) -> None:
+    # Labeled just before the rename, its delivery (queued under the old name, or redelivered)
+    # runs after the move: its head repository still carries the old name, and the same id.
+    await kit.reconciler.reconcile(REPO, 1)
+    await kit.pulls.on_pull_request(kit.state, klaud_pr_event(kit, "opened", REPO, NOW - timedelta(hours=1)))
+    kit.repo.pulls[77] = klaud_pr_event(kit, "labeled", NEW, NOW - timedelta(minutes=30)).pull_request
+    rename_on_github(kit)
+    moved = await kit.reconciler.state_for(event(NEW))
+    assert moved is kit.live.repo(NEW) and moved is not None
+    assert moved.overlap.klaud_prs().get(H200) == 77
+
+    late = klaud_pr_event(kit, "labeled", REPO, NOW - timedelta(minutes=30))
+    state = await kit.reconciler.state_for(late)
+    assert state is moved
+    await kit.pulls.on_pull_request(state, late)
+
+    assert state.overlap.klaud_prs().get(H200) == 77
+
+
+async def test_an_old_name_event_of_a_klaud_pr_does_not_free_its_family_for_the_next_wave(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pulls[77] = klaud_pr_event(kit, "labeled", NEW, NOW - timedelta(minutes=30)).pull_request
+    await kit.pulls.on_pull_request(kit.state, klaud_pr_event(kit, "opened", REPO, NOW - timedelta(hours=1)))
+    rename_on_github(kit)
+    state = await kit.reconciler.state_for(event(NEW))
+    assert state is not None
+    before = next(d for d in (await kit.waves.preview_state(state, NOW)).decisions if d.family == H200)
+    assert before.decision == "claimed"
+
+    late = klaud_pr_event(kit, "labeled", REPO, NOW - timedelta(minutes=30))
+    await kit.pulls.on_pull_request(state, late)
+
+    after = next(d for d in (await kit.waves.preview_state(state, NOW)).decisions if d.family == H200)
+    assert (after.decision, after.reason) == (before.decision, before.reason)

@@ -39,6 +39,8 @@ from bot.core.domain import (
 )
 
 _HUNK_HEADER_RE = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@ ?(.*)$")
+# git's default funcname rule: only a line starting with one of these heads a hunk.
+_FUNCNAME_START_RE = re.compile(r"[A-Za-z_$]")
 # A top-level mapping key: column 0, plain or quoted, followed by `:` and space or nothing.
 # A plain key is matched greedily with its trailing blanks (callers strip them): a lazy
 # `[^:]*?\s*:` backtracks quadratically on a long blank-padded line, and any PR author
@@ -172,9 +174,13 @@ def touched_keys(
 ) -> dict[str, Literal["image", "flags"]] | None:
     """Top-level keys whose blocks the patch changes; see the module notes for the rule.
 
-    None when a hunk header names a key git cut short that no single one of `known_keys`
-    completes: the patch alone cannot say which block that hunk's lines belong to.
+    None when the patch alone cannot say which block a hunk's lines belong to: a hunk
+    header names a key git cut short that no single one of `known_keys` completes, or one
+    of `known_keys` (the file's family keys) begins with a character git never takes for a
+    hunk header (`405b-fp8:`), so a header names the key above it.
     """
+    if any(not _FUNCNAME_START_RE.match(key) for key in known_keys):
+        return None
     old, new = _SideState(), _SideState()
     touched: dict[str, Literal["image", "flags"]] = {}
     in_hunk = False

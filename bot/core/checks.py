@@ -209,12 +209,22 @@ def _facts(view: CheckView) -> list[tuple[str, str]]:
     return [
         ("Family", family),
         ("Candidate", commands.code_span(view.candidate)),
-        ("Image", commands.code_span(view.image) if view.image else "unknown"),
+        ("Image", _image_fact(view)),
         # When the image last changed, not an age: a check run is not re-rendered as it ages.
         ("Image changed", human_time(changed) if (changed := _image_changed_at(view)) else "unknown"),
         ("Cooldown", commands.with_until(view.cooldown_reason, view.cooldown_until)),
         ("Hold", hold),
     ]
+
+
+def _image_fact(view: CheckView) -> str:
+    if not view.image:
+        return "unknown"
+    image = commands.code_span(view.image)
+    if view.family is not None and view.family.candidate != view.candidate:
+        # The PR's branch names the candidate it works on; the family has moved on since.
+        return f"{image} on the default branch now; this candidate is for an earlier image"
+    return image
 
 
 def _image_changed_at(view: CheckView) -> datetime | None:

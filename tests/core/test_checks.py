@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import get_args
@@ -215,3 +216,11 @@ def test_oversized_parts_are_clipped_safely() -> None:
     out = render_check(view(overlaps=overlaps))
     assert len(out.summary.encode("utf-8")) <= SUMMARY_LIMIT
     assert out.summary.endswith("(summary truncated)")
+
+
+def test_a_candidate_for_an_earlier_image_does_not_show_the_familys_new_image_as_its_own() -> None:
+    # The family's image moved on since the PR's branch was made for its candidate.
+    earlier = dataclasses.replace(FAMILY, image="lmsysorg/sglang:v0.5.1").candidate
+    out = render_check(view(candidate=earlier))
+    assert f"| Image | `{FAMILY.image}` on the default branch now; this candidate is for an earlier image |" in out.summary
+    assert f"| Image | `{FAMILY.image}` |" in render_check(view()).summary

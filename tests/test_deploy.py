@@ -67,3 +67,26 @@ def test_compose_runs_klaud_on_its_postgresql_with_secrets_from_files_and_loopba
     password = env_file("postgres.env.example")["POSTGRES_PASSWORD"]
     user, database = postgres["environment"]["POSTGRES_USER"], postgres["environment"]["POSTGRES_DB"]
     assert example["KLAUD_DB"] == f"postgresql://{user}:{password}@postgres:5432/{database}"
+
+
+# What GitHub lets an expression read in a workflow's and a job's `env` (its contexts table);
+# any other context there makes it refuse the whole workflow ("Unrecognized named-value").
+ENV_CONTEXTS = {"workflow": {"github", "inputs", "vars", "secrets"},
+                "job": {"github", "needs", "strategy", "matrix", "vars", "secrets", "inputs"}}
+_CONTEXT_RE = re.compile(r"\$\{\{(.*?)\}\}")
+_NAME_RE = re.compile(r"(?<![\w.'\"-])([a-z_]+)(?=\.|\[)")
+
+
+def contexts_read(values: dict[str, object]) -> set[str]:
+    return {name for value in values.values() for expression in _CONTEXT_RE.findall(str(value))
+            for name in _NAME_RE.findall(expression)}
+
+
+def test_the_reference_candidate_workflow_reads_only_contexts_github_allows_in_its_env() -> None:
+    # What this catches: `${{ runner.temp }}` in the job's env, which GitHub refuses, so every
+    # dispatch of a workflow copied from this file failed.
+    workflow = yaml.safe_load((DEPLOY / "klaud-candidate.yml").read_text())
+    assert contexts_read(workflow.get("env") or {}) <= ENV_CONTEXTS["workflow"]
+    for name, job in workflow["jobs"].items():
+        assert contexts_read(job.get("env") or {}) <= ENV_CONTEXTS["job"], name
+    assert contexts_read({"x": "${{ runner.temp }}/a"}) == {"runner"}

@@ -435,6 +435,7 @@ def _family(
         line_end=end,
         unresolved=targets.unresolved,
         image_line=_image_line(value_node),
+        key_quoted=isinstance(key_node, yaml.ScalarNode) and key_node.style in ("'", '"'),
     )
 
 

@@ -193,6 +193,7 @@ class Family:
     # Runner names listed under its runner label that name no cluster runners.yaml declares.
     unresolved: tuple[str, ...] = ()
     image_line: int | None = None  # 1-based line of its own `image:` key
+    key_quoted: bool = False  # its key line writes the key in quotes (`"key":`)
 
     @property
     def normalized_image(self) -> str:

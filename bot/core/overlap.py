@@ -75,18 +75,20 @@ def file_change_from_patch(
     status: str = "modified",
     *,
     known_keys: Collection[str] = (),
+    headed: bool = True,
 ) -> FileChange:
     """What a master config's patch touches: top-level key -> "image" or "flags".
 
     Call it for master configs only; any other file is `FileChange(filename)`.
-    A None patch means GitHub left it out, and a patch whose cut hunk-header key no single
-    one of `known_keys` (the file's family keys) completes cannot say whose lines it
-    changes: for both, try `file_change_from_contents` first, and keep this `unavailable`
-    answer only when the contents cannot be had either.
+    A None patch means GitHub left it out, and a patch cannot say whose lines it changes
+    when its cut hunk-header key no single one of `known_keys` (the file's family keys)
+    completes, or when its hunk headers do not name the blocks (`headed` False, from
+    `hunk_headers_name`): for all three, try `file_change_from_contents` first, and keep
+    this `unavailable` answer only when the contents cannot be had either.
     `previous_filename` is kept for renames only: a copy leaves its source untouched.
     """
     previous = previous_filename if status == "renamed" else None
-    keys = touched_keys(patch, known_keys) if patch is not None else None
+    keys = touched_keys(patch, known_keys) if patch is not None and headed else None
     if keys is None:
         return FileChange(filename, previous, unavailable=True)
     if len(keys) > MAX_CHANGED_KEYS:
@@ -174,13 +176,9 @@ def touched_keys(
 ) -> dict[str, Literal["image", "flags"]] | None:
     """Top-level keys whose blocks the patch changes; see the module notes for the rule.
 
-    None when the patch alone cannot say which block a hunk's lines belong to: a hunk
-    header names a key git cut short that no single one of `known_keys` completes, or one
-    of `known_keys` (the file's family keys) begins with a character git never takes for a
-    hunk header (`405b-fp8:`), so a header names the key above it.
+    None when a hunk header names a key git cut short that no single one of `known_keys`
+    completes: the patch alone cannot say which block that hunk's lines belong to.
     """
-    if any(not _FUNCNAME_START_RE.match(key) for key in known_keys):
-        return None
     old, new = _SideState(), _SideState()
     touched: dict[str, Literal["image", "flags"]] = {}
     in_hunk = False
@@ -214,6 +212,16 @@ def touched_keys(
             if kind is not None and side.key is not None and touched.get(side.key) != "image":
                 touched[side.key] = kind
     return touched
+
+
+def hunk_headers_name(families: Iterable[Family]) -> bool:
+    """Whether git heads a hunk of these families' file with the key of the block it is in.
+
+    git takes the nearest line above a hunk that begins with a letter, `_` or `$`: a key
+    line that begins otherwise (`405b-fp8:`, `"quoted":`) is passed over, and the header
+    names the key above it, so the patch alone cannot say whose lines the hunk holds.
+    """
+    return all(not f.key_quoted and _FUNCNAME_START_RE.match(f.key) for f in families)
 
 
 def _completed_key(cut: str, sorted_keys: Sequence[str]) -> str | None:

@@ -266,7 +266,7 @@ def get_contents(call: Call) -> Reply:
             listing.append(call.shapes.content_entry(
                 repo, child, ref, "file", blob_sha(tree[child]), len(tree[child].encode())))
         else:
-            listing.append(call.shapes.content_entry(repo, child, ref, "dir", folder_sha(tree, child), 0))
+            listing.append(call.shapes.content_entry(repo, child, ref, "dir", named_tree(repo, sha, child), 0))
     return Reply(body=listing)
 
 
@@ -336,7 +336,8 @@ def compare(call: Call) -> Reply:
 def get_tree(call: Call) -> Reply:
     """A tree named by a commit, a ref or its own id (a folder's, from a listing)."""
     repo = call.repo()
-    tree, folder = found_tree(repo, call.params["tree_sha"])
+    commit, folder = found_tree(repo, call.params["tree_sha"])
+    tree = repo.commits[commit].tree
     prefix = f"{folder}/" if folder else ""
     held = {path[len(prefix):]: text for path, text in tree.items() if path.startswith(prefix)}
     recursive = call.query.get("recursive") not in (None, "", "0", "false")
@@ -347,11 +348,11 @@ def get_tree(call: Call) -> Reply:
             entries.append({"path": path, "mode": "100644", "type": "blob", "sha": blob_sha(held[path]),
                             "size": len(held[path].encode())})
         else:
-            entries.append({"path": path, "mode": "040000", "type": "tree", "sha": folder_sha(tree, prefix + path)})
+            entries.append({"path": path, "mode": "040000", "type": "tree", "sha": named_tree(repo, commit, prefix + path)})
     if recursive:
         directories = sorted({"/".join(p.split("/")[:i]) for p in held
                               for i in range(1, p.count("/") + 1)})
-        entries += [{"path": d, "mode": "040000", "type": "tree", "sha": folder_sha(tree, prefix + d)}
+        entries += [{"path": d, "mode": "040000", "type": "tree", "sha": named_tree(repo, commit, prefix + d)}
                     for d in directories]
         entries.sort(key=entry_path)
     sha = folder_sha(tree, folder)
@@ -359,15 +360,23 @@ def get_tree(call: Call) -> Reply:
                        "tree": entries, "truncated": False})
 
 
-def found_tree(repo: RepoState, name: str) -> tuple[dict[str, str], str]:
-    """(a commit's files, the folder) of the tree `name` names; 404 when none is known."""
+def named_tree(repo: RepoState, commit: str, folder: str) -> str:
+    """The tree id of `folder` at `commit`, remembered as named (see `found_tree`)."""
+    sha = folder_sha(repo.commits[commit].tree, folder)
+    repo.trees.setdefault(sha, (commit, folder))
+    return sha
+
+
+def found_tree(repo: RepoState, name: str) -> tuple[str, str]:
+    """(the commit, the folder) of the tree `name` names: a commit or ref (its root), a
+    folder's tree a listing named, or a commit's root tree by its id; 404 otherwise."""
     if (sha := repo.resolve(name)) is not None:
-        return repo.commits[sha].tree, ""
-    for commit in repo.commits.values():
-        folders = {"/".join(p.split("/")[:i]) for p in commit.tree for i in range(1, p.count("/") + 1)}
-        for folder in ["", *sorted(folders)]:
-            if folder_sha(commit.tree, folder) == name:
-                return commit.tree, folder
+        return sha, ""
+    if name in repo.trees:
+        return repo.trees[name]
+    for commit in reversed(repo.commits.values()):  # the newest are asked for most
+        if folder_sha(commit.tree, "") == name:
+            return commit.sha, ""
     raise ApiError(404, "Not Found")
 
 

@@ -373,6 +373,9 @@ class RepoState:
         # until something is pushed here).
         self.pushed_at: datetime | None = None
         self.moves: list[RefMove] = []  # oldest first
+        # The folder trees the API has named (tree id -> commit, folder), so a tree asked for
+        # by its id is found without hashing every folder of every commit.
+        self.trees: dict[str, tuple[str, str]] = {}
         head = self.commit_history(spec.history)
         tree = {**(head.tree if head else {}), **spec.files}
         if head is None:

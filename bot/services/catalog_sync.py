@@ -47,7 +47,8 @@ def spans_folders(pattern: str) -> bool:
     """Whether a glob matches files below its fixed folder's own (`configs/**/x.yaml`,
     `configs/*/x.yaml`): that folder's files alone would miss them."""
     folder = glob_directory(pattern)
-    return "/" in pattern[len(folder) + 1 if folder else 0 :]
+    rest = pattern[len(folder) + 1 if folder else 0 :]
+    return "/" in rest or "**" in rest  # `configs/**-master.yaml`: `**` alone spans folders too
 
 
 def _health(state: RepoState) -> tuple[object, ...]:

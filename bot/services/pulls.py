@@ -16,6 +16,7 @@ from bot.core.domain import FileChange, stamp
 from bot.core.overlap import (
     file_change_from_contents,
     file_change_from_patch,
+    hunk_headers_name,
     pull_record,
 )
 from bot.github.errors import GitHubError
@@ -114,8 +115,9 @@ class PullSync:
             if item.patch is None:
                 return FileChange(filename=item.filename, previous_filename=previous, unavailable=True)
         if item.patch is not None:
-            known_keys = {family.key for path in paths for family in state.catalog.families_of(path)}
-            change = file_change_from_patch(item.filename, item.patch, previous, item.status, known_keys=known_keys)
+            families = [family for path in paths for family in state.catalog.families_of(path)]
+            change = file_change_from_patch(item.filename, item.patch, previous, item.status,
+                                            known_keys={f.key for f in families}, headed=hunk_headers_name(families))
             if not change.diff_missing:
                 return change
         # GitHub omits the patch of a large diff, and a hunk header may name a key git cut

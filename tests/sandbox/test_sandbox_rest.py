@@ -613,3 +613,23 @@ async def test_a_folder_lists_its_first_1000_entries_and_its_tree_lists_them_all
     names = {e["path"] for e in folder["tree"]}
     assert len(names) == 1_202 and "nvidia-master.yaml" in names and "runners.yaml" in names
     assert (await crowded.api("GET", f"{REPO}/git/trees/{'0' * 40}")).status == 404
+
+
+async def test_a_folder_tree_a_listing_named_is_found_without_hashing_every_commit(
+    hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What this catches: each such read hashed every folder of every commit (seconds after a
+    # few hundred pushes, on the event loop of `klaud serve --sandbox`).
+    from bot.sandbox import rest
+
+    for number in range(30):
+        await hub.act(action="push_default", repo="acme/bench", user="bob", files={"docs/n.md": f"{number}\n"})
+    root = await hub.json("GET", f"{REPO}/git/trees/main")
+    [configs] = [e for e in root["tree"] if e["path"] == "configs"]
+    hashed: list[str] = []
+    original = rest.folder_sha
+    monkeypatch.setattr(rest, "folder_sha", lambda tree, folder: hashed.append(folder) or original(tree, folder))
+    folder = await hub.json("GET", f"{REPO}/git/trees/{configs['sha']}")
+    assert folder["sha"] == configs["sha"] and "nvidia-master.yaml" in {e["path"] for e in folder["tree"]}
+    assert hashed == ["configs"]  # its own id, once: not a search
+    assert (await hub.api("GET", f"{REPO}/git/trees/{'0' * 40}")).status == 404

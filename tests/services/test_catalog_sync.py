@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from bot.core.domain import claim_ref
 from bot.core.events import Account, PullFile, PullRequestEvent, PushEvent
 from bot.services.catalog_sync import pushed_since_pause
@@ -252,9 +254,10 @@ NESTED_POLICY = 'config_globs: ["configs/**/*-master.yaml"]\n'
 NESTED = "configs/nvidia/nvidia-master.yaml"
 
 
-async def test_a_glob_reaching_into_folders_finds_their_master_configs_at_install(kit: Kit) -> None:
+@pytest.mark.parametrize("glob", ["configs/**/*-master.yaml", "configs/**-master.yaml"])
+async def test_a_glob_reaching_into_folders_finds_their_master_configs_at_install(kit: Kit, glob: str) -> None:
     # Only the glob's fixed folder was listed, not its folders: no family at install.
-    kit.repo.put_files({".github/klaud.yml": NESTED_POLICY, NESTED: sc.NVIDIA})
+    kit.repo.put_files({".github/klaud.yml": f'config_globs: ["{glob}"]\n', NESTED: sc.NVIDIA})
     await kit.reconciler.reconcile(REPO, 1)
     assert kit.state.meta.policy_error is None
     assert NESTED in {family.path for family in kit.state.catalog}
@@ -277,8 +280,9 @@ def test_a_glob_spans_folders_when_a_folder_follows_its_fixed_part() -> None:
     from bot.services.catalog_sync import spans_folders
 
     assert [spans_folders(p) for p in ("configs/*-master.yaml", "*-master.yaml", "configs/**/*-master.yaml",
-                                       "configs/*/x-master.yaml", "**/x.yaml", "a/b/*.yaml")] == \
-        [False, False, True, True, True, False]
+                                       "configs/*/x-master.yaml", "**/x.yaml", "a/b/*.yaml",
+                                       "configs/**-master.yaml", "configs/**")] == \
+        [False, False, True, True, True, False, True, True]
 
 
 MOVED_RUNNERS = "configs/runners-v2.yaml"

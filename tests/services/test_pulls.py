@@ -271,19 +271,26 @@ async def test_a_cut_key_two_families_begin_is_decided_from_the_contents(kit: Ki
     assert kit.state.overlap.touches(32) == {f"{NVIDIA}:{LONG_KEY}": "flags"}
 
 
-async def test_a_change_deep_in_a_family_whose_key_begins_with_a_digit_blocks_that_family(kit: Kit) -> None:
+@pytest.mark.parametrize(("written", "key"), [("405b-fp8-h200-trt", "405b-fp8-h200-trt"),
+                                              ('"quoted-fp8-h200-trt"', "quoted-fp8-h200-trt")])
+async def test_a_change_deep_in_a_family_whose_key_line_git_passes_over_blocks_that_family(
+    kit: Kit, written: str, key: str
+) -> None:
     # git heads a hunk with the nearest line above it that begins with a letter, `_` or `$`:
-    # a change deep in `405b-…`'s block came headed by the key above, whose family it blocked
-    # while the one changed stayed free for the next wave. Such a file is read from its contents.
+    # a change deep in `405b-…`'s (or `"quoted…"`'s) block came headed by the key above, whose
+    # family it blocked while the one changed stayed free for the next wave. Such a file is
+    # read from its contents.
     from bot.sandbox.gitdiff import unified_diff
 
-    text = await reconciled_with_long_keys(kit, "dsr1-fp8-h200-trt", "405b-fp8-h200-trt")
-    changed = text[: text.index("405b-fp8-h200-trt:")] + text[text.index("405b-fp8-h200-trt:") :].replace(
-        "tp: 8, conc-start: 4, conc-end: 32", "tp: 4, conc-start: 4, conc-end: 32", 1)
+    text = sc.NVIDIA.replace("dsr1-fp8-h200-trt:", f"{written}:")
+    kit.repo.put_files({NVIDIA: text})
+    await kit.reconciler.reconcile(REPO, 1)
+    assert f"{NVIDIA}:{key}" in {f.id for f in kit.state.catalog}
+    changed = text.replace("tp: 8, conc-start: 4, conc-end: 32", "tp: 4, conc-start: 4, conc-end: 32", 1)
     head = "c" * 40
     kit.repo.put_files({NVIDIA: changed}, ref=head)
     patch = unified_diff(text, changed)
-    assert patch.startswith("@@ -56,5 +56,5 @@ gptoss-fp4-b200-vllm:")  # as git heads it: the key above
+    assert key not in patch.split("\n", 1)[0]  # as git heads it: the key above
     kit.repo.pull_files_of[33] = [PullFile(filename=NVIDIA, patch=patch)]
     await kit.pulls.on_pull_request(kit.state, event("opened", 33, head_sha=head))
-    assert kit.state.overlap.touches(33) == {f"{NVIDIA}:405b-fp8-h200-trt": "flags"}
+    assert kit.state.overlap.touches(33) == {f"{NVIDIA}:{key}": "flags"}

@@ -95,7 +95,7 @@ def render_dashboard(view: DashboardView) -> str:
         "",
         *_blocked_section(view.blocked),
         *_wave_section(view.wave),
-        *_cooling_section(view.repo, view.cooling),
+        *_cooling_section(view),
         *_held_section(view.repo, view.holds),
         *_stalest_section(view.families, view.now),
         *_config_section(view.config_errors),
@@ -134,14 +134,27 @@ def _wave_section(wave: Wave | None) -> list[str]:
     return [*lines, ""]
 
 
-def _cooling_section(repo: str, cooling: Sequence[tuple[Family, str, datetime | None]]) -> list[str]:
-    if not cooling:
+def _cooling_section(view: DashboardView) -> list[str]:
+    if not view.cooling:
         return []
     lines = ["## Cooling down", "", "Tick a box to retry the family's candidate at the next wave.", ""]
-    ordered = sorted(cooling, key=lambda item: item[0].id)
+    approved = _approved_since_the_wave(view)
+    ordered = sorted(view.cooling, key=lambda item: item[0].id)
     for family, reason, until in ordered[:BOXES_SHOWN]:
-        lines.append(f"- [ ] retry {code_span(family.id)}: {with_until(reason, until)}")
-    return [*lines, *_more(repo, len(ordered), "cooling down", "cooldown"), ""]
+        if (approval := approved.get(family.candidate)) is not None:
+            # The box was ticked (or `/klaud retry` said) since the wave: no box to tick again.
+            lines.append(f"- retry {code_span(family.id)}: approved by @{approval.by} "
+                         f"{human_time(approval.at)}; the next wave may pick it")
+        else:
+            lines.append(f"- [ ] retry {code_span(family.id)}: {with_until(reason, until)}")
+    return [*lines, *_more(view.repo, len(ordered), "cooling down", "cooldown"), ""]
+
+
+def _approved_since_the_wave(view: DashboardView) -> dict[str, RetryApproval]:
+    """Retries approved after the wave that found their candidates cooling down (an earlier
+    approval that wave already weighed, and a later failure outweighed)."""
+    since = view.wave.at if view.wave is not None else None
+    return {r.candidate: r for r in view.retries if since is None or r.at > since}
 
 
 def _held_section(repo: str, holds: Sequence[Hold]) -> list[str]:

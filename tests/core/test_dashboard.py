@@ -249,3 +249,15 @@ def test_who_edited_the_dashboard_since_a_render_is_known_or_said_unknown() -> N
     assert edited(both, both, 2).editors_since(render) == ["klaud-cold", "klaud-cold[bot]"]
     last = EditedIssue.model_validate({"editor": {"__typename": "Bot", "login": "klaud-cold"}})
     assert last.editor is not None and (last.editor.login, last.editor.type) == ("klaud-cold[bot]", "Bot")
+
+
+def test_a_retry_approved_since_the_wave_shows_without_a_box_to_tick_again() -> None:
+    # What this catches: a ticked box came back unticked, the family still listed as cooling
+    # down, as if the tick had done nothing, until the next wave.
+    approved = RetryApproval(B.candidate, "bob", NOW + timedelta(minutes=5))
+    body = render_dashboard(view(retries=[approved]))
+    assert f"- retry `{B.id}`: approved by @bob 2026-11-30 08:05 UTC; the next wave may pick it" in body
+    assert f"- [ ] retry `{B.id}`" not in body
+    # Approved before the wave that still found it cooling down (a later failure): a box again.
+    weighed = RetryApproval(B.candidate, "bob", NOW - timedelta(minutes=5))
+    assert f"- [ ] retry `{B.id}`: cooling down until" in render_dashboard(view(retries=[weighed]))

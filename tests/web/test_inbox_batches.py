@@ -9,6 +9,7 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 import pytest
@@ -422,6 +423,17 @@ async def test_a_delivery_handed_on_again_and_again_fails_after_its_attempts(db:
     assert stored.error is not None and "RepositoryMoved" in stored.error
 
 
+async def logs_of_one_delivery(inbox: Inbox) -> list[dict[str, Any]]:
+    """What `inbox` logs running one delivery, d1, to its end."""
+    await inbox.open()
+    await inbox.store.put(delivery(1))
+    with capture_logs() as logs:
+        await inbox.start()
+        await inbox.drained()
+        await inbox.stop()
+    return logs
+
+
 @pytest.mark.parametrize(("error", "traceback"), [(StoreUnavailable("the store restarts"), False),
                                                   (LeaseTaken("leases repo:acme/bench (b) are held"), False),
                                                   (TypeError("a bug in reading back"), True)])
@@ -441,13 +453,7 @@ async def test_a_failed_read_back_waits_and_shows_a_bug_whole(db: RecordingDatab
         stale.discard(repo)
 
     stale = {"acme/bench"}
-    inbox = Inbox(store, handler, base_delay=0.01, max_delay=0.02, reload=reload, stale=stale)
-    await inbox.open()
-    await store.put(delivery(1))
-    with capture_logs() as logs:
-        await inbox.start()
-        await inbox.drained()
-        await inbox.stop()
+    logs = await logs_of_one_delivery(Inbox(store, handler, base_delay=0.01, max_delay=0.02, reload=reload, stale=stale))
     [failed] = [e for e in logs if e["event"] == "delivery.store_failed"]
     assert failed["error"] == f"{type(error).__name__}: {error}"
     assert (failed.get("exc_info") is error) is traceback
@@ -468,13 +474,7 @@ async def test_a_retry_is_one_line_when_klaud_says_what_happened(db: RecordingDa
         if failures:
             raise failures.pop()
 
-    inbox = Inbox(store, handler, base_delay=0.01, max_delay=0.02)
-    await inbox.open()
-    await store.put(delivery(1))
-    with capture_logs() as logs:
-        await inbox.start()
-        await inbox.drained()
-        await inbox.stop()
+    logs = await logs_of_one_delivery(Inbox(store, handler, base_delay=0.01, max_delay=0.02))
     [retry] = [e for e in logs if e["event"] == "delivery.retry"]
     assert retry["error"].endswith(str(error))
     assert (retry.get("exc_info") is error) is traceback

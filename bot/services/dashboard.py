@@ -146,7 +146,10 @@ class DashboardKeeper:
         # unticked, so one ticked before is an edit whose webhook was lost, not acted on yet
         # (the re-render below would untick it unseen). That one is as old as the render it
         # was ticked on; this edit's own are fresh words, as a command written now.
-        before = (event.changes.body.before if event.changes and event.changes.body else None) or ""
+        # GitHub sends `changes.body` only when the body changed: an edit of the title alone
+        # ticked nothing, and every box ticked in the body is an earlier edit's.
+        changed = event.changes.body if event.changes else None
+        before = (changed.before if changed else event.issue.body) or ""
         fresh = ticked(before, event.issue.body or "")
         carried = [box for box in ticked("", event.issue.body or "") if box not in fresh]
         if not fresh and not carried:

@@ -219,3 +219,20 @@ async def test_a_tick_found_late_does_not_release_a_hold_placed_after_it(tmp_pat
             await run.act({"action": "comment", "repo": REPO, "number": 900, "user": "bob", "body": body})
         await wave(run)  # the render reads alice's old tick first
         assert sorted(h["family"] for h in run.state()["holds"]) == sorted([B200, H200])
+
+
+async def test_a_title_edit_does_not_act_on_a_readers_tick_as_the_editors(tmp_path):
+    # GitHub's `issues` edited payload holds `changes.body` only when the body changed; its
+    # absence was read as an empty body before, so every box ticked in the body counted as
+    # ticked by whoever edited the title (here: a reader's lost tick, acted on as a writer's).
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        issue = await held_twice(run)
+        run.sandbox.set_faults({"rules": [{"webhook": "issues", "rate": 1.0}]})
+        await tick_unhold(run, issue, issue["body"], H200, "carol")  # carol may only read
+        run.sandbox.set_faults({"rules": []})
+        answer = await run.act({"action": "edit_issue", "repo": REPO, "number": issue["number"],
+                                "user": "bob", "title": "Klaud Cold dashboard (renamed)"})
+        [delivery] = [d for d in run.sandbox.deliveries if d.id in answer["deliveries"]]
+        assert set(delivery.payload["changes"]) == {"title"}
+        await run.klaud.dashboard.settle()
+        assert sorted(h["family"] for h in run.state()["holds"]) == sorted([B200, H200])

@@ -30,7 +30,7 @@ async def test_every_example_payload_of_a_subscribed_event_is_handled(tmp_path, 
     # What this catches: a field GitHub sends that a typed event model refuses (a null, a
     # missing key), or a handler failing on a real shape, where hand-made payloads pass.
     examples = [path for event in [*sorted(KLAUD_EVENTS - {LAST}), LAST]
-                for path in sorted((fixtures / "octokit-webhooks" / event).glob("*.payload.json"))]
+                for path in sorted((fixtures / "octokit-webhooks" / event).glob("*.json"))]
     assert len(examples) > 40
     failed = []
     async with sandbox_stack(tmp_path, sc.scenario()) as run:

@@ -348,8 +348,13 @@ class Inbox:
     def release(self, repo: str) -> None:
         """Stop working on `repo` (its lease is gone): what waits here is dropped; its claims
         pass to the next owner, who takes over deliveries claimed by anyone else."""
-        self._released.add(repo_queue(repo))
-        self._wake.set()
+        # The mark drops the queue once its running batch ends (`_launch_ready`). Nothing of
+        # an idle repository is here to drop: a mark for it would stay for good, since only
+        # that drop or a later claim of the repository clears it, and most releases are of
+        # idle repositories (`Replicas._give_up` lets go of no other).
+        if self.busy(repo):
+            self._released.add(repo_queue(repo))
+            self._wake.set()
 
     async def _claim_loop(self, ownership: Ownership) -> None:
         loop = asyncio.get_running_loop()

@@ -721,6 +721,20 @@ async def test_a_repository_released_while_idle_and_taken_back_runs_its_deliveri
     assert stored is not None and stored.status == "done"
 
 
+async def test_repositories_released_while_idle_leave_no_release_mark(db: RecordingDatabase) -> None:
+    # What this catches: a mark kept for each idle repository released (all `Replicas._give_up`
+    # lets go of: the uninstalled, and those above the share, round after round as replicas come
+    # and go); nothing of it queued, no drop ever cleared it, for as long as the process ran.
+    inbox = Inbox(DeliveryStore(db), Gate(held=set()), ownership=Owner(), claim_every=0.01)
+    await inbox.open()
+    await inbox.start()
+    for n in range(50):
+        inbox.release(f"acme/given-up-{n}")
+    await asyncio.sleep(0.05)  # a few rounds of the worker and the claim loop
+    assert not inbox._released, f"{len(inbox._released)} release marks of queues that do not exist"
+    await inbox.stop()
+
+
 def count_claims(store: DeliveryStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many deliveries each of `store`'s claims took, in order."""
     claim_owned = store.claim_owned

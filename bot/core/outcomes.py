@@ -579,11 +579,15 @@ class OutcomeLedger:
         return forgotten
 
     def _newest(self, candidate: str) -> list[Attempt]:
+        runs = self._runs_by_candidate.get(candidate)
+        # Not cached without runs: every plan reads every family's candidate, and each image
+        # bump makes a new one, so its empty list would stay for good (`forget_before` and
+        # `add` drop the lists of candidates with runs only).
+        if not runs:
+            return []
         ordered = self._ordered.get(candidate)
         if ordered is None:
-            ordered = self._ordered[candidate] = _newest_first(
-                self._runs_by_candidate.get(candidate, {}).values()
-            )
+            ordered = self._ordered[candidate] = _newest_first(runs.values())
         return ordered
 
     def knows_run(self, candidate: str, run_id: int) -> bool:

@@ -164,6 +164,32 @@ async def test_a_retry_approval_leaves_with_its_candidate_when_the_image_changes
     assert kit.state.retries == {} and (await kit.live.store.load(REPO)).get("retry", {}) == {}
 
 
+async def test_image_bumps_leave_no_ledger_entries_of_candidates_no_family_has(kit: Kit) -> None:
+    # What this catches: each image bump gives its family a new candidate, and every plan reads
+    # the ledger for every family's candidate; the ledger cached an empty ordered list for each
+    # one ever read, with no attempt of it for the trim to forget.
+    from tests import scenarios as sc
+    from tests.services.test_catalog_sync import push
+
+    await kit.reconciler.reconcile(REPO, 1)
+    await kit.waves.preview(REPO)
+    families = len(kit.state.catalog)
+    head = kit.repo.head
+    for n in range(30):
+        after = f"{n + 1:040x}"
+        bumped = sc.NVIDIA.replace("release:1.2.0rc4", f"release:9.{n}")
+        kit.repo.files[after] = {**kit.repo.files[head], "configs/nvidia-master.yaml": bumped}
+        kit.repo.head = after
+        await kit.catalog.on_push(kit.state, push("refs/heads/main", head, after))
+        head = after
+        kit.clock.advance(timedelta(hours=2).total_seconds())
+        await kit.waves.preview(REPO)  # every wave, /plan and the status page plan like this
+    kit.state.forget_attempts_before(kit.clock.now() - timedelta(days=14))  # the six-hourly trim
+    cached = kit.state.ledger._ordered
+    stale = set(cached) - {family.candidate for family in kit.state.catalog}
+    assert len(cached) <= families, f"{len(stale)} entries of candidates no family has"
+
+
 async def test_a_disabled_repositorys_scheduled_wave_moves_on_to_its_next_slot(kit: Kit) -> None:
     # Left at the slot that passed, it was due, and skipped with a log line, every tick.
     await kit.reconciler.reconcile(REPO, 1)

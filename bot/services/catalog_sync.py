@@ -56,6 +56,20 @@ def _health(state: RepoState) -> tuple[object, ...]:
     return (state.meta.policy_error, dict(state.meta.config_errors), list(state.meta.setup_errors))
 
 
+def drop_unlisted_configs(state: RepoState, listed: set[str]) -> Change:
+    """Forget the master configs a full listing no longer shows (deleted, or no longer
+    matched by `config_globs`): their families and their errors."""
+    change = Change()
+    for path in {family.path for family in state.catalog} - listed:
+        change.extend(state.remove_config(path))
+    # A file that never parsed has no families to remove, only its error, which stayed in the
+    # state, check runs and dashboard for good. `config_errors` holds master configs and the
+    # runners file.
+    for path in set(state.meta.config_errors) - listed - {state.policy.runners_file}:
+        del state.meta.config_errors[path]
+    return change
+
+
 def push_time(event: PushEvent) -> datetime | None:
     """When the push happened: `repository.pushed_at`, in epoch seconds.
 
@@ -151,8 +165,7 @@ class CatalogSync:
         paths = await self.config_paths(state, api, ref)
         for path in paths:
             change.extend(await self.refresh_config(state, api, path, ref, None))
-        for path in {family.path for family in state.catalog} - set(paths):
-            change.extend(state.remove_config(path))
+        change.extend(drop_unlisted_configs(state, set(paths)))
         state.retouch()
         await self.date_images(state, api, change)
 
@@ -246,8 +259,7 @@ class CatalogSync:
             paths = set(await self.config_paths(state, api, ref))
             # Deleted, or no longer matched by `config_globs`: read again, a file the globs
             # dropped kept all its families live and planned until a full reconcile.
-            for path in {f.path for f in state.catalog} - paths:
-                change.extend(state.remove_config(path))
+            change.extend(drop_unlisted_configs(state, paths))
         else:
             paths = {p for p in changed or () if is_master_config(p, state.policy.config_globs)}
         for path in sorted(paths):

@@ -96,6 +96,34 @@ async def test_a_push_narrowing_config_globs_drops_the_families_of_the_files_lef
     assert {f.path for f in kit.state.catalog} == {"configs/nvidia-master.yaml"}
 
 
+BAD_CONFIG = "configs/bad-master.yaml"
+RUNNERS = "configs/runners.yaml"
+NVIDIA_AND_AMD = 'config_globs: ["configs/nvidia-master.yaml", "configs/amd-master.yaml"]\n'
+
+
+@pytest.mark.parametrize("seen_by", ["push", "light reconcile", "full reconcile"])
+async def test_narrowed_config_globs_drop_the_error_of_a_master_config_no_longer_matched(kit: Kit, seen_by: str) -> None:
+    # What this catches: only the paths of families were dropped; a master config that never
+    # parsed has none, and its error stayed in the state, check runs and dashboard for good.
+    await kit.reconciler.reconcile(REPO, 1)
+    first, broken, narrowed = kit.repo.head, "a" * 40, "b" * 40
+    unresolved = sc.RUNNERS + "  h100:\n    - h100-gone_0\n"  # a problem of the runners file, which stays
+    kit.repo.files[broken] = {**kit.repo.files[first], BAD_CONFIG: "dsr1-x:\n  image: [unclosed\n", RUNNERS: unresolved}
+    kit.repo.head = broken
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", first, broken))
+    assert {BAD_CONFIG, RUNNERS} <= kit.state.meta.config_errors.keys()
+
+    kit.repo.files[narrowed] = {**kit.repo.files[broken], ".github/klaud.yml": NVIDIA_AND_AMD}
+    kit.repo.head = narrowed
+    if seen_by == "push":
+        await kit.catalog.on_push(kit.state, push("refs/heads/main", broken, narrowed))
+    else:
+        await kit.reconciler.reconcile(REPO, 1, light=seen_by == "light reconcile")
+
+    assert list(kit.state.policy.config_globs) == ["configs/nvidia-master.yaml", "configs/amd-master.yaml"]
+    assert kit.state.meta.config_errors.keys() == {RUNNERS}
+
+
 async def test_a_push_widening_config_globs_makes_open_prs_overlap_the_families_it_adds(kit: Kit) -> None:
     kit.repo.put_files({".github/klaud.yml": NVIDIA_ONLY})
     await kit.reconciler.reconcile(REPO, 1)

@@ -243,7 +243,7 @@ class Reconciler:
             except NotFound as exc:
                 log.warning("reconcile.gone", repo=name, installation=installation, error=str(exc))
             except GitHubError as exc:
-                self._note_failure(name, installation, exc)
+                self._note_failure(name, installation, str(exc))
             else:
                 self.failures.pop(name, None)
 
@@ -259,6 +259,12 @@ class Reconciler:
                 continue
             await self.live.forget(state.name if state is not None else repo.full_name)
 
+    async def uninstall(self, installation: int, repositories: Iterable[Named]) -> None:
+        """The App was uninstalled from an account: its repositories are forgotten, and a
+        failed listing of the installation is not tried again."""
+        await self.forget(installation, repositories)
+        self.failures.pop(_listing(installation), None)
+
     async def reconcile_new_installations(self) -> list[str]:
         """Reconcile every installed repository that has no local state yet.
 
@@ -273,16 +279,17 @@ class Reconciler:
         try:
             installations = await github.installations()
         except GitHubError as exc:
-            self._note_failure(DISCOVERY, 0, exc)
+            self._note_failure(DISCOVERY, 0, str(exc))
             return done
         self.failures.pop(DISCOVERY, None)
+        self._drop_listings_of_uninstalled(set(installations))
         for installation in installations:
             try:
                 repositories = await github.repositories(installation)
             except GitHubError as exc:
-                self._note_failure(f"installation {installation}", installation, exc)
+                self._note_failure(_listing(installation), installation, str(exc))
                 continue
-            self.failures.pop(f"installation {installation}", None)
+            self.failures.pop(_listing(installation), None)
             for repo in repositories:
                 # One kept under an earlier name is followed by its own reconciles and events,
                 # here or at the replica keeping it (built here, it would be a second state).
@@ -293,35 +300,48 @@ class Reconciler:
                     done.append(repo.full_name)
         return done
 
+    def _drop_listings_of_uninstalled(self, installations: set[int]) -> None:
+        """Failed listings of installations GitHub no longer lists: there is nothing left to
+        list (retried, each would be due again at every tick)."""
+        for name, failure in list(self.failures.items()):
+            if _is_listing(name) and failure.installation not in installations:
+                del self.failures[name]
+
     async def retry_failed(self) -> None:
         """Try again every failed reconcile whose backoff has passed."""
         now = self.live.clock.now()
         due = [(name, f) for name, f in self.failures.items() if f.next_at <= now]
+        listings = [(name, f) for name, f in due if name == DISCOVERY or _is_listing(name)]
+        if listings:
+            await self.reconcile_new_installations()  # one discovery retries them all
+        for name, failure in listings:
+            if self.failures.get(name) is failure:
+                # Neither cleared nor failed again (the installations' own listing failed
+                # first): backed off from all the same, else due at every tick.
+                self._note_failure(name, failure.installation, failure.error)
         for name, failure in due:
-            if name == DISCOVERY or name.startswith("installation "):
-                await self.reconcile_new_installations()
-            else:
+            if name != DISCOVERY and not _is_listing(name):
                 await self._try_reconcile(name, failure.installation)
 
     async def _try_reconcile(self, name: str, installation: int) -> bool:
         try:
             await self.reconcile(name, installation)
         except GitHubError as exc:
-            self._note_failure(name, installation, exc)
+            self._note_failure(name, installation, str(exc))
             return False
         # The store refusing writes, or a bug: backed off from too (its traceback logged),
         # else the retry stayed due and called GitHub at every tick while it lasted.
         except Exception as exc:
             log.exception("reconcile.failed_unexpectedly", repo=name)
-            self._note_failure(name, installation, exc)
+            self._note_failure(name, installation, str(exc))
             return False
         self.failures.pop(name, None)
         return True
 
-    def _note_failure(self, name: str, installation: int, exc: Exception) -> None:
+    def _note_failure(self, name: str, installation: int, error: str) -> None:
         previous = self.failures.get(name)
         attempts = previous.attempts + 1 if previous is not None else 1
-        failure = ReconcileFailure(installation, str(exc), attempts, self.live.clock.now() + retry_delay(attempts))
+        failure = ReconcileFailure(installation, error, attempts, self.live.clock.now() + retry_delay(attempts))
         self.failures[name] = failure
         log.warning("reconcile.failed", repo=name, error=failure.error, attempts=attempts, retry_at=stamp(failure.next_at))
 
@@ -338,6 +358,15 @@ class Reconciler:
             # after the listing must not be taken for old (then it stays out of the index).
             change.extend(state.remove_pull(number, self.live.clock.now() - CLOCK_SKEW))
         return {"open_pulls": len(seen), "files_fetched": fetched, "pulls_removed": len(closed)}
+
+
+def _listing(installation: int) -> str:
+    """The failure's key when listing `installation`'s repositories failed."""
+    return f"installation {installation}"
+
+
+def _is_listing(name: str) -> bool:
+    return name.startswith("installation ")
 
 
 def _another(kept: RepoState | None, repository: Repository) -> bool:

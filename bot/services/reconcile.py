@@ -266,7 +266,9 @@ class Reconciler:
         self.failures.pop(_listing(installation), None)
 
     async def reconcile_new_installations(self) -> list[str]:
-        """Reconcile every installed repository that has no local state yet.
+        """Reconcile every installed repository that has no local state yet, and forget the
+        kept ones GitHub no longer lists (deleted, or their installation removed while the
+        event was lost).
 
         GitHub trouble never stops Klaud from serving: a repository whose reconcile fails is
         remembered with its error and tried again with backoff (`retry_failed`), and the
@@ -276,6 +278,8 @@ class Reconciler:
         done: list[str] = []
         if github is None:
             return done
+        # Taken before listing: a repository an event adds meanwhile is not in the listing.
+        kept = dict(self.live.repos)
         try:
             installations = await github.installations()
         except GitHubError as exc:
@@ -283,13 +287,17 @@ class Reconciler:
             return done
         self.failures.pop(DISCOVERY, None)
         self._drop_listings_of_uninstalled(set(installations))
+        listed: list[Repository] = []
+        complete = True
         for installation in installations:
             try:
                 repositories = await github.repositories(installation)
             except GitHubError as exc:
                 self._note_failure(_listing(installation), installation, str(exc))
+                complete = False
                 continue
             self.failures.pop(_listing(installation), None)
+            listed.extend(repositories)
             for repo in repositories:
                 # One kept under an earlier name is followed by its own reconciles and events,
                 # here or at the replica keeping it (built here, it would be a second state).
@@ -298,7 +306,33 @@ class Reconciler:
                     continue
                 if known is None and await self._try_reconcile(repo.full_name, installation):
                     done.append(repo.full_name)
+        if complete:
+            # A failed listing may hide any repository (one moved to that installation too):
+            # only a discovery that listed every installation forgets.
+            await self._forget_unlisted(kept, listed)
         return done
+
+    async def _forget_unlisted(self, kept: dict[str, RepoState], listed: list[Repository]) -> None:
+        """Forget the repositories kept before the listing that no installation lists, once
+        GitHub confirms it has none with their id (a listing may lag behind an install)."""
+        github = self.live.github
+        ids = {repo.id for repo in listed}
+        names = {repo.full_name.lower() for repo in listed}
+        for key, state in kept.items():
+            repo_id = state.meta.repo_id
+            # Without an id (stored by an older version) GitHub cannot confirm: its next
+            # reconcile stores one.
+            if github is None or repo_id is None or repo_id in ids or key in names:
+                continue
+            try:
+                if await github.repository_by_id(state.meta.installation, repo_id) is not None:
+                    continue
+            except GitHubError as exc:
+                log.warning("discovery.unlisted_unconfirmed", repo=state.name, error=str(exc))
+                continue
+            if self.live.repo(key) is state:  # not removed, re-added or handed over meanwhile
+                log.info("discovery.repository_unlisted", repo=state.name, installation=state.meta.installation)
+                await self.live.forget(state.name)
 
     def _drop_listings_of_uninstalled(self, installations: set[int]) -> None:
         """Failed listings of installations GitHub no longer lists: there is nothing left to

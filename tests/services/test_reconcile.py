@@ -443,6 +443,63 @@ async def test_a_due_listing_retried_while_the_installations_listing_fails_backs
     assert failure.attempts == 2 and failure.next_at == kit.clock.now() + retry_delay(2)
 
 
+def delete_on_github(kit: Kit) -> None:
+    """The kit's repository deleted: no installation lists it, GitHub has nothing with its id."""
+    del kit.live.github.repos[REPO]  # type: ignore[union-attr]
+
+
+async def test_discovery_forgets_a_kept_repository_github_no_longer_has(kit: Kit) -> None:
+    # What this catches: a repository deleted while its event was lost was kept for good,
+    # reconciled (every answer a 404) and planned for as long as Klaud ran.
+    await kit.reconciler.reconcile(REPO, 1)
+    delete_on_github(kit)
+    await kit.reconciler.reconcile_new_installations()
+    assert kit.live.repo(REPO) is None and await kit.live.store.repos() == []
+
+
+async def test_discovery_forgets_the_repositories_of_an_installation_github_no_longer_lists(kit: Kit, monkeypatch) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    delete_on_github(kit)
+
+    async def none_left() -> list[int]:  # uninstalled while its `installation deleted` was lost
+        return []
+
+    monkeypatch.setattr(kit.live.github, "installations", none_left)
+    await kit.reconciler.reconcile_new_installations()
+    assert kit.live.repo(REPO) is None
+
+
+async def test_a_discovery_with_a_failed_listing_forgets_nothing(kit: Kit, monkeypatch) -> None:
+    # The repository may have moved to the installation whose listing failed.
+    await kit.reconciler.reconcile(REPO, 1)
+    delete_on_github(kit)
+
+    async def installations() -> list[int]:
+        return [1, 2]
+
+    async def repositories(installation: int) -> list[Repository]:
+        if installation == 2:
+            raise Unavailable(502, "Bad Gateway")
+        return []
+
+    monkeypatch.setattr(kit.live.github, "installations", installations)
+    monkeypatch.setattr(kit.live.github, "repositories", repositories)
+    await kit.reconciler.reconcile_new_installations()
+    assert kit.live.repo(REPO) is not None
+
+
+async def test_a_repository_a_listing_leaves_out_is_kept_while_github_still_has_it(kit: Kit, monkeypatch) -> None:
+    # GitHub's listing of an installation may lag behind an install: its id is asked for.
+    await kit.reconciler.reconcile(REPO, 1)
+
+    async def lagging(installation: int) -> list[Repository]:
+        return []
+
+    monkeypatch.setattr(kit.live.github, "repositories", lagging)
+    await kit.reconciler.reconcile_new_installations()
+    assert kit.live.repo(REPO) is not None
+
+
 async def test_discovery_answers_the_repositories_it_reconciled(kit: Kit) -> None:
     assert await kit.reconciler.reconcile_new_installations() == [REPO]
     assert await kit.reconciler.reconcile_new_installations() == []  # kept now

@@ -385,6 +385,16 @@ async def test_installation_removed_forgets_the_repository(tmp_path):
     await fresh.stop()
 
 
+async def test_a_repository_deleted_on_github_is_forgotten_at_its_repository_deleted_event(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        # An installation on all repositories gets no `installation_repositories` removed.
+        run.sandbox.set_faults({"rules": [{"webhook": "installation_repositories", "rate": 1.0}]})
+        run.reset_requests()
+        await run.act({"action": "delete_repository", "repo": "acme/bench"})
+        assert run.klaud.live.repo("acme/bench") is None
+        assert await run.klaud.live.store.repos() == [] and run.requests["total"] == 0
+
+
 async def test_github_s_installation_payloads_suspend_unsuspend_and_delete(tmp_path, fixtures):
     import json
 

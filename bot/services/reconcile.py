@@ -20,7 +20,7 @@ from bot.core.domain import stamp
 from bot.core.errors import RepositoryMoved
 from bot.core.events import Named, RepoEvent, Repository
 from bot.github.errors import GitHubError, NotFound
-from bot.services.api import RepoAPI
+from bot.services.api import RepoAPI, ReposAPI
 from bot.services.catalog_sync import CatalogSync
 from bot.services.claims import ClaimKeeper
 from bot.services.dashboard import DashboardKeeper
@@ -260,10 +260,13 @@ class Reconciler:
             await self.live.forget(state.name if state is not None else repo.full_name)
 
     async def uninstall(self, installation: int, repositories: Iterable[Named]) -> None:
-        """The App was uninstalled from an account: its repositories are forgotten, and a
-        failed listing of the installation is not tried again."""
+        """The App was uninstalled from an account: its repositories are forgotten, a failed
+        listing of the installation is not tried again, and once no kept repository uses
+        it (one re-installed since keeps it), its GitHub client goes too."""
         await self.forget(installation, repositories)
         self.failures.pop(_listing(installation), None)
+        if self.live.github is not None and not self.installation_repos(installation):
+            self.live.github.forget_installation(installation)
 
     async def reconcile_new_installations(self) -> list[str]:
         """Reconcile every installed repository that has no local state yet, and forget the
@@ -309,20 +312,29 @@ class Reconciler:
         if complete:
             # A failed listing may hide any repository (one moved to that installation too):
             # only a discovery that listed every installation forgets.
-            await self._forget_unlisted(kept, listed)
+            await self._forget_unlisted(github, kept, listed)
+            self._forget_clients_of_uninstalled(github, kept, set(installations))
         return done
 
-    async def _forget_unlisted(self, kept: dict[str, RepoState], listed: list[Repository]) -> None:
+    def _forget_clients_of_uninstalled(
+        self, github: ReposAPI, kept: dict[str, RepoState], installations: set[int]
+    ) -> None:
+        """The GitHub clients of installations removed while their event was lost, once no
+        kept repository uses them."""
+        for installation in {state.meta.installation for state in kept.values()} - installations:
+            if not self.installation_repos(installation):
+                github.forget_installation(installation)
+
+    async def _forget_unlisted(self, github: ReposAPI, kept: dict[str, RepoState], listed: list[Repository]) -> None:
         """Forget the repositories kept before the listing that no installation lists, once
         GitHub confirms it has none with their id (a listing may lag behind an install)."""
-        github = self.live.github
         ids = {repo.id for repo in listed}
         names = {repo.full_name.lower() for repo in listed}
         for key, state in kept.items():
             repo_id = state.meta.repo_id
             # Without an id (stored by an older version) GitHub cannot confirm: its next
             # reconcile stores one.
-            if github is None or repo_id is None or repo_id in ids or key in names:
+            if repo_id is None or repo_id in ids or key in names:
                 continue
             try:
                 if await github.repository_by_id(state.meta.installation, repo_id) is not None:

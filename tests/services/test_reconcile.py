@@ -420,6 +420,14 @@ async def test_an_uninstall_ends_the_retries_of_the_installations_failed_listing
     assert "installation 5" not in kit.reconciler.failures and "installation 1" in kit.reconciler.failures
 
 
+async def test_an_uninstall_drops_the_installations_github_client_once_no_kept_repository_uses_it(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    await kit.reconciler.uninstall(1, [Named(full_name=REPO, id=4242)])
+    await kit.reconciler.reconcile_all(2, [REPO])  # re-installed as installation 2
+    await kit.reconciler.uninstall(2, [])  # a payload naming none of the kept repositories
+    assert kit.live.github.forgotten == [1]  # type: ignore[union-attr]
+
+
 async def test_a_due_listing_retried_while_the_installations_listing_fails_backs_off(kit: Kit, monkeypatch) -> None:
     # What this catches: an installation's failed listing, due while GET /app/installations
     # failed, was neither cleared nor noted again: due at every tick until it answered.
@@ -466,7 +474,7 @@ async def test_discovery_forgets_the_repositories_of_an_installation_github_no_l
 
     monkeypatch.setattr(kit.live.github, "installations", none_left)
     await kit.reconciler.reconcile_new_installations()
-    assert kit.live.repo(REPO) is None
+    assert kit.live.repo(REPO) is None and kit.live.github.forgotten == [1]  # its client too
 
 
 async def test_a_discovery_with_a_failed_listing_forgets_nothing(kit: Kit, monkeypatch) -> None:

@@ -331,7 +331,10 @@ class LiveState:
 
     async def _forget(self, name: str) -> None:
         state = self.repos.pop(name.lower(), None)
-        name = state.name if state is not None else name
+        # Not kept here: the records are keyed by the stored spelling, which may differ in
+        # case from the payload's (GitHub's names are case-insensitive); cleared by the
+        # payload's, they stayed, and the repository came back at the next start.
+        name = state.name if state is not None else await self.store.stored_name(name) or name
         self._gone(name)
         change = Change()
         for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry"):

@@ -201,6 +201,17 @@ async def test_an_uninstall_leaves_nothing_of_the_repository_in_the_store(kit: K
     assert await kit.live.store.load(REPO) == {}
 
 
+async def test_an_uninstall_forgets_the_store_records_of_a_repository_kept_elsewhere_whatever_its_case(kit: Kit) -> None:
+    # What this catches: with replicas the leader forgets a repository another replica keeps
+    # by the payload's name; records are stored under their own spelling (GitHub's names are
+    # case-insensitive, and a rename of the case alone is not followed), so they stayed and
+    # the repository came back at the next start.
+    await kit.reconciler.reconcile(REPO, 1)  # stored as acme/bench
+    kit.live.drop(REPO)  # kept by another replica: not in this process's memory
+    await kit.live.forget("ACME/Bench")
+    assert await kit.live.store.repos() == [] and await kit.live.store.load(REPO) == {}
+
+
 async def test_a_reload_of_a_repository_no_longer_kept_here_leaves_it_out(kit: Kit) -> None:
     # What this catches: a read back loaded a repository memory had let go (another replica's now): a second keeper planned its waves.
     await kit.reconciler.reconcile(REPO, 1)

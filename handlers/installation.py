@@ -22,7 +22,7 @@ async def on_installation(event: WebhookEvent, ctx: HandlerContext) -> None:
     if payload.action in ADDING:
         await ctx.repos.reconcile_all(installation, [repo.full_name for repo in payload.repositories or ()])
     elif payload.action == "deleted":
-        await ctx.repos.forget(installation, payload.repositories or [Named(full_name=name) for name in kept])
+        await ctx.repos.uninstall(installation, payload.repositories or [Named(full_name=name) for name in kept])
     elif payload.action == "suspend":
         # Kept, holds and all: forgotten, they were lost for good. GitHub refuses the
         # App's calls meanwhile, and the scheduler backs off from each repository's.

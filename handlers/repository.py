@@ -1,9 +1,11 @@
 """`repository` renamed or transferred: the repository's state moves to its new name;
-edited with a new default branch: the catalog follows that branch at once.
+edited with a new default branch: the catalog follows that branch at once; deleted: the
+repository is forgotten, as an uninstall forgets it.
 
 Without this event (not subscribed, or lost) the move is found all the same, later: by the
 first event under the new name (matched by the repository's id) or by the next reconcile
-(GitHub answers the old name with a redirect).
+(GitHub answers the old name with a redirect). A deletion without this event is found by
+the next discovery, which no longer lists the repository.
 """
 
 from __future__ import annotations
@@ -32,3 +34,11 @@ async def on_edited(event: WebhookEvent, ctx: HandlerContext) -> None:
     state = await ctx.repos.state_for(payload)
     if state is not None:
         await ctx.repos.reconcile(state.name, state.meta.installation, light=True)
+
+
+@router.register("repository", action="deleted")
+async def on_deleted(event: WebhookEvent, ctx: HandlerContext) -> None:
+    # An installation on all repositories gets no `installation_repositories` for it:
+    # kept, it was reconciled (every answer a 404) and planned for as long as Klaud ran.
+    payload = event.parsed(RepositoryEvent)
+    await ctx.repos.forget(payload.installation.id, [payload.repository])

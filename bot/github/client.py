@@ -22,6 +22,7 @@ from contextlib import (
     asynccontextmanager,
     contextmanager,
     nullcontext,
+    suppress,
 )
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -1035,6 +1036,19 @@ class GitHubApp:
             )
             self._clients[installation_id] = client
         return client
+
+    def forget_installation(self, installation_id: int) -> None:
+        """The App was uninstalled from an account: its client (with an ETag cache of up to
+        32 MiB), its token, token lock and rate-limit series go, else kept for as long as the
+        process runs. A call under way finishes with what it holds; a later one starts anew.
+        A token lock a mint holds stays (two mints at once would be harmless, but needless)."""
+        self._clients.pop(installation_id, None)
+        self._tokens.pop(installation_id, None)
+        lock = self._token_locks.get(installation_id)
+        if lock is not None and not lock.locked():
+            del self._token_locks[installation_id]
+        with suppress(KeyError):  # no request of it noted a rate limit
+            GITHUB_RATE_LIMIT_REMAINING.remove(str(installation_id))
 
     async def _app_credential(self, _rejected: str | None) -> str:
         return f"bearer {self.app_jwt()}"

@@ -465,6 +465,9 @@ class GitHubRepos:
             return None
         return Repository.model_validate(answer)
 
+    def forget_installation(self, installation: int) -> None:
+        self.app.forget_installation(installation)
+
     async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
         answer = await self.app.repo_installation(full_name)
         return dict(answer.get("permissions") or {}), list(answer.get("events") or [])

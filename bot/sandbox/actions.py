@@ -186,6 +186,17 @@ def rename_repository(world: World, action: sc.RenameRepository) -> Outcome:
     return {"full_name": repo.full_name}, [Payloads(world).repository(repo, "renamed", sender, changes=changes)]
 
 
+def delete_repository(world: World, action: sc.DeleteRepository) -> Outcome:
+    """Both events GitHub sends an App on selected repositories (the payloads are built
+    while the repository still exists)."""
+    repo = world.repo(action.repo)
+    sender = action.user or repo.first_admin()
+    payloads = Payloads(world)
+    events = [payloads.repository(repo, "deleted", sender), payloads.repositories_removed(repo, sender)]
+    world.delete(repo)
+    return {}, events
+
+
 def set_capacity(world: World, action: sc.SetCapacity) -> Outcome:
     world.capacity = action.capacity
     return {}, []
@@ -210,6 +221,7 @@ HANDLERS: dict[type, Any] = {
     sc.PushDefault: push_default,
     sc.RepositoryDispatch: repository_dispatch,
     sc.RenameRepository: rename_repository,
+    sc.DeleteRepository: delete_repository,
     sc.SetCapacity: set_capacity,
     sc.AdvanceClock: advance_clock,
 }

@@ -118,6 +118,23 @@ class Payloads:
         """`repository` (renamed: `changes.repository.name.from` holds the old name)."""
         return Event("repository", self.envelope(repo, sender, {"action": action, **extra}))
 
+    def repositories_removed(self, repo: RepoState, sender: str) -> Event:
+        """`installation_repositories` removed, naming `repo` alone (it carries no
+        `repository` of its own, as on GitHub)."""
+        installed = self.world.installation(repo.installation_id)
+        removed = {key: self.shapes.minimal_repository(repo)[key]
+                   for key in ("id", "node_id", "name", "full_name", "private")}
+        payload = {
+            "action": "removed",
+            "installation": self.shapes.installation(installed, repo),
+            "repository_selection": "selected",
+            "repositories_added": [],
+            "repositories_removed": [removed],
+            "requester": None,
+            "sender": self.shapes.user(sender),
+        }
+        return Event("installation_repositories", payload)
+
     def repository_dispatch(
         self, repo: RepoState, event_type: str, client_payload: dict[str, Any], sender: str
     ) -> Event:

@@ -315,6 +315,16 @@ class RenameRepository(Model):
     user: str | None = None
 
 
+class DeleteRepository(Model):
+    """An admin deletes the repository: its API routes (and its old names') answer 404, no
+    installation lists it, and GitHub sends `repository` deleted and, to an installation
+    on selected repositories, `installation_repositories` removed."""
+
+    action: Literal["delete_repository"]
+    repo: str
+    user: str | None = None
+
+
 class RepositoryDispatch(Model):
     action: Literal["dispatch"]
     repo: str
@@ -347,6 +357,7 @@ Action = Annotated[
     | PushDefault
     | RepositoryDispatch
     | RenameRepository
+    | DeleteRepository
     | SetCapacity
     | AdvanceClock,
     Field(discriminator="action"),

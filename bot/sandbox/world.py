@@ -132,6 +132,14 @@ class World:
         repo.full_name, repo.name = full_name, name
         self.repos[key] = repo
 
+    def delete(self, repo: RepoState) -> None:
+        """`repo` no longer exists: neither its name nor an earlier one finds it. An
+        installation left without repositories is no longer listed either (the sandbox
+        knows installations through their repositories)."""
+        del self.repos[repo.full_name.lower()]
+        for name in [name for name, moved in self.moved.items() if moved is repo]:
+            del self.moved[name]
+
     def repo(self, full_name: str) -> RepoState:
         repo = self.repos.get(full_name.lower())
         if repo is None:

@@ -140,6 +140,11 @@ class ReposAPI(Protocol):
         """The permissions and events the repository's installation granted the App."""
         ...
 
+    def forget_installation(self, installation: int) -> None:
+        """Drop what is kept to call GitHub as `installation` (uninstalled, none of its
+        repositories kept): its client, cache and token."""
+        ...
+
 
 class CapacitySource(Protocol):
     """Which clusters may take work now (`capacity_feed.CapacityFeed` reads the real feed)."""

@@ -10,7 +10,7 @@ runners, policy), `pulls` (the overlap index), `outcomes` (the ledger), `reconci
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import timedelta
@@ -63,6 +63,36 @@ def _forget_metrics(name: str) -> None:
     forget_repo(name, get_args(DecisionKind))
 
 
+class _Locks:
+    """One lock per key, kept only while a section holds it or waits for it: a repository
+    that leaves (uninstalled, renamed, handed over) leaves no lock behind. Counted, not
+    pruned when let go: a lock its holder released may have a waiter about to take it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    def held(self, key: str) -> bool:
+        entry = self._locks.get(key)
+        return entry is not None and entry[0].locked()
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, takers = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, takers + 1)
+        try:
+            async with lock:
+                yield
+        finally:  # let go, or given up waiting (cancelled)
+            lock, takers = self._locks[key]
+            if takers == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, takers - 1)
+
+
 class LiveState:
     def __init__(self, store: StateStore, github: ReposAPI | None, clock: Clock, bot_logins: tuple[str, ...]) -> None:
         self.store = store
@@ -72,7 +102,7 @@ class LiveState:
         # Keyed by the lower-cased name: GitHub's names are case-insensitive, and `ACME/Bench`
         # must never become a second copy of `acme/bench` (with dispatches of its own).
         self.repos: dict[str, RepoState] = {}
-        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._locks = _Locks()
         self.listeners: list[Listener] = []
         self.wave_listeners: list[WaveListener] = []
         # Told the name of a repository that leaves this process (uninstalled, renamed, kept
@@ -93,8 +123,7 @@ class LiveState:
 
     def in_use(self, repo: str) -> bool:
         """Whether a section holds the repository's lock now (a reconcile admitting it)."""
-        lock = self._locks.get(repo.lower())
-        return lock is not None and lock.locked()
+        return self._locks.held(repo.lower())
 
     def lock(self, repo: str) -> AbstractAsyncContextManager[None]:
         """The repository's lock, held to change its state.
@@ -108,7 +137,7 @@ class LiveState:
 
     @asynccontextmanager
     async def _changing(self, repo: str) -> AsyncIterator[None]:
-        async with self._locks[repo.lower()]:
+        async with self._locks.hold(repo.lower()):
             try:
                 yield
             except asyncio.CancelledError:
@@ -277,7 +306,7 @@ class LiveState:
         """Replace a repository's state in memory with what the store holds (a commit of its
         changes failed); one the store has nothing of leaves memory, to be reconciled anew.
         One no longer in memory stays out (with replicas, another may own it now)."""
-        async with self._locks[name.lower()]:
+        async with self._locks.hold(name.lower()):
             await self._read_back(name)
             self.stale.discard(name.lower())
         log.info("live.reloaded", repo=name)
@@ -302,7 +331,10 @@ class LiveState:
 
     async def _forget(self, name: str) -> None:
         state = self.repos.pop(name.lower(), None)
-        name = state.name if state is not None else name
+        # Not kept here: the records are keyed by the stored spelling, which may differ in
+        # case from the payload's (GitHub's names are case-insensitive); cleared by the
+        # payload's, they stayed, and the repository came back at the next start.
+        name = state.name if state is not None else await self.store.stored_name(name) or name
         self._gone(name)
         change = Change()
         for kind in ("family", "pull", "attempt", "hold", "retry", "claim", "dispatch", "artifact-retry"):

@@ -20,7 +20,7 @@ from bot.core.domain import stamp
 from bot.core.errors import RepositoryMoved
 from bot.core.events import Named, RepoEvent, Repository
 from bot.github.errors import GitHubError, NotFound
-from bot.services.api import RepoAPI
+from bot.services.api import RepoAPI, ReposAPI
 from bot.services.catalog_sync import CatalogSync
 from bot.services.claims import ClaimKeeper
 from bot.services.dashboard import DashboardKeeper
@@ -243,7 +243,7 @@ class Reconciler:
             except NotFound as exc:
                 log.warning("reconcile.gone", repo=name, installation=installation, error=str(exc))
             except GitHubError as exc:
-                self._note_failure(name, installation, exc)
+                self._note_failure(name, installation, str(exc))
             else:
                 self.failures.pop(name, None)
 
@@ -259,8 +259,19 @@ class Reconciler:
                 continue
             await self.live.forget(state.name if state is not None else repo.full_name)
 
+    async def uninstall(self, installation: int, repositories: Iterable[Named]) -> None:
+        """The App was uninstalled from an account: its repositories are forgotten, a failed
+        listing of the installation is not tried again, and once no kept repository uses
+        it (one re-installed since keeps it), its GitHub client goes too."""
+        await self.forget(installation, repositories)
+        self.failures.pop(_listing(installation), None)
+        if self.live.github is not None and not self.installation_repos(installation):
+            self.live.github.forget_installation(installation)
+
     async def reconcile_new_installations(self) -> list[str]:
-        """Reconcile every installed repository that has no local state yet.
+        """Reconcile every installed repository that has no local state yet, and forget the
+        kept ones GitHub no longer lists (deleted, or their installation removed while the
+        event was lost).
 
         GitHub trouble never stops Klaud from serving: a repository whose reconcile fails is
         remembered with its error and tried again with backoff (`retry_failed`), and the
@@ -270,19 +281,26 @@ class Reconciler:
         done: list[str] = []
         if github is None:
             return done
+        # Taken before listing: a repository an event adds meanwhile is not in the listing.
+        kept = dict(self.live.repos)
         try:
             installations = await github.installations()
         except GitHubError as exc:
-            self._note_failure(DISCOVERY, 0, exc)
+            self._note_failure(DISCOVERY, 0, str(exc))
             return done
         self.failures.pop(DISCOVERY, None)
+        self._drop_listings_of_uninstalled(set(installations))
+        listed: list[Repository] = []
+        complete = True
         for installation in installations:
             try:
                 repositories = await github.repositories(installation)
             except GitHubError as exc:
-                self._note_failure(f"installation {installation}", installation, exc)
+                self._note_failure(_listing(installation), installation, str(exc))
+                complete = False
                 continue
-            self.failures.pop(f"installation {installation}", None)
+            self.failures.pop(_listing(installation), None)
+            listed.extend(repositories)
             for repo in repositories:
                 # One kept under an earlier name is followed by its own reconciles and events,
                 # here or at the replica keeping it (built here, it would be a second state).
@@ -291,37 +309,85 @@ class Reconciler:
                     continue
                 if known is None and await self._try_reconcile(repo.full_name, installation):
                     done.append(repo.full_name)
+        if complete:
+            # A failed listing may hide any repository (one moved to that installation too):
+            # only a discovery that listed every installation forgets.
+            await self._forget_unlisted(github, kept, listed)
+            self._forget_clients_of_uninstalled(github, kept, set(installations))
         return done
+
+    def _forget_clients_of_uninstalled(
+        self, github: ReposAPI, kept: dict[str, RepoState], installations: set[int]
+    ) -> None:
+        """The GitHub clients of installations removed while their event was lost, once no
+        kept repository uses them."""
+        for installation in {state.meta.installation for state in kept.values()} - installations:
+            if not self.installation_repos(installation):
+                github.forget_installation(installation)
+
+    async def _forget_unlisted(self, github: ReposAPI, kept: dict[str, RepoState], listed: list[Repository]) -> None:
+        """Forget the repositories kept before the listing that no installation lists, once
+        GitHub confirms it has none with their id (a listing may lag behind an install)."""
+        ids = {repo.id for repo in listed}
+        names = {repo.full_name.lower() for repo in listed}
+        for key, state in kept.items():
+            repo_id = state.meta.repo_id
+            # Without an id (stored by an older version) GitHub cannot confirm: its next
+            # reconcile stores one.
+            if repo_id is None or repo_id in ids or key in names:
+                continue
+            try:
+                if await github.repository_by_id(state.meta.installation, repo_id) is not None:
+                    continue
+            except GitHubError as exc:
+                log.warning("discovery.unlisted_unconfirmed", repo=state.name, error=str(exc))
+                continue
+            if self.live.repo(key) is state:  # not removed, re-added or handed over meanwhile
+                log.info("discovery.repository_unlisted", repo=state.name, installation=state.meta.installation)
+                await self.live.forget(state.name)
+
+    def _drop_listings_of_uninstalled(self, installations: set[int]) -> None:
+        """Failed listings of installations GitHub no longer lists: there is nothing left to
+        list (retried, each would be due again at every tick)."""
+        for name, failure in list(self.failures.items()):
+            if _is_listing(name) and failure.installation not in installations:
+                del self.failures[name]
 
     async def retry_failed(self) -> None:
         """Try again every failed reconcile whose backoff has passed."""
         now = self.live.clock.now()
         due = [(name, f) for name, f in self.failures.items() if f.next_at <= now]
+        listings = [(name, f) for name, f in due if name == DISCOVERY or _is_listing(name)]
+        if listings:
+            await self.reconcile_new_installations()  # one discovery retries them all
+        for name, failure in listings:
+            if self.failures.get(name) is failure:
+                # Neither cleared nor failed again (the installations' own listing failed
+                # first): backed off from all the same, else due at every tick.
+                self._note_failure(name, failure.installation, failure.error)
         for name, failure in due:
-            if name == DISCOVERY or name.startswith("installation "):
-                await self.reconcile_new_installations()
-            else:
+            if name != DISCOVERY and not _is_listing(name):
                 await self._try_reconcile(name, failure.installation)
 
     async def _try_reconcile(self, name: str, installation: int) -> bool:
         try:
             await self.reconcile(name, installation)
         except GitHubError as exc:
-            self._note_failure(name, installation, exc)
+            self._note_failure(name, installation, str(exc))
             return False
         # The store refusing writes, or a bug: backed off from too (its traceback logged),
         # else the retry stayed due and called GitHub at every tick while it lasted.
         except Exception as exc:
             log.exception("reconcile.failed_unexpectedly", repo=name)
-            self._note_failure(name, installation, exc)
+            self._note_failure(name, installation, str(exc))
             return False
         self.failures.pop(name, None)
         return True
 
-    def _note_failure(self, name: str, installation: int, exc: Exception) -> None:
+    def _note_failure(self, name: str, installation: int, error: str) -> None:
         previous = self.failures.get(name)
         attempts = previous.attempts + 1 if previous is not None else 1
-        failure = ReconcileFailure(installation, str(exc), attempts, self.live.clock.now() + retry_delay(attempts))
+        failure = ReconcileFailure(installation, error, attempts, self.live.clock.now() + retry_delay(attempts))
         self.failures[name] = failure
         log.warning("reconcile.failed", repo=name, error=failure.error, attempts=attempts, retry_at=stamp(failure.next_at))
 
@@ -338,6 +404,15 @@ class Reconciler:
             # after the listing must not be taken for old (then it stays out of the index).
             change.extend(state.remove_pull(number, self.live.clock.now() - CLOCK_SKEW))
         return {"open_pulls": len(seen), "files_fetched": fetched, "pulls_removed": len(closed)}
+
+
+def _listing(installation: int) -> str:
+    """The failure's key when listing `installation`'s repositories failed."""
+    return f"installation {installation}"
+
+
+def _is_listing(name: str) -> bool:
+    return name.startswith("installation ")
 
 
 def _another(kept: RepoState | None, repository: Repository) -> bool:

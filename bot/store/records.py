@@ -61,8 +61,8 @@ NAME_OF: dict[Dialect, str] = {
     " AND CASE WHEN json_valid(data) THEN json_extract(data, '$.repo_id') END = ?",
     "postgresql": "SELECT key FROM records WHERE repo = '' AND kind = 'repo' AND (data ->> 'repo_id') = ?",
 }
-# Whether anything is stored under a name, as GitHub compares names (readable or not).
-STORED = "SELECT 1 FROM records WHERE repo = '' AND kind = 'repo' AND lower(key) = lower(?)"
+# The spelling a name is stored under, as GitHub compares names (readable or not).
+STORED = "SELECT key FROM records WHERE repo = '' AND kind = 'repo' AND lower(key) = lower(?)"
 # SQLite hands each record over as bytes: decoded as text, one that is not UTF-8 (or typed
 # BLOB by a hand edit) failed the whole query, and its repository could not load at all.
 STORED_DATA: dict[Dialect, str] = {"sqlite": "CAST(data AS BLOB)", "postgresql": "data"}
@@ -170,7 +170,13 @@ class StateStore:
 
     async def stores(self, name: str) -> bool:
         """Whether a repository's record is stored under `name` (in any case, readable or not)."""
-        return bool(await self.db.fetch(STORED, name))
+        return await self.stored_name(name) is not None
+
+    async def stored_name(self, name: str) -> str | None:
+        """The spelling a repository's record is stored under, `name` in any case (readable
+        or not); None when there is none."""
+        rows = await self.db.fetch(STORED, name)
+        return str(rows[0][0]) if rows else None
 
     async def get(self, repo: str, kind: str, key: str) -> Any | None:
         """The record's value; None when it is absent or unreadable (then reported)."""

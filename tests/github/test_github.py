@@ -352,6 +352,20 @@ async def test_concurrent_calls_share_one_token_mint(inst: InstallationClient, s
     assert stub.minted == 1
 
 
+async def test_a_forgotten_installation_mints_afresh_and_a_token_lock_in_use_stays(
+    make_app: Callable[..., GitHubApp], stub: Stub
+) -> None:
+    app = make_app()
+    await app.installation(7).getitem("/repos/acme/bench")
+    app.forget_installation(7)
+    assert 7 not in app._clients and 7 not in app._token_locks
+    await app.installation(7).getitem("/repos/acme/bench")  # installed again
+    assert stub.minted == 2
+    async with app._token_locks[8]:  # a mint under way keeps its lock
+        app.forget_installation(8)
+        assert 8 in app._token_locks
+
+
 async def test_a_failed_mint_reaches_the_caller_typed(inst: InstallationClient, stub: Stub) -> None:
     stub.script("POST", "/app/installations/7/access_tokens", reply(404, {"message": "Not Found"}))
     with pytest.raises(NotFound):

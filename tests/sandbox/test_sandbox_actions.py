@@ -417,6 +417,21 @@ async def test_rename_repository_refuses_an_unknown_repository_and_a_name_with_a
     assert response.status == 400
 
 
+async def test_delete_repository_answers_404_and_sends_repository_deleted_and_repositories_removed(
+    wired: Hub, receiver: Receiver
+) -> None:
+    repository = await wired.json("GET", "/repos/acme/bench")
+    await wired.act(action="delete_repository", repo="acme/bench", user="alice")
+    [(first, deleted), (second, removed)] = events(receiver)
+    assert (first, deleted["action"], deleted["repository"]["id"]) == ("repository", "deleted", repository["id"])
+    assert deleted["installation"]["id"] == removed["installation"]["id"] and deleted["sender"]["login"] == "alice"
+    assert (second, removed["action"]) == ("installation_repositories", "removed")
+    assert [r["full_name"] for r in removed["repositories_removed"]] == ["acme/bench"]
+    await wired.json("GET", "/repos/acme/bench", status=404)
+    await wired.json("GET", f"/repositories/{repository['id']}", status=404)
+    assert (await wired.json("GET", "/installation/repositories"))["repositories"] == []
+
+
 async def test_pushed_at_is_the_last_push_to_any_branch(wired: Hub) -> None:
     # GitHub's `pushed_at` moves with a push to any branch, which the canary rule reads
     # (catalog_sync.pushed_since_pause); the sandbox gave the default branch's head time.

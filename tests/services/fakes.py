@@ -348,6 +348,7 @@ class FakeRepos:
     """The App with one installation (id 1) holding the given repositories."""
 
     repos: dict[str, FakeRepo] = field(default_factory=dict)
+    forgotten: list[int] = field(default_factory=list)  # installations whose client was dropped
 
     async def installations(self) -> list[int]:
         return [1]
@@ -366,3 +367,6 @@ class FakeRepos:
 
     async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
         return dict(REQUIRED_PERMISSIONS), sorted(REQUIRED_EVENTS)
+
+    def forget_installation(self, installation: int) -> None:
+        self.forgotten.append(installation)

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from bot.services.live import ATTEMPT_MEMORY, GoneRepository
+from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
 from tests.services.conftest import REPO, Kit
 from tests.services.test_long_running import failed
@@ -62,6 +63,43 @@ async def test_a_taker_of_two_locks_holds_none_while_it_waits_for_the_first(kit:
         await asyncio.wait_for(b_alone(), 1)
     await asyncio.wait_for(waiting, 1)
     assert entered.is_set()
+
+
+async def test_a_forgotten_or_renamed_repository_leaves_no_lock_behind(kit: Kit) -> None:
+    # What this catches: a lock per repository name ever locked, kept for as long as the process ran.
+    await kit.reconciler.reconcile(REPO, 1)
+    locks = len(kit.live._locks)
+    for n in range(50):  # a repository installed (its state stored), renamed, then uninstalled
+        name, renamed = f"acme/r{n}", f"acme/moved{n}"
+        state = RepoState(name, RepoMeta(installation=1))
+        async with kit.live.lock(name):
+            kit.live.put(state)
+            await kit.live.persist(state.save_meta())
+        await kit.live.rename(name, renamed)
+        await kit.live.forget(renamed)
+    assert kit.live.repos.keys() == {REPO} and len(kit.live._locks) == locks
+
+
+async def test_a_lock_someone_waits_on_outlives_its_holder(kit: Kit) -> None:
+    # Dropped when its holder let go, the waiter would hold a lock no later taker sees.
+    holder_in, waiter_in = asyncio.Event(), asyncio.Event()
+    holder_done, waiter_done = asyncio.Event(), asyncio.Event()
+
+    async def section(entered: asyncio.Event, done: asyncio.Event) -> None:
+        async with kit.live.lock(REPO):
+            entered.set()
+            await done.wait()
+
+    tasks = [asyncio.create_task(section(holder_in, holder_done))]
+    await holder_in.wait()
+    tasks.append(asyncio.create_task(section(waiter_in, waiter_done)))
+    await asyncio.sleep(0)
+    holder_done.set()
+    await waiter_in.wait()
+    assert kit.live.in_use(REPO)  # the waiter holds the very lock a newcomer would take
+    waiter_done.set()
+    await asyncio.gather(*tasks)
+    assert not kit.live.in_use(REPO) and len(kit.live._locks) == 0
 
 
 async def test_a_repository_renamed_twice_is_found_by_its_first_name(kit: Kit) -> None:
@@ -161,6 +199,17 @@ async def test_an_uninstall_leaves_nothing_of_the_repository_in_the_store(kit: K
     await kit.live.persist(change)
     await kit.live.forget(REPO)
     assert await kit.live.store.load(REPO) == {}
+
+
+async def test_an_uninstall_forgets_the_store_records_of_a_repository_kept_elsewhere_whatever_its_case(kit: Kit) -> None:
+    # What this catches: with replicas the leader forgets a repository another replica keeps
+    # by the payload's name; records are stored under their own spelling (GitHub's names are
+    # case-insensitive, and a rename of the case alone is not followed), so they stayed and
+    # the repository came back at the next start.
+    await kit.reconciler.reconcile(REPO, 1)  # stored as acme/bench
+    kit.live.drop(REPO)  # kept by another replica: not in this process's memory
+    await kit.live.forget("ACME/Bench")
+    assert await kit.live.store.repos() == [] and await kit.live.store.load(REPO) == {}
 
 
 async def test_a_reload_of_a_repository_no_longer_kept_here_leaves_it_out(kit: Kit) -> None:

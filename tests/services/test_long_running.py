@@ -3,17 +3,22 @@ retention that never comes, a retry wave skipped every second."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from structlog.testing import capture_logs
 
 from bot.core.domain import Attempt, parse_time, stamp
-from bot.github.errors import Unavailable
+from bot.core.events import Repository
+from bot.github.errors import NotFound, Unavailable
 from bot.services.live import ATTEMPT_MEMORY
 from bot.services.reconcile import MAX_RETRY, retry_delay
 from bot.services.scheduler import LIGHT_RECONCILE_EVERY, Scheduler
 from bot.web.inbox import Inbox
+from handlers import router
+from handlers.context import WebhookEvent
 from tests.services.conftest import REPO, Kit
 
 
@@ -132,8 +137,6 @@ async def test_an_uninstalled_repository_leaves_no_metric_series_and_no_cached_w
 
 
 async def test_a_failed_reconcile_of_a_repository_since_uninstalled_is_not_tried_again(kit: Kit) -> None:
-    from bot.github.errors import NotFound
-
     kit.repo.fail("repository", Unavailable(502, "Bad Gateway"))
     assert await kit.reconciler._try_reconcile(REPO, 1) is False
     await kit.live.forget(REPO)
@@ -142,6 +145,44 @@ async def test_a_failed_reconcile_of_a_repository_since_uninstalled_is_not_tried
     kit.clock.advance(timedelta(hours=2).total_seconds())
     await kit.reconciler.retry_failed()
     assert kit.reconciler.failures == {} and kit.repo.calls == []
+
+
+async def test_a_repository_deleted_on_github_leaves_memory_at_its_repository_deleted_event(kit: Kit, monkeypatch) -> None:
+    """GitHub sends `repository` `deleted` (and no `installation_repositories` to an
+    installation on all repositories). Its state, waves, light reconciles (every answer a
+    404) and metric series went on for as long as the process ran."""
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() + timedelta(days=30))
+
+    def gone(operation: str, *args: object) -> None:
+        kit.repo.calls.append((operation, *args))
+        raise NotFound(404, "Not Found")
+
+    kit.repo._call = gone  # type: ignore[method-assign]  # every route of it answers 404
+
+    async def none_listed(installation: int) -> list[Repository]:
+        return []
+
+    async def no_such_id(installation: int, repository_id: int) -> None:
+        return None
+
+    monkeypatch.setattr(kit.live.github, "repositories", none_listed)  # no installation lists it
+    monkeypatch.setattr(kit.live.github, "repository_by_id", no_such_id)
+    body = json.dumps({
+        "action": "deleted",
+        "repository": {"id": kit.repo.id, "full_name": REPO, "name": "bench", "owner": {"login": "acme"}},
+        "installation": {"id": 1},
+        "sender": {"login": "alice"},
+    }).encode()
+    await router.dispatch(WebhookEvent(body, event="repository", delivery_id="d-1", action="deleted"),
+                          SimpleNamespace(repos=kit.reconciler))
+
+    ticks = Scheduler(kit.live, kit.waves, kit.reconciler, kit.outcomes, kit.clock)
+    kit.repo.calls.clear()
+    for _ in range(4 * 24):  # four days, an hour apart: light reconciles and discovery every 6 h
+        kit.clock.advance(timedelta(hours=1).total_seconds())
+        await ticks.tick()
+    assert kit.live.repo(REPO) is None and kit.repo.calls == []
 
 
 async def test_a_retry_approval_leaves_with_its_candidate_when_the_image_changes(kit: Kit) -> None:

@@ -375,6 +375,139 @@ async def test_an_installation_whose_listing_fails_holds_up_no_other_and_is_retr
     assert kit.reconciler.failures == {}
 
 
+async def test_a_failed_listing_of_an_installation_since_deleted_is_not_retried_for_ever(kit: Kit, monkeypatch) -> None:
+    # What this catches: the retry of `installation 5` listed the installations again, which
+    # cleared only entries of installations still listed: due for good, every 1 s tick listed them.
+    github = kit.live.github
+    listing = github.repositories
+    installed, lists = [1, 5], []
+
+    async def installations() -> list[int]:
+        lists.append(1)
+        return list(installed)
+
+    async def repositories(installation: int) -> list[Repository]:
+        if installation == 5:
+            raise Unavailable(502, "Bad Gateway")
+        return await listing(installation)
+
+    monkeypatch.setattr(github, "installations", installations)
+    monkeypatch.setattr(github, "repositories", repositories)
+    await kit.reconciler.reconcile_new_installations()
+    assert "installation 5" in kit.reconciler.failures
+
+    installed.remove(5)  # uninstalled (its `installation deleted` handled or lost)
+    kit.clock.advance(timedelta(hours=2).total_seconds())
+    lists.clear()
+    for _ in range(60):  # a minute of scheduler ticks
+        await kit.reconciler.retry_failed()
+        kit.clock.advance(1)
+    assert len(lists) == 1 and "installation 5" not in kit.reconciler.failures
+
+
+async def test_an_uninstall_ends_the_retries_of_the_installations_failed_listing(kit: Kit, monkeypatch) -> None:
+    async def installations() -> list[int]:
+        return [1, 5]
+
+    async def down(installation: int) -> list[Repository]:
+        raise Unavailable(502, "Bad Gateway")
+
+    monkeypatch.setattr(kit.live.github, "installations", installations)
+    monkeypatch.setattr(kit.live.github, "repositories", down)
+    await kit.reconciler.reconcile_new_installations()
+    assert {"installation 1", "installation 5"} <= set(kit.reconciler.failures)
+    await kit.reconciler.uninstall(5, [])  # `installation` `deleted`
+    assert "installation 5" not in kit.reconciler.failures and "installation 1" in kit.reconciler.failures
+
+
+async def test_an_uninstall_drops_the_installations_github_client_once_no_kept_repository_uses_it(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    await kit.reconciler.uninstall(1, [Named(full_name=REPO, id=4242)])
+    await kit.reconciler.reconcile_all(2, [REPO])  # re-installed as installation 2
+    await kit.reconciler.uninstall(2, [])  # a payload naming none of the kept repositories
+    assert kit.live.github.forgotten == [1]  # type: ignore[union-attr]
+
+
+async def test_a_due_listing_retried_while_the_installations_listing_fails_backs_off(kit: Kit, monkeypatch) -> None:
+    # What this catches: an installation's failed listing, due while GET /app/installations
+    # failed, was neither cleared nor noted again: due at every tick until it answered.
+    async def installations() -> list[int]:
+        return [1, 5]
+
+    async def down(installation: int) -> list[Repository]:
+        raise Unavailable(502, "Bad Gateway")
+
+    monkeypatch.setattr(kit.live.github, "installations", installations)
+    monkeypatch.setattr(kit.live.github, "repositories", down)
+    await kit.reconciler.reconcile_new_installations()
+
+    async def unreachable() -> list[int]:
+        raise Unavailable(503, "Service Unavailable")
+
+    monkeypatch.setattr(kit.live.github, "installations", unreachable)
+    kit.clock.advance(FIRST_RETRY.total_seconds())
+    await kit.reconciler.retry_failed()
+    failure = kit.reconciler.failures["installation 5"]
+    assert failure.attempts == 2 and failure.next_at == kit.clock.now() + retry_delay(2)
+
+
+def delete_on_github(kit: Kit) -> None:
+    """The kit's repository deleted: no installation lists it, GitHub has nothing with its id."""
+    del kit.live.github.repos[REPO]  # type: ignore[union-attr]
+
+
+async def test_discovery_forgets_a_kept_repository_github_no_longer_has(kit: Kit) -> None:
+    # What this catches: a repository deleted while its event was lost was kept for good,
+    # reconciled (every answer a 404) and planned for as long as Klaud ran.
+    await kit.reconciler.reconcile(REPO, 1)
+    delete_on_github(kit)
+    await kit.reconciler.reconcile_new_installations()
+    assert kit.live.repo(REPO) is None and await kit.live.store.repos() == []
+
+
+async def test_discovery_forgets_the_repositories_of_an_installation_github_no_longer_lists(kit: Kit, monkeypatch) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    delete_on_github(kit)
+
+    async def none_left() -> list[int]:  # uninstalled while its `installation deleted` was lost
+        return []
+
+    monkeypatch.setattr(kit.live.github, "installations", none_left)
+    await kit.reconciler.reconcile_new_installations()
+    assert kit.live.repo(REPO) is None and kit.live.github.forgotten == [1]  # its client too
+
+
+async def test_a_discovery_with_a_failed_listing_forgets_nothing(kit: Kit, monkeypatch) -> None:
+    # The repository may have moved to the installation whose listing failed.
+    await kit.reconciler.reconcile(REPO, 1)
+    delete_on_github(kit)
+
+    async def installations() -> list[int]:
+        return [1, 2]
+
+    async def repositories(installation: int) -> list[Repository]:
+        if installation == 2:
+            raise Unavailable(502, "Bad Gateway")
+        return []
+
+    monkeypatch.setattr(kit.live.github, "installations", installations)
+    monkeypatch.setattr(kit.live.github, "repositories", repositories)
+    await kit.reconciler.reconcile_new_installations()
+    assert kit.live.repo(REPO) is not None
+
+
+async def test_a_repository_a_listing_leaves_out_is_kept_while_github_still_has_it(kit: Kit, monkeypatch) -> None:
+    # GitHub's listing of an installation may lag behind an install: its id is asked for.
+    await kit.reconciler.reconcile(REPO, 1)
+
+    async def lagging(installation: int) -> list[Repository]:
+        return []
+
+    monkeypatch.setattr(kit.live.github, "repositories", lagging)
+    await kit.reconciler.reconcile_new_installations()
+    assert kit.live.repo(REPO) is not None
+
+
 async def test_discovery_answers_the_repositories_it_reconciled(kit: Kit) -> None:
     assert await kit.reconciler.reconcile_new_installations() == [REPO]
     assert await kit.reconciler.reconcile_new_installations() == []  # kept now

@@ -385,6 +385,58 @@ async def test_installation_removed_forgets_the_repository(tmp_path):
     await fresh.stop()
 
 
+async def test_a_repository_deleted_on_github_is_forgotten_at_its_repository_deleted_event(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        # An installation on all repositories gets no `installation_repositories` removed.
+        run.sandbox.set_faults({"rules": [{"webhook": "installation_repositories", "rate": 1.0}]})
+        run.reset_requests()
+        await run.act({"action": "delete_repository", "repo": "acme/bench"})
+        assert run.klaud.live.repo("acme/bench") is None
+        assert await run.klaud.live.store.repos() == [] and run.requests["total"] == 0
+
+
+def rate_limit_series() -> list[str]:
+    from prometheus_client import generate_latest
+
+    from bot.metrics import REGISTRY
+
+    text = generate_latest(REGISTRY).decode()
+    return [line for line in text.splitlines() if line.startswith("klaud_github_rate_limit_remaining{")]
+
+
+async def test_an_uninstalled_installation_leaves_no_client_token_lock_or_rate_limit_series(tmp_path):
+    # What this catches: each installation ever used kept its client (an ETag cache of up to
+    # 32 MiB), its token lock and its metric series for as long as the process ran.
+    import json
+
+    from bot.github.client import _Token
+    from tests.builders import delivery
+
+    klaud = Klaud(make_settings(tmp_path / "klaud.db"))
+    await klaud.start(drain=False)
+    try:
+        github = klaud.github
+
+        async def mint(installation_id: int) -> _Token:  # GitHub's answer, without HTTP
+            now = klaud.clock.timestamp()
+            return _Token(f"token t{installation_id}", now + 3600, now)
+
+        github._mint = mint
+        before = (len(github._clients), len(github._token_locks), len(rate_limit_series()))
+        for installation in range(1000, 1020):
+            # What a reconcile of one of its repositories does: its client answers, minting
+            # a token and noting the rate limit. Then the App is uninstalled from that account.
+            client = klaud.live.github.repo(f"org{installation}/bench", installation).client
+            await client._api._credential(None)
+            client._api._note_rate_limit("http://127.0.0.1:9/repos/o/r", {"x-ratelimit-remaining": "4999"})
+            payload = {"action": "deleted", "installation": {"id": installation, "account": {"login": f"org{installation}"}},
+                       "repositories": [], "sender": {"login": "alice"}}
+            await klaud.handle(delivery(f"del-{installation}", "installation", json.dumps(payload).encode()))
+        assert (len(github._clients), len(github._token_locks), len(rate_limit_series())) == before
+    finally:
+        await klaud.stop(grace=1)
+
+
 async def test_github_s_installation_payloads_suspend_unsuspend_and_delete(tmp_path, fixtures):
     import json
 

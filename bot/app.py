@@ -130,18 +130,19 @@ class Klaud:
             self.live, catalog, pulls, self.outcomes, claims, self.dashboard,
             MissedComments(self.live, self.commands, self.outcomes),
         )
+        self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
         # PostgreSQL: any number of replicas, each owning some repositories (DESIGN §6).
         self.replicas: Replicas | None = None
         if self.db.dialect == "postgresql":
             self.replicas = Replicas(
-                stores.leases, stores.deliveries, self.live, busy=self.inbox.busy, release=self.inbox.release
+                stores.leases, stores.deliveries, self.live, busy=self.inbox.busy, release=self.inbox.release,
+                publishers=(self.checks, self.dashboard),
             )
         self.scheduler = Scheduler(
             self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune,
             leads=self.replicas.leads if self.replicas is not None else lambda: True,
             owns=self.replicas.owns if self.replicas is not None else lambda repo: True,
         )
-        self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
         self.services = Services(
             self.live, self.reconciler, catalog, pulls, self.outcomes, self.commands, self.checks, self.waves,
             self.dashboard,
@@ -217,6 +218,8 @@ class Klaud:
         handlers finish meanwhile, side by side, or are cancelled (their work runs again)."""
         self.started = False
         deadline = asyncio.get_running_loop().time() + grace
+        if self.replicas is not None:
+            self.replicas.stop_taking()
         await asyncio.gather(self.scheduler.stop(grace), self.inbox.stop(grace))
         # The check runs and the dashboard publish what is pending in what is left of the
         # grace (a moment at least): a slow GitHub held a stop for minutes. Before the leases

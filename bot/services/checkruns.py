@@ -48,6 +48,14 @@ class CheckPublisher:
             if pull.klaud_own and pull.own_family_hash in hashes:
                 self.coalescer.mark((state.name, pull.number))
 
+    def repository_taken(self, state: RepoState) -> None:
+        """This replica took the repository over: an update its last owner had pending left
+        with it, so every open Klaud PR is rendered again (one its check run already shows
+        costs nothing: the render's digest is stored with it)."""
+        for pull in state.overlap.prs():
+            if pull.klaud_own:
+                self.coalescer.mark((state.name, pull.number))
+
     async def settle(self) -> None:
         await self.coalescer.settle()
 

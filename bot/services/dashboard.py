@@ -56,6 +56,13 @@ class DashboardKeeper:
         if state.policy.dashboard:
             self.coalescer.mark(state.name)
 
+    def repository_taken(self, state: RepoState) -> None:
+        """This replica took the repository over: the render its last owner had pending after
+        a wave left with it, so the last stored wave is rendered again (unchanged, nothing
+        is sent)."""
+        if state.policy.dashboard and state.meta.wave:
+            self.coalescer.mark(state.name)
+
     async def settle(self) -> None:
         await self.coalescer.settle()
 

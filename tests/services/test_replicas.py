@@ -41,11 +41,15 @@ class Node:
         self.owner = owner
         self.busy: set[str] = set()
         self.released: list[str] = []
+        self.taken: list[str] = []
         self.live = LiveState(stores.state, github, ManualClock(now), ())
         self.replicas = Replicas(
             stores.leases, stores.deliveries, self.live, busy=self.busy.__contains__,
-            release=self.released.append, owner=owner, lease_seconds=lease_seconds,
+            release=self.released.append, publishers=(self,), owner=owner, lease_seconds=lease_seconds,
         )
+
+    def repository_taken(self, state: RepoState) -> None:  # as the check runs and the dashboard
+        self.taken.append(state.name)
 
 
 @pytest.fixture
@@ -154,6 +158,19 @@ async def test_a_stopping_replica_releases_every_lease_and_the_others_take_over_
     assert not any(owner == "a" for owner in (await b.stores.leases.holders()).values())
     await b.replicas.round()
     assert b.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"} and b.replicas.leads()
+
+
+async def test_a_stopping_replica_keeps_what_it_holds_and_takes_nothing_more(nodes):
+    a, b = await nodes("a"), await nodes("b")
+    await a.replicas.round()
+    await b.replicas.round()
+    await a.replicas.round()  # above its share of 2: two go
+    await b.replicas.round()
+    kept = a.replicas.repos()
+    a.replicas.stop_taking()  # its last renders are being published
+    await b.replicas.stop()
+    await a.replicas.round()
+    assert a.replicas.repos() == kept and len(kept) == 2
 
 
 async def test_a_new_repository_is_admitted_by_one_replica_only(nodes):
@@ -334,6 +351,15 @@ async def stored_repository(node: Node, name: str, wave: int) -> None:
         await node.live.persist(stored.save_meta())
     finally:
         node.live.store.owns = owns
+
+
+async def test_a_repository_taken_with_a_stored_state_is_handed_to_the_publishers(nodes):
+    # What its last owner had pending for its check runs and dashboard left with it.
+    a = await nodes("a")
+    await stored_repository(a, "o/a", 3)
+    await a.replicas.round()
+    assert a.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"}
+    assert a.taken == ["o/a"]  # the others have deliveries waiting and no state yet
 
 
 async def test_a_renamed_repository_moves_to_its_new_name_and_lease(nodes):

@@ -1,0 +1,146 @@
+"""GitHub side effects across a change of a repository's owner (DESIGN §6).
+
+Two in-process replicas on one PostgreSQL store and one sandbox GitHub. Replica A is the
+`serve --sandbox` stack (the sandbox's webhooks reach A, which stores them in the shared
+inbox); replica B is a second Klaud on the same store and the same sandbox. Lease rounds
+are run by hand, so each handover happens at a known moment: a new replica joins and the
+old one gives up what is "above the share", exactly as a rolling deploy does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from bot.app import Klaud
+from tests import scenarios as sc
+from tests.harness import SandboxRun, sandbox_stack
+from tests.stack.test_people_e2e import H200, klaud_pr
+
+REPOS = ("acme/bench", "acme/other")
+DELAY = 30.0  # the coalescers' window: a flush is pending while ownership moves
+
+
+def two_repositories(pulls: list[dict[str, Any]]) -> dict[str, Any]:
+    scenario = sc.scenario(pulls=pulls)
+    [first] = scenario["repositories"]
+    scenario["repositories"].append({**copy.deepcopy(first), "full_name": REPOS[1]})
+    return scenario
+
+
+@asynccontextmanager
+async def two_replicas(tmp_path: Path, store_url: str, scenario: dict[str, Any]) -> AsyncIterator[tuple[SandboxRun, Klaud]]:
+    options = {"check_delay_seconds": DELAY}
+    async with sandbox_stack(tmp_path, scenario, env={"KLAUD_DB": store_url}, klaud_options=options) as run:
+        a = run.klaud
+        assert a.replicas is not None
+        a.replicas._stopping.set()  # its rounds from now on are run by hand (stop() still releases)
+        await a.replicas.round()
+        await run.settle()  # the first reconcile's check runs are published
+        assert all(a.replicas.owns(repo) for repo in REPOS)
+        b = Klaud(a.settings, clock=run.sandbox.clock, check_delay_seconds=DELAY,
+                  inbox_options={"base_delay": 0.005, "max_delay": 0.02})
+        assert b.replicas is not None
+        b.replicas.round_seconds = 3600.0  # rounds by hand
+        await b.start(drain=True)  # its first round: a heartbeat, nothing free to take
+        try:
+            yield run, b
+        finally:
+            await b.stop(grace=2.0)
+
+
+def moving_repository(run: SandboxRun) -> str:
+    """The repository A will give up above its share once it sees B: the idle one last
+    in its spread order (`Replicas.round`)."""
+    assert run.klaud.replicas is not None
+    return max(REPOS, key=run.klaud.replicas._spread)
+
+
+async def rebalance(run: SandboxRun, b: Klaud, moving: str) -> None:
+    a = run.klaud
+    assert a.replicas is not None and b.replicas is not None
+    await a.replicas.round()  # B's heartbeat is seen: the share is 1, `moving` is given up
+    assert not a.replicas.owns(moving), "A kept the repository above its share"
+    await b.replicas.round()
+    assert b.replicas.owns(moving) and b.live.repo(moving) is not None
+
+
+async def settle_both(run: SandboxRun, b: Klaud) -> None:
+    await run.sandbox.drain()
+    await run.klaud.inbox.drained()
+    await b.inbox.drained()
+    for klaud in (run.klaud, b):
+        await klaud.checks.settle()
+        await klaud.dashboard.settle()
+
+
+async def drained_on_a(run: SandboxRun) -> None:
+    """Every stored delivery processed (by A, which owns everything then), without
+    flushing its coalescers."""
+    await run.sandbox.drain()
+    for _ in range(200):
+        unfinished = await run.klaud.db.fetch(
+            "SELECT count(*) FROM deliveries WHERE status IN ('queued', 'processing')")
+        if not unfinished[0][0] and run.klaud.inbox.backlog == 0 and not run.sandbox._tasks:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("A did not process the deliveries")
+
+
+def check_runs(run: SandboxRun, repo: str) -> list[dict[str, Any]]:
+    return [c for c in run.github(repo)["check_runs"] if c["name"] == "Klaud Cold"]
+
+
+async def test_a_check_run_update_pending_at_the_handover_is_published_by_the_new_owner(
+    tmp_path: Path, store_url: str
+) -> None:
+    # A `/klaud hold` on a Klaud PR is processed by A and committed; its check-run update
+    # waits in A's coalescer window. B joins, A gives the repository up above its share,
+    # B takes it. The hold must show on the PR's check run in the end.
+    async with two_replicas(tmp_path, store_url, two_repositories([klaud_pr(50, H200)])) as (run, b):
+        moving = moving_repository(run)
+        [before] = check_runs(run, moving)
+        assert "waiting for weights" not in json.dumps(before["output"])
+        await run.sandbox.act({"action": "comment", "repo": moving, "number": 50, "user": "alice",
+                               "body": "/klaud hold waiting for weights"})
+        await drained_on_a(run)
+        assert H200 in run.klaud.live.repo(moving).holds  # committed by A
+        assert (run.klaud.live.repo(moving).name, 50) in run.klaud.checks.coalescer.pending
+
+        await rebalance(run, b, moving)
+        assert H200 in b.live.repo(moving).holds  # B loaded the hold from the store
+        await settle_both(run, b)
+
+        [after] = check_runs(run, moving)
+        assert "waiting for weights" in json.dumps(after["output"]), (
+            "the hold never reached the PR's check run: A's pending update was dropped with the "
+            f"repository and B never rendered it; the check run still says {after['output'].get('title')!r}")
+
+
+async def test_a_dashboard_render_pending_at_the_handover_is_published_by_the_new_owner(
+    tmp_path: Path, store_url: str
+) -> None:
+    # A wave runs on A (a `klaud-plan` dispatch); its dashboard render waits in A's window.
+    # A gives the repository up above its share, B takes it. A dashboard issue must exist.
+    async with two_replicas(tmp_path, store_url, two_repositories([])) as (run, b):
+        moving = moving_repository(run)
+        assert run.github(moving)["issues"] == []
+        await run.sandbox.act({"action": "dispatch", "repo": moving, "event_type": "klaud-plan"})
+        await drained_on_a(run)
+        state = run.klaud.live.repo(moving)
+        assert state.meta.wave == 1  # the wave ran and was committed on A
+        assert state.name in run.klaud.dashboard.coalescer.pending
+
+        await rebalance(run, b, moving)
+        assert b.live.repo(moving).meta.wave == 1
+        await settle_both(run, b)
+
+        issues = [i for i in run.github(moving)["issues"] if i["title"] == "Klaud Cold dashboard"]
+        assert len(issues) == 1, (
+            f"dashboard issues after wave 1 and a handover: {issues}: A's pending render was dropped "
+            "with the repository and B renders only after its next wave")

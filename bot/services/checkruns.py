@@ -56,6 +56,9 @@ class CheckPublisher:
             if pull.klaud_own:
                 self.coalescer.mark((state.name, pull.number))
 
+    def publishing(self, repo: str) -> bool:
+        return any(name.lower() == repo for name, _number in self.coalescer.running)
+
     async def settle(self) -> None:
         await self.coalescer.settle()
 

@@ -63,6 +63,9 @@ class DashboardKeeper:
         if state.policy.dashboard and state.meta.wave:
             self.coalescer.mark(state.name)
 
+    def publishing(self, repo: str) -> bool:
+        return any(name.lower() == repo for name in self.coalescer.running)
+
     async def settle(self) -> None:
         await self.coalescer.settle()
 

@@ -6,7 +6,8 @@ deliveries, keeps its state in memory and runs its waves. Every few seconds a re
 renews its leases and takes free ones up to its share (repositories / live replicas), so a
 new replica gets work and a dead one's repositories, whose leases expire, are taken over
 within `lease_seconds` plus one round. A replica above its share gives up repositories it
-is not working on; one that stops releases everything at once.
+is not working on (no delivery, no section, no check-run or dashboard write in hand), and
+their new owner publishes what was pending; one that stops releases everything at once.
 
 One more lease, "installations", makes one replica the one that handles deliveries without
 a repository (installation events) and the housekeeping (discovery of new installations,
@@ -54,6 +55,10 @@ class Publisher(Protocol):
     def repository_taken(self, state: RepoState) -> None:
         """This replica took the repository over: what its last owner still had to publish
         left with it, and is published here."""
+
+    def publishing(self, repo: str) -> bool:
+        """Whether one of the repository's flushes (`repo` in lowercase) runs now: it may
+        have a write out on GitHub."""
 
 
 def replica_id() -> str:
@@ -199,13 +204,13 @@ class Replicas:
         # Records are keyed by the name as GitHub spelled it, leases by its lowercase.
         stored = {name.lower(): name for name in await self.live.store.repos()}
         universe = set(stored) | await self.deliveries.waiting_repos()
-        await self._give_up(sorted(repo for repo in self._repos - universe if not self._busy(repo)), "nothing to keep")
+        await self._give_up(sorted(repo for repo in self._repos - universe if self._idle(repo)), "nothing to keep")
         share = math.ceil(len(universe) / self.live_replicas)
         free = [repo for repo in universe if repo not in self._repos and repo_lease(repo) not in holders]
         wanted = max(0, share - len(self._repos)) if self._taking else 0
         for repo in sorted(free, key=self._spread)[:wanted]:
             await self._take(repo, stored.get(repo, repo))
-        idle = sorted((repo for repo in self._repos if not self._busy(repo)), key=self._spread, reverse=True)
+        idle = sorted((repo for repo in self._repos if self._idle(repo)), key=self._spread, reverse=True)
         await self._give_up(idle[: max(0, len(self._repos) - share)], f"above the share of {share}")
         await self._installations_lease(holders)
 
@@ -260,12 +265,24 @@ class Replicas:
             await self.deliveries.unclaim(repo)
 
     async def _give_up(self, repos: list[str], reason: str) -> None:
-        # Not one a section works on: a new repository's admitting reconcile has stored
-        # nothing yet, and let go meanwhile it would stay in memory here, owned elsewhere.
-        for repo in [repo for repo in repos if not self.live.in_use(repo)]:
-            await self.leases.release(repo_lease(repo), self.owner)
+        for repo in repos:
+            # Asked again for each: work on it may have begun while the lease before was released.
+            if not self._idle(repo):
+                continue
+            # Let go before its lease is: a flush beginning meanwhile finds no state to publish.
             self._drop(repo)
+            await self.leases.release(repo_lease(repo), self.owner)
             log.info("replica.gave_up", repo=repo, owner=self.owner, reason=reason)
+
+    def _idle(self, repo: str) -> bool:
+        """Whether the repository may be given up: the inbox works on none of its deliveries,
+        no section holds it (a new repository's admitting reconcile has stored nothing yet:
+        let go meanwhile, it would stay in memory here, owned elsewhere), and no flush of its
+        check runs or dashboard is writing GitHub (a creation sent and not answered yet: the
+        next owner, finding none, would create a second)."""
+        return not (
+            self._busy(repo) or self.live.in_use(repo) or any(p.publishing(repo) for p in self._publishers)
+        )
 
     async def _installations_lease(self, holders: dict[str, str]) -> None:
         if self._installations:

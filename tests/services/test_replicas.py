@@ -42,14 +42,20 @@ class Node:
         self.busy: set[str] = set()
         self.released: list[str] = []
         self.taken: list[str] = []
+        self.flushing: set[str] = set()
         self.live = LiveState(stores.state, github, ManualClock(now), ())
         self.replicas = Replicas(
             stores.leases, stores.deliveries, self.live, busy=self.busy.__contains__,
             release=self.released.append, publishers=(self,), owner=owner, lease_seconds=lease_seconds,
         )
 
-    def repository_taken(self, state: RepoState) -> None:  # as the check runs and the dashboard
+    # A publisher, as the check runs and the dashboard are.
+
+    def repository_taken(self, state: RepoState) -> None:
         self.taken.append(state.name)
+
+    def publishing(self, repo: str) -> bool:
+        return repo in self.flushing
 
 
 @pytest.fixture
@@ -106,6 +112,44 @@ async def test_a_replica_working_on_a_repository_keeps_it_above_its_share(nodes)
     await b.replicas.round()
     await a.replicas.round()  # share is now 2 of 4; three are busy, one idle goes
     assert a.replicas.repos() == {"o/a", "o/b", "o/c"} and a.released == ["o/d"]
+
+
+async def test_a_repository_whose_check_runs_or_dashboard_are_being_written_is_kept_until_they_are(nodes):
+    # A creation sent and not answered yet: the next owner, finding none, would create a second.
+    a = await nodes("a")
+    await a.replicas.round()
+    a.flushing.update({"o/a", "o/b", "o/c"})
+    await nodes("b")
+    c = await nodes("c")
+    await c.replicas.round()
+    await a.replicas.round()  # share is now 2 of 4; three are being published, one idle goes
+    assert a.replicas.repos() == {"o/a", "o/b", "o/c"} and a.released == ["o/d"]
+    a.flushing.clear()
+    await a.replicas.round()
+    assert len(a.replicas.repos()) == 2
+
+
+async def test_a_repository_given_up_is_let_go_before_its_lease_and_work_begun_meanwhile_keeps_the_next(nodes):
+    a = await nodes("a")
+    for name in REPOS:
+        await stored_repository(a, name, 1)
+    await a.replicas.round()
+    assert all(a.live.repo(name) is not None for name in REPOS)
+    b = await nodes("b")
+    await b.replicas.round()
+    release, seen = a.stores.leases.release, []
+
+    async def releasing(name: str, owner: str) -> bool:
+        # Whatever begins now finds the repository let go here: a flush, no state to publish.
+        seen.append((name, [repo_lease(repo) for repo in a.replicas.repos()], a.live.repo(name.partition(":")[2])))
+        a.flushing.update(a.replicas.repos())  # meanwhile, a flush of every other one begins
+        return await release(name, owner)
+
+    a.stores.leases.release = releasing  # type: ignore[method-assign]
+    await a.replicas.round()  # above its share of 2: it would give two up
+    [(name, held, state)] = seen
+    assert name not in held and state is None
+    assert len(a.replicas.repos()) == 3
 
 
 async def test_a_lapsed_lease_is_taken_over_and_its_old_holder_lets_the_repository_go(nodes):

@@ -20,7 +20,7 @@ from typing import Any
 from bot.app import Klaud
 from tests import scenarios as sc
 from tests.harness import SandboxRun, sandbox_stack
-from tests.stack.test_people_e2e import H200, klaud_pr
+from tests.stack.test_people_e2e import B200, H200, klaud_pr
 
 REPOS = ("acme/bench", "acme/other")
 DELAY = 30.0  # the coalescers' window: a flush is pending while ownership moves
@@ -79,9 +79,9 @@ async def settle_both(run: SandboxRun, b: Klaud) -> None:
         await klaud.dashboard.settle()
 
 
-async def drained_on_a(run: SandboxRun) -> None:
-    """Every stored delivery processed (by A, which owns everything then), without
-    flushing its coalescers."""
+async def processed(run: SandboxRun) -> None:
+    """Every stored delivery processed (by the replica owning its repository), without
+    flushing the coalescers."""
     await run.sandbox.drain()
     for _ in range(200):
         unfinished = await run.klaud.db.fetch(
@@ -89,7 +89,18 @@ async def drained_on_a(run: SandboxRun) -> None:
         if not unfinished[0][0] and run.klaud.inbox.backlog == 0 and not run.sandbox._tasks:
             return
         await asyncio.sleep(0.02)
-    raise AssertionError("A did not process the deliveries")
+    raise AssertionError("the deliveries were not processed")
+
+
+async def answer_delayed(run: SandboxRun, sent: int) -> None:
+    """Until `sent` of the requests the sandbox's one fault delays have reached it (GitHub
+    slow to answer them)."""
+    [count] = [rule.count for rule in run.sandbox.faults.rules]
+    for _ in range(300):
+        if run.sandbox.faults.left == [count - sent]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the delayed request was never sent")
 
 
 def check_runs(run: SandboxRun, repo: str) -> list[dict[str, Any]]:
@@ -108,7 +119,7 @@ async def test_a_check_run_update_pending_at_the_handover_is_published_by_the_ne
         assert "waiting for weights" not in json.dumps(before["output"])
         await run.sandbox.act({"action": "comment", "repo": moving, "number": 50, "user": "alice",
                                "body": "/klaud hold waiting for weights"})
-        await drained_on_a(run)
+        await processed(run)
         assert H200 in run.klaud.live.repo(moving).holds  # committed by A
         assert (run.klaud.live.repo(moving).name, 50) in run.klaud.checks.coalescer.pending
 
@@ -131,7 +142,7 @@ async def test_a_dashboard_render_pending_at_the_handover_is_published_by_the_ne
         moving = moving_repository(run)
         assert run.github(moving)["issues"] == []
         await run.sandbox.act({"action": "dispatch", "repo": moving, "event_type": "klaud-plan"})
-        await drained_on_a(run)
+        await processed(run)
         state = run.klaud.live.repo(moving)
         assert state.meta.wave == 1  # the wave ran and was committed on A
         assert state.name in run.klaud.dashboard.coalescer.pending
@@ -144,3 +155,74 @@ async def test_a_dashboard_render_pending_at_the_handover_is_published_by_the_ne
         assert len(issues) == 1, (
             f"dashboard issues after wave 1 and a handover: {issues}: A's pending render was dropped "
             "with the repository and B renders only after its next wave")
+
+
+async def test_a_repository_whose_check_run_is_being_created_is_given_up_once_it_is_created(
+    tmp_path: Path, store_url: str
+) -> None:
+    # A Klaud PR is opened in each repository; A publishes their check runs: it notes each
+    # creation ahead and sends it (GitHub slow to answer; the installation's writes go one
+    # at a time). B has joined, so A is above its share, but it keeps both repositories
+    # while their creations are unanswered: B, finding no check run yet, would create a
+    # second. Then it gives one up, and B renders the PR's next change on its check run.
+    async with two_replicas(tmp_path, store_url, two_repositories([])) as (run, b):
+        a = run.klaud
+        assert a.replicas is not None
+        moving = moving_repository(run)
+        for repo in REPOS:
+            await run.sandbox.act({"action": "open_pull", "repo": repo, "pull": klaud_pr(51, B200)})
+        await processed(run)
+        state = a.live.repo(moving)
+        head = state.overlap.get(51).head_sha
+        run.sandbox.set_faults({"rules": [{"method": "POST", "route": r"/check-runs$", "latency_ms": 3000, "count": 2}]})
+        flushing = asyncio.create_task(a.checks.settle())
+        await answer_delayed(run, sent=1)
+        assert state.meta.check_runs["51"]["id"] is None  # noted ahead, not answered yet
+
+        await a.replicas.round()
+        assert a.replicas.repos() == set(REPOS), "A gave a repository up while its check run was being created"
+        await flushing
+        await processed(run)  # the webhooks of the creations
+        await rebalance(run, b, moving)
+        await run.sandbox.act({"action": "comment", "repo": moving, "number": 51, "user": "alice",
+                               "body": "/klaud hold waiting for weights"})
+        await processed(run)
+        assert B200 in b.live.repo(moving).holds  # processed by B, the owner now
+        await settle_both(run, b)
+
+        on_head = [c for c in check_runs(run, moving) if c["head_sha"] == head]
+        assert len(on_head) == 1, f"check runs on the PR's head: {[(c['id'], c['status']) for c in on_head]}"
+        assert "waiting for weights" in json.dumps(on_head[0]["output"])
+
+
+async def test_a_repository_whose_dashboard_is_being_created_is_given_up_once_it_is_created(
+    tmp_path: Path, store_url: str
+) -> None:
+    # A wave runs in each repository and renders its dashboard: no issue yet, so A creates
+    # them, and GitHub is slow to answer. A keeps both repositories above its share until
+    # their issues are created; then B takes one, and B's next wave updates its issue.
+    async with two_replicas(tmp_path, store_url, two_repositories([])) as (run, b):
+        a = run.klaud
+        assert a.replicas is not None
+        moving = moving_repository(run)
+        for repo in REPOS:
+            await run.sandbox.act({"action": "dispatch", "repo": repo, "event_type": "klaud-plan"})
+        await processed(run)
+        assert a.live.repo(moving).meta.wave == 1
+        run.sandbox.set_faults({"rules": [{"method": "POST", "route": r"/issues$", "latency_ms": 3000, "count": 2}]})
+        flushing = asyncio.create_task(a.dashboard.settle())
+        await answer_delayed(run, sent=1)
+
+        await a.replicas.round()
+        assert a.replicas.repos() == set(REPOS), "A gave a repository up while its dashboard issue was being created"
+        await flushing
+        await processed(run)  # the webhooks of the creations
+        await rebalance(run, b, moving)
+        await run.sandbox.act({"action": "dispatch", "repo": moving, "event_type": "klaud-plan"})
+        await processed(run)
+        assert b.live.repo(moving).meta.wave == 2  # run by B, the owner now
+        await settle_both(run, b)
+
+        issues = [i for i in run.github(moving)["issues"] if i["title"] == "Klaud Cold dashboard"]
+        assert [(i["number"], i["state"]) for i in issues] == [(1, "open")], issues
+        assert "## Last wave: 2 " in issues[0]["body"], issues[0]["body"]

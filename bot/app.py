@@ -150,14 +150,16 @@ class Klaud:
         self.started = False  # set once start-up (store, state, first reconcile) is done
 
     async def _before_github_write(self, url: str) -> None:
-        """Before a request that changes GitHub. With replicas, a repository this one does not
-        hold now (it stalled past its lease, another took it) is not written: the new owner
-        acts on it, and a second reply or claim ref from here would be one too many. Then
-        what the running delivery changed is committed, so the write follows its cause."""
+        """Right before each send of a request that changes GitHub. What the running delivery
+        changed is committed, so the write follows its cause. Then, with replicas, a
+        repository this one does not hold now (it stalled past its lease, or waited out a rate
+        limit meanwhile, and another took it) is not written: the new owner acts on it, and a
+        second reply or claim ref from here would be one too many. Asked last, so that
+        nothing waits between the answer and the send."""
+        await self.store.writer.commit_unit()
         repo, owns = repository_of(url), self.store.owns
         if owns is not None and repo is not None and not owns(repo):
             raise LeaseTaken(f"{repo} is not held by this replica now: GitHub is not written for it")
-        await self.store.writer.commit_unit()
 
     async def start(self, *, drain: bool = True, schedule: bool = False, reconcile: bool = False) -> None:
         try:

@@ -4,7 +4,8 @@ Two in-process replicas on one PostgreSQL store and one sandbox GitHub. Replica 
 `serve --sandbox` stack (the sandbox's webhooks reach A, which stores them in the shared
 inbox); replica B is a second Klaud on the same store and the same sandbox. Lease rounds
 are run by hand, so each handover happens at a known moment: a new replica joins and the
-old one gives up what is "above the share", exactly as a rolling deploy does.
+old one gives up what is "above the share", exactly as a rolling deploy does; or the old
+one's lease lapses (the store out of reach) and the new one takes the repository.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.app import Klaud
+from bot.store.leases import repo_lease
 from tests import scenarios as sc
 from tests.harness import SandboxRun, sandbox_stack
 from tests.stack.test_people_e2e import B200, H200, klaud_pr
@@ -101,6 +103,34 @@ async def answer_delayed(run: SandboxRun, sent: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the delayed request was never sent")
+
+
+def lasting_waits(run: SandboxRun) -> tuple[asyncio.Event, asyncio.Event]:
+    """The sandbox clock skips waits; from now on one of 5 s or more (a rate limit's) lasts,
+    as on a real clock, until the second event is set. The first is set when one begins."""
+    clock, skip = run.sandbox.clock, run.sandbox.clock.sleep
+    waiting, over = asyncio.Event(), asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        if seconds >= 5.0:
+            waiting.set()
+            await over.wait()
+        await skip(seconds)
+
+    clock.sleep = sleep  # type: ignore[method-assign]
+    return waiting, over
+
+
+async def lapse_to(run: SandboxRun, b: Klaud, moving: str) -> None:
+    """A's lease rounds fail past its lease clock (the store out of reach): it lets go of
+    everything; its lease of `moving` expires, and B takes it."""
+    a = run.klaud.replicas
+    assert a is not None and b.replicas is not None
+    a._valid_until = 0.0
+    a._let_go_if_lapsed()
+    await a.leases.release(repo_lease(moving), a.owner)
+    await b.replicas.round()
+    assert b.replicas.owns(moving)
 
 
 def check_runs(run: SandboxRun, repo: str) -> list[dict[str, Any]]:
@@ -226,3 +256,71 @@ async def test_a_repository_whose_dashboard_is_being_created_is_given_up_once_it
         issues = [i for i in run.github(moving)["issues"] if i["title"] == "Klaud Cold dashboard"]
         assert [(i["number"], i["state"]) for i in issues] == [(1, "open")], issues
         assert "## Last wave: 2 " in issues[0]["body"], issues[0]["body"]
+
+
+async def test_a_command_reply_waiting_out_a_rate_limit_across_a_lease_lapse_is_sent_once(
+    tmp_path: Path, store_url: str
+) -> None:
+    # A processes `/klaud help`; its reply meets a secondary rate limit (403, Retry-After:
+    # 6), so the installation's gate holds the POST. Meanwhile A's lease lapses and B takes
+    # the repository and processes the delivery again, replying. A's POST, cleared for
+    # ownership before it waited, is cleared again before it is sent, and is not.
+    async with two_replicas(tmp_path, store_url, two_repositories([klaud_pr(50, H200)])) as (run, b):
+        a = run.klaud
+        moving = moving_repository(run)
+        waiting, over = lasting_waits(run)
+        run.sandbox.set_faults({"rules": [
+            {"method": "POST", "route": r"/issues/\d+/comments$", "status": 403, "retry_after": 6, "count": 1}]})
+        await run.sandbox.act({"action": "comment", "repo": moving, "number": 50, "user": "carol", "body": "/klaud help"})
+        await asyncio.wait_for(waiting.wait(), 10)  # A's reply waits at the installation's gate
+        await lapse_to(run, b, moving)
+
+        def replies() -> list[str]:
+            return [c["body"] for c in run.github(moving)["comments"]
+                    if c["issue_number"] == 50 and c["user"] == "klaud-cold[bot]"]
+
+        for _ in range(250):  # B processes the delivery again and answers
+            if replies():
+                break
+            await asyncio.sleep(0.02)
+        assert len(replies()) == 1, "B did not answer the command"
+        over.set()  # the rate limit's wait is over for A
+        for _ in range(250):
+            if not a.inbox._active:
+                break
+            await asyncio.sleep(0.02)
+        assert not a.inbox._active
+        assert len(replies()) == 1, f"{len(replies())} replies to one `/klaud help`"
+
+
+async def test_a_check_run_creation_waiting_out_a_rate_limit_across_a_lease_lapse_is_not_sent(
+    tmp_path: Path, store_url: str
+) -> None:
+    # A notes the creation of a new PR's check run ahead and sends it; a secondary rate
+    # limit holds it at the installation's gate. Meanwhile A's lease lapses (it cannot wait
+    # for the flush, as a handover above the share does) and B takes the repository: it
+    # looks for the check run noted ahead, finds none, and creates it. A's creation, once
+    # the gate opens, is not sent.
+    async with two_replicas(tmp_path, store_url, two_repositories([])) as (run, b):
+        a = run.klaud
+        moving = moving_repository(run)
+        await run.sandbox.act({"action": "open_pull", "repo": moving, "pull": klaud_pr(51, B200)})
+        await processed(run)
+        state = a.live.repo(moving)
+        head = state.overlap.get(51).head_sha
+        waiting, over = lasting_waits(run)
+        run.sandbox.set_faults({"rules": [
+            {"method": "POST", "route": r"/check-runs$", "status": 403, "retry_after": 6, "count": 1}]})
+        flushing = asyncio.create_task(a.checks.settle())
+        await asyncio.wait_for(waiting.wait(), 10)
+        assert state.meta.check_runs["51"]["id"] is None  # noted ahead, its answer a refusal
+
+        await lapse_to(run, b, moving)
+        await b.checks.settle()  # B renders the repository it took
+        assert len([c for c in check_runs(run, moving) if c["head_sha"] == head]) == 1
+        over.set()
+        await flushing
+        await settle_both(run, b)
+
+        on_head = [c for c in check_runs(run, moving) if c["head_sha"] == head]
+        assert len(on_head) == 1, f"check runs on the PR's head: {[(c['id'], c['status']) for c in on_head]}"

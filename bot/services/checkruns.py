@@ -20,7 +20,7 @@ from bot.core.domain import BRANCH_CANDIDATE_RE, PullRequest, family_hash
 from bot.core.events import CheckRunEvent
 from bot.github.errors import GitHubError
 from bot.services.coalescer import Coalescer
-from bot.services.live import LiveState
+from bot.services.live import GoneRepository, LiveState
 from bot.services.repo_state import RepoState
 from bot.store.errors import StoreError
 
@@ -34,8 +34,12 @@ class CheckPublisher:
         self.live = live
         self.clock = clock
         # GitHub's errors and the store's (down a moment, or the repository taken by another
-        # replica meanwhile) are logged, and the next change publishes again.
-        self.coalescer: Coalescer[Key] = Coalescer(self.publish, delay_seconds, errors=(GitHubError, StoreError))
+        # replica meanwhile) are logged, and the next change publishes again. So is a write
+        # answered once its repository left this process (its lease lapsed meanwhile): the
+        # new owner renders it, finding the check run by its head.
+        self.coalescer: Coalescer[Key] = Coalescer(
+            self.publish, delay_seconds, errors=(GitHubError, StoreError, GoneRepository)
+        )
         live.listeners.append(self.families_changed)
 
     async def families_changed(self, state: RepoState, families: set[str], pulls: set[int]) -> None:

@@ -29,7 +29,7 @@ from bot.github.errors import GitHubError, NotFound
 from bot.services import controls
 from bot.services.api import RepoAPI
 from bot.services.coalescer import Coalescer
-from bot.services.live import LiveState
+from bot.services.live import GoneRepository, LiveState
 from bot.services.permissions import Permissions
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
@@ -43,8 +43,11 @@ class DashboardKeeper:
         self.live = live
         self.permissions = permissions
         self.clock = clock
-        # As the check runs': GitHub's and the store's errors wait for the next change.
-        self.coalescer: Coalescer[str] = Coalescer(self.publish, delay_seconds, errors=(GitHubError, StoreError))
+        # As the check runs': GitHub's and the store's errors wait for the next change, and a
+        # repository gone meanwhile is rendered by its new owner (finding the issue by its title).
+        self.coalescer: Coalescer[str] = Coalescer(
+            self.publish, delay_seconds, errors=(GitHubError, StoreError, GoneRepository)
+        )
         self._last_wave: dict[str, Wave] = {}
         live.gone_listeners.append(self._gone)
 

@@ -130,18 +130,19 @@ class Klaud:
             self.live, catalog, pulls, self.outcomes, claims, self.dashboard,
             MissedComments(self.live, self.commands, self.outcomes),
         )
+        self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
         # PostgreSQL: any number of replicas, each owning some repositories (DESIGN §6).
         self.replicas: Replicas | None = None
         if self.db.dialect == "postgresql":
             self.replicas = Replicas(
-                stores.leases, stores.deliveries, self.live, busy=self.inbox.busy, release=self.inbox.release
+                stores.leases, stores.deliveries, self.live, busy=self.inbox.busy, release=self.inbox.release,
+                publishers=(self.checks, self.dashboard),
             )
         self.scheduler = Scheduler(
             self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune,
             leads=self.replicas.leads if self.replicas is not None else lambda: True,
             owns=self.replicas.owns if self.replicas is not None else lambda repo: True,
         )
-        self.checks = CheckPublisher(self.live, self.clock, delay_seconds=check_delay_seconds)
         self.services = Services(
             self.live, self.reconciler, catalog, pulls, self.outcomes, self.commands, self.checks, self.waves,
             self.dashboard,
@@ -149,14 +150,16 @@ class Klaud:
         self.started = False  # set once start-up (store, state, first reconcile) is done
 
     async def _before_github_write(self, url: str) -> None:
-        """Before a request that changes GitHub. With replicas, a repository this one does not
-        hold now (it stalled past its lease, another took it) is not written: the new owner
-        acts on it, and a second reply or claim ref from here would be one too many. Then
-        what the running delivery changed is committed, so the write follows its cause."""
+        """Right before each send of a request that changes GitHub. What the running delivery
+        changed is committed, so the write follows its cause. Then, with replicas, a
+        repository this one does not hold now (it stalled past its lease, or waited out a rate
+        limit meanwhile, and another took it) is not written: the new owner acts on it, and a
+        second reply or claim ref from here would be one too many. Asked last, so that
+        nothing waits between the answer and the send."""
+        await self.store.writer.commit_unit()
         repo, owns = repository_of(url), self.store.owns
         if owns is not None and repo is not None and not owns(repo):
             raise LeaseTaken(f"{repo} is not held by this replica now: GitHub is not written for it")
-        await self.store.writer.commit_unit()
 
     async def start(self, *, drain: bool = True, schedule: bool = False, reconcile: bool = False) -> None:
         try:
@@ -217,6 +220,8 @@ class Klaud:
         handlers finish meanwhile, side by side, or are cancelled (their work runs again)."""
         self.started = False
         deadline = asyncio.get_running_loop().time() + grace
+        if self.replicas is not None:
+            self.replicas.stop_taking()
         await asyncio.gather(self.scheduler.stop(grace), self.inbox.stop(grace))
         # The check runs and the dashboard publish what is pending in what is left of the
         # grace (a moment at least): a slow GitHub held a stop for minutes. Before the leases

@@ -509,9 +509,10 @@ class _Transport:
     write_spacing: float
     # How many processes write for an installation (live replicas); None: this one only.
     writers: Callable[[], int] | None = None
-    # Awaited with the URL before every request of an installation that changes GitHub:
-    # the state that led to it is committed first (a claim is durable before the dispatch
-    # it guards), and with replicas a repository this one no longer holds is not written.
+    # Awaited with the URL right before each send of an installation's request that changes
+    # GitHub (every attempt, after its waits): the state that led to it is committed first (a
+    # claim is durable before the dispatch it guards), and with replicas a repository this one
+    # no longer holds is not written.
     before_write: Callable[[str], Awaitable[None]] | None = None
 
 
@@ -644,8 +645,6 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         attempt = 1
         # Each wait alone was capped: four answers asking for 60 s held one call 4 minutes.
         deadline = self._clock.timestamp() + MAX_CALL_WAIT
-        if self._acts_on_repositories and self._transport.before_write is not None and changes_state(method, url):
-            await self._transport.before_write(url)
         while True:
             try:
                 gate = self._gates[_budget_of(url)]
@@ -654,6 +653,9 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
                     # Again: the gate may have closed while this call waited for its turn.
                     await gate.wait(deadline)
                     await self._authorize(headers, url, rejected)
+                    # Last: a write that waited (the gate, up to a minute; its turn; a retry)
+                    # may no longer be this replica's to send by now.
+                    await self._before_write(method, url)
                     response = await self._send(
                         method, url, headers, body, read=read, allow_redirects=allow_redirects
                     )
@@ -701,6 +703,10 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             return False
         await self._clock.sleep(backoff_delay(attempt))
         return True
+
+    async def _before_write(self, method: str, url: str) -> None:
+        if self._acts_on_repositories and self._transport.before_write is not None and changes_state(method, url):
+            await self._transport.before_write(url)
 
     async def _authorize(self, headers: dict[str, str], url: str, rejected: str | None) -> None:
         # The credential goes only to the API's own origin, never to a host a URL from a

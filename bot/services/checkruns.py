@@ -20,7 +20,7 @@ from bot.core.domain import BRANCH_CANDIDATE_RE, PullRequest, family_hash
 from bot.core.events import CheckRunEvent
 from bot.github.errors import GitHubError
 from bot.services.coalescer import Coalescer
-from bot.services.live import LiveState
+from bot.services.live import GoneRepository, LiveState
 from bot.services.repo_state import RepoState
 from bot.store.errors import StoreError
 
@@ -34,8 +34,12 @@ class CheckPublisher:
         self.live = live
         self.clock = clock
         # GitHub's errors and the store's (down a moment, or the repository taken by another
-        # replica meanwhile) are logged, and the next change publishes again.
-        self.coalescer: Coalescer[Key] = Coalescer(self.publish, delay_seconds, errors=(GitHubError, StoreError))
+        # replica meanwhile) are logged, and the next change publishes again. So is a write
+        # answered once its repository left this process (its lease lapsed meanwhile): the
+        # new owner renders it, finding the check run by its head.
+        self.coalescer: Coalescer[Key] = Coalescer(
+            self.publish, delay_seconds, errors=(GitHubError, StoreError, GoneRepository)
+        )
         live.listeners.append(self.families_changed)
 
     async def families_changed(self, state: RepoState, families: set[str], pulls: set[int]) -> None:
@@ -47,6 +51,17 @@ class CheckPublisher:
         for pull in state.overlap.prs():
             if pull.klaud_own and pull.own_family_hash in hashes:
                 self.coalescer.mark((state.name, pull.number))
+
+    def repository_taken(self, state: RepoState) -> None:
+        """This replica took the repository over: an update its last owner had pending left
+        with it, so every open Klaud PR is rendered again (one its check run already shows
+        costs nothing: the render's digest is stored with it)."""
+        for pull in state.overlap.prs():
+            if pull.klaud_own:
+                self.coalescer.mark((state.name, pull.number))
+
+    def publishing(self, repo: str) -> bool:
+        return any(name.lower() == repo for name, _number in self.coalescer.running)
 
     async def settle(self) -> None:
         await self.coalescer.settle()

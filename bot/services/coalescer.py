@@ -49,6 +49,11 @@ class Coalescer(Generic[K]):
         """Keys with a flush scheduled or running."""
         return frozenset(self._tasks)
 
+    @property
+    def running(self) -> frozenset[K]:
+        """Keys whose flush runs now (their window is over)."""
+        return frozenset(self._running)
+
     def mark(self, key: K) -> None:
         if self._closed:
             raise RuntimeError("Coalescer is closed")

@@ -29,7 +29,7 @@ from bot.github.errors import GitHubError, NotFound
 from bot.services import controls
 from bot.services.api import RepoAPI
 from bot.services.coalescer import Coalescer
-from bot.services.live import LiveState
+from bot.services.live import GoneRepository, LiveState
 from bot.services.permissions import Permissions
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
@@ -43,8 +43,11 @@ class DashboardKeeper:
         self.live = live
         self.permissions = permissions
         self.clock = clock
-        # As the check runs': GitHub's and the store's errors wait for the next change.
-        self.coalescer: Coalescer[str] = Coalescer(self.publish, delay_seconds, errors=(GitHubError, StoreError))
+        # As the check runs': GitHub's and the store's errors wait for the next change, and a
+        # repository gone meanwhile is rendered by its new owner (finding the issue by its title).
+        self.coalescer: Coalescer[str] = Coalescer(
+            self.publish, delay_seconds, errors=(GitHubError, StoreError, GoneRepository)
+        )
         self._last_wave: dict[str, Wave] = {}
         live.gone_listeners.append(self._gone)
 
@@ -55,6 +58,16 @@ class DashboardKeeper:
         self._last_wave[state.name.lower()] = wave
         if state.policy.dashboard:
             self.coalescer.mark(state.name)
+
+    def repository_taken(self, state: RepoState) -> None:
+        """This replica took the repository over: the render its last owner had pending after
+        a wave left with it, so the last stored wave is rendered again (unchanged, nothing
+        is sent)."""
+        if state.policy.dashboard and state.meta.wave:
+            self.coalescer.mark(state.name)
+
+    def publishing(self, repo: str) -> bool:
+        return any(name.lower() == repo for name in self.coalescer.running)
 
     async def settle(self) -> None:
         await self.coalescer.settle()

@@ -6,7 +6,8 @@ deliveries, keeps its state in memory and runs its waves. Every few seconds a re
 renews its leases and takes free ones up to its share (repositories / live replicas), so a
 new replica gets work and a dead one's repositories, whose leases expire, are taken over
 within `lease_seconds` plus one round. A replica above its share gives up repositories it
-is not working on; one that stops releases everything at once.
+is not working on (no delivery, no section, no check-run or dashboard write in hand), and
+their new owner publishes what was pending; one that stops releases everything at once.
 
 One more lease, "installations", makes one replica the one that handles deliveries without
 a repository (installation events) and the housekeeping (discovery of new installations,
@@ -23,11 +24,13 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import structlog
 
 from bot.services.live import LiveState
+from bot.services.repo_state import RepoState
 from bot.store.deliveries import DeliveryStore
 from bot.store.leases import LeaseStore, repo_lease
 
@@ -45,6 +48,19 @@ PRUNE_AFTER_SECONDS = 3600.0
 PRUNES_PER_EXPIRY = 12
 
 
+class Publisher(Protocol):
+    """What writes a repository's GitHub side a while after its changes, outside its
+    deliveries (its check runs, its dashboard)."""
+
+    def repository_taken(self, state: RepoState) -> None:
+        """This replica took the repository over: what its last owner still had to publish
+        left with it, and is published here."""
+
+    def publishing(self, repo: str) -> bool:
+        """Whether one of the repository's flushes (`repo` in lowercase) runs now: it may
+        have a write out on GitHub."""
+
+
 def replica_id() -> str:
     """Unique per process start: a restarted replica takes over its own old claims too."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -59,6 +75,7 @@ class Replicas:
         *,
         busy: Callable[[str], bool],
         release: Callable[[str], None],
+        publishers: Sequence[Publisher] = (),
         owner: str | None = None,
         lease_seconds: float = LEASE_SECONDS,
         round_seconds: float = ROUND_SECONDS,
@@ -71,8 +88,10 @@ class Replicas:
         self.round_seconds = round_seconds
         self._busy = busy  # whether the inbox works on a repository right now
         self._release = release  # tells the inbox to drop a repository's queue
+        self._publishers = publishers
         self._repos: set[str] = set()
         self._installations = False
+        self._taking = True  # False once the process stops
         # Monotonic time until which the leases held are surely still this replica's.
         self._valid_until = 0.0
         self._next_prune = 0.0  # monotonic time of the leader's next search for dead leases
@@ -154,6 +173,12 @@ class Replicas:
                 log.exception("replica.round_failed", owner=self.owner)
                 self._let_go_if_lapsed()
 
+    def stop_taking(self) -> None:
+        """The process is stopping: its rounds go on renewing what it holds while its last
+        renders are published, and take nothing more (it would be released at once, and the
+        publishers, closed by then, could not render it)."""
+        self._taking = False
+
     def _let_go_if_lapsed(self) -> None:
         if self._valid() or not (self._repos or self._installations):
             return
@@ -179,12 +204,13 @@ class Replicas:
         # Records are keyed by the name as GitHub spelled it, leases by its lowercase.
         stored = {name.lower(): name for name in await self.live.store.repos()}
         universe = set(stored) | await self.deliveries.waiting_repos()
-        await self._give_up(sorted(repo for repo in self._repos - universe if not self._busy(repo)), "nothing to keep")
+        await self._give_up(sorted(repo for repo in self._repos - universe if self._idle(repo)), "nothing to keep")
         share = math.ceil(len(universe) / self.live_replicas)
         free = [repo for repo in universe if repo not in self._repos and repo_lease(repo) not in holders]
-        for repo in sorted(free, key=self._spread)[: max(0, share - len(self._repos))]:
+        wanted = max(0, share - len(self._repos)) if self._taking else 0
+        for repo in sorted(free, key=self._spread)[:wanted]:
             await self._take(repo, stored.get(repo, repo))
-        idle = sorted((repo for repo in self._repos if not self._busy(repo)), key=self._spread, reverse=True)
+        idle = sorted((repo for repo in self._repos if self._idle(repo)), key=self._spread, reverse=True)
         await self._give_up(idle[: max(0, len(self._repos) - share)], f"above the share of {share}")
         await self._installations_lease(holders)
 
@@ -216,6 +242,10 @@ class Replicas:
             return
         self._repos.add(repo)
         log.info("replica.took", repo=repo, owner=self.owner, state="loaded" if state else "none yet")
+        # Its last owner's renders pending when it let go (a coalescer's window) left with it.
+        if state is not None:
+            for publisher in self._publishers:
+                publisher.repository_taken(state)
 
     async def _own(self, repo: str) -> None:
         await self._take_back_claims(repo)
@@ -235,12 +265,24 @@ class Replicas:
             await self.deliveries.unclaim(repo)
 
     async def _give_up(self, repos: list[str], reason: str) -> None:
-        # Not one a section works on: a new repository's admitting reconcile has stored
-        # nothing yet, and let go meanwhile it would stay in memory here, owned elsewhere.
-        for repo in [repo for repo in repos if not self.live.in_use(repo)]:
-            await self.leases.release(repo_lease(repo), self.owner)
+        for repo in repos:
+            # Asked again for each: work on it may have begun while the lease before was released.
+            if not self._idle(repo):
+                continue
+            # Let go before its lease is: a flush beginning meanwhile finds no state to publish.
             self._drop(repo)
+            await self.leases.release(repo_lease(repo), self.owner)
             log.info("replica.gave_up", repo=repo, owner=self.owner, reason=reason)
+
+    def _idle(self, repo: str) -> bool:
+        """Whether the repository may be given up: the inbox works on none of its deliveries,
+        no section holds it (a new repository's admitting reconcile has stored nothing yet:
+        let go meanwhile, it would stay in memory here, owned elsewhere), and no flush of its
+        check runs or dashboard is writing GitHub (a creation sent and not answered yet: the
+        next owner, finding none, would create a second)."""
+        return not (
+            self._busy(repo) or self.live.in_use(repo) or any(p.publishing(repo) for p in self._publishers)
+        )
 
     async def _installations_lease(self, holders: dict[str, str]) -> None:
         if self._installations:

@@ -47,6 +47,7 @@ from bot.github.client import (
 )
 from bot.github.repo import GitHubRepo
 from bot.metrics import REGISTRY
+from bot.store.errors import LeaseTaken
 
 START = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 T0 = START.timestamp()
@@ -621,6 +622,26 @@ async def test_state_is_committed_before_each_write_and_never_for_a_read(
     order.append("dispatched")
     assert order == ["read", "commit acme/bench", "dispatched"]
     assert [s.method for s in stub.seen][-1] == "POST", "the commit came before the request was sent"
+
+
+async def test_a_write_that_waited_out_a_rate_limit_is_cleared_again_before_it_is_sent(
+    make_app: Callable[..., GitHubApp], stub: Stub, clock: ManualClock
+) -> None:
+    # A reply held by a secondary rate limit: meanwhile another replica took the repository.
+    cleared: list[float] = []
+
+    async def before_write(url: str) -> None:  # `Klaud._before_github_write` in the running App
+        cleared.append(clock.timestamp())
+        if len(cleared) > 1:
+            raise LeaseTaken(f"{repository_of(url)} is not held by this replica now")
+
+    path = "/repos/acme/bench/issues/1/comments"
+    stub.script("POST", path, reply(403, {"message": "You have exceeded a secondary rate limit."}, **{"Retry-After": "17"}))
+    inst = make_app(before_write=before_write).installation(7)
+    with pytest.raises(LeaseTaken):
+        await inst.post(path, data={"body": "hello"})
+    assert cleared == [T0, T0 + 17], "cleared once before each send, the second after the wait"
+    assert len(stub.calls("POST", path)) == 1
 
 
 # ----------------------------------------------------------------- ETags and logging

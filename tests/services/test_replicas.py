@@ -41,11 +41,21 @@ class Node:
         self.owner = owner
         self.busy: set[str] = set()
         self.released: list[str] = []
+        self.taken: list[str] = []
+        self.flushing: set[str] = set()
         self.live = LiveState(stores.state, github, ManualClock(now), ())
         self.replicas = Replicas(
             stores.leases, stores.deliveries, self.live, busy=self.busy.__contains__,
-            release=self.released.append, owner=owner, lease_seconds=lease_seconds,
+            release=self.released.append, publishers=(self,), owner=owner, lease_seconds=lease_seconds,
         )
+
+    # A publisher, as the check runs and the dashboard are.
+
+    def repository_taken(self, state: RepoState) -> None:
+        self.taken.append(state.name)
+
+    def publishing(self, repo: str) -> bool:
+        return repo in self.flushing
 
 
 @pytest.fixture
@@ -104,6 +114,44 @@ async def test_a_replica_working_on_a_repository_keeps_it_above_its_share(nodes)
     assert a.replicas.repos() == {"o/a", "o/b", "o/c"} and a.released == ["o/d"]
 
 
+async def test_a_repository_whose_check_runs_or_dashboard_are_being_written_is_kept_until_they_are(nodes):
+    # A creation sent and not answered yet: the next owner, finding none, would create a second.
+    a = await nodes("a")
+    await a.replicas.round()
+    a.flushing.update({"o/a", "o/b", "o/c"})
+    await nodes("b")
+    c = await nodes("c")
+    await c.replicas.round()
+    await a.replicas.round()  # share is now 2 of 4; three are being published, one idle goes
+    assert a.replicas.repos() == {"o/a", "o/b", "o/c"} and a.released == ["o/d"]
+    a.flushing.clear()
+    await a.replicas.round()
+    assert len(a.replicas.repos()) == 2
+
+
+async def test_a_repository_given_up_is_let_go_before_its_lease_and_work_begun_meanwhile_keeps_the_next(nodes):
+    a = await nodes("a")
+    for name in REPOS:
+        await stored_repository(a, name, 1)
+    await a.replicas.round()
+    assert all(a.live.repo(name) is not None for name in REPOS)
+    b = await nodes("b")
+    await b.replicas.round()
+    release, seen = a.stores.leases.release, []
+
+    async def releasing(name: str, owner: str) -> bool:
+        # Whatever begins now finds the repository let go here: a flush, no state to publish.
+        seen.append((name, [repo_lease(repo) for repo in a.replicas.repos()], a.live.repo(name.partition(":")[2])))
+        a.flushing.update(a.replicas.repos())  # meanwhile, a flush of every other one begins
+        return await release(name, owner)
+
+    a.stores.leases.release = releasing  # type: ignore[method-assign]
+    await a.replicas.round()  # above its share of 2: it would give two up
+    [(name, held, state)] = seen
+    assert name not in held and state is None
+    assert len(a.replicas.repos()) == 3
+
+
 async def test_a_lapsed_lease_is_taken_over_and_its_old_holder_lets_the_repository_go(nodes):
     a = await nodes("a", lease_seconds=0.3)
     await a.replicas.round()
@@ -154,6 +202,19 @@ async def test_a_stopping_replica_releases_every_lease_and_the_others_take_over_
     assert not any(owner == "a" for owner in (await b.stores.leases.holders()).values())
     await b.replicas.round()
     assert b.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"} and b.replicas.leads()
+
+
+async def test_a_stopping_replica_keeps_what_it_holds_and_takes_nothing_more(nodes):
+    a, b = await nodes("a"), await nodes("b")
+    await a.replicas.round()
+    await b.replicas.round()
+    await a.replicas.round()  # above its share of 2: two go
+    await b.replicas.round()
+    kept = a.replicas.repos()
+    a.replicas.stop_taking()  # its last renders are being published
+    await b.replicas.stop()
+    await a.replicas.round()
+    assert a.replicas.repos() == kept and len(kept) == 2
 
 
 async def test_a_new_repository_is_admitted_by_one_replica_only(nodes):
@@ -334,6 +395,15 @@ async def stored_repository(node: Node, name: str, wave: int) -> None:
         await node.live.persist(stored.save_meta())
     finally:
         node.live.store.owns = owns
+
+
+async def test_a_repository_taken_with_a_stored_state_is_handed_to_the_publishers(nodes):
+    # What its last owner had pending for its check runs and dashboard left with it.
+    a = await nodes("a")
+    await stored_repository(a, "o/a", 3)
+    await a.replicas.round()
+    assert a.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"}
+    assert a.taken == ["o/a"]  # the others have deliveries waiting and no state yet
 
 
 async def test_a_renamed_repository_moves_to_its_new_name_and_lease(nodes):

@@ -405,7 +405,8 @@ async def test_a_failed_listing_of_an_installation_since_deleted_is_not_retried_
     assert len(lists) == 1 and "installation 5" not in kit.reconciler.failures
 
 
-async def test_an_uninstall_ends_the_retries_of_the_installations_failed_listing(kit: Kit, monkeypatch) -> None:
+async def listings_failed(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A discovery in which the listings of installations 1 and 5 failed."""
     async def installations() -> list[int]:
         return [1, 5]
 
@@ -415,6 +416,10 @@ async def test_an_uninstall_ends_the_retries_of_the_installations_failed_listing
     monkeypatch.setattr(kit.live.github, "installations", installations)
     monkeypatch.setattr(kit.live.github, "repositories", down)
     await kit.reconciler.reconcile_new_installations()
+
+
+async def test_an_uninstall_ends_the_retries_of_the_installations_failed_listing(kit: Kit, monkeypatch) -> None:
+    await listings_failed(kit, monkeypatch)
     assert {"installation 1", "installation 5"} <= set(kit.reconciler.failures)
     await kit.reconciler.uninstall(5, [])  # `installation` `deleted`
     assert "installation 5" not in kit.reconciler.failures and "installation 1" in kit.reconciler.failures
@@ -431,15 +436,7 @@ async def test_an_uninstall_drops_the_installations_github_client_once_no_kept_r
 async def test_a_due_listing_retried_while_the_installations_listing_fails_backs_off(kit: Kit, monkeypatch) -> None:
     # What this catches: an installation's failed listing, due while GET /app/installations
     # failed, was neither cleared nor noted again: due at every tick until it answered.
-    async def installations() -> list[int]:
-        return [1, 5]
-
-    async def down(installation: int) -> list[Repository]:
-        raise Unavailable(502, "Bad Gateway")
-
-    monkeypatch.setattr(kit.live.github, "installations", installations)
-    monkeypatch.setattr(kit.live.github, "repositories", down)
-    await kit.reconciler.reconcile_new_installations()
+    await listings_failed(kit, monkeypatch)
 
     async def unreachable() -> list[int]:
         raise Unavailable(503, "Service Unavailable")

@@ -47,6 +47,7 @@ from bot.github.errors import (
     Conflict,
     GitHubError,
     NotFound,
+    NotSent,
     RateLimited,
     TooLarge,
     Unauthorized,
@@ -706,7 +707,13 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
 
     async def _before_write(self, method: str, url: str) -> None:
         if self._acts_on_repositories and self._transport.before_write is not None and changes_state(method, url):
-            await self._transport.before_write(url)
+            try:
+                await self._transport.before_write(url)
+            # The hook's (the store's), in the request loop: taken there for GitHub not
+            # answering, a write was sent again with its cause uncommitted, and a dispatch
+            # reported as maybe sent.
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise NotSent(f"{url}: not sent: {type(exc).__name__}: {exc}") from exc
 
     async def _authorize(self, headers: dict[str, str], url: str, rejected: str | None) -> None:
         # The credential goes only to the API's own origin, never to a host a URL from a

@@ -54,6 +54,13 @@ class RateLimited(GitHubError):
         self.retry_after = retry_after
 
 
+class NotSent(Exception):
+    """What must happen before a write failed (committing the state that led to it):
+    nothing was sent, so there is no answer to be lost. Transient: the delivery retries."""
+
+    transient = True
+
+
 class Unavailable(GitHubError):
     """Network error, timeout or 5xx after the allowed attempts.
 

@@ -58,6 +58,9 @@ TRANSIENT = (
     asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
     asyncpg.exceptions.TransactionRollbackError,  # deadlock, serialization failure
     asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    # No connection free within ACQUIRE_SECONDS (the pool's wait; asyncio's TimeoutError):
+    # the store's trouble, named as such, never taken for a network error of someone else's.
+    TimeoutError,
 )
 
 

@@ -35,6 +35,7 @@ from bot.github.client import (
     GitHubApp,
     InstallationClient,
     NotFound,
+    NotSent,
     RateLimited,
     TooLarge,
     Unauthorized,
@@ -1242,3 +1243,22 @@ async def test_a_tree_github_lists_only_in_part_is_an_error_not_a_shorter_folder
                      "d1": {"tree": [{"path": "a-master.yaml", "type": "blob"}], "truncated": True}})
     with pytest.raises(TooLarge, match="configs: GitHub lists only part of its tree"):
         await GitHubRepo(client, "acme/bench").directory("configs", "c" * 40)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("patch", "/repos/acme/bench/issues/1"),
+    ("post", "/repos/acme/bench/actions/workflows/klaud-candidate.yml/dispatches"),
+])
+async def test_a_write_whose_cause_could_not_be_committed_is_not_sent_nor_taken_for_a_lost_answer(
+    make_app: Callable[..., GitHubApp], stub: Stub, method: str, path: str
+) -> None:
+    # What this catches: the commit (inside the request loop since the ownership check moved
+    # there) timed out, was taken for GitHub not answering: a PATCH was sent again with its
+    # cause uncommitted, a dispatch reported as maybe sent though nothing left.
+    async def before_write(url: str) -> None:
+        raise TimeoutError  # the store's wait for a connection
+
+    inst = make_app(before_write=before_write).installation(7)
+    with pytest.raises(NotSent, match="not sent: TimeoutError") as refused:
+        await getattr(inst, method)(path, data={})
+    assert refused.value.transient and not stub.calls(method.upper(), path)

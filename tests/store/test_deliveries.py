@@ -392,3 +392,21 @@ async def test_a_table_locked_by_another_session_is_a_transient_error_in_moments
     finally:
         await other.close()
         await opened.close()
+
+
+@POSTGRESQL_ONLY
+async def test_a_pool_with_no_connection_free_in_time_is_the_stores_trouble_named_as_such(store_url, monkeypatch):
+    # What this catches: the pool's wait ended in asyncio's bare TimeoutError, which the GitHub
+    # client, committing a write's cause right before sending it, took for GitHub not answering.
+    monkeypatch.setattr(postgres, "ACQUIRE_SECONDS", 0.05)
+    opened = await open_stores(store_url)
+    pool = opened.deliveries.db._pool  # type: ignore[attr-defined]
+    held = [await pool.acquire() for _ in range(pool.get_max_size())]
+    try:
+        with pytest.raises(StoreUnavailable, match="TimeoutError") as refused:
+            await opened.deliveries.put(delivery(1))
+        assert is_transient(refused.value)
+    finally:
+        for connection in held:
+            await pool.release(connection)
+        await opened.close()

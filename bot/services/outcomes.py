@@ -188,6 +188,10 @@ class OutcomeRecorder:
         keeper may have settled the dispatch (released, its run's failure recorded) or
         linked it to its run, and a late event must leave either as it is.
         """
+        # Most runs are no dispatch's: their event does not wait for the lock (a wave holds
+        # it through its GitHub calls).
+        if _unlinked_dispatch_of(state, run) is None:
+            return
         async with self.live.lock(state.name):
             dispatch = _unlinked_dispatch_of(state, run)
             if dispatch is not None:

@@ -293,6 +293,15 @@ async def test_a_late_requested_event_does_not_relink_a_dispatch_linked_while_it
     assert kit.state.dispatches[family].run_id == run_id
 
 
+async def test_a_started_run_no_dispatch_waits_for_does_not_wait_for_the_repositorys_lock(kit: Kit) -> None:
+    # Most runs are no unlinked dispatch's: their event must not queue behind a wave that
+    # holds the lock through its GitHub calls.
+    family, _, run_id = await dispatched(kit)  # linked by the dispatch's answer
+    async with kit.live.lock(REPO):
+        await asyncio.wait_for(kit.outcomes.on_workflow_run(kit.state, run_requested(kit, run_id)), 5)
+    assert kit.state.dispatches[family].run_id == run_id
+
+
 # Found by an audit of time: with our clock two minutes ahead of GitHub's, the failure was lost.
 
 

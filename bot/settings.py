@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -204,14 +204,21 @@ def _checked_http_url(value: str) -> str:
     whose every read fails."""
     if not value.startswith(("http://", "https://")):
         raise ValueError("must be an http(s) URL")
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018  (read for its check: a port out of range or not a number raises)
-    except ValueError:
-        raise ValueError("not a URL (http(s)://HOST[:PORT][/PATH], PORT a number up to 65535)") from None
+    parts = _split_url(value, ValueError("not a URL (http(s)://HOST[:PORT][/PATH], PORT a number up to 65535)"))
     if not parts.hostname:
         raise ValueError("needs a host (http(s)://HOST[:PORT][/PATH])")
     return value
+
+
+def _split_url(value: str, unreadable: ValueError) -> SplitResult:
+    """`value`'s parts, its port read too (urlsplit reads a port, out of range or not a
+    number, only when asked); `unreadable` when they cannot be had."""
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (read for its check)
+    except ValueError:
+        raise unreadable from None
+    return parts
 
 
 def _checked_postgresql_url(value: str) -> str:
@@ -223,11 +230,7 @@ def _checked_postgresql_url(value: str) -> str:
         "not a PostgreSQL URL (postgresql://USER:PASSWORD@HOST:PORT/DATABASE; a password with "
         "any of / # ? @ : % must be percent-encoded)"
     )
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018  (read for its check: a port that is not a number raises)
-    except ValueError:
-        raise unreadable from None
+    parts = _split_url(value, unreadable)
     # The user part went on past a `/`, `?` or `#` of its password: an `@` after it. A query
     # parameter's value may hold one (`?user=sa@project.iam`), its name may not.
     query_names = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)]

@@ -340,7 +340,9 @@ def get_tree(call: Call) -> Reply:
     tree = repo.commits[commit].tree
     prefix = f"{folder}/" if folder else ""
     held = {path[len(prefix):]: text for path, text in tree.items() if path.startswith(prefix)}
-    recursive = call.query.get("recursive") not in (None, "", "0", "false")
+    # GitHub: "setting this parameter to any value returns the objects or subtrees" (0 and
+    # false included).
+    recursive = "recursive" in call.query
     paths = sorted(held) if recursive else sorted({p.split("/")[0] for p in held})
     entries = []
     for path in paths:

@@ -283,6 +283,8 @@ async def test_commit_and_compare(hub: Hub) -> None:
 
 async def test_git_tree_lists_files(hub: Hub) -> None:
     tree = await hub.json("GET", f"{REPO}/git/trees/main", params={"recursive": "1"})
+    # GitHub: any value of `recursive` returns the subtrees, "0" and "false" too.
+    assert await hub.json("GET", f"{REPO}/git/trees/main", params={"recursive": "0"}) == tree
     blobs = {e["path"] for e in tree["tree"] if e["type"] == "blob"}
     assert "configs/nvidia-master.yaml" in blobs and ".github/workflows/run-sweep.yml" in blobs
     assert {"configs", ".github", ".github/workflows"} <= {

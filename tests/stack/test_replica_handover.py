@@ -22,6 +22,7 @@ from bot.app import Klaud
 from bot.store.leases import repo_lease
 from tests import scenarios as sc
 from tests.harness import SandboxRun, sandbox_stack
+from tests.helpers.waiting import until
 from tests.stack.test_people_e2e import B200, H200, klaud_pr
 
 REPOS = ("acme/bench", "acme/other")
@@ -279,17 +280,10 @@ async def test_a_command_reply_waiting_out_a_rate_limit_across_a_lease_lapse_is_
             return [c["body"] for c in run.github(moving)["comments"]
                     if c["issue_number"] == 50 and c["user"] == "klaud-cold[bot]"]
 
-        for _ in range(250):  # B processes the delivery again and answers
-            if replies():
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: bool(replies()), seconds=5)  # B processes the delivery again and answers
         assert len(replies()) == 1, "B did not answer the command"
         over.set()  # the rate limit's wait is over for A
-        for _ in range(250):
-            if not a.inbox._active:
-                break
-            await asyncio.sleep(0.02)
-        assert not a.inbox._active
+        await until(lambda: not a.inbox._active, seconds=5)
         assert len(replies()) == 1, f"{len(replies())} replies to one `/klaud help`"
 
 

@@ -20,6 +20,7 @@ from bot.store.change import Change
 from bot.store.errors import StoreUnavailable
 from bot.store.leases import repo_lease
 from tests.harness import make_settings, running_klaud
+from tests.helpers.waiting import until
 
 LAPSE, STALL, BUSY = "acme/lapse", "acme/stall", "acme/busy"
 
@@ -37,7 +38,7 @@ def replica_handling(tmp_path: Path, store_url: str, handler) -> Klaud:  # type:
 async def note_seen(services, repo: str, event) -> int:  # type: ignore[no-untyped-def]
     """Record the delivery as processed (committed with its status); its number."""
     number = json.loads(event.body)["number"]
-    await services.live.persist(Change().put(repo, "seen", event.delivery_id, {"n": number, "at": time.time_ns()}))
+    await services.live.persist(Change().put(repo, "seen", event.delivery_id, {"n": number, "at": time.monotonic_ns()}))
     return number
 
 
@@ -109,13 +110,10 @@ async def test_a_write_refused_by_the_replicas_own_lapsed_clock_does_not_fail_th
         await klaud.replicas.round()  # the next round renews: nobody else ever held the repository
 
         conn = await asyncpg.connect(store_url)
-        try:
-            for _ in range(100):  # 10 s for the delivery to be processed after all
-                row = await conn.fetchrow("SELECT status, error FROM deliveries WHERE id = 'd-1'")
-                seen = await conn.fetchval("SELECT count(*) FROM records WHERE kind = 'seen'")
-                if row["status"] == "done" or row["status"] == "failed":
-                    break
-                await asyncio.sleep(0.1)
+        try:  # 10 s for the delivery to be processed after all
+            await statuses_when(conn, lambda now: now.get("d-1") in ("done", "failed"), seconds=10)
+            row = await conn.fetchrow("SELECT status, error FROM deliveries WHERE id = 'd-1'")
+            seen = await conn.fetchval("SELECT count(*) FROM records WHERE kind = 'seen'")
         finally:
             await conn.close()
         assert (row["status"], seen) == ("done", 1), f"acknowledged delivery lost: {dict(row)}, {seen} records"
@@ -173,7 +171,6 @@ async def test_a_repository_taken_back_while_its_batch_runs_keeps_its_queue(stor
         order.append(await note_seen(services, BUSY, event))
 
     klaud = replica_handling(tmp_path, store_url, record)
-    klaud.replicas.lease_seconds = 3.0
     replicas = klaud.replicas
     conn = await asyncpg.connect(store_url)
     try:
@@ -182,11 +179,7 @@ async def test_a_repository_taken_back_while_its_batch_runs_keeps_its_queue(stor
             await replicas.round()
             await asyncio.wait_for(first_started.wait(), 10)
             assert (await run.post("pull_request", pr(BUSY, 2), delivery="d-2"))[0] == 202
-            for _ in range(50):  # d-2 is claimed and queued behind the running batch of d-1
-                if klaud.inbox.backlog == 2:
-                    break
-                await asyncio.sleep(0.05)
-            assert klaud.inbox.backlog == 2
+            await until(lambda: klaud.inbox.backlog == 2, seconds=2.5)  # d-2 queued behind d-1's batch
 
             # Rounds fail past LEASE_TRUST x lease (the store out of reach): the loop lets go.
             replicas._valid_until = 0.0
@@ -194,7 +187,7 @@ async def test_a_repository_taken_back_while_its_batch_runs_keeps_its_queue(stor
             assert not replicas.owns(BUSY)
             # The lease then expires in the store, nobody else takes it, the store answers
             # again: the next round takes the repository back, d-1's handler still running.
-            await asyncio.sleep(3.2)
+            await replicas.leases.release(repo_lease(BUSY.lower()), replicas.owner)
             await replicas.round()
             assert replicas.owns(BUSY)
             first_go.set()
@@ -282,20 +275,12 @@ async def test_a_claim_in_flight_while_the_queue_is_dropped_keeps_order(store_ur
             await replicas.round()
             assert replicas.owns(BUSY) and replicas.owns(LAPSE)
             claiming = True
-            for _ in range(50):  # o-1 runs (held), d-1 waits in memory behind it
-                if klaud.inbox.backlog == 2:
-                    break
-                await asyncio.sleep(0.05)
-            assert klaud.inbox.backlog == 2
+            await until(lambda: klaud.inbox.backlog == 2, seconds=2.5)  # o-1 runs (held), d-1 waits behind it
             assert (await run.post("pull_request", pr(BUSY, 2), delivery="d-2"))[0] == 202
             await asyncio.wait_for(in_flight.wait(), 5)  # d-2 claimed; the answer not back yet
             replicas._valid_until = 0.0  # rounds failing past the lease clock: it lets go
             replicas._let_go_if_lapsed()
-            for _ in range(50):
-                if klaud.inbox.backlog == 1:  # d-1's queue dropped, o-1 still runs
-                    break
-                await asyncio.sleep(0.05)
-            assert klaud.inbox.backlog == 1
+            await until(lambda: klaud.inbox.backlog == 1, seconds=2.5)  # d-1's queue dropped, o-1 still runs
             for repo in (BUSY, LAPSE):  # the leases expire, nobody else takes them
                 await replicas.leases.release(repo_lease(repo.lower()), replicas.owner)
             await replicas.round()  # taken back

@@ -21,6 +21,7 @@ from bot.store.records import StateStore
 from bot.web import inbox as inbox_module
 from bot.web.inbox import Inbox
 from tests.conftest import fresh_database
+from tests.helpers.waiting import until
 from tests.store.recording import RecordingDatabase
 from tests.web.test_inbox_batches import OwnerOf
 
@@ -33,14 +34,6 @@ OWNER = OwnerOf("replica-a", "acme/bench")  # the replica holding the lease of a
 
 def delivery(n: int, repo: str = "acme/bench") -> Delivery:
     return Delivery(f"d{n}", "pull_request", BODY, action="synchronize", repo=repo, installation=1)
-
-
-async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"not reached in {seconds} s")
 
 
 def losing_the_first_status_answer(

@@ -23,6 +23,7 @@ from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
 from tests.services.crash import CrashKit
 from tests.services.fakes import artifact_zip
+from tests.services.test_outcomes import run_event
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 TTL = timedelta(hours=12)
@@ -229,17 +230,16 @@ async def test_a_late_event_of_an_earlier_run_of_the_candidate_is_not_taken_for_
 
 def run_requested(kit: Kit, run_id: int) -> WorkflowRunEvent:
     """The "requested" delivery of run `run_id`, as GitHub sent it when the run was queued."""
-    return WorkflowRunEvent.model_validate({
-        "action": "requested",
-        "workflow_run": {**kit.repo.runs[run_id].model_dump(mode="json"), "status": "queued", "conclusion": None},
-        "repository": {"full_name": REPO}, "installation": {"id": 1},
-    })
+    return run_event(kit, run_id, "requested", status="queued", conclusion=None)
 
 
-async def waiting_for_the_lock(task: asyncio.Task[None]) -> None:
-    for _ in range(5):
-        await asyncio.sleep(0)  # no clock: the task runs until it waits for the repository's lock
-    assert not task.done()
+async def waiting_for_the_lock(kit: Kit, task: asyncio.Task[None]) -> None:
+    """Until `task` waits for the repository's lock, which another section holds."""
+    for _ in range(100):
+        if kit.live._locks._locks.get(REPO.lower(), (None, 0))[1] == 2:  # its holder and `task`
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"the task never waited for the lock (done: {task.done()})")
 
 
 async def test_a_late_requested_event_of_a_run_the_keeper_just_settled_does_nothing(kit: Kit) -> None:
@@ -266,7 +266,7 @@ async def test_a_late_requested_event_of_a_run_the_keeper_just_settled_does_noth
     keeper = asyncio.create_task(kit.claims.check_due(kit.state))
     await reading_jobs.wait()
     delivery = asyncio.create_task(kit.outcomes.on_workflow_run(kit.state, run_requested(kit, run_id)))
-    await waiting_for_the_lock(delivery)
+    await waiting_for_the_lock(kit, delivery)
     go_on.set()
     await keeper
     await delivery
@@ -285,7 +285,7 @@ async def test_a_late_requested_event_does_not_relink_a_dispatch_linked_while_it
     )
     async with kit.live.lock(REPO):
         delivery = asyncio.create_task(kit.outcomes.on_workflow_run(kit.state, run_requested(kit, run_id + 1)))
-        await waiting_for_the_lock(delivery)
+        await waiting_for_the_lock(kit, delivery)
         # Whoever held the lock (the claim keeper) found the dispatch's own run meanwhile.
         await kit.live.persist(kit.state.link_run(family, run_id))
     await delivery

@@ -436,9 +436,10 @@ async def test_the_outcome_that_pauses_dispatch_re_renders_every_family(kit: Kit
 # -- unlinked dispatches (a 204 answer) are matched by their own candidate only ----------
 
 
-def run_event(kit: Kit, run_id: int, action: str) -> WorkflowRunEvent:
+def run_event(kit: Kit, run_id: int, action: str, **changes: object) -> WorkflowRunEvent:
+    """The `action` delivery of run `run_id`, its fields as the run has them (or `changes`)."""
     return WorkflowRunEvent.model_validate({
-        "action": action, "workflow_run": kit.repo.runs[run_id].model_dump(mode="json"),
+        "action": action, "workflow_run": {**kit.repo.runs[run_id].model_dump(mode="json"), **changes},
         "repository": {"full_name": REPO}, "installation": {"id": 1},
     })
 

@@ -9,6 +9,7 @@ import pytest
 from bot.core.events import PullFile, PullRequestEvent
 from bot.github.errors import BadRequest, Unavailable
 from tests import scenarios as sc
+from tests.core.test_overlap import LONG_KEY
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import pull, pull_event
 
@@ -229,9 +230,8 @@ async def test_a_pr_retargeted_to_another_base_is_read_again(kit: Kit) -> None:
     assert kit.state.overlap.touches(12) == {}
 
 
-# A family key of 80+ characters: git cuts a hunk header's context to 80 bytes, so the
-# header of a hunk inside its block names the key without its `:`.
-LONG_KEY = "dsr1-fp8-h200-trt-" + "x" * 70
+# A family key of 80+ characters (LONG_KEY): git cuts a hunk header's context to 80 bytes,
+# so the header of a hunk inside its block names the key without its `:`.
 # As `git diff` prints it for a tp change of that family in `sc.NVIDIA`.
 LONG_TP_PATCH = (
     "@@ -26,7 +26,7 @@ " + LONG_KEY[:80] + "\n"

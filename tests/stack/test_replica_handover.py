@@ -106,6 +106,22 @@ async def answer_delayed(run: SandboxRun, sent: int) -> None:
     raise AssertionError("the delayed request was never sent")
 
 
+def answers_held(run: SandboxRun, rule: dict[str, object]) -> asyncio.Event:
+    """From now on GitHub answers a request `rule` matches (its sandbox fault) once the event
+    is set, however long that takes: not a latency the test must act within."""
+    api = run.sandbox.api
+    apply_fault, answer = api.apply_fault, asyncio.Event()
+
+    async def held(matched, budget):  # type: ignore[no-untyped-def]
+        if matched is not None:
+            await answer.wait()
+        await apply_fault(matched, budget)
+
+    api.apply_fault = held  # type: ignore[method-assign]
+    run.sandbox.set_faults({"rules": [rule]})
+    return answer
+
+
 def lasting_waits(run: SandboxRun) -> tuple[asyncio.Event, asyncio.Event]:
     """The sandbox clock skips waits; from now on one of 5 s or more (a rate limit's) lasts,
     as on a real clock, until the second event is set. The first is set when one begins."""
@@ -205,13 +221,14 @@ async def test_a_repository_whose_check_run_is_being_created_is_given_up_once_it
         await processed(run)
         state = a.live.repo(moving)
         head = state.overlap.get(51).head_sha
-        run.sandbox.set_faults({"rules": [{"method": "POST", "route": r"/check-runs$", "latency_ms": 3000, "count": 2}]})
+        answer = answers_held(run, {"method": "POST", "route": r"/check-runs$", "latency_ms": 1, "count": 2})
         flushing = asyncio.create_task(a.checks.settle())
         await answer_delayed(run, sent=1)
         assert state.meta.check_runs["51"]["id"] is None  # noted ahead, not answered yet
 
         await a.replicas.round()
         assert a.replicas.repos() == set(REPOS), "A gave a repository up while its check run was being created"
+        answer.set()
         await flushing
         await processed(run)  # the webhooks of the creations
         await rebalance(run, b, moving)
@@ -240,12 +257,13 @@ async def test_a_repository_whose_dashboard_is_being_created_is_given_up_once_it
             await run.sandbox.act({"action": "dispatch", "repo": repo, "event_type": "klaud-plan"})
         await processed(run)
         assert a.live.repo(moving).meta.wave == 1
-        run.sandbox.set_faults({"rules": [{"method": "POST", "route": r"/issues$", "latency_ms": 3000, "count": 2}]})
+        answer = answers_held(run, {"method": "POST", "route": r"/issues$", "latency_ms": 1, "count": 2})
         flushing = asyncio.create_task(a.dashboard.settle())
         await answer_delayed(run, sent=1)
 
         await a.replicas.round()
         assert a.replicas.repos() == set(REPOS), "A gave a repository up while its dashboard issue was being created"
+        answer.set()
         await flushing
         await processed(run)  # the webhooks of the creations
         await rebalance(run, b, moving)

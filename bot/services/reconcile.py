@@ -252,7 +252,12 @@ class Reconciler:
         renamed while its event was lost), and only while this installation keeps them: after
         an uninstall and a re-install, the old installation's `deleted` may come last."""
         for repo in repositories:
-            state = self.live.repo(repo.full_name) or self.live.by_id(repo.id)
+            state = self.live.by_id(repo.id) or self.live.repo(repo.full_name)
+            if state is not None and None not in (repo.id, state.meta.repo_id) and state.meta.repo_id != repo.id:
+                # A repository deleted, then created again under its name: the late event of
+                # the old one would forget the new one.
+                log.info("installation.forget_skipped", repo=state.name, gone_id=repo.id, kept_id=state.meta.repo_id)
+                continue
             if state is not None and state.meta.installation != installation:
                 log.info("installation.forget_skipped", repo=state.name, installation=installation,
                          kept_for=state.meta.installation)

@@ -331,6 +331,16 @@ async def test_forgetting_goes_on_past_a_repository_kept_for_another_installatio
     assert await kit.live.store.repos() == [REPO]
 
 
+async def test_a_late_removal_of_a_deleted_repository_keeps_the_new_one_of_its_name(kit: Kit) -> None:
+    await kit.reconciler.reconcile_all(1, [REPO])  # the repository of this name now: id 4242
+
+    await kit.reconciler.forget(1, [Named(full_name=REPO, id=17)])  # the one deleted before
+
+    assert kit.live.repo(REPO) is not None and await kit.live.store.repos() == [REPO]
+    await kit.reconciler.forget(1, [Named(full_name=REPO, id=4242)])
+    assert kit.live.repo(REPO) is None
+
+
 async def test_a_failed_discovery_is_remembered_retried_after_its_backoff_and_cleared(kit: Kit, monkeypatch) -> None:
     github = kit.live.github
     listing = github.installations

@@ -138,6 +138,7 @@ class Klaud:
                 stores.leases, stores.deliveries, self.live, busy=self.inbox.busy, release=self.inbox.release,
                 publishers=(self.checks, self.dashboard),
             )
+            self.reconciler.requests = stores.deliveries
         self.scheduler = Scheduler(
             self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune,
             leads=self.replicas.leads if self.replicas is not None else lambda: True,

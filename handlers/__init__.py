@@ -16,6 +16,7 @@ from handlers import (
     installation_repositories,
     issue_comment,
     issues,
+    klaud_reconcile,
     ping,
     pull_request,
     push,
@@ -37,4 +38,5 @@ router = routing.Router(
     check_suite.router,
     repository.router,
     repository_dispatch.router,
+    klaud_reconcile.router,
 )

@@ -18,7 +18,7 @@ ADDING = {"created", "new_permissions_accepted"}
 async def on_installation(event: WebhookEvent, ctx: HandlerContext) -> None:
     payload = event.parsed(InstallationEvent)
     installation = payload.installation.id
-    kept = ctx.repos.installation_repos(installation)
+    kept = await ctx.repos.stored_installation_repos(installation)
     if payload.action in ADDING:
         await ctx.repos.reconcile_all(installation, [repo.full_name for repo in payload.repositories or ()])
     elif payload.action == "deleted":

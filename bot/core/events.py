@@ -12,7 +12,7 @@ Fields GitHub adds are ignored.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -346,6 +346,18 @@ class InstallationRepositoriesEvent(_Model):
     installation: Installation
     repositories_added: tuple[Named, ...] = ()
     repositories_removed: tuple[Named, ...] = ()
+
+
+# -- Klaud's own requests ----------------------------------------------------------------
+
+# An event Klaud stores in its own inbox and GitHub never sends (the webhook listener refuses
+# it): a replica that may not reconcile a repository another one holds (DESIGN §6) asks the
+# holder to, through the inbox, which hands each repository's deliveries to its owner.
+RECONCILE_REQUEST = "klaud_reconcile"
+
+
+class ReconcileRequest(RepoEvent):
+    action: Literal["light", "full"]
 
 
 class BlameRange(_Model):

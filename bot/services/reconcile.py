@@ -9,16 +9,18 @@ policy only when it moved) and the open PRs' heads (files only for heads that mo
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import structlog
 
 from bot.core.domain import stamp
 from bot.core.errors import RepositoryMoved
-from bot.core.events import Named, RepoEvent, Repository
+from bot.core.events import RECONCILE_REQUEST, Named, RepoEvent, Repository
 from bot.github.errors import GitHubError, NotFound
 from bot.services.api import RepoAPI, ReposAPI
 from bot.services.catalog_sync import CatalogSync
@@ -30,6 +32,8 @@ from bot.services.outcomes import CLOCK_SKEW, OutcomeRecorder
 from bot.services.pulls import PullSync
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
+from bot.store.deliveries import Delivery, DeliveryStore
+from bot.store.records import StoredRepo
 
 log = structlog.get_logger("klaud.reconcile")
 
@@ -79,6 +83,9 @@ class Reconciler:
         # Repository (or "installations") -> its last failed reconcile, until one succeeds
         # or the repository is gone (uninstalled: retried, it would fail every hour for good).
         self.failures: dict[str, ReconcileFailure] = {}
+        # With replicas, the inbox through which a repository another replica holds is
+        # reconciled by that one (`reconcile_request`).
+        self.requests: DeliveryStore | None = None
         live.gone_listeners.append(self._gone)
 
     def _gone(self, repo: str) -> None:
@@ -150,8 +157,13 @@ class Reconciler:
         async with self.live.lock(name):
             known = self.live.repo(name)
             if known is None and not await self.live.admit(name):
-                log.info("live.reconcile_skipped", repo=name, reason="another replica owns the repository")
-                return {"repo": name, "light": light, "skipped": "another replica owns the repository"}
+                # Skipped without a word, the reconcile an installation event or a discovery
+                # asked for was lost: the holder may keep the repository (an unsuspend must
+                # read it again) or hold it for an event that builds no state (it lets go
+                # once done, and the repository had no state anywhere for hours).
+                asked = await self._ask_holder(name, installation, light=light)
+                log.info("live.reconcile_skipped", repo=name, reason="another replica owns the repository", asked=asked)
+                return {"repo": name, "light": light, "skipped": "another replica owns the repository", "asked": asked}
             # A repository just taken over may have stored state that is not in memory yet:
             # rebuilt from GitHub alone, its wave counter, pause and dispatches would be lost.
             stored = known or await self.live.load_repo(name)
@@ -178,6 +190,12 @@ class Reconciler:
         log.info("live.reconciled", **report)
         await self.live.notify(state, {f.id for f in state.catalog})
         return report
+
+    async def _ask_holder(self, name: str, installation: int, *, light: bool) -> bool:
+        if self.requests is None:
+            return False
+        await self.requests.put(reconcile_request(name, installation, light=light))
+        return True
 
     async def _follow(self, old: str, new: str, installation: int, *, light: bool) -> dict[str, Any]:
         log.info("live.repository_moved", repo=old, to=new)
@@ -228,9 +246,14 @@ class Reconciler:
     # -- installations ------------------------------------------------------------------
 
     def installation_repos(self, installation: int) -> list[str]:
-        """The repositories kept for `installation`: GitHub names none in the payloads of
-        `suspend` and `unsuspend`."""
+        """The repositories this process keeps for `installation`."""
         return sorted(state.name for state in self.live.repos.values() if state.meta.installation == installation)
+
+    async def stored_installation_repos(self, installation: int) -> list[str]:
+        """The repositories kept for `installation` by any replica (GitHub names none in
+        the payloads of `suspend` and `unsuspend`): the leader, which handles them, keeps
+        only its share in memory."""
+        return sorted(repo.name for repo in await self.live.store.stored_repos() if repo.installation == installation)
 
     async def reconcile_all(self, installation: int, names: Iterable[str], *, light: bool = False) -> None:
         """Reconcile each repository an installation event names. One GitHub fails on must not
@@ -248,21 +271,29 @@ class Reconciler:
                 self.failures.pop(name, None)
 
     async def forget(self, installation: int, repositories: Iterable[Named]) -> None:
-        """Forget the repositories `installation` no longer has, found by name or by id (one
-        renamed while its event was lost), and only while this installation keeps them: after
-        an uninstall and a re-install, the old installation's `deleted` may come last."""
+        """Forget the repositories `installation` no longer has, found by id or by name (one
+        renamed while its event was lost), here or in the store (kept by another replica),
+        and only while this installation keeps them: after an uninstall and a re-install,
+        the old installation's `deleted` may come last."""
+        stored: list[StoredRepo] | None = None
         for repo in repositories:
             state = self.live.by_id(repo.id) or self.live.repo(repo.full_name)
-            if state is not None and None not in (repo.id, state.meta.repo_id) and state.meta.repo_id != repo.id:
+            kept = _as_stored(state) if state is not None else None
+            if kept is None:
+                stored = await self.live.store.stored_repos() if stored is None else stored
+                kept = _stored_as(stored, repo)
+            if kept is not None and None not in (repo.id, kept.repo_id) and kept.repo_id != repo.id:
                 # A repository deleted, then created again under its name: the late event of
                 # the old one would forget the new one.
-                log.info("installation.forget_skipped", repo=state.name, gone_id=repo.id, kept_id=state.meta.repo_id)
+                log.info("installation.forget_skipped", repo=kept.name, gone_id=repo.id, kept_id=kept.repo_id)
                 continue
-            if state is not None and state.meta.installation != installation:
-                log.info("installation.forget_skipped", repo=state.name, installation=installation,
-                         kept_for=state.meta.installation)
+            if kept is not None and kept.installation not in (None, installation):
+                log.info("installation.forget_skipped", repo=kept.name, installation=installation,
+                         kept_for=kept.installation)
                 continue
-            await self.live.forget(state.name if state is not None else repo.full_name)
+            # Stored nowhere: forgotten by its name all the same, whose lease passes here, so
+            # that a replica admitting it right now stops writing it.
+            await self.live.forget(kept.name if kept is not None else repo.full_name)
 
     async def uninstall(self, installation: int, repositories: Iterable[Named]) -> None:
         """The App was uninstalled from an account: its repositories are forgotten, a failed
@@ -287,7 +318,9 @@ class Reconciler:
         if github is None:
             return done
         # Taken before listing: a repository an event adds meanwhile is not in the listing.
+        # The store has those the other replicas keep too (the leader alone discovers).
         kept = dict(self.live.repos)
+        stored = await self.live.store.stored_repos()
         try:
             installations = await github.installations()
         except GitHubError as exc:
@@ -317,7 +350,7 @@ class Reconciler:
         if complete:
             # A failed listing may hide any repository (one moved to that installation too):
             # only a discovery that listed every installation forgets.
-            await self._forget_unlisted(github, kept, listed)
+            await self._forget_unlisted(github, [*stored, *map(_as_stored, kept.values())], listed)
             self._forget_clients_of_uninstalled(github, kept, set(installations))
         return done
 
@@ -330,26 +363,28 @@ class Reconciler:
             if not self.installation_repos(installation):
                 github.forget_installation(installation)
 
-    async def _forget_unlisted(self, github: ReposAPI, kept: dict[str, RepoState], listed: list[Repository]) -> None:
-        """Forget the repositories kept before the listing that no installation lists, once
-        GitHub confirms it has none with their id (a listing may lag behind an install)."""
+    async def _forget_unlisted(self, github: ReposAPI, kept: list[StoredRepo], listed: list[Repository]) -> None:
+        """Forget the repositories kept before the listing (here or by another replica) that
+        no installation lists, once GitHub confirms it has none with their id (a listing may
+        lag behind an install)."""
         ids = {repo.id for repo in listed}
         names = {repo.full_name.lower() for repo in listed}
-        for key, state in kept.items():
-            repo_id = state.meta.repo_id
+        # Memory comes last: what this process keeps is newer than its stored record.
+        for key, repo in {repo.name.lower(): repo for repo in kept}.items():
             # Without an id (stored by an older version) GitHub cannot confirm: its next
             # reconcile stores one.
-            if repo_id is None or repo_id in ids or key in names:
+            if repo.repo_id is None or repo.installation is None or repo.repo_id in ids or key in names:
                 continue
             try:
-                if await github.repository_by_id(state.meta.installation, repo_id) is not None:
+                if await github.repository_by_id(repo.installation, repo.repo_id) is not None:
                     continue
             except GitHubError as exc:
-                log.warning("discovery.unlisted_unconfirmed", repo=state.name, error=str(exc))
+                log.warning("discovery.unlisted_unconfirmed", repo=repo.name, error=str(exc))
                 continue
-            if self.live.repo(key) is state:  # not removed, re-added or handed over meanwhile
-                log.info("discovery.repository_unlisted", repo=state.name, installation=state.meta.installation)
-                await self.live.forget(state.name)
+            now = self.live.repo(key)
+            if now is None or now.meta.repo_id == repo.repo_id:  # its name not another's meanwhile
+                log.info("discovery.repository_unlisted", repo=repo.name, installation=repo.installation)
+                await self.live.forget(repo.name)
 
     def _drop_listings_of_uninstalled(self, installations: set[int]) -> None:
         """Failed listings of installations GitHub no longer lists: there is nothing left to
@@ -409,6 +444,26 @@ class Reconciler:
             # after the listing must not be taken for old (then it stays out of the index).
             change.extend(state.remove_pull(number, self.live.clock.now() - CLOCK_SKEW))
         return {"open_pulls": len(seen), "files_fetched": fetched, "pulls_removed": len(closed)}
+
+
+def reconcile_request(name: str, installation: int, *, light: bool) -> Delivery:
+    """The delivery asking the replica holding `name` to reconcile it (`RECONCILE_REQUEST`)."""
+    action = "light" if light else "full"
+    body = {"action": action, "repository": {"full_name": name}, "installation": {"id": installation}}
+    return Delivery(
+        id=f"klaud-{uuid.uuid4()}", event=RECONCILE_REQUEST, body=msgspec.json.encode(body), action=action,
+        repo=name, installation=installation, headers={"X-GitHub-Event": RECONCILE_REQUEST},
+    )
+
+
+def _as_stored(state: RepoState) -> StoredRepo:
+    return StoredRepo(state.name, state.meta.installation, state.meta.repo_id)
+
+
+def _stored_as(stored: list[StoredRepo], repo: Named) -> StoredRepo | None:
+    """The stored repository `repo` is: the one with its id, else the one of its name."""
+    by_id = next((kept for kept in stored if repo.id is not None and kept.repo_id == repo.id), None)
+    return by_id or next((kept for kept in stored if kept.name.lower() == repo.full_name.lower()), None)
 
 
 def _listing(installation: int) -> str:

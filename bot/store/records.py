@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -25,7 +26,7 @@ from bot.store.leases import lease_fence, lease_taken_over
 from bot.store.migrations import SQLITE_RECORDS_V1
 from bot.store.writer import Writer
 
-__all__ = ["STATE_SCHEMA", "Change", "StateStore"]
+__all__ = ["STATE_SCHEMA", "Change", "StateStore", "StoredRepo"]
 
 log = structlog.get_logger("klaud.store")
 
@@ -60,6 +61,14 @@ NAME_OF: dict[Dialect, str] = {
     "sqlite": "SELECT key FROM records WHERE repo = '' AND kind = 'repo'"
     " AND CASE WHEN json_valid(data) THEN json_extract(data, '$.repo_id') END = ?",
     "postgresql": "SELECT key FROM records WHERE repo = '' AND kind = 'repo' AND (data ->> 'repo_id') = ?",
+}
+# Every stored repository with the installation and id its meta record names, whichever
+# replica keeps it (meta records stay JSON text on both engines: only waves are compressed).
+STORED_REPOS: dict[Dialect, str] = {
+    "sqlite": "SELECT key, CASE WHEN json_valid(data) THEN json_extract(data, '$.installation') END,"
+    " CASE WHEN json_valid(data) THEN json_extract(data, '$.repo_id') END"
+    " FROM records WHERE repo = '' AND kind = 'repo'",
+    "postgresql": "SELECT key, data ->> 'installation', data ->> 'repo_id' FROM records WHERE repo = '' AND kind = 'repo'",
 }
 # The spelling a name is stored under, as GitHub compares names (readable or not).
 STORED = "SELECT key FROM records WHERE repo = '' AND kind = 'repo' AND lower(key) = lower(?)"
@@ -139,6 +148,13 @@ class StateStore:
     async def repos(self) -> list[str]:
         return [row[0] for row in await self.db.fetch(REPOS)]
 
+    async def stored_repos(self) -> list[StoredRepo]:
+        """Every repository kept in the store, by any replica, with its installation and id
+        (None where its meta record does not say, or cannot be read)."""
+        rows = await self.db.fetch(STORED_REPOS[self.db.dialect])
+        return [StoredRepo(str(name), _whole_number(installation), _whole_number(repo_id))
+                for name, installation, repo_id in rows]
+
     async def load(self, repo: str, *, attempts_since: str | None = None) -> dict[str, dict[str, Any]]:
         """Every readable record of `repo` as {kind: {key: value}}.
 
@@ -198,6 +214,22 @@ class StateStore:
             log.warning("store.record_unreadable", repo=repo, kind="wave", key=number, reason=str(exc))
             return None
         return document
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRepo:
+    name: str  # as GitHub spelled it when it was stored
+    installation: int | None
+    repo_id: int | None
+
+
+def _whole_number(value: Any) -> int | None:
+    """A stored id as an integer (PostgreSQL's ->> answers text), None when it is not one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
 
 
 def _decode(repo: str, kind: str, keys: list[str], texts: list[str | bytes]) -> dict[str, Any]:

@@ -7,6 +7,8 @@ other name shares one value, and /metrics stays bounded whatever is sent.
 
 from __future__ import annotations
 
+from bot.core.events import RECONCILE_REQUEST
+
 # app.yaml's `default_events`, plus what GitHub delivers to every App (ping, installation
 # events) and the events the dashboard and check-run re-runs arrive as.
 KLAUD_EVENTS = frozenset(
@@ -98,4 +100,4 @@ OTHER = "other"
 
 def event_label(name: str) -> str:
     """The `event` label value for a header value: the name itself only when it is known."""
-    return name if name in GITHUB_EVENTS else OTHER
+    return name if name in GITHUB_EVENTS or name == RECONCILE_REQUEST else OTHER

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import structlog
 from aiohttp import web
 
+from bot.core.events import RECONCILE_REQUEST
 from bot.metrics import DELIVERIES
 from bot.store.deliveries import KEPT_HEADERS, Delivery
 from bot.web.backend import (
@@ -126,6 +127,8 @@ def _checked_headers(request: web.Request, secrets: list[str]) -> Headers:
             raise Rejected(400, "missing-header", f"{name} header is required")
         if not HEADER_TOKEN.fullmatch(value):
             raise Rejected(400, "invalid-header", f"{name} must be 1-200 printable ASCII characters")
+    if event == RECONCILE_REQUEST:
+        raise Rejected(400, "invalid-header", f"X-GitHub-Event {event} is Klaud's own, never GitHub's")
     if request.content_type != "application/json":
         raise Rejected(415, "unsupported-media-type", f"expected application/json, got {request.content_type or 'none'}")
     if encoding_of(request) not in ENCODINGS:

@@ -49,6 +49,7 @@ class Node(ReplicaNode):
         super().__init__(stores, owner, lease_seconds, github, NOW)
         catalog, pulls, outcomes = CatalogSync(self.live), PullSync(self.live), OutcomeRecorder(self.live)
         self.reconciler = Reconciler(self.live, catalog, pulls, outcomes, ClaimKeeper(self.live, outcomes))
+        self.reconciler.requests = stores.deliveries  # as `Klaud` wires it with replicas
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from bot.store import Stores, open_stores
 from bot.store.codec import encode
 from bot.store.deliveries import Delivery
 from bot.store.engine import Statement
-from bot.store.records import Change
+from bot.store.records import Change, StoredRepo
 
 NOW = datetime(2026, 11, 30, 8, tzinfo=UTC)
 CANDIDATE = "d92e15065c55779d-555679de269db36f"
@@ -248,3 +248,15 @@ async def test_a_sqlite_record_typed_blob_or_not_utf8_costs_only_itself(tmp_path
     assert (family("odd").id in loaded["family"]) is readable and (odd == family("odd")) is readable
     reports = [e for e in logs if e["event"] == "store.record_unreadable"]
     assert len(reports) == (0 if readable else 2) and all("invalid unicode" in e["reason"] for e in reports)
+
+
+async def test_every_stored_repository_is_listed_with_its_installation_and_id(stores: Stores) -> None:
+    change = Change().put("", "repo", "o/a", {"installation": 1, "repo_id": 4242}).put("", "repo", "o/B", {"installation": 2})
+    change.put("", "repo", "o/odd", {"installation": "one", "repo_id": 1.5})
+    if stores.engine.dialect == "sqlite":  # PostgreSQL's JSON column takes no other text
+        raw(change, "", "repo", "o/odd", "not json")
+    await stores.state.apply(change)
+
+    listed = sorted(await stores.state.stored_repos(), key=lambda repo: repo.name)
+
+    assert listed == [StoredRepo("o/B", 2, None), StoredRepo("o/a", 1, 4242), StoredRepo("o/odd", None, None)]

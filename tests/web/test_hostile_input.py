@@ -340,6 +340,15 @@ async def test_event_and_delivery_headers_must_be_printable_ascii(tmp_path, head
         assert (status, answer["error"]) == (400, "invalid-header")
 
 
+async def test_a_signed_delivery_naming_klauds_own_reconcile_request_is_refused(tmp_path):
+    klaud = make_klaud(tmp_path)
+    async with running_klaud(klaud) as run:
+        payload = {"action": "full", "repository": {"full_name": "acme/bench"}, "installation": {"id": 1}}
+        status, answer = await run.post("klaud_reconcile", payload, delivery="forged")
+        assert (status, answer["error"]) == (400, "invalid-header") and "Klaud's own" in answer["detail"]
+        assert await klaud.inbox.store.get("forged") is None
+
+
 # -- full_name ACME/Bench vs acme/bench ------------------------------------------------------
 
 

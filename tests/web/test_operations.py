@@ -43,6 +43,7 @@ def test_every_event_the_app_subscribes_to_is_known():
 def test_only_known_event_names_become_label_values():
     assert event_label("pull_request") == "pull_request"
     assert event_label("star") == "star"  # documented by GitHub, not handled
+    assert event_label("klaud_reconcile") == "klaud_reconcile"  # Klaud's own request to a replica
     assert event_label("pullrequest") == event_label("x" * 500) == OTHER
 
 

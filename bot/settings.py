@@ -97,9 +97,8 @@ class Settings(BaseModel):
         path = value[len("sqlite:///") :]
         if not path or path.endswith("/"):
             raise ValueError("sqlite:/// needs a file path (sqlite:///klaud.db)")
-        if path != ":memory:" and not Path(path).resolve().parent.is_dir():
-            # Klaud does not create folders: a typo must not scatter state across the disk.
-            raise ValueError(f"the folder of {path} does not exist")
+        if path != ":memory:":
+            _check_sqlite_file(path)
         return value
 
     @field_validator("github_url", "capacity_url")
@@ -196,6 +195,16 @@ def load_settings(
                 "KLAUD_PRIVATE_KEY: required (or KLAUD_PRIVATE_KEY_FILE) to sign App JWTs"
             )
     return settings
+
+
+def _check_sqlite_file(path: str) -> None:
+    """Refuse a SQLite file Klaud could not open, at start-up in one line: the store's lock
+    would otherwise fail to open it later, with a traceback."""
+    if not Path(path).resolve().parent.is_dir():
+        # Klaud does not create folders: a typo must not scatter state across the disk.
+        raise ValueError(f"the folder of {path} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a folder, not a SQLite file (sqlite:///{path}/klaud.db?)")
 
 
 def _checked_http_url(value: str) -> str:

@@ -300,6 +300,19 @@ def test_plan_on_a_sqlite_store_that_is_not_there_exits_2_and_creates_nothing(tm
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [["serve", "--sandbox"], ["plan"]])
+def test_a_klaud_db_naming_a_folder_exits_2_in_one_line_naming_it(tmp_path, monkeypatch, capsys, command):
+    # What this catches (a review found it): only the folder around the path was checked;
+    # the store's lock then failed to open the folder itself, a traceback and exit 1.
+    folder = tmp_path / "state"
+    folder.mkdir()
+    for name, value in {"KLAUD_DB": f"sqlite:///{folder}", "KLAUD_PORT": "0", "KLAUD_ADMIN_PORT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(command) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"klaud: KLAUD_DB: {folder} is a folder, not a SQLite file (sqlite:///{folder}/klaud.db?)")
+
+
 async def test_plan_on_a_store_without_repositories_says_so(tmp_path):
     # What this catches: an empty store planned in silence, as if every repository had nothing to do.
     await (await open_stores(f"sqlite:///{tmp_path / 'klaud.db'}")).close()  # an empty, migrated store

@@ -199,8 +199,12 @@ def load_settings(
 
 def _check_sqlite_file(path: str) -> None:
     """Refuse a SQLite file Klaud could not open, at start-up in one line: the store's lock
-    would otherwise fail to open it later, with a traceback."""
-    if not Path(path).resolve().parent.is_dir():
+    would otherwise fail to open it later, with a traceback.
+
+    os.path's checks, which answer False where Path's raise (Path.resolve on a symlink loop,
+    Path.is_dir on a folder that may not be searched): raised here, those would escape the
+    settings' one-line errors, a traceback before the CLI's boundary."""
+    if not os.path.isdir(os.path.dirname(os.path.realpath(path))):
         # Klaud does not create folders: a typo must not scatter state across the disk.
         raise ValueError(f"the folder of {path} does not exist")
     if os.path.isdir(path):

@@ -300,6 +300,16 @@ def test_plan_on_a_sqlite_store_that_is_not_there_exits_2_and_creates_nothing(tm
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_klaud_db_through_a_symlink_loop_is_refused_naming_the_variable(tmp_path):
+    # What this catches: Path.resolve raised RuntimeError on the loop inside the settings
+    # check, a traceback before the CLI's boundary instead of one line naming KLAUD_DB.
+    from bot.settings import SettingsError, load_settings
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(SettingsError, match="^KLAUD_DB: the folder of .*/loop/klaud.db does not exist$"):
+        load_settings({"KLAUD_DB": f"sqlite:///{tmp_path / 'loop' / 'klaud.db'}"})
+
+
 @pytest.mark.parametrize("command", [["serve", "--sandbox"], ["plan"]])
 def test_a_klaud_db_naming_a_folder_exits_2_in_one_line_naming_it(tmp_path, monkeypatch, capsys, command):
     # What this catches (a review found it): only the folder around the path was checked;

@@ -323,6 +323,19 @@ def test_a_klaud_db_naming_a_folder_exits_2_in_one_line_naming_it(tmp_path, monk
         f"klaud: KLAUD_DB: {folder} is a folder, not a SQLite file (sqlite:///{folder}/klaud.db?)")
 
 
+@pytest.mark.parametrize("command", [["serve", "--sandbox"], ["plan"]])
+def test_a_store_whose_lock_cannot_be_written_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, command):
+    # What this catches (a review found it): an OSError opening the SQLite file or its lock
+    # (here a folder in the way of the pid file; permission denied, a read-only file system
+    # alike) ended the command with a traceback.
+    (tmp_path / "klaud.db").touch()  # an empty file is a new SQLite database
+    (tmp_path / "klaud.db.lock").mkdir()
+    for name, value in {"KLAUD_DB": f"sqlite:///{tmp_path / 'klaud.db'}", "KLAUD_PORT": "0", "KLAUD_ADMIN_PORT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(command) == 1
+    assert one_line(capsys.readouterr().err) == f"klaud: KLAUD_DB: cannot write {tmp_path / 'klaud.db.lock'}: Is a directory"
+
+
 async def test_plan_on_a_store_without_repositories_says_so(tmp_path):
     # What this catches: an empty store planned in silence, as if every repository had nothing to do.
     await (await open_stores(f"sqlite:///{tmp_path / 'klaud.db'}")).close()  # an empty, migrated store

@@ -354,6 +354,38 @@ def test_a_file_without_end_is_refused_in_one_line_not_read_whole(tmp_path, monk
         "26214400 bytes" if command[0] == "receive" else "1048576 bytes"))
 
 
+def _at_most_a_gigabyte_of_memory() -> None:
+    """A child that reads without bound dies of a MemoryError, not taking the machine's memory."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+def test_a_private_key_file_without_end_is_refused_in_one_line_not_read_whole(tmp_path):
+    # What this catches (a review found it): KLAUD_PRIVATE_KEY_FILE=/dev/zero (or a huge
+    # file, a pipe) was read whole, before the CLI's boundary: a MemoryError traceback.
+    env = klaud_env(tmp_path, KLAUD_APP_ID="1", KLAUD_PRIVATE_KEY_FILE="/dev/zero")
+    done = run_klaud(["doctor"], env, preexec_fn=_at_most_a_gigabyte_of_memory)
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2
+    assert one_line(done.stderr) == (
+        "klaud: KLAUD_PRIVATE_KEY_FILE: /dev/zero is over 65536 bytes; a PEM private key is a few KB")
+
+
+def test_a_private_key_file_is_read_up_to_64_kib(tmp_path):
+    from bot.settings import SettingsError, load_settings
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    key_file = tmp_path / "app.pem"
+    key_file.write_bytes(pem.ljust(64 * 1024, b"\n"))  # the key, then blank lines up to the bound
+    assert load_settings({"KLAUD_PRIVATE_KEY_FILE": str(key_file)}).private_key.get_secret_value().startswith(
+        "-----BEGIN PRIVATE KEY-----")
+    key_file.write_bytes(pem.ljust(64 * 1024 + 1, b"\n"))
+    with pytest.raises(SettingsError, match=f"^KLAUD_PRIVATE_KEY_FILE: {key_file} is over 65536 bytes"):
+        load_settings({"KLAUD_PRIVATE_KEY_FILE": str(key_file)})
+
+
 async def test_receive_of_a_payload_its_handler_cannot_read_logs_one_warning_without_a_traceback(tmp_path):
     # What this catches: a permanent error (a push without `ref`) logged with a traceback,
     # as a bug is, where the inbox logs it as a failed delivery with its reason.

@@ -36,7 +36,13 @@ from bot.metrics import klaud_version
 from bot.runtime import scenario_from, start_stack
 from bot.sandbox import Sandbox, ScenarioError, load_scenario
 from bot.services.doctor import diagnose
-from bot.settings import Settings, SettingsError, load_settings
+from bot.settings import (
+    FileTooLarge,
+    Settings,
+    SettingsError,
+    load_settings,
+    read_at_most,
+)
 from bot.store import sqlite_path
 from bot.store.deliveries import Delivery
 from bot.store.errors import StoreError, StoreLocked
@@ -267,12 +273,11 @@ MAX_POLICY_BYTES = 1024 * 1024
 
 
 def _read_at_most(path: Path, limit: int, what: str) -> bytes:
-    """The file's bytes, or a UsageError past `limit` (read no further: /dev/zero, a pipe)."""
-    with path.open("rb") as file:
-        data = file.read(limit + 1)
-    if len(data) > limit:
-        raise UsageError(f"{what}: {path} is over {limit} bytes")
-    return data
+    """The file's bytes, or a UsageError naming `what` past `limit` (read no further)."""
+    try:
+        return read_at_most(path, limit)
+    except FileTooLarge as exc:
+        raise UsageError(f"{what}: {exc}") from None
 
 
 def _refuse_a_missing_sqlite_store(settings: Settings) -> None:

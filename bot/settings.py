@@ -28,8 +28,31 @@ from pydantic import (
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+# A PEM RSA private key is a few KB (GitHub issues 2048-bit App keys, 1.7 KB; 4096 bits is
+# 3.2 KB). 64 KiB leaves room for any key with comments or a certificate beside it, and
+# refuses /dev/zero, a pipe or a large file named by mistake before it fills the memory.
+MAX_PRIVATE_KEY_BYTES = 64 * 1024
+
+
 class SettingsError(ValueError):
     """A setting is missing or invalid; the message names the variable."""
+
+
+class FileTooLarge(ValueError):
+    """A file goes on past the bound it is read with."""
+
+
+def read_at_most(path: Path, limit: int) -> bytes:
+    """The file's bytes, or FileTooLarge past `limit`, read no further: read whole, a file
+    without end (/dev/zero, a pipe) or a huge one takes all the memory there is.
+
+    Here, in the module every layer may use, so the CLI's `--payload` and `config check`
+    are bounded by it too."""
+    with path.open("rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(f"{path} is over {limit} bytes")
+    return data
 
 
 class Settings(BaseModel):
@@ -97,9 +120,8 @@ class Settings(BaseModel):
         path = value[len("sqlite:///") :]
         if not path or path.endswith("/"):
             raise ValueError("sqlite:/// needs a file path (sqlite:///klaud.db)")
-        if path != ":memory:" and not Path(path).resolve().parent.is_dir():
-            # Klaud does not create folders: a typo must not scatter state across the disk.
-            raise ValueError(f"the folder of {path} does not exist")
+        if path != ":memory:":
+            _check_sqlite_file(path)
         return value
 
     @field_validator("github_url", "capacity_url")
@@ -169,12 +191,7 @@ def load_settings(
             values[field] = raw
     key_file = env.get("KLAUD_PRIVATE_KEY_FILE")
     if key_file and "private_key" not in values:
-        try:
-            values["private_key"] = Path(key_file).read_text()
-        except OSError as exc:
-            raise SettingsError(f"KLAUD_PRIVATE_KEY_FILE: cannot read {key_file}: {exc.strerror}")
-        except UnicodeDecodeError:
-            raise SettingsError(f"KLAUD_PRIVATE_KEY_FILE: {key_file} is not a PEM text file") from None
+        values["private_key"] = _private_key_in(key_file)
     try:
         settings = Settings(**values)
     except ValidationError as exc:
@@ -196,6 +213,32 @@ def load_settings(
                 "KLAUD_PRIVATE_KEY: required (or KLAUD_PRIVATE_KEY_FILE) to sign App JWTs"
             )
     return settings
+
+
+def _private_key_in(key_file: str) -> str:
+    """The text of KLAUD_PRIVATE_KEY_FILE, or SettingsError naming the variable."""
+    try:
+        return read_at_most(Path(key_file), MAX_PRIVATE_KEY_BYTES).decode()
+    except OSError as exc:
+        raise SettingsError(f"KLAUD_PRIVATE_KEY_FILE: cannot read {key_file}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"KLAUD_PRIVATE_KEY_FILE: {key_file} is not a PEM text file") from None
+    except FileTooLarge as exc:
+        raise SettingsError(f"KLAUD_PRIVATE_KEY_FILE: {exc}; a PEM private key is a few KB") from None
+
+
+def _check_sqlite_file(path: str) -> None:
+    """Refuse a SQLite file Klaud could not open, at start-up in one line: the store's lock
+    would otherwise fail to open it later, with a traceback.
+
+    os.path's checks, which answer False where Path's raise (Path.resolve on a symlink loop,
+    Path.is_dir on a folder that may not be searched): raised here, those would escape the
+    settings' one-line errors, a traceback before the CLI's boundary."""
+    if not os.path.isdir(os.path.dirname(os.path.realpath(path))):
+        # Klaud does not create folders: a typo must not scatter state across the disk.
+        raise ValueError(f"the folder of {path} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a folder, not a SQLite file (sqlite:///{path}/klaud.db?)")
 
 
 def _checked_http_url(value: str) -> str:

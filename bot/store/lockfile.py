@@ -15,7 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-from bot.store.errors import StoreLocked
+from bot.store.errors import StoreError, StoreLocked
 
 
 class PidLock:
@@ -25,26 +25,32 @@ class PidLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        # O_CREAT: an empty file is what SQLite makes of a new database too.
-        fd = os.open(self.db_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # O_CREAT: an empty file is what SQLite makes of a new database too.
+            fd = os.open(self.db_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _cannot("open", self.db_path, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise StoreLocked(f"{self.db_path} is in use by another Klaud process (pid {self._holder()})") from None
+        except OSError as exc:  # a file system without flock (some network ones: ENOLCK)
+            os.close(fd)
+            raise _cannot("lock", self.db_path, exc) from exc
         self._fd = fd
         try:
             with open(self.pid_path, "w", encoding="ascii") as pid_file:
                 pid_file.write(f"{os.getpid()}\n")
-        except OSError:
+        except OSError as exc:
             self.release()  # the caller never gets a lock to release
-            raise
+            raise _cannot("write", self.pid_path, exc) from exc
 
     def _holder(self) -> str:
         try:
             with open(self.pid_path, encoding="ascii", errors="replace") as pid_file:
                 return pid_file.read(32).strip() or "unknown"
-        except FileNotFoundError:
+        except OSError:  # removed, or something else in its place: the refusal names no pid
             return "unknown"
 
     def release(self) -> None:
@@ -52,3 +58,10 @@ class PidLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def _cannot(doing: str, path: str, exc: OSError) -> StoreError:
+    """`exc` as the store's one line naming the path and the reason (permission denied, a
+    read-only file system, a folder in the way): the CLI reports a StoreError so, where a
+    bare OSError is a bug's traceback."""
+    return StoreError(f"cannot {doing} {path}: {exc.strerror or exc}")

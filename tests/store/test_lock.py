@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import os
 import sys
 
 import pytest
 
-from bot.store import StoreLocked, engine_for, open_stores
+from bot.store import StoreError, StoreLocked, engine_for, open_stores
 
 REFUSED = 3
 TRY_TO_OPEN = f"""
@@ -85,8 +87,44 @@ def test_a_url_of_no_known_engine_is_refused():
 async def test_a_pid_file_that_cannot_be_written_leaves_the_database_unlocked(tmp_path):
     path = tmp_path / "klaud.db"
     (tmp_path / "klaud.db.lock").mkdir()  # in the way of the pid file
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(StoreError) as refused:
         await open_stores(f"sqlite:///{path}")
+    # One line naming the file and the reason, which the CLI prints (a bare OSError was a traceback).
+    assert str(refused.value) == f"cannot write {path}.lock: Is a directory"
     (tmp_path / "klaud.db.lock").rmdir()
     again = await open_stores(f"sqlite:///{path}")
     await again.close()
+
+
+async def test_a_database_file_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
+    # What this catches (a review found it): the lock's OSError (here a folder where the file
+    # should be; permission denied, a read-only file system alike) escaped as a traceback.
+    (tmp_path / "klaud.db").mkdir()
+    with pytest.raises(StoreError) as refused:
+        await open_stores(f"sqlite:///{tmp_path / 'klaud.db'}")
+    assert str(refused.value) == f"cannot open {tmp_path / 'klaud.db'}: Is a directory"
+
+
+async def test_a_file_system_without_flock_is_one_line_and_leaves_nothing_open(tmp_path, monkeypatch):
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(StoreError) as refused:
+        await open_stores(f"sqlite:///{tmp_path / 'klaud.db'}")
+    assert str(refused.value) == f"cannot lock {tmp_path / 'klaud.db'}: {os.strerror(errno.ENOLCK)}"
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+async def test_a_pid_file_that_cannot_be_read_names_no_holder(tmp_path):
+    path = tmp_path / "klaud.db"
+    first = await open_stores(f"sqlite:///{path}")
+    try:
+        (tmp_path / "klaud.db.lock").unlink()
+        (tmp_path / "klaud.db.lock").mkdir()  # something else in its place
+        with pytest.raises(StoreLocked) as refused:
+            await open_stores(f"sqlite:///{path}")
+    finally:
+        await first.close()
+    assert str(refused.value) == f"{path} is in use by another Klaud process (pid unknown)"

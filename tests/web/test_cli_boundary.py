@@ -300,6 +300,42 @@ def test_plan_on_a_sqlite_store_that_is_not_there_exits_2_and_creates_nothing(tm
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_klaud_db_through_a_symlink_loop_is_refused_naming_the_variable(tmp_path):
+    # What this catches: Path.resolve raised RuntimeError on the loop inside the settings
+    # check, a traceback before the CLI's boundary instead of one line naming KLAUD_DB.
+    from bot.settings import SettingsError, load_settings
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(SettingsError, match="^KLAUD_DB: the folder of .*/loop/klaud.db does not exist$"):
+        load_settings({"KLAUD_DB": f"sqlite:///{tmp_path / 'loop' / 'klaud.db'}"})
+
+
+@pytest.mark.parametrize("command", [["serve", "--sandbox"], ["plan"]])
+def test_a_klaud_db_naming_a_folder_exits_2_in_one_line_naming_it(tmp_path, monkeypatch, capsys, command):
+    # What this catches (a review found it): only the folder around the path was checked;
+    # the store's lock then failed to open the folder itself, a traceback and exit 1.
+    folder = tmp_path / "state"
+    folder.mkdir()
+    for name, value in {"KLAUD_DB": f"sqlite:///{folder}", "KLAUD_PORT": "0", "KLAUD_ADMIN_PORT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(command) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"klaud: KLAUD_DB: {folder} is a folder, not a SQLite file (sqlite:///{folder}/klaud.db?)")
+
+
+@pytest.mark.parametrize("command", [["serve", "--sandbox"], ["plan"]])
+def test_a_store_whose_lock_cannot_be_written_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, command):
+    # What this catches (a review found it): an OSError opening the SQLite file or its lock
+    # (here a folder in the way of the pid file; permission denied, a read-only file system
+    # alike) ended the command with a traceback.
+    (tmp_path / "klaud.db").touch()  # an empty file is a new SQLite database
+    (tmp_path / "klaud.db.lock").mkdir()
+    for name, value in {"KLAUD_DB": f"sqlite:///{tmp_path / 'klaud.db'}", "KLAUD_PORT": "0", "KLAUD_ADMIN_PORT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(command) == 1
+    assert one_line(capsys.readouterr().err) == f"klaud: KLAUD_DB: cannot write {tmp_path / 'klaud.db.lock'}: Is a directory"
+
+
 async def test_plan_on_a_store_without_repositories_says_so(tmp_path):
     # What this catches: an empty store planned in silence, as if every repository had nothing to do.
     await (await open_stores(f"sqlite:///{tmp_path / 'klaud.db'}")).close()  # an empty, migrated store
@@ -316,6 +352,38 @@ def test_a_file_without_end_is_refused_in_one_line_not_read_whole(tmp_path, monk
     assert main([*command, "/dev/zero"]) == 2
     assert one_line(capsys.readouterr().err).endswith("/dev/zero is over " + (
         "26214400 bytes" if command[0] == "receive" else "1048576 bytes"))
+
+
+def _at_most_a_gigabyte_of_memory() -> None:
+    """A child that reads without bound dies of a MemoryError, not taking the machine's memory."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+def test_a_private_key_file_without_end_is_refused_in_one_line_not_read_whole(tmp_path):
+    # What this catches (a review found it): KLAUD_PRIVATE_KEY_FILE=/dev/zero (or a huge
+    # file, a pipe) was read whole, before the CLI's boundary: a MemoryError traceback.
+    env = klaud_env(tmp_path, KLAUD_APP_ID="1", KLAUD_PRIVATE_KEY_FILE="/dev/zero")
+    done = run_klaud(["doctor"], env, preexec_fn=_at_most_a_gigabyte_of_memory)
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2
+    assert one_line(done.stderr) == (
+        "klaud: KLAUD_PRIVATE_KEY_FILE: /dev/zero is over 65536 bytes; a PEM private key is a few KB")
+
+
+def test_a_private_key_file_is_read_up_to_64_kib(tmp_path):
+    from bot.settings import SettingsError, load_settings
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    key_file = tmp_path / "app.pem"
+    key_file.write_bytes(pem.ljust(64 * 1024, b"\n"))  # the key, then blank lines up to the bound
+    assert load_settings({"KLAUD_PRIVATE_KEY_FILE": str(key_file)}).private_key.get_secret_value().startswith(
+        "-----BEGIN PRIVATE KEY-----")
+    key_file.write_bytes(pem.ljust(64 * 1024 + 1, b"\n"))
+    with pytest.raises(SettingsError, match=f"^KLAUD_PRIVATE_KEY_FILE: {key_file} is over 65536 bytes"):
+        load_settings({"KLAUD_PRIVATE_KEY_FILE": str(key_file)})
 
 
 async def test_receive_of_a_payload_its_handler_cannot_read_logs_one_warning_without_a_traceback(tmp_path):

@@ -690,9 +690,28 @@ def check_inputs(trigger: dict[str, Any], inputs: dict[str, Any]) -> None:
     if unexpected:
         raise validation_failed(f"Unexpected inputs provided: {json.dumps(unexpected)}")
     for name, spec in declared.items():
-        if isinstance(spec, dict) and spec.get("required") and name not in inputs \
-                and spec.get("default") is None:
+        if not isinstance(spec, dict):
+            continue
+        if name in inputs:
+            check_allowed_value(name, spec, inputs[name])
+        elif spec.get("required") and spec.get("default") is None:
             raise validation_failed(f"Required input '{name}' not provided")
+
+
+def check_allowed_value(name: str, spec: dict[str, Any], value: Any) -> None:
+    """GitHub refuses a `choice` input's value outside its `options`, and a `boolean` one
+    other than true or false (cli/cli#5246: "Provided value '' for input 'debug' not in the
+    list of allowed values"). A `number` input is not checked: no source says GitHub refuses
+    a value that is not a number."""
+    if spec.get("type") == "choice":
+        allowed = [str(option) for option in spec.get("options") or []]
+    elif spec.get("type") == "boolean":
+        allowed = ["true", "false"]
+    else:
+        return
+    text = json.dumps(value) if isinstance(value, bool) else str(value)
+    if text not in allowed:
+        raise validation_failed(f"Provided value '{text}' for input '{name}' not in the list of allowed values")
 
 
 # --- check runs ------------------------------------------------------------------------

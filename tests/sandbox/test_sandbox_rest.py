@@ -457,6 +457,54 @@ async def test_workflow_dispatch_errors(
     assert hub.state()["dispatches"] == []
 
 
+TYPED_WORKFLOW = """\
+name: Typed
+on:
+  workflow_dispatch:
+    inputs:
+      level: {required: true, type: choice, options: [info, warning, debug]}
+      debug: {required: false, type: boolean, default: false}
+"""
+
+
+@pytest.fixture
+async def typed() -> AsyncIterator[Hub]:
+    """The small scenario with a workflow whose inputs are typed `choice` and `boolean`."""
+    scenario = small_scenario()
+    repo_of(scenario)["files"][".github/workflows/typed.yml"] = TYPED_WORKFLOW
+    async for served in serve(Sandbox(scenario)):
+        yield served
+
+
+# What this catches (review C): the sandbox took any value for a typed input, where GitHub
+# answers 422, e.g. "Provided value 'gfx906' for input 'amdgpu_family' not in the list of
+# allowed values" (ROCm/TheRock#3651) and "Provided value '' for input 'debug' …" (cli/cli#5246).
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"level": "verbose"}, "Provided value 'verbose' for input 'level' not in the list of allowed values"),
+        ({"level": "info", "debug": "yes"}, "Provided value 'yes' for input 'debug' not in the list of allowed values"),
+        ({"level": "info", "debug": ""}, "Provided value '' for input 'debug' not in the list of allowed values"),
+    ],
+)
+async def test_a_dispatch_is_refused_a_value_outside_a_typed_inputs_allowed_values(
+    typed: Hub, inputs: dict[str, str], message: str
+) -> None:
+    response = await typed.api("POST", f"{REPO}/actions/workflows/typed.yml/dispatches",
+                               json={"ref": "main", "inputs": inputs})
+    assert response.status == 422, await response.text()
+    assert (await response.json())["message"] == message
+    assert typed.state()["dispatches"] == []
+
+
+async def test_a_dispatch_within_a_typed_inputs_allowed_values_is_taken(typed: Hub) -> None:
+    for inputs in ({"level": "debug", "debug": "true"}, {"level": "info", "debug": False}):
+        response = await typed.api("POST", f"{REPO}/actions/workflows/typed.yml/dispatches",
+                                   json={"ref": "main", "inputs": inputs})
+        assert response.status == 204, await response.text()
+    assert [d["inputs"]["level"] for d in typed.state()["dispatches"]] == ["debug", "info"]
+
+
 async def test_check_runs_create_update_and_list(hub: Hub) -> None:
     head = hub.state()["pulls"][0]["head_sha"]
     created = await hub.json("POST", f"{REPO}/check-runs", status=201, json={

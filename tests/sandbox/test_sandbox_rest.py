@@ -8,6 +8,7 @@ import io
 import json
 import zipfile
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -355,6 +356,53 @@ async def test_runs_listing_filters_and_workflow_route(hub: Hub) -> None:
     one = await hub.json("GET", f"{REPO}/actions/runs/102")
     assert one["name"] == "Klaud Cold candidate"  # the workflow file's `name:`
     assert (await hub.api("GET", f"{REPO}/actions/runs/999")).status == 404
+
+
+@pytest.fixture
+async def busy() -> AsyncIterator[Hub]:
+    """1,005 completed runs of the candidate workflow, one a minute from 2026-11-01 00:00."""
+    scenario = small_scenario()
+    start = datetime(2026, 11, 1, tzinfo=UTC)
+    repo_of(scenario)["runs"] = [
+        {"id": 5000 + i, "workflow": "klaud-candidate.yml", "conclusion": "success",
+         "created_at": (start + timedelta(minutes=i)).isoformat(),
+         "completed_at": (start + timedelta(minutes=i, seconds=30)).isoformat()}
+        for i in range(1005)
+    ]
+    async for served in serve(Sandbox(scenario)):
+        yield served
+
+
+async def listed_ids(hub: Hub, path: str, params: dict[str, str]) -> tuple[list[int], list[int]]:
+    """The run ids of pages 1 to 11 of 100, and each page's total_count."""
+    ids: list[int] = []
+    totals: list[int] = []
+    for page in range(1, 12):
+        body = await hub.json("GET", path, params={**params, "per_page": "100", "page": str(page)})
+        ids += [run["id"] for run in body["workflow_runs"]]
+        totals.append(body["total_count"])
+    return ids, totals
+
+
+@pytest.mark.parametrize("route", ["actions/runs", "actions/workflows/klaud-candidate.yml/runs"])
+async def test_a_filtered_run_listing_stops_at_1000_and_counts_every_match(busy: Hub, route: str) -> None:
+    # What this catches (review C): the sandbox listed every match, where GitHub "will return
+    # up to 1,000 results for each search when using the following parameters: actor,
+    # branch, check_suite_id, created, event, head_sha, status".
+    newest_first = list(range(6004, 4999, -1))
+    ids, totals = await listed_ids(busy, f"{REPO}/{route}", {"status": "completed", "created": ">=2026-11-01"})
+    assert ids == newest_first[:1000] and set(totals) == {1005}
+    tenth = await busy.api("GET", f"{REPO}/{route}", params={"created": ">=2026-11-01", "per_page": "100", "page": "10"})
+    assert 'rel="next"' not in tenth.headers.get("Link", "")
+    everything, _ = await listed_ids(busy, f"{REPO}/{route}", {})
+    assert everything == newest_first  # no search parameter: no cap
+
+
+async def test_a_created_range_of_instants_lists_the_runs_the_cap_left_out(busy: Hub) -> None:
+    # How a client reaches past the cap: `created=BOUND..OLDEST` (both ends included).
+    ids, _ = await listed_ids(busy, f"{REPO}/actions/workflows/klaud-candidate.yml/runs",
+                              {"status": "completed", "created": "2026-11-01T00:00:00Z..2026-11-01T00:05:00Z"})
+    assert ids == [5005, 5004, 5003, 5002, 5001, 5000]
 
 
 async def test_artifacts_list_and_zip_redirect(hub: Hub) -> None:

@@ -108,6 +108,7 @@ def _workflow_hint(code: str) -> str:
         "candidate-workflow-invalid": "fix the workflow's YAML",
         "candidate-workflow-not-dispatchable": "add `workflow_dispatch:` to its `on:` triggers",
         "candidate-workflow-inputs": "declare the inputs, or map Klaud's values with candidate_inputs in .github/klaud.yml",
+        "candidate-workflow-input-types": "declare these inputs `type: string`, or leave them out of candidate_inputs",
     }.get(code, "see the workflow")
 
 

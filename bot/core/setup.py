@@ -1,7 +1,8 @@
 """Is the repository set up so that a dispatch can work? (DESIGN §4 "Setup errors").
 
-A candidate workflow that is missing on the default branch, cannot be dispatched, or does
-not declare the inputs the policy sends would make GitHub refuse every dispatch: each wave
+A candidate workflow that is missing on the default branch, cannot be dispatched, does not
+declare the inputs the policy sends, or types one of them `choice` or `boolean` (whose
+allowed values Klaud's never are) would make GitHub refuse every dispatch: each wave
 would create claims only to delete them again. These checks read the workflow's text once
 per change, and while one fails the repository's waves dispatch nothing.
 """
@@ -36,7 +37,7 @@ _WorkflowLoader.add_implicit_resolver(
 
 @dataclass(frozen=True, slots=True)
 class SetupError:
-    code: str  # candidate-workflow-missing | -invalid | -not-dispatchable | -inputs
+    code: str  # candidate-workflow-missing | -invalid | -not-dispatchable | -inputs | -input-types
     detail: str
 
     def document(self) -> SetupErrorDocument:
@@ -118,7 +119,29 @@ def _input_errors(path: str, dispatch: dict[str, Any], sent: set[str]) -> list[S
                 f"{path} requires the input(s) {', '.join(unsent)} that Klaud does not send",
             )
         )
-    return errors
+    return errors + _type_errors(path, declared, sent)
+
+
+# Input types whose values GitHub checks against a fixed list (422 "Provided value … not in
+# the list of allowed values"): Klaud's values (ids, a family, a SHA, a wave number) are
+# never on such a list, so every dispatch would be refused.
+_LISTED_TYPES = ("choice", "boolean")
+
+
+def _type_errors(path: str, declared: dict[str, Any], sent: set[str]) -> list[SetupError]:
+    listed = [
+        f"{name} ({spec['type']})" for name, spec in sorted(declared.items())
+        if name in sent and isinstance(spec, dict) and spec.get("type") in _LISTED_TYPES
+    ]
+    if not listed:
+        return []
+    return [
+        SetupError(
+            "candidate-workflow-input-types",
+            f"{path} types the input(s) {', '.join(listed)} that Klaud fills with its own values, "
+            "which GitHub refuses for a choice or boolean input",
+        )
+    ]
 
 
 def _key_name(key: Any) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
-from datetime import date, datetime
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -30,7 +31,7 @@ from bot.core.events import (
     Repository,
     WorkflowRun,
 )
-from bot.github.client import RAW_MEDIA_TYPE, GitHubApp, InstallationClient
+from bot.github.client import MAX_LISTED, RAW_MEDIA_TYPE, GitHubApp, InstallationClient
 from bot.github.errors import BadRequest, Conflict, NotFound, TooLarge
 
 # Both ends of the body's edit history (GitHub does not document its order): whichever is
@@ -63,6 +64,35 @@ query($owner: String!, $name: String!, $ref: String!, $path: String!) {
   }
 }
 """
+
+
+# GitHub lists at most this many runs of a listing filtered by `created` or `status` (a
+# search): "This endpoint will return up to 1,000 results for each search when using the
+# following parameters: actor, branch, check_suite_id, created, event, head_sha, status."
+RUN_SEARCH_MAX = 1000
+# Narrower searches that reach past that cap, at most: as many runs as any listing may hold.
+MAX_RUN_SEARCHES = MAX_LISTED // RUN_SEARCH_MAX
+
+
+@dataclass
+class _RunSearch:
+    """What one search of runs listed: how many, and the oldest creation time among them."""
+
+    listed: int = 0
+    oldest: datetime | None = None
+
+    def saw(self, run: WorkflowRun) -> None:
+        self.listed += 1
+        if run.created_at is not None and (self.oldest is None or run.created_at < self.oldest):
+            self.oldest = run.created_at
+
+    def narrower(self, created_since: date) -> str | None:
+        """The `created` filter of the runs this search left out at GitHub's cap, None when it
+        was not cut off: from the bound to its oldest run, whose second is listed again (GitHub's
+        ranges include both ends), as there may be more runs of that second."""
+        if self.listed < RUN_SEARCH_MAX or self.oldest is None:
+            return None
+        return f"{created_since.isoformat()}T00:00:00Z..{self.oldest.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
 
 
 class GitHubRepo:
@@ -282,17 +312,38 @@ class GitHubRepo:
         # GitHub filters by one status at a time; "not completed" is several, so the active
         # ones are picked from the unfiltered list (recent runs only: a few pages).
         status = "" if active else "&status=completed"
-        url = (
-            f"/repos/{{owner}}/{{repo}}/actions/workflows/{{workflow}}/runs?{PER_PAGE}{status}"
-            f"&created=>={created_since.isoformat()}"
-        )
-        try:
-            async for item in self.client.getiter(url, self._at(workflow=workflow), iterable_key="workflow_runs"):
-                run = WorkflowRun.model_validate(item)
-                if not active or run.status != "completed":
-                    yield run
-        except NotFound:
-            return
+        created = f">={created_since.isoformat()}"
+        seen: set[int] = set()
+        for _ in range(MAX_RUN_SEARCHES):
+            search = _RunSearch()
+            url = f"/repos/{{owner}}/{{repo}}/actions/workflows/{{workflow}}/runs?{PER_PAGE}{status}&created={created}"
+            try:
+                async for run in self._search_runs(url, workflow, search):
+                    # A narrower search lists the runs of its last second again.
+                    if run.id not in seen and (not active or run.status != "completed"):
+                        yield run
+                    seen.add(run.id)
+            except NotFound:
+                return
+            narrower = search.narrower(created_since)
+            if narrower is None:
+                return
+            if narrower == created:
+                break  # a thousand runs in one second: no narrower search can split them
+            created = narrower
+        # Said, not passed over: a reconcile or a keeper missing runs would decide wrongly.
+        raise BadRequest(None, f"the runs of {workflow} since {created_since.isoformat()} do not fit in "
+                               f"{MAX_RUN_SEARCHES} searches of {RUN_SEARCH_MAX}; stopped")
+
+    async def _search_runs(self, url: str, workflow: str, search: _RunSearch) -> AsyncIterator[WorkflowRun]:
+        """The runs one search lists, up to GitHub's cap (no page past it is asked for: what
+        GitHub links to after it is not documented)."""
+        async for item in self.client.getiter(url, self._at(workflow=workflow), iterable_key="workflow_runs"):
+            run = WorkflowRun.model_validate(item)
+            search.saw(run)
+            yield run
+            if search.listed >= RUN_SEARCH_MAX:
+                return
 
     async def run(self, run_id: int) -> WorkflowRun | None:
         try:

@@ -233,6 +233,8 @@ def paginate(request: web.Request, reply: Reply) -> tuple[Any, str]:
     page = max(int_param(request, "page", 1), 1)
     last = max(1, -(-len(items) // per_page))
     chunk = items[(page - 1) * per_page: page * per_page]
+    if reply.shape is not None:
+        chunk = [reply.shape(item) for item in chunk]
 
     def url(number: int) -> str:
         return str(request.url.update_query(page=str(number), per_page=str(per_page)))
@@ -247,5 +249,6 @@ def paginate(request: web.Request, reply: Reply) -> tuple[Any, str]:
         links.append(f'<{url(1)}>; rel="first"')
     body: Any = chunk
     if reply.wrap is not None:
-        body = {"total_count": len(items), **reply.extra, reply.wrap: chunk}
+        total = len(items) if reply.total is None else reply.total
+        body = {"total_count": total, **reply.extra, reply.wrap: chunk}
     return body, ", ".join(links)

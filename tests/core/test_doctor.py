@@ -18,7 +18,7 @@ from bot.core.doctor import (
     workflow_checks,
 )
 from bot.core.domain import CapacityReading
-from bot.core.setup import SetupError
+from bot.core.setup import SetupError, workflow_setup_errors
 from tests.builders import family
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +69,17 @@ def test_a_run_name_passes_when_any_of_its_expressions_reads_the_candidate_input
 def test_setup_errors_become_failed_checks_with_hints() -> None:
     [check] = workflow_checks("w.yml", None, [SetupError("candidate-workflow-missing", "w.yml does not exist")], "candidate")
     assert not check.ok and "deploy/klaud-candidate.yml" in check.hint
+
+
+def test_a_typed_input_klaud_fills_fails_the_workflow_check_with_a_fix() -> None:
+    text = "on:\n  workflow_dispatch:\n    inputs:\n      candidate: {}\n      wave: {type: boolean}\n"
+    [check] = workflow_checks("w.yml", text, workflow_setup_errors("w.yml", text, ["candidate", "wave"]), "candidate")
+    assert not check.ok and "wave (boolean)" in check.detail
+    assert check.line() == (
+        "FAIL  candidate workflow: .github/workflows/w.yml types the input(s) wave (boolean) that Klaud fills with"
+        " its own values, which GitHub refuses for a choice or boolean input"
+        " (fix: declare these inputs `type: string`, or leave them out of candidate_inputs)"
+    )
 
 
 def test_config_errors_split_into_parsing_and_runners() -> None:

@@ -72,3 +72,23 @@ def test_input_names_yaml_1_1_reads_as_booleans_are_names_as_github_reads_them()
     assert error.detail.endswith("requires the input(s) 7, off, true that Klaud does not send")
     assert codes(workflow, {**EVERY, "a": "off", "b": "true", "c": "7"}) == []
     assert codes(workflow.replace("on:\n", "'on':\n"), {**EVERY, "a": "off", "b": "true", "c": "7"}) == []
+
+
+def test_inputs_klaud_fills_typed_choice_or_boolean_are_reported() -> None:
+    # What this catches (review C): GitHub refuses a choice value outside its options and a
+    # boolean other than true/false (422), so a workflow typing `family` or `wave` so was
+    # taken as set up, and every dispatch of every wave was refused.
+    typed = GOOD.replace("family: {type: string}", "family: {type: choice, options: [a, b]}").replace(
+        "wave: {type: string}", "wave: {type: boolean}")
+    [error] = workflow_setup_errors("klaud-candidate.yml", typed, EVERY.values())
+    assert error.code == "candidate-workflow-input-types"
+    assert error.detail.startswith(".github/workflows/klaud-candidate.yml types the input(s) family (choice), wave (boolean)")
+    assert "\n" not in error.detail
+
+
+def test_typed_inputs_klaud_does_not_fill_are_the_workflows_own_business() -> None:
+    own = GOOD.replace("      wave: {type: string}\n",
+                       "      wave: {type: string}\n      debug: {type: boolean}\n      level: {type: choice, options: [a]}\n")
+    assert codes(own) == [] and "level: {type: choice" in own
+    assert codes(own, {"candidate": "candidate", "wave": "level"}) == ["candidate-workflow-input-types"]
+    assert codes(GOOD.replace("wave: {type: string}", "wave: {type: number}")) == []

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from structlog.testing import capture_logs
 
 import bot.github.client as client_module
+import bot.github.repo as repo_module
 from bot.core.clock import ManualClock
 from bot.core.domain import stamp
 from bot.github.client import (
@@ -928,10 +929,12 @@ async def sandboxed() -> AsyncIterator[Callable[..., Awaitable[Sandboxed]]]:
         pytest.skip(f"bot.sandbox not importable: {exc}")
     runners: list[web.AppRunner] = []
 
-    async def start(*, strict: bool = False, public_key: str | None = None) -> Sandboxed:
+    async def start(
+        *, strict: bool = False, public_key: str | None = None, scenario: dict[str, Any] = SANDBOX_SCENARIO
+    ) -> Sandboxed:
         clock = ManualClock(START)
         sandbox = Sandbox(
-            SANDBOX_SCENARIO, clock=clock, webhook_secret=None, deliver_to=None,
+            scenario, clock=clock, webhook_secret=None, deliver_to=None,
             strict_auth=strict, app_id=1, app_public_key=public_key,
         )
         blob_authorization: list[str | None] = []
@@ -1034,6 +1037,80 @@ async def test_sandbox_pagination_and_repositories(sandboxed: Callable[..., Awai
     assert sb.statuses("GET", PULLS) == [200, 200, 200]
     assert [r["full_name"] for r in await inst.repositories()] == ["acme/bench"]
     assert [i["id"] for i in await app.installations()] == [1]
+
+
+RUNS = "/repos/{owner}/{repo}/actions/workflows/{workflow_id}/runs"
+BUSY_SINCE = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def busy_scenario(runs: int, queued: int | None = None) -> dict[str, Any]:
+    """`runs` completed runs of the candidate workflow, one a minute from 2026-11-01 00:00,
+    ids 5000 onwards (the `queued` one still queued)."""
+    def run(i: int) -> dict[str, Any]:
+        created = BUSY_SINCE + timedelta(minutes=i)
+        if i == queued:
+            return {"id": 5000 + i, "workflow": "klaud-candidate.yml", "status": "queued", "created_at": stamp(created)}
+        return {"id": 5000 + i, "workflow": "klaud-candidate.yml", "conclusion": "success",
+                "created_at": stamp(created), "completed_at": stamp(created + timedelta(seconds=30))}
+
+    [repository] = SANDBOX_SCENARIO["repositories"]
+    return {**SANDBOX_SCENARIO, "repositories": [{**repository, "runs": [run(i) for i in range(runs)]}]}
+
+
+async def listed_runs(session: aiohttp.ClientSession, sb: Sandboxed, *, active: bool = False) -> list[int]:
+    repo = GitHubRepo(sandbox_app(session, sb).installation(1), "acme/bench")
+    return [run.id async for run in repo.workflow_runs("klaud-candidate.yml", created_since=BUSY_SINCE.date(), active=active)]
+
+
+async def test_sandbox_runs_past_githubs_cap_of_1000_are_listed_by_a_narrower_search(
+    sandboxed: Callable[..., Awaitable[Sandboxed]], session: aiohttp.ClientSession
+) -> None:
+    # What this catches (review C): GitHub lists at most 1,000 runs of a listing filtered by
+    # `created` or `status`, newest first, and Klaud read only that: on a repository with
+    # more runs since the bound, the oldest ones (their outcomes, for a reconcile) were lost.
+    sb = await sandboxed(scenario=busy_scenario(2_105))
+    runs = await listed_runs(session, sb)
+    assert sorted(runs) == list(range(5000, 7105)) and len(runs) == len(set(runs))
+    searches = [e["query"] for e in sb.sandbox.request_log["requests"] if e["route"] == f"GET {RUNS}"]
+    # 10 pages of 100 per search, none past the cap; each narrower one ends at the oldest run seen.
+    # (1,000 newest down to 18:25, then from that minute 1,000 down to 01:46, then 107.)
+    assert len(searches) == 10 + 10 + 2
+    assert searches[10].endswith("created=2026-11-01T00:00:00Z..2026-11-01T18:25:00Z")
+    assert searches[20].endswith("created=2026-11-01T00:00:00Z..2026-11-01T01:46:00Z")
+
+
+async def test_sandbox_a_run_in_flight_behind_a_thousand_newer_ones_is_seen(
+    sandboxed: Callable[..., Awaitable[Sandboxed]], session: aiohttp.ClientSession
+) -> None:
+    # The claims keeper's "in flight" reading lists runs of every status: a run still queued
+    # behind 1,000 newer ones was taken for absent, and its claim released.
+    sb = await sandboxed(scenario=busy_scenario(1_005, queued=0))
+    assert await listed_runs(session, sb, active=True) == [5000]
+
+
+async def test_sandbox_runs_no_narrower_search_reaches_fail_instead_of_being_passed_over(
+    sandboxed: Callable[..., Awaitable[Sandboxed]], session: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(repo_module, "MAX_RUN_SEARCHES", 2)
+    sb = await sandboxed(scenario=busy_scenario(2_105))
+    with pytest.raises(BadRequest, match="do not fit in 2 searches of 1000"):
+        await listed_runs(session, sb)
+    assert len(sb.statuses("GET", RUNS)) == 20
+    one_second = busy_scenario(1_001)
+    for run in one_second["repositories"][0]["runs"]:
+        run["created_at"] = "2026-11-01T00:00:00Z"
+    sb = await sandboxed(scenario=one_second)
+    with pytest.raises(BadRequest):
+        await listed_runs(session, sb)
+    assert len(sb.statuses("GET", RUNS)) == 20  # the same second twice, then no further search
+
+
+async def test_sandbox_fewer_runs_than_the_cap_take_no_further_search(
+    sandboxed: Callable[..., Awaitable[Sandboxed]], session: aiohttp.ClientSession
+) -> None:
+    sb = await sandboxed(scenario=busy_scenario(999))
+    assert len(await listed_runs(session, sb)) == 999
+    assert sb.statuses("GET", RUNS) == [200] * 10
 
 
 async def test_sandbox_write_spacing(sandboxed: Callable[..., Awaitable[Sandboxed]], session: aiohttp.ClientSession) -> None:

@@ -8,6 +8,7 @@ import io
 import json
 import zipfile
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -357,6 +358,53 @@ async def test_runs_listing_filters_and_workflow_route(hub: Hub) -> None:
     assert (await hub.api("GET", f"{REPO}/actions/runs/999")).status == 404
 
 
+@pytest.fixture
+async def busy() -> AsyncIterator[Hub]:
+    """1,005 completed runs of the candidate workflow, one a minute from 2026-11-01 00:00."""
+    scenario = small_scenario()
+    start = datetime(2026, 11, 1, tzinfo=UTC)
+    repo_of(scenario)["runs"] = [
+        {"id": 5000 + i, "workflow": "klaud-candidate.yml", "conclusion": "success",
+         "created_at": (start + timedelta(minutes=i)).isoformat(),
+         "completed_at": (start + timedelta(minutes=i, seconds=30)).isoformat()}
+        for i in range(1005)
+    ]
+    async for served in serve(Sandbox(scenario)):
+        yield served
+
+
+async def listed_ids(hub: Hub, path: str, params: dict[str, str]) -> tuple[list[int], list[int]]:
+    """The run ids of pages 1 to 11 of 100, and each page's total_count."""
+    ids: list[int] = []
+    totals: list[int] = []
+    for page in range(1, 12):
+        body = await hub.json("GET", path, params={**params, "per_page": "100", "page": str(page)})
+        ids += [run["id"] for run in body["workflow_runs"]]
+        totals.append(body["total_count"])
+    return ids, totals
+
+
+@pytest.mark.parametrize("route", ["actions/runs", "actions/workflows/klaud-candidate.yml/runs"])
+async def test_a_filtered_run_listing_stops_at_1000_and_counts_every_match(busy: Hub, route: str) -> None:
+    # What this catches (review C): the sandbox listed every match, where GitHub "will return
+    # up to 1,000 results for each search when using the following parameters: actor,
+    # branch, check_suite_id, created, event, head_sha, status".
+    newest_first = list(range(6004, 4999, -1))
+    ids, totals = await listed_ids(busy, f"{REPO}/{route}", {"status": "completed", "created": ">=2026-11-01"})
+    assert ids == newest_first[:1000] and set(totals) == {1005}
+    tenth = await busy.api("GET", f"{REPO}/{route}", params={"created": ">=2026-11-01", "per_page": "100", "page": "10"})
+    assert 'rel="next"' not in tenth.headers.get("Link", "")
+    everything, _ = await listed_ids(busy, f"{REPO}/{route}", {})
+    assert everything == newest_first  # no search parameter: no cap
+
+
+async def test_a_created_range_of_instants_lists_the_runs_the_cap_left_out(busy: Hub) -> None:
+    # How a client reaches past the cap: `created=BOUND..OLDEST` (both ends included).
+    ids, _ = await listed_ids(busy, f"{REPO}/actions/workflows/klaud-candidate.yml/runs",
+                              {"status": "completed", "created": "2026-11-01T00:00:00Z..2026-11-01T00:05:00Z"})
+    assert ids == [5005, 5004, 5003, 5002, 5001, 5000]
+
+
 async def test_artifacts_list_and_zip_redirect(hub: Hub) -> None:
     listed = await hub.json("GET", f"{REPO}/actions/runs/101/artifacts")
     assert listed["total_count"] == 2
@@ -455,6 +503,54 @@ async def test_workflow_dispatch_errors(
     assert response.status == status
     assert (await response.json())["message"] == message
     assert hub.state()["dispatches"] == []
+
+
+TYPED_WORKFLOW = """\
+name: Typed
+on:
+  workflow_dispatch:
+    inputs:
+      level: {required: true, type: choice, options: [info, warning, debug]}
+      debug: {required: false, type: boolean, default: false}
+"""
+
+
+@pytest.fixture
+async def typed() -> AsyncIterator[Hub]:
+    """The small scenario with a workflow whose inputs are typed `choice` and `boolean`."""
+    scenario = small_scenario()
+    repo_of(scenario)["files"][".github/workflows/typed.yml"] = TYPED_WORKFLOW
+    async for served in serve(Sandbox(scenario)):
+        yield served
+
+
+# What this catches (review C): the sandbox took any value for a typed input, where GitHub
+# answers 422, e.g. "Provided value 'gfx906' for input 'amdgpu_family' not in the list of
+# allowed values" (ROCm/TheRock#3651) and "Provided value '' for input 'debug' …" (cli/cli#5246).
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"level": "verbose"}, "Provided value 'verbose' for input 'level' not in the list of allowed values"),
+        ({"level": "info", "debug": "yes"}, "Provided value 'yes' for input 'debug' not in the list of allowed values"),
+        ({"level": "info", "debug": ""}, "Provided value '' for input 'debug' not in the list of allowed values"),
+    ],
+)
+async def test_a_dispatch_is_refused_a_value_outside_a_typed_inputs_allowed_values(
+    typed: Hub, inputs: dict[str, str], message: str
+) -> None:
+    response = await typed.api("POST", f"{REPO}/actions/workflows/typed.yml/dispatches",
+                               json={"ref": "main", "inputs": inputs})
+    assert response.status == 422, await response.text()
+    assert (await response.json())["message"] == message
+    assert typed.state()["dispatches"] == []
+
+
+async def test_a_dispatch_within_a_typed_inputs_allowed_values_is_taken(typed: Hub) -> None:
+    for inputs in ({"level": "debug", "debug": "true"}, {"level": "info", "debug": False}):
+        response = await typed.api("POST", f"{REPO}/actions/workflows/typed.yml/dispatches",
+                                   json={"ref": "main", "inputs": inputs})
+        assert response.status == 204, await response.text()
+    assert [d["inputs"]["level"] for d in typed.state()["dispatches"]] == ["debug", "info"]
 
 
 async def test_check_runs_create_update_and_list(hub: Hub) -> None:

@@ -118,13 +118,17 @@ async def test_doctor_runs_beside_a_server_that_holds_the_sqlite_file(tmp_path, 
         (set_file(WORKFLOW, "on:\n  workflow_call: {}\njobs: {}\n"), "candidate workflow", "no workflow_dispatch trigger"),
         (set_file(WORKFLOW, sc.CANDIDATE_WORKFLOW.replace("      wave: {required: true, type: string}\n", "")),
          "candidate workflow", "does not declare the input(s) wave"),
+        (set_file(WORKFLOW, sc.CANDIDATE_WORKFLOW.replace(
+            "      wave: {required: true, type: string}\n", "      wave: {required: true, type: choice, options: ['1', '2']}\n")),
+         "candidate workflow", "types the input(s) wave (choice)"),
         (set_file(WORKFLOW, sc.CANDIDATE_WORKFLOW.replace("run-name: Klaud Cold candidate ${{ inputs.candidate }}\n", "")),
          "run-name", "does not name its runs"),
         (set_file("configs/amd-master.yaml", "key: [unclosed\n"), "master configs", "not valid YAML"),
         (set_file(".github/klaud.yml", "cooldown_hours: 0\n"), "policy", "cooldown_hours"),
         (drop_cluster("h200-nb"), "capacity feed", "does not report h200-nb"),
     ],
-    ids=["permission", "workflow-missing", "not-dispatchable", "inputs", "run-name", "config", "policy", "capacity"],
+    ids=["permission", "workflow-missing", "not-dispatchable", "inputs", "input-types", "run-name", "config", "policy",
+         "capacity"],
 )
 async def test_each_broken_setup_fails_its_check_with_a_fix(tmp_path, monkeypatch, capsys, breakage, check, says):
     status, checks = await doctor(tmp_path, monkeypatch, capsys, breakage)

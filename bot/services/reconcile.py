@@ -345,6 +345,10 @@ class Reconciler:
                 known = self.live.repo(repo.full_name) or self.live.by_id(repo.id)
                 if known is None and await self._kept_elsewhere_by_id(repo.id, repo.full_name):
                     continue
+                # Kept by another replica under this name: its own reconciles keep it current
+                # (asked to reconcile it, the keeper would rebuild it at every discovery).
+                if known is None and _stored_as(stored, repo) is not None and self.live.kept_elsewhere(repo.full_name):
+                    continue
                 if known is None and await self._try_reconcile(repo.full_name, installation):
                     done.append(repo.full_name)
         if complete:

@@ -124,3 +124,12 @@ async def test_a_late_removal_at_the_leader_keeps_a_new_repository_of_the_name_a
     await a.reconciler.forget(1, [Named(full_name="o/a", id=17)])  # the one deleted before, id 17
 
     assert "o/a" in await a.stores.state.repos()
+
+
+async def test_discovery_at_the_leader_asks_nothing_of_a_repository_another_replica_keeps(nodes, github) -> None:
+    a, b = await leader_and_keeper(nodes)
+
+    assert await a.reconciler.reconcile_new_installations() == []
+
+    assert await a.stores.deliveries.unfinished() == 0 and await run_requests(b) == []
+    assert a.live.repo("o/a") is None and b.live.repo("o/a") is not None

@@ -36,6 +36,7 @@ from bot.metrics import klaud_version
 from bot.runtime import scenario_from, start_stack
 from bot.sandbox import Sandbox, ScenarioError, load_scenario
 from bot.services.doctor import diagnose
+from bot.services.reconcile import reconcile_request
 from bot.settings import (
     FileTooLarge,
     Settings,
@@ -391,17 +392,30 @@ async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
     klaud = Klaud(settings)
     await klaud.start(drain=False)
     try:
-        serving = await klaud.serving_replicas()
-        if serving:
-            # Their memory would not see what this process writes: they reconcile at start
-            # and every 6 hours; restarting one reconciles the repositories it takes.
-            raise Refused(f"replicas serve this store ({', '.join(serving)}); reconcile refused behind their back:"
-                          " restart a replica to reconcile now")
-        for name, installation in await _installed(klaud, args.repo):
+        targets = await _installed(klaud, args.repo)
+        if await klaud.serving_replicas():
+            # Their memory would not see what this process writes: each repository's owner
+            # reconciles it, asked through the inbox they share.
+            return await _reconciled_by_replicas(klaud, targets)
+        for name, installation in targets:
             print(json.dumps(await klaud.reconciler.reconcile(name, installation)))
     finally:
         await klaud.stop()
     return 0
+
+
+async def _reconciled_by_replicas(klaud: Klaud, targets: list[tuple[str, int]]) -> int:
+    """One line per repository once its owner ran the reconcile (a GitHub failure in it the
+    owner retries with backoff, listed in its `GET /api/v1/repos`); exit 1 if one failed."""
+    requests = [(name, reconcile_request(name, installation, light=False)) for name, installation in targets]
+    for _, request in requests:  # all handed over first: the replicas work on them together
+        await _hand_over(klaud, request)
+    failed = False
+    for name, request in requests:
+        status, error = await _finished(klaud, request.id)
+        print(json.dumps({"repo": name, "delivery": request.id, "status": status} | ({"error": error} if error else {})))
+        failed = failed or status != "done"
+    return 1 if failed else 0
 
 
 async def _config(settings: Settings, args: argparse.Namespace) -> int:
@@ -469,17 +483,26 @@ async def _handled(klaud: Klaud, delivery: Delivery) -> tuple[str, str | None]:
 async def _through_the_inbox(klaud: Klaud, delivery: Delivery) -> tuple[str, str | None]:
     """Hand `delivery` to the serving replicas through the inbox they share (its owner
     processes it like a webhook, in the repository's order) and wait for its status."""
+    await _hand_over(klaud, delivery)
+    return await _finished(klaud, delivery.id)
+
+
+async def _hand_over(klaud: Klaud, delivery: Delivery) -> None:
     if not await klaud.inbox.store.put(delivery):
         raise Refused(f"--delivery: {delivery.id} is already stored (a delivery id is processed once)")
+
+
+async def _finished(klaud: Klaud, delivery_id: str) -> tuple[str, str | None]:
+    """The status and error of a delivery handed over, once its owner finished it."""
     waited = 0.0
     while waited < RECEIVE_WAIT_SECONDS:
-        stored = await klaud.inbox.store.get(delivery.id)
+        stored = await klaud.inbox.store.get(delivery_id)
         if stored is not None and stored.status in ("done", "failed"):
             return stored.status, stored.error
         await asyncio.sleep(0.1)
         waited += 0.1
-    raise Refused(f"delivery {delivery.id} is stored; the serving replicas did not finish it within"
-                  f" {RECEIVE_WAIT_SECONDS:.0f} s (`GET /api/v1/deliveries/{delivery.id}` shows it)")
+    raise Refused(f"delivery {delivery_id} is stored; the serving replicas did not finish it within"
+                  f" {RECEIVE_WAIT_SECONDS:.0f} s (`GET /api/v1/deliveries/{delivery_id}` shows it)")
 
 
 def _port(text: str) -> int:

@@ -464,7 +464,7 @@ def _as_stored(state: RepoState) -> StoredRepo:
     return StoredRepo(state.name, state.meta.installation, state.meta.repo_id)
 
 
-def _stored_as(stored: list[StoredRepo], repo: Named) -> StoredRepo | None:
+def _stored_as(stored: list[StoredRepo], repo: Named | Repository) -> StoredRepo | None:
     """The stored repository `repo` is: the one with its id, else the one of its name."""
     by_id = next((kept for kept in stored if repo.id is not None and kept.repo_id == repo.id), None)
     return by_id or next((kept for kept in stored if kept.name.lower() == repo.full_name.lower()), None)

@@ -1,6 +1,6 @@
 """`klaud receive` and `klaud reconcile` never write behind serving replicas' backs
-(DESIGN §3.1): a delivery goes through the inbox they share, reconcile is refused in one line;
-with no replica serving, the CLI works on the store directly."""
+(DESIGN §3.1): a delivery, or a request to reconcile, goes through the inbox they share; with
+no replica serving, the CLI works on the store directly."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.cli import main
+from tests import scenarios as sc
+from tests.harness import sandbox_stack
 from tests.stack.test_replicas_e2e import Replica, start_replica
 
 
@@ -86,11 +88,21 @@ async def test_receive_while_a_replica_serves_hands_the_delivery_to_it_through_t
     assert await seen_by(klaud_env, "cli-1") == [replica.owner]
 
 
-async def test_reconcile_while_a_replica_serves_is_refused_in_one_line(klaud_env, replica, capsys):
-    status, out, err = await _in_thread(run, ["reconcile"], capsys)
-    assert (status, out) == (1, "")
-    assert err.strip() == (f"klaud: replicas serve this store ({replica.owner}); reconcile refused behind their back:"
-                           " restart a replica to reconcile now")
+async def test_reconcile_while_a_replica_serves_is_run_by_the_repositorys_owner(
+    klaud_env, tmp_path, capsys, monkeypatch
+):
+    async with sandbox_stack(tmp_path, sc.scenario(), env={"KLAUD_DB": klaud_env}) as serving:
+        monkeypatch.setenv("KLAUD_GITHUB_URL", serving.klaud.settings.github_url)
+        serving.sandbox.set_faults({"rules": [{"webhook": "pull_request", "count": 1}]})  # its webhook lost
+        await serving.act({"action": "open_pull", "repo": "acme/bench", "pull": sc.image_bump(12)})
+        assert serving.klaud.live.repo("acme/bench").overlap.get(12) is None
+
+        status, out, _ = await _in_thread(run, ["reconcile", "--repo", "acme/bench"], capsys)
+
+        assert status == 0
+        line = json.loads(out)
+        assert (line["repo"], line["status"]) == ("acme/bench", "done") and line["delivery"].startswith("klaud-")
+        assert serving.klaud.live.repo("acme/bench").overlap.get(12) is not None  # reconciled by the replica
 
 
 async def test_with_no_replica_serving_receive_works_on_the_store_directly(klaud_env, replica, tmp_path, capsys):

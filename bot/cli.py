@@ -407,7 +407,7 @@ async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
 async def _reconciled_by_replicas(klaud: Klaud, targets: list[tuple[str, int]]) -> int:
     """One line per repository once its owner ran the reconcile (a GitHub failure in it the
     owner retries with backoff, listed in its `GET /api/v1/repos`); exit 1 if one failed."""
-    requests = [(name, reconcile_request(name, installation, light=False)) for name, installation in targets]
+    requests = [(name, reconcile_request(name, installation, "full")) for name, installation in targets]
     for _, request in requests:  # all handed over first: the replicas work on them together
         await _hand_over(klaud, request)
     failed = False

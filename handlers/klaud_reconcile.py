@@ -14,5 +14,4 @@ router = routing.Router()
 
 @router.register(RECONCILE_REQUEST)
 async def on_reconcile_request(event: WebhookEvent, ctx: HandlerContext) -> None:
-    payload = event.parsed(ReconcileRequest)
-    await ctx.repos.reconcile_all(payload.installation.id, [payload.repository.full_name], light=payload.action == "light")
+    await ctx.repos.requested(event.parsed(ReconcileRequest))

@@ -356,8 +356,12 @@ class InstallationRepositoriesEvent(_Model):
 RECONCILE_REQUEST = "klaud_reconcile"
 
 
+# "ensure": reconcile it only if the holder keeps no state of it (a discovery's request).
+RequestAction = Literal["light", "full", "ensure"]
+
+
 class ReconcileRequest(RepoEvent):
-    action: Literal["light", "full"]
+    action: RequestAction
 
 
 class BlameRange(_Model):

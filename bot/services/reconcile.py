@@ -20,7 +20,14 @@ import structlog
 
 from bot.core.domain import stamp
 from bot.core.errors import RepositoryMoved
-from bot.core.events import RECONCILE_REQUEST, Named, RepoEvent, Repository
+from bot.core.events import (
+    RECONCILE_REQUEST,
+    Named,
+    ReconcileRequest,
+    RepoEvent,
+    Repository,
+    RequestAction,
+)
 from bot.github.errors import GitHubError, NotFound
 from bot.services.api import RepoAPI, ReposAPI
 from bot.services.catalog_sync import CatalogSync
@@ -161,7 +168,7 @@ class Reconciler:
                 # asked for was lost: the holder may keep the repository (an unsuspend must
                 # read it again) or hold it for an event that builds no state (it lets go
                 # once done, and the repository had no state anywhere for hours).
-                asked = await self._ask_holder(name, installation, light=light)
+                asked = await self._ask_holder(name, installation, action="light" if light else "full")
                 log.info("live.reconcile_skipped", repo=name, reason="another replica owns the repository", asked=asked)
                 return {"repo": name, "light": light, "skipped": "another replica owns the repository", "asked": asked}
             # A repository just taken over may have stored state that is not in memory yet:
@@ -176,8 +183,18 @@ class Reconciler:
             # the name reused), or the repository is kept under an earlier name.
             replaced = stored if moved is None and _another(stored, repository) else None
             earlier = self.live.by_id(repository.id) if moved is None and stored is None else None
+            keeper = None
+            if moved is None and stored is None and earlier is None:
+                # Kept by another replica under an earlier name (its rename not seen yet): built
+                # here too, it would be a second state of the repository; its keeper follows.
+                keeper = await self._kept_elsewhere_by_id(repository.id, name)
+            if keeper is not None:
+                asked = await self._ask_holder(keeper, installation, action="light")
+                log.info("live.reconcile_skipped", repo=name, reason=f"kept by another replica as {keeper}", asked=asked)
+                return {"repo": name, "light": light, "skipped": f"kept by another replica as {keeper}", "asked": asked}
             if moved is None and replaced is None and earlier is None:
-                report = await self._rebuild(state, stored is None, api, repository, light=light)
+                # With no state kept, a light reconcile has nothing to catch up from.
+                report = await self._rebuild(state, stored is None, api, repository, light=light and stored is not None)
         if moved is not None:
             return await self._follow(name, moved, installation, light=light)
         if earlier is not None:
@@ -191,11 +208,18 @@ class Reconciler:
         await self.live.notify(state, {f.id for f in state.catalog})
         return report
 
-    async def _ask_holder(self, name: str, installation: int, *, light: bool) -> bool:
+    async def _ask_holder(self, name: str, installation: int, *, action: RequestAction) -> bool:
         if self.requests is None:
             return False
-        await self.requests.put(reconcile_request(name, installation, light=light))
+        await self.requests.put(reconcile_request(name, installation, action))
         return True
+
+    async def requested(self, request: ReconcileRequest) -> None:
+        """Another replica's request (`klaud_reconcile`) for a repository this one holds."""
+        name, installation = request.repository.full_name, request.installation.id
+        if request.action == "ensure" and self.live.repo(name) is not None:
+            return
+        await self.reconcile_all(installation, [name], light=request.action == "light")
 
     async def _follow(self, old: str, new: str, installation: int, *, light: bool) -> dict[str, Any]:
         log.info("live.repository_moved", repo=old, to=new)
@@ -345,16 +369,19 @@ class Reconciler:
                 known = self.live.repo(repo.full_name) or self.live.by_id(repo.id)
                 if known is None and await self._kept_elsewhere_by_id(repo.id, repo.full_name):
                     continue
-                # Kept by another replica under this name: its own reconciles keep it current
-                # (asked to reconcile it, the keeper would rebuild it at every discovery).
+                # Kept by another replica under this name: its own reconciles keep it current.
+                # Its holder is only asked to make sure it has a state (one whose stored record
+                # it could not read has none): asked to reconcile, it would rebuild the
+                # repository at every discovery.
                 if known is None and _stored_as(stored, repo) is not None and self.live.kept_elsewhere(repo.full_name):
+                    await self._ask_holder(repo.full_name, installation, action="ensure")
                     continue
                 if known is None and await self._try_reconcile(repo.full_name, installation):
                     done.append(repo.full_name)
         if complete:
             # A failed listing may hide any repository (one moved to that installation too):
             # only a discovery that listed every installation forgets.
-            await self._forget_unlisted(github, [*stored, *map(_as_stored, kept.values())], listed)
+            await self._forget_unlisted(github, kept, stored, listed)
             self._forget_clients_of_uninstalled(github, kept, set(installations))
         return done
 
@@ -367,14 +394,18 @@ class Reconciler:
             if not self.installation_repos(installation):
                 github.forget_installation(installation)
 
-    async def _forget_unlisted(self, github: ReposAPI, kept: list[StoredRepo], listed: list[Repository]) -> None:
-        """Forget the repositories kept before the listing (here or by another replica) that
-        no installation lists, once GitHub confirms it has none with their id (a listing may
-        lag behind an install)."""
+    async def _forget_unlisted(
+        self, github: ReposAPI, kept: dict[str, RepoState], stored: list[StoredRepo], listed: list[Repository]
+    ) -> None:
+        """Forget the repositories kept before the listing (here, or by another replica: in
+        the store) that no installation lists, once GitHub confirms it has none with their id
+        (a listing may lag behind an install)."""
         ids = {repo.id for repo in listed}
         names = {repo.full_name.lower() for repo in listed}
         # Memory comes last: what this process keeps is newer than its stored record.
-        for key, repo in {repo.name.lower(): repo for repo in kept}.items():
+        snapshot: dict[str, tuple[StoredRepo, RepoState | None]] = {repo.name.lower(): (repo, None) for repo in stored}
+        snapshot.update({key: (_as_stored(state), state) for key, state in kept.items()})
+        for key, (repo, state) in snapshot.items():
             # Without an id (stored by an older version) GitHub cannot confirm: its next
             # reconcile stores one.
             if repo.repo_id is None or repo.installation is None or repo.repo_id in ids or key in names:
@@ -385,10 +416,18 @@ class Reconciler:
             except GitHubError as exc:
                 log.warning("discovery.unlisted_unconfirmed", repo=repo.name, error=str(exc))
                 continue
-            now = self.live.repo(key)
-            if now is None or now.meta.repo_id == repo.repo_id:  # its name not another's meanwhile
+            if await self._unchanged_since_listing(key, repo, state):
                 log.info("discovery.repository_unlisted", repo=repo.name, installation=repo.installation)
                 await self.live.forget(repo.name)
+
+    async def _unchanged_since_listing(self, key: str, repo: StoredRepo, state: RepoState | None) -> bool:
+        """Whether the repository is kept as it was before the listing: not removed, re-added
+        (for another installation) or handed over meanwhile, here or at another replica."""
+        if state is not None:
+            return self.live.repo(key) is state
+        if self.live.repo(key) is not None:
+            return False
+        return _stored_as(await self.live.store.stored_repos(), Named(full_name=repo.name, id=repo.repo_id)) == repo
 
     def _drop_listings_of_uninstalled(self, installations: set[int]) -> None:
         """Failed listings of installations GitHub no longer lists: there is nothing left to
@@ -450,9 +489,8 @@ class Reconciler:
         return {"open_pulls": len(seen), "files_fetched": fetched, "pulls_removed": len(closed)}
 
 
-def reconcile_request(name: str, installation: int, *, light: bool) -> Delivery:
+def reconcile_request(name: str, installation: int, action: RequestAction) -> Delivery:
     """The delivery asking the replica holding `name` to reconcile it (`RECONCILE_REQUEST`)."""
-    action = "light" if light else "full"
     body = {"action": action, "repository": {"full_name": name}, "installation": {"id": installation}}
     return Delivery(
         id=f"klaud-{uuid.uuid4()}", event=RECONCILE_REQUEST, body=msgspec.json.encode(body), action=action,

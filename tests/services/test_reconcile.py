@@ -341,6 +341,37 @@ async def test_a_late_removal_of_a_deleted_repository_keeps_the_new_one_of_its_n
     assert kit.live.repo(REPO) is None
 
 
+async def test_a_light_reconcile_of_a_repository_kept_nowhere_is_a_full_one(kit: Kit) -> None:
+    # An unsuspend's request, for one whose stored record could not be read: nothing to catch up from.
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+
+    state = kit.live.repo(REPO)
+    assert state is not None and len(state.catalog) == 5
+    # The outcomes of the last days are read, as by any first reconcile.
+    assert ("workflow_runs", "klaud-candidate.yml", "completed") in kit.repo.calls
+
+
+async def test_discovery_keeps_a_repository_moved_to_another_installation_while_it_listed(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    github = kit.live.github
+    by_id = github.repository_by_id
+
+    async def repositories(installation: int) -> list[Repository]:
+        # Meanwhile (two installation queues): removed from installation 1, added to 2.
+        await kit.reconciler.forget(1, [Named(full_name=REPO, id=kit.repo.id)])
+        await kit.reconciler.reconcile_all(2, [REPO])
+        return []
+
+    async def repository_by_id(installation: int, repository_id: int) -> Repository | None:
+        return None if installation == 1 else await by_id(installation, repository_id)
+
+    github.repositories, github.repository_by_id = repositories, repository_by_id
+    await kit.reconciler.reconcile_new_installations()
+
+    state = kit.live.repo(REPO)
+    assert state is not None and state.meta.installation == 2, "discovery forgot the repository just added"
+
+
 async def test_a_failed_discovery_is_remembered_retried_after_its_backoff_and_cleared(kit: Kit, monkeypatch) -> None:
     github = kit.live.github
     listing = github.installations

@@ -14,7 +14,8 @@ import json
 from datetime import timedelta
 from types import SimpleNamespace
 
-from bot.core.events import RECONCILE_REQUEST, Named
+from bot.core.events import RECONCILE_REQUEST, Named, Repository
+from bot.store.engine import Statement
 from handlers.context import WebhookEvent
 from handlers.installation import on_installation
 from handlers.klaud_reconcile import on_reconcile_request
@@ -126,10 +127,63 @@ async def test_a_late_removal_at_the_leader_keeps_a_new_repository_of_the_name_a
     assert "o/a" in await a.stores.state.repos()
 
 
-async def test_discovery_at_the_leader_asks_nothing_of_a_repository_another_replica_keeps(nodes, github) -> None:
+async def test_discovery_at_the_leader_has_a_repository_another_replica_keeps_rebuilt_nowhere(nodes, github) -> None:
     a, b = await leader_and_keeper(nodes)
+    kept = b.live.repo("o/a")
+    github.repos["o/a"].calls.clear()
 
     assert await a.reconciler.reconcile_new_installations() == []
+    assert await run_requests(b) == ["ensure o/a"]  # b keeps it: nothing to do
 
-    assert await a.stores.deliveries.unfinished() == 0 and await run_requests(b) == []
-    assert a.live.repo("o/a") is None and b.live.repo("o/a") is not None
+    assert a.live.repo("o/a") is None and b.live.repo("o/a") is kept and github.repos["o/a"].calls == []
+
+
+async def test_discovery_has_a_repository_whose_stored_record_its_holder_could_not_read_rebuilt(nodes, github) -> None:
+    a = await nodes("a")
+    await a.replicas.round()
+    b = await nodes("b")
+    meta = '{"installation": 1, "repo_id": 4242, "wave": "not a number"}'  # another version's
+    await b.stores.engine.transaction(
+        [Statement("INSERT INTO records (repo, kind, key, data) VALUES ('', 'repo', 'o/a', ?::json)", (meta,))]
+    )
+    await b.replicas.round()
+    assert b.replicas.owns("o/a") and b.live.repo("o/a") is None
+
+    await a.reconciler.reconcile_new_installations()
+    assert await run_requests(b) == ["ensure o/a"]
+
+    state = b.live.repo("o/a")
+    assert state is not None and state.catalog, "o/a has no state anywhere"
+
+
+async def test_a_request_for_a_new_name_builds_no_second_state_beside_the_keepers(nodes, github) -> None:
+    a, b = await leader_and_keeper(nodes)
+    rename_on_github(github, "o/a", "o/renamed")  # its `repository renamed` lost
+    c = await nodes("c")
+    await put_delivery(c, "s1", "o/renamed", "check_suite")
+    await c.replicas.round()
+    assert c.replicas.owns("o/renamed") and b.replicas.owns("o/a")
+
+    await installation_event(a, "new_permissions_accepted", repositories=[{"full_name": "o/renamed", "id": 4242}])
+    assert await run_requests(c) == ["full o/renamed"]  # c finds it kept by b as o/a: asks b
+    assert await run_requests(b) == ["light o/a"]  # b follows the rename
+
+    with_id = sorted(repo.name for repo in await a.stores.state.stored_repos() if repo.repo_id == 4242)
+    assert with_id == ["o/renamed"] and c.live.repo("o/renamed") is None
+
+
+async def test_discovery_keeps_what_another_replica_admitted_while_it_listed(nodes, github) -> None:
+    a, b = await leader_and_keeper(nodes)
+    by_id = github.repository_by_id
+
+    async def repositories(installation: int) -> list[Repository]:
+        await b.reconciler.reconcile("o/a", 2)  # moved to installation 2, meanwhile
+        return []  # the listing: removed from 1, not yet listed in 2
+
+    async def repository_by_id(installation: int, repository_id: int) -> Repository | None:
+        return None if installation == 1 else await by_id(installation, repository_id)
+
+    github.repositories, github.repository_by_id = repositories, repository_by_id
+    await a.reconciler.reconcile_new_installations()
+
+    assert "o/a" in await a.stores.state.repos(), "the leader forgot the repository b just admitted"

@@ -43,7 +43,7 @@ def cooldown(
     A `/klaud retry` approved at `retry_approved_at` clears the cooldown it saw: one decided
     by an attempt completed by then, not one a later attempt began."""
     window = timedelta(hours=cooldown_hours)
-    repeated = _repeated_run_failure(attempts, candidate, now - window, window)
+    repeated = _repeated_run_failure(attempts, candidate, now - window)
     if repeated is not None:
         until = repeated.completed_at + window
         what = f"the last {RUN_FAILURES_TO_COOL} runs {_no_outcome(repeated)}"
@@ -71,14 +71,12 @@ def _cleared(approved_at: datetime | None, deciding: Attempt) -> bool:
     return approved_at is not None and deciding.completed_at <= approved_at
 
 
-def _repeated_run_failure(
-    attempts: Iterable[Attempt], candidate: str, cutoff: datetime, window: timedelta
-) -> Attempt | None:
-    """The newest attempt, completed after `cutoff`, when it and the one before it (within
-    `window` of it) both ended without an outcome through the run's own doing (NO_OUTCOME:
-    failed before one, finished without the artifact, or left one that cannot be read): the
-    cooldown runs `window` from the second, however long before it the first one came within
-    that window.
+def _repeated_run_failure(attempts: Iterable[Attempt], candidate: str, cutoff: datetime) -> Attempt | None:
+    """The newest attempt, completed after `cutoff`, when it and the one before it both ended
+    without an outcome through the run's own doing (NO_OUTCOME: failed before one, finished
+    without the artifact, or left one that cannot be read): two in a row, however long apart
+    (capacity may keep a candidate waiting for days between them), and the cooldown runs from
+    the second.
 
     One such run may be bad luck (a runner lost), so the candidate stays eligible; the same
     twice in a row is what a broken workflow looks like, wave after wave. An artifact that
@@ -93,7 +91,6 @@ def _repeated_run_failure(
         len(newest) == RUN_FAILURES_TO_COOL
         and all(a.error in NO_OUTCOME for a in newest)
         and newest[0].completed_at > cutoff
-        and newest[0].completed_at - newest[-1].completed_at <= window
     ):
         return newest[0]
     return None

@@ -13,7 +13,6 @@ import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from datetime import timedelta
 from typing import get_args
 
 import structlog
@@ -24,15 +23,11 @@ from bot.core.domain import UNREADABLE_DOCUMENT, DecisionKind, Wave, stamp
 from bot.core.errors import is_permanent
 from bot.metrics import DISPATCH_PAUSED, forget_repo, show_wave
 from bot.services.api import RepoAPI, ReposAPI
-from bot.services.repo_state import RepoMeta, RepoState
+from bot.services.repo_state import ATTEMPT_MEMORY, RepoMeta, RepoState
 from bot.store.change import Change
 from bot.store.records import StateStore
 
 log = structlog.get_logger("klaud.live")
-
-# Cooldowns look back at most 168 hours and artifacts live 14 days: older attempts stay in
-# the store only.
-ATTEMPT_MEMORY = timedelta(days=14)
 
 # Earlier names of renamed repositories remembered, for the events still named by them.
 FORMER_NAMES = 1024

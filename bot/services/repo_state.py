@@ -57,6 +57,9 @@ from bot.core.policy import Policy, PolicyError, parse_policy
 from bot.core.setup import SetupError, SetupErrorDocument
 from bot.store.change import Change
 
+# Cooldowns look back at most 168 hours, a run failure pairs with the one before it however
+# old, and artifacts live 14 days: older attempts stay in the store only.
+ATTEMPT_MEMORY = timedelta(days=14)
 # How many waves' run endings are kept for the pause rule.
 KEEP_WAVE_RUNS = 20
 KEEP_CLOSED_PULLS = 1000  # closed PRs remembered, for events delivered late
@@ -538,8 +541,9 @@ class RepoState:
 
     def _attempts_since(self, now: datetime) -> datetime:
         """The oldest attempt that can decide anything at `now`: one inside the cooldown
-        window, or the run failure before it that makes it the second in a row."""
-        return now - 2 * timedelta(hours=self.policy.cooldown_hours)
+        window, or the run failure before it that makes it the second in a row, however long
+        before it came (a candidate capacity kept waiting for days): every one remembered."""
+        return now - ATTEMPT_MEMORY
 
     def _verdict(self, family: Family, candidate: str, wave: int, now: datetime, since: datetime) -> Verdict:
         cached = self._verdicts.get(family.id)

@@ -238,6 +238,12 @@ def test_two_run_failures_in_a_row_cool_down_even_when_the_first_left_the_window
     assert state.until == NOW - timedelta(hours=2) + timedelta(hours=24)
 
 
+def test_two_run_failures_in_a_row_cool_down_however_far_apart() -> None:
+    # Capacity kept the candidate waiting for days after the first: still two in a row.
+    state = check([run_failed(24 * 5, 301), run_failed(2, 302)])
+    assert not state.eligible and state.until == NOW - timedelta(hours=2) + timedelta(hours=24)
+
+
 def test_a_run_failure_cooldown_ends_exactly_cooldown_hours_after_the_second_failure() -> None:
     # Same boundary as a verified outcome's cooldown (test_window_ends_exactly_…).
     assert check([run_failed(30, 301), run_failed(24, 302)]).eligible

@@ -121,3 +121,18 @@ def test_an_untouched_family_is_not_decided_again(monkeypatch: pytest.MonkeyPatc
     state.unhold(family.id, big.NOW)
     state.plan(2, big.NOW, capacity)
     assert decided == [family.id]  # only the family the hold touched
+
+
+def test_a_run_failure_days_after_the_first_one_cools_the_candidate_down() -> None:
+    # Capacity kept the candidate waiting for days after its first run failed: the second is
+    # still the second in a row (DESIGN §4), however far back the planner must look for it.
+    state, _, rng = built(4)
+    family = next(iter(state.catalog))
+    now = big.NOW
+    for run_id, completed in ((901, now - timedelta(days=5)), (902, now - timedelta(hours=2))):
+        state.record_attempt(Attempt(family.candidate, family.id, run_id, 1, "a" * 40, completed, False, None, None,
+                                     None, None, "run-failed"))
+
+    [decision] = [d for d in state.plan(7, now, reading(rng)).decisions if d.family == family.id]
+
+    assert decision.decision == "cooldown" and decision.until == now - timedelta(hours=2) + timedelta(hours=24)

@@ -15,8 +15,8 @@ from structlog.testing import capture_logs
 
 from bot.core.domain import parse_time, stamp
 from bot.github.errors import BadRequest, NotFound, Unavailable
-from bot.services.live import ATTEMPT_MEMORY
 from bot.services.reconcile import FIRST_RETRY, retry_delay
+from bot.services.repo_state import ATTEMPT_MEMORY
 from bot.services.scheduler import LIGHT_RECONCILE_EVERY, MAX_JITTER_SECONDS, Scheduler
 from bot.services.waves import RETRY_WAVE_AFTER
 from bot.store.change import Change

@@ -624,12 +624,6 @@ class RepoState:
             "repo": self.name,
             "head_sha": self.meta.head_sha,
             "policy": self.policy.model_dump(mode="json"),
-            "policy_error": self.meta.policy_error,
-            "config_errors": [
-                {"path": path, "detail": detail} for path, detail in config_problems(self.meta.config_errors)
-            ],
-            "setup_errors": list(self.meta.setup_errors),
-            "blocked": blocked.document() if (blocked := self.blocked_now(now)) is not None else None,
             "families": [
                 {
                     "family": f.id,
@@ -643,6 +637,12 @@ class RepoState:
                 }
                 for f in self.catalog
             ],
+            "policy_error": self.meta.policy_error,
+            "config_errors": [
+                {"path": path, "detail": detail} for path, detail in config_problems(self.meta.config_errors)
+            ],
+            "setup_errors": list(self.meta.setup_errors),
+            "blocked": blocked.document() if (blocked := self.blocked_now(now)) is not None else None,
             "pulls": [
                 {
                     "number": p.number,

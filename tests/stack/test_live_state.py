@@ -49,7 +49,9 @@ async def test_install_reconcile_builds_the_catalog(tmp_path):
         async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/bench/state") as response:
             document = await response.json()
         assert response.status == 200
-        assert set(document) >= {"repo", "head_sha", "policy", "families", "pulls", "attempts", "holds", "retries", "claims"}
+        design_order = ["repo", "head_sha", "policy", "families", "policy_error", "config_errors", "setup_errors",
+                        "blocked", "pulls", "attempts", "holds", "retries", "claims"]  # DESIGN §3.5
+        assert [key for key in document if key in design_order] == design_order
         async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/nope/state") as response:
             assert response.status == 404
 

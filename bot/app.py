@@ -277,10 +277,9 @@ class Klaud:
         state = self.live.repo(repo)
         if state is None:
             return None
-        latest = state.meta.wave
         documents = []
-        for number in range(latest, max(0, latest - limit), -1):
+        for number in await self.store.last_wave_numbers(state.name, limit):
             wave = await self.live.stored_wave(state.name, number)
-            if wave is not None:  # a dry-run wave numbers nothing it stores
+            if wave is not None:  # unreadable (reported in one line)
                 documents.append(wave.document())
         return documents

@@ -55,6 +55,8 @@ RENAME = (
     "UPDATE deliveries SET repo = ? WHERE lower(repo) = lower(?) AND status IN ('queued', 'processing')",
 )
 GET_WAVE = "SELECT encoding, body FROM waves WHERE repo = ? AND number = ?"
+# A wave cancelled (or crashed) after numbering itself stored no document: its number is a gap.
+LAST_WAVES = "SELECT number FROM waves WHERE repo = ? ORDER BY number DESC LIMIT ?"
 REPOS = "SELECT key FROM records WHERE repo = '' AND kind = 'repo'"
 # The name a repository's GitHub id is stored under: one meta record read, not all decoded.
 NAME_OF: dict[Dialect, str] = {
@@ -201,6 +203,10 @@ class StateStore:
             return None
         return _decode(repo, kind, [key], [rows[0][0]]).get(key)
 
+
+    async def last_wave_numbers(self, repo: str, limit: int) -> list[int]:
+        """The numbers of the last `limit` waves stored, newest first."""
+        return [int(row[0]) for row in await self.db.fetch(LAST_WAVES, repo, limit)]
 
     async def wave(self, repo: str, number: int) -> dict[str, Any] | None:
         """The stored document of wave `number`; None when absent or unreadable (then reported)."""

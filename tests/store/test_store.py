@@ -260,3 +260,13 @@ async def test_every_stored_repository_is_listed_with_its_installation_and_id(st
     listed = sorted(await stores.state.stored_repos(), key=lambda repo: repo.name)
 
     assert listed == [StoredRepo("o/B", 2, None), StoredRepo("o/a", 1, 4242), StoredRepo("o/odd", None, None)]
+
+
+async def test_the_last_stored_wave_numbers_skip_numbers_that_stored_no_wave(stores: Stores) -> None:
+    change = Change()
+    for repo, number in (("o/r", 1), ("o/r", 3), ("o/r", 4), ("o/other", 9)):
+        change.put_wave(repo, number, {"wave": number})
+    await stores.state.apply(change)
+
+    assert await stores.state.last_wave_numbers("o/r", 2) == [4, 3]
+    assert await stores.state.last_wave_numbers("o/r", 10) == [4, 3, 1]

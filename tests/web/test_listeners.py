@@ -4,11 +4,13 @@ the API and /metrics; each endpoint on its own listener and 404 on the other."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from urllib.parse import urlsplit
 
 import pytest
 
+from bot.services import waves as waves_module
 from bot.settings import SettingsError, load_settings
 from tests import scenarios as sc
 from tests.harness import headers_for, make_settings, running_klaud, sandbox_stack
@@ -148,6 +150,32 @@ async def test_a_waves_limit_of_more_than_three_digits_is_400(tmp_path, limit):
     async with running_klaud(make_klaud(tmp_path)) as run:
         status, body = await run.get_json(f"/api/v1/repos/acme/bench/waves?limit={limit}")
     assert (status, body["error"]) == (400, "invalid-parameter")
+
+
+async def test_waves_limit_lists_the_last_n_stored_documents_past_a_wave_that_stored_none(tmp_path, monkeypatch):
+    # A wave cancelled during its dispatch (a SIGTERM) numbered itself and stored no document:
+    # counting N numbers back listed fewer than N documents.
+    async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 1\n")) as run:
+        assert (await run.klaud.waves.run("acme/bench", trigger="test")).wave == 1
+        dispatching = asyncio.Event()
+
+        async def hanging_dispatch(*args, **kwargs):  # type: ignore[no-untyped-def]
+            dispatching.set()
+            await asyncio.Event().wait()
+
+        monkeypatch.setattr(waves_module, "dispatch_run", hanging_dispatch)
+        cancelled = asyncio.create_task(run.klaud.waves.run("acme/bench", trigger="test"))
+        await dispatching.wait()
+        cancelled.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await cancelled
+        monkeypatch.undo()
+        third = await run.klaud.waves.run("acme/bench", trigger="test")
+
+        async with run.klaud.session.get(f"{run.admin_url}/api/v1/repos/acme/bench/waves?limit=2") as response:
+            status, body = response.status, await response.json()
+
+    assert status == 200 and [document["wave"] for document in body] == [third.wave, 1] and third.wave == 3
 
 
 async def test_the_plan_endpoint_plans_for_the_time_asked(tmp_path):

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -44,6 +45,16 @@ MAX_WORKFLOWS = 16
 Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
+def _not_a_truth_value(value: object) -> object:
+    # pydantic reads `true` as 1: `cooldown_hours: true` is a mistake, not an hour.
+    if isinstance(value, bool):
+        raise ValueError("expected a whole number, not true or false")  # noqa: TRY004 (pydantic reports ValueError)
+    return value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_not_a_truth_value)]
+
+
 def _every_input() -> dict[InputKey, str]:
     return {"candidate": "candidate", "family": "family", "base": "base", "wave": "wave"}
 
@@ -53,11 +64,11 @@ class Policy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cooldown_hours: int = Field(default=24, ge=1, le=168)
-    wave_every_minutes: int = Field(default=120, ge=10, le=10080)
-    max_candidates_per_wave: int = Field(default=5, ge=1, le=256)
-    max_in_flight: int = Field(default=10, ge=1, le=1024)
-    idle_days: int = Field(default=7, ge=1, le=365)
+    cooldown_hours: WholeNumber = Field(default=24, ge=1, le=168)
+    wave_every_minutes: WholeNumber = Field(default=120, ge=10, le=10080)
+    max_candidates_per_wave: WholeNumber = Field(default=5, ge=1, le=256)
+    max_in_flight: WholeNumber = Field(default=10, ge=1, le=1024)
+    idle_days: WholeNumber = Field(default=7, ge=1, le=365)
     candidate_workflow: Text = "klaud-candidate.yml"
     outcome_workflows: tuple[Text, ...] = Field(
         default=("klaud-candidate.yml", "klaud-plan.yml"), max_length=MAX_WORKFLOWS, json_schema_extra=_AT_LEAST_ONE
@@ -68,12 +79,25 @@ class Policy(BaseModel):
     runners_file: Text = "configs/runners.yaml"
     family_files: tuple[Text, ...] = Field(default=(), max_length=MAX_GLOBS)
     capacity_rule: Literal["all", "any"] = "all"
-    claim_ttl_hours: int = Field(default=12, ge=1, le=168)
+    claim_ttl_hours: WholeNumber = Field(default=12, ge=1, le=168)
     enabled: bool = True
     # Klaud's value -> the candidate workflow input that receives it; a value left out is
     # not sent (a workflow with one input: `{candidate: candidate}`).
-    candidate_inputs: dict[InputKey, str] = Field(default_factory=_every_input, min_length=1)
+    candidate_inputs: dict[InputKey, Text] = Field(
+        default_factory=_every_input, min_length=1, json_schema_extra={"default": {str(key): name for key, name in _every_input().items()}}
+    )
     dashboard: bool = True
+
+    @field_validator("candidate_inputs")
+    @classmethod
+    def _one_value_per_input(cls, inputs: dict[InputKey, str]) -> dict[InputKey, str]:
+        # Sent as one mapping of inputs, the second value would overwrite the first in silence.
+        seen: dict[str, str] = {}
+        for value, name in inputs.items():
+            if name in seen:
+                raise ValueError(f"{seen[name]} and {value} both go to input {name!r}: an input takes one value")
+            seen[name] = value
+        return inputs
 
     @field_validator("outcome_workflows", "config_globs")
     @classmethod

@@ -67,6 +67,24 @@ def test_bounds_the_domain_gives(key: str, lowest: int, highest: int) -> None:
             parse_policy(f"{key}: {outside}\n")
 
 
+def test_a_count_written_true_or_false_is_refused_not_read_as_one_or_zero() -> None:
+    with pytest.raises(PolicyError, match="cooldown_hours.*not true or false"):
+        parse_policy("cooldown_hours: true\n")
+    assert parse_policy("cooldown_hours: 1\n").cooldown_hours == 1
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ("{family: target, wave: target}", "family and wave both go to input 'target'"),
+        ("{candidate: ''}", "candidate_inputs.candidate"),
+    ],
+)
+def test_candidate_inputs_that_would_lose_a_value_are_refused(inputs: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=message):
+        parse_policy(f"candidate_inputs: {inputs}\n")
+
+
 def test_family_files_with_an_unknown_placeholder_is_refused_naming_it() -> None:
     # What this catches: `{model}` kept in the glob as text, matching no file, in silence.
     with pytest.raises(PolicyError, match=r"family_files.*unknown placeholder \{model\}"):

@@ -260,10 +260,7 @@ async def _plan(settings: Settings, args: argparse.Namespace) -> int:
             if state is None:
                 continue
             wave = await klaud.waves.preview_state(state, at or klaud.clock.now())
-            if args.json:
-                print(json.dumps(wave.document(), indent=2))
-            else:
-                print(render_wave_table(wave))
+            print(_wave_json(wave.document()) if args.json else render_wave_table(wave))
     finally:
         await klaud.stop()
     return 0
@@ -321,8 +318,14 @@ async def _plan_from_server(settings: Settings, args: argparse.Namespace, at: da
             path = f"/api/v1/repos/{repo}/plan"
             document = await get(path)
             wave = _answered_wave(document, f"{base}{path}")
-            print(json.dumps(document, indent=2) if args.json else render_wave_table(wave))
+            print(_wave_json(document) if args.json else render_wave_table(wave))
     return 0
+
+
+def _wave_json(document: dict[str, Any]) -> str:
+    """One wave document per line (JSON Lines): with several repositories, the output is one
+    document per repository that a program reads line by line."""
+    return json.dumps(document)
 
 
 def _not_klaud(url: str, expected: str) -> Refused:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from typing import get_args
 
@@ -344,6 +345,22 @@ async def test_plan_while_a_server_holds_the_sqlite_store_asks_that_server(tmp_p
     monkeypatch.setenv("KLAUD_ADMIN_TOKEN", "s3cret")
     assert await asyncio.to_thread(klaud_main, ["plan", "--json"]) == 0  # the server is gone: the store again
     assert json.loads(capsys.readouterr().out)["repo"] == "acme/bench"
+
+
+async def test_plan_json_prints_one_wave_document_per_repository_and_line(tmp_path, capsys, monkeypatch):
+    # Several pretty-printed documents one after the other were neither one JSON value nor lines.
+    scenario = sc.scenario()
+    scenario["repositories"].append({**copy.deepcopy(scenario["repositories"][0]), "full_name": "acme/other"})
+    async with sandbox_stack(tmp_path, scenario) as run:
+        host, port = run.admin_url.removeprefix("http://").rsplit(":", 1)
+        for name, value in {"KLAUD_DB": f"sqlite:///{tmp_path / 'klaud.db'}", "KLAUD_ADMIN_HOST": host,
+                            "KLAUD_ADMIN_PORT": port}.items():
+            monkeypatch.setenv(name, value)
+        assert await asyncio.to_thread(klaud_main, ["plan", "--json"]) == 0  # through the server
+        served = [json.loads(line)["repo"] for line in capsys.readouterr().out.splitlines()]
+    assert await asyncio.to_thread(klaud_main, ["plan", "--json"]) == 0  # from the store
+    stored = [json.loads(line)["repo"] for line in capsys.readouterr().out.splitlines()]
+    assert sorted(served) == sorted(stored) == ["acme/bench", "acme/other"]
 
 
 async def test_plan_from_a_server_that_keeps_no_repository_says_so(tmp_path, capsys, monkeypatch):

@@ -299,13 +299,13 @@ class Reconciler:
         renamed while its event was lost), here or in the store (kept by another replica),
         and only while this installation keeps them: after an uninstall and a re-install,
         the old installation's `deleted` may come last."""
-        stored: list[StoredRepo] | None = None
+        stored: _Stored | None = None
         for repo in repositories:
             state = self.live.by_id(repo.id) or self.live.repo(repo.full_name)
             kept = _as_stored(state) if state is not None else None
             if kept is None:
-                stored = await self.live.store.stored_repos() if stored is None else stored
-                kept = _stored_as(stored, repo)
+                stored = _Stored(await self.live.store.stored_repos()) if stored is None else stored
+                kept = stored.find(repo)
             if kept is not None and None not in (repo.id, kept.repo_id) and kept.repo_id != repo.id:
                 # A repository deleted, then created again under its name: the late event of
                 # the old one would forget the new one.
@@ -344,7 +344,7 @@ class Reconciler:
         # Taken before listing: a repository an event adds meanwhile is not in the listing.
         # The store has those the other replicas keep too (the leader alone discovers).
         kept = dict(self.live.repos)
-        stored = await self.live.store.stored_repos()
+        stored = _Stored(await self.live.store.stored_repos())
         try:
             installations = await github.installations()
         except GitHubError as exc:
@@ -373,7 +373,7 @@ class Reconciler:
                 # Its holder is only asked to make sure it has a state (one whose stored record
                 # it could not read has none): asked to reconcile, it would rebuild the
                 # repository at every discovery.
-                if known is None and _stored_as(stored, repo) is not None and self.live.kept_elsewhere(repo.full_name):
+                if known is None and stored.find(repo) is not None and self.live.kept_elsewhere(repo.full_name):
                     await self._ask_holder(repo.full_name, installation, action="ensure")
                     continue
                 if known is None and await self._try_reconcile(repo.full_name, installation):
@@ -381,7 +381,7 @@ class Reconciler:
         if complete:
             # A failed listing may hide any repository (one moved to that installation too):
             # only a discovery that listed every installation forgets.
-            await self._forget_unlisted(github, kept, stored, listed)
+            await self._forget_unlisted(github, kept, stored.repos, listed)
             self._forget_clients_of_uninstalled(github, kept, set(installations))
         return done
 
@@ -427,7 +427,7 @@ class Reconciler:
             return self.live.repo(key) is state
         if self.live.repo(key) is not None:
             return False
-        return _stored_as(await self.live.store.stored_repos(), Named(full_name=repo.name, id=repo.repo_id)) == repo
+        return _Stored(await self.live.store.stored_repos()).find(Named(full_name=repo.name, id=repo.repo_id)) == repo
 
     def _drop_listings_of_uninstalled(self, installations: set[int]) -> None:
         """Failed listings of installations GitHub no longer lists: there is nothing left to
@@ -502,10 +502,19 @@ def _as_stored(state: RepoState) -> StoredRepo:
     return StoredRepo(state.name, state.meta.installation, state.meta.repo_id)
 
 
-def _stored_as(stored: list[StoredRepo], repo: Named | Repository) -> StoredRepo | None:
-    """The stored repository `repo` is: the one with its id, else the one of its name."""
-    by_id = next((kept for kept in stored if repo.id is not None and kept.repo_id == repo.id), None)
-    return by_id or next((kept for kept in stored if kept.name.lower() == repo.full_name.lower()), None)
+class _Stored:
+    """The repositories in the store, found by id or by name (a discovery looks up each
+    listed repository: a scan of the list for each was quadratic in an installation's size)."""
+
+    def __init__(self, repos: list[StoredRepo]) -> None:
+        self.repos = repos
+        self._by_id = {repo.repo_id: repo for repo in reversed(repos) if repo.repo_id is not None}
+        self._by_name = {repo.name.lower(): repo for repo in reversed(repos)}
+
+    def find(self, repo: Named | Repository) -> StoredRepo | None:
+        """The stored repository `repo` is: the one with its id, else the one of its name."""
+        by_id = self._by_id.get(repo.id) if repo.id is not None else None
+        return by_id or self._by_name.get(repo.full_name.lower())
 
 
 def _listing(installation: int) -> str:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-from typing import Any
 
 import gidgethub
 import pytest
@@ -18,21 +16,12 @@ from tests.sandbox.test_sandbox_support import (
     MASTER,
     Hub,
     Receiver,
+    events,
     serve,
     small_scenario,
 )
 
 REPO = "/repos/acme/bench"
-
-
-def events(target: Receiver) -> list[tuple[str, dict[str, Any]]]:
-    return [(headers["X-GitHub-Event"], json.loads(body)) for headers, body in target.received]
-
-
-@pytest.fixture
-async def wired(hub: Hub, receiver: Receiver) -> Hub:
-    hub.sandbox.deliver_to = receiver.url
-    return hub
 
 
 async def test_webhook_is_signed_and_carries_githubs_headers(

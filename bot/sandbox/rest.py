@@ -470,7 +470,7 @@ def list_pulls(call: Call) -> Reply:
     if head:
         owner, _, branch = head.partition(":")
         pulls = [p for p in pulls
-                 if owner.lower() == repo.owner.lower() and p.head_ref == (branch or owner)]
+                 if owner.lower() == (p.head_owner or repo.owner).lower() and p.head_ref == (branch or owner)]
     if base:
         pulls = [p for p in pulls if p.base_ref == base]
     sort = call.query.get("sort", "created")

@@ -80,6 +80,9 @@ class Pull(Model):
     title: str
     user: str
     head_ref: str
+    # A fork's full name when the head branch lives there (another account's copy of the
+    # repository); without it the branch is the repository's own.
+    head_repo: str | None = Field(default=None, pattern=REPO_PATTERN)
     head_sha: str | None = Field(default=None, pattern=SHA_PATTERN)
     base_ref: str | None = None
     body: str | None = None
@@ -123,6 +126,9 @@ class RunFields(Model):
     id: int | None = Field(default=None, gt=0)
     head_sha: str | None = Field(default=None, pattern=SHA_PATTERN)
     head_branch: str | None = None
+    # The fork a `pull_request` run's head comes from (its full name); the repository itself
+    # when not given.
+    head_repository: str | None = Field(default=None, pattern=REPO_PATTERN)
     event: str = "workflow_dispatch"
     conclusion: RunConclusion | None = None
     run_attempt: int = Field(default=1, ge=1)

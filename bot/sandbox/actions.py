@@ -61,6 +61,10 @@ def edit_pull(world: World, action: sc.EditPull) -> Outcome:
     if action.body is not None and action.body != pull.body:
         changes["body"] = {"from": pull.body}
         pull.body = action.body
+    if action.base is not None and action.base != pull.base_ref:
+        old_ref, old_sha = pull.base_ref, pull.base_sha
+        repo.retarget(pull, action.base)
+        changes["base"] = {"ref": {"from": old_ref}, "sha": {"from": old_sha}}
     draft_move = None
     if action.draft is not None and action.draft != pull.draft:
         pull.draft = action.draft

@@ -240,6 +240,8 @@ class EditPull(Model):
     body: str | None = None
     draft: bool | None = None
     labels: list[str] | None = None
+    # Another branch of the repository to merge into (GitHub's "Edit" next to the title).
+    base: str | None = Field(default=None, min_length=1)
     user: str | None = None
 
 

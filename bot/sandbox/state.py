@@ -624,8 +624,28 @@ class RepoState:
         pull.updated_at = now
         return before
 
+    def retarget(self, pull: PullRequest, base: str) -> None:
+        """Point an open pull request at another branch, refused as GitHub refuses it: its
+        changes become the head's against its merge base with that branch."""
+        if pull.state != "open":
+            raise SandboxError("Cannot change the base branch of a closed pull request.", 422)
+        base_sha = self.refs.get(f"refs/heads/{base}")
+        if base_sha is None:
+            raise SandboxError(f"Proposed base branch '{base}' was not found", 422)
+        if pull.head_sha in self.ancestors(base_sha):
+            raise SandboxError(f"There are no new commits between base branch '{base}' and head "
+                               f"branch '{pull.head_ref}'", 422)
+        merge_base = self.merge_base(base_sha, pull.head_sha)
+        old_tree = self.commits[merge_base].tree if merge_base else {}
+        pull.base_ref, pull.base_sha = base, base_sha
+        pull.files = self.diff_trees(old_tree, self.commits[pull.head_sha].tree)
+
     def merge_pull(self, pull: PullRequest, by: str, now: datetime) -> tuple[Commit, Commit]:
         """Apply the pull request's changes to the default branch as a merge commit."""
+        if pull.base_ref != self.default_branch:
+            # GitHub would merge into that branch; the sandbox models the default one only.
+            raise SandboxError(f"cannot merge #{pull.number}: the sandbox merges into "
+                               f"{self.default_branch} only, not {pull.base_ref}", 422)
         tree = dict(self.head.tree)
         head_tree = self.commits[pull.head_sha].tree
         for changed in pull.files:

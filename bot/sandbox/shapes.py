@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.core.domain import stamp
-from bot.sandbox.permissions import AppManifest, Installation
+from bot.sandbox.permissions import AppManifest, Installation, Suspension
 from bot.sandbox.state import (
     Artifact,
     ChangedFile,
@@ -132,7 +132,9 @@ class Shapes:
             "events": list(self.manifest.events),
         }
 
-    def installation(self, installed: Installation, repo: RepoState) -> dict[str, Any]:
+    def installation(self, installed: Installation, repo: RepoState,
+                     suspended: Suspension | None = None) -> dict[str, Any]:
+        """An installation, on the account that owns `repo`."""
         installation_id = installed.id
         return {
             "id": installation_id,
@@ -153,8 +155,8 @@ class Shapes:
             "single_file_name": None,
             "has_multiple_single_files": False,
             "single_file_paths": [],
-            "suspended_by": None,
-            "suspended_at": None,
+            "suspended_by": self.user(suspended.by) if suspended else None,
+            "suspended_at": ts(suspended.at) if suspended else None,
         }
 
     @staticmethod

@@ -360,6 +360,7 @@ class RepoState:
         self.owner, self.name = spec.full_name.split("/")
         self.id = repo_id
         self.installation_id = spec.installation_id
+        self.installed = spec.installed
         self.owner_type = spec.owner_type
         self.default_branch = spec.default_branch
         self.private = spec.private

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.sandbox import issues
+from bot.sandbox import installations, issues
 from bot.sandbox import scenario as sc
 from bot.sandbox.events import Payloads
 from bot.sandbox.issues import IssueEdit
 from bot.sandbox.shapes import ts
 from bot.sandbox.state import PullRequest, RepoState, SandboxError, apply_files
-from bot.sandbox.world import Event, World
-
-Outcome = tuple[dict[str, Any], list[Event]]
+from bot.sandbox.world import Event, Outcome, World
 
 
 def apply(world: World, action: sc.Action) -> Outcome:
@@ -61,6 +59,10 @@ def edit_pull(world: World, action: sc.EditPull) -> Outcome:
     if action.body is not None and action.body != pull.body:
         changes["body"] = {"from": pull.body}
         pull.body = action.body
+    if action.base is not None and action.base != pull.base_ref:
+        old_ref, old_sha = pull.base_ref, pull.base_sha
+        repo.retarget(pull, action.base)
+        changes["base"] = {"ref": {"from": old_ref}, "sha": {"from": old_sha}}
     draft_move = None
     if action.draft is not None and action.draft != pull.draft:
         pull.draft = action.draft
@@ -192,7 +194,9 @@ def delete_repository(world: World, action: sc.DeleteRepository) -> Outcome:
     repo = world.repo(action.repo)
     sender = action.user or repo.first_admin()
     payloads = Payloads(world)
-    events = [payloads.repository(repo, "deleted", sender), payloads.repositories_removed(repo, sender)]
+    # An App not installed on the repository hears nothing of it.
+    events = [payloads.repository(repo, "deleted", sender),
+              payloads.installation_repositories("removed", sender, [], [repo])] if repo.installed else []
     world.delete(repo)
     return {}, events
 
@@ -222,6 +226,11 @@ HANDLERS: dict[type, Any] = {
     sc.RepositoryDispatch: repository_dispatch,
     sc.RenameRepository: rename_repository,
     sc.DeleteRepository: delete_repository,
+    sc.InstallApp: installations.install_app,
+    sc.AddRepositories: installations.add_repositories,
+    sc.RemoveRepositories: installations.remove_repositories,
+    sc.UninstallApp: installations.uninstall_app,
+    sc.SuspendApp: installations.suspend_app,
     sc.SetCapacity: set_capacity,
     sc.AdvanceClock: advance_clock,
 }

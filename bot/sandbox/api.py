@@ -128,7 +128,7 @@ class Api:
         """403 when the route needs a permission the request's installation lacks. A
         repository the request may not see at all is left to the handler's 404."""
         repo = self.world.repo_named(call.params)
-        if repo is None or (call.installation_id not in (None, repo.installation_id)):
+        if repo is None or not self.world.app_sees(repo, call.installation_id):
             return
         call.require(repo, route.needs)
 
@@ -147,7 +147,7 @@ class Api:
         found = BY_ID.fullmatch(path)
         if found is None:
             return path
-        repo = next((r for r in self.world.repos.values() if r.id == int(found[1])), None)
+        repo = self.world.repo_by_id(int(found[1]))
         return path if repo is None else f"/repos/{repo.full_name}{found[2]}"
 
     def budget_key(self, installation: int | None, params: dict[str, str], path: str) -> str:

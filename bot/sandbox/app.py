@@ -218,7 +218,8 @@ def repo_document(repo: RepoState, now: datetime) -> dict[str, Any]:
         "pulls": [
             {"number": p.number, "title": p.title, "user": p.user, "state": p.state,
              "draft": p.draft, "merged": p.merged, "head_ref": p.head_ref,
-             "head_sha": p.head_sha, "base_sha": p.base_sha, "labels": list(p.labels),
+             "head_repo": p.head_repo or repo.full_name, "head_sha": p.head_sha,
+             "base_ref": p.base_ref, "base_sha": p.base_sha, "labels": list(p.labels),
              "updated_at": ts(p.updated_at), "files": [f.filename for f in p.files]}
             for p in sorted(repo.pulls.values(), key=lambda p: p.number)
         ],

@@ -118,18 +118,32 @@ class Payloads:
         """`repository` (renamed: `changes.repository.name.from` holds the old name)."""
         return Event("repository", self.envelope(repo, sender, {"action": action, **extra}))
 
-    def repositories_removed(self, repo: RepoState, sender: str) -> Event:
-        """`installation_repositories` removed, naming `repo` alone (it carries no
-        `repository` of its own, as on GitHub)."""
-        installed = self.world.installation(repo.installation_id)
-        removed = {key: self.shapes.minimal_repository(repo)[key]
-                   for key in ("id", "node_id", "name", "full_name", "private")}
+    def listed(self, repo: RepoState) -> dict[str, Any]:
+        """A repository as installation events list it."""
+        return {key: self.shapes.minimal_repository(repo)[key]
+                for key in ("id", "node_id", "name", "full_name", "private")}
+
+    def installation(self, repo: RepoState, action: str, sender: str,
+                     repos: list[RepoState] | None = None) -> Event:
+        """`installation` (created, deleted: with the repositories; suspend, unsuspend:
+        without), on the installation of `repo`. No `repository`, as on GitHub."""
+        payload: dict[str, Any] = {"action": action,
+                                   "installation": self.world.installation_shape(self.shapes, repo)}
+        if repos is not None:
+            payload["repositories"] = [self.listed(r) for r in repos]
+        payload["sender"] = self.shapes.user(sender)
+        return Event("installation", payload)
+
+    def installation_repositories(self, action: str, sender: str, added: list[RepoState],
+                                  removed: list[RepoState]) -> Event:
+        """`installation_repositories` added or removed, on the installation of the
+        repositories it names (it carries no `repository` of its own, as on GitHub)."""
         payload = {
-            "action": "removed",
-            "installation": self.shapes.installation(installed, repo),
+            "action": action,
+            "installation": self.world.installation_shape(self.shapes, (added + removed)[0]),
             "repository_selection": "selected",
-            "repositories_added": [],
-            "repositories_removed": [removed],
+            "repositories_added": [self.listed(r) for r in added],
+            "repositories_removed": [self.listed(r) for r in removed],
             "requester": None,
             "sender": self.shapes.user(sender),
         }

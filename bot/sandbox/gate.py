@@ -16,6 +16,8 @@ from bot.sandbox.shapes import ts
 from bot.sandbox.world import World
 
 DOCS = "https://docs.github.com/rest"
+# GitHub's answer to a suspended installation's token request, and to its tokens.
+SUSPENDED = "This installation has been suspended"
 RATE_WINDOW = timedelta(hours=1)
 # GitHub refuses App JWTs that live longer than ten minutes; allow its clock-drift slack.
 JWT_MAX_LIFETIME = 600
@@ -263,6 +265,8 @@ class Auth:
         if not header:
             raise ApiError(401, "Requires authentication")
         token = credential(header)
+        if token is not None:
+            self.refuse_withdrawn(token)
         if not self.strict:
             return self.world.token_installation(token) if token else None
         if token is None:
@@ -274,6 +278,14 @@ class Auth:
         if installation is None:
             raise ApiError(401, "Bad credentials")
         return installation
+
+    def refuse_withdrawn(self, token: str) -> None:
+        """GitHub revokes an uninstalled installation's tokens and refuses a suspended one's,
+        whether or not authentication is strict."""
+        if token in self.world.revoked:
+            raise ApiError(401, "Bad credentials")
+        if self.world.token_installation(token) in self.world.suspended:
+            raise ApiError(403, SUSPENDED)
 
     def verify_jwt(self, token: str) -> None:
         if self.public_key is None:

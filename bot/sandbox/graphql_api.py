@@ -155,7 +155,7 @@ def forbid_unless(call: Call, repo: RepoState, needs: Needs) -> None:
 def repository(call: Call, _root: QueryRoot, args: dict[str, Any]) -> RepoNode:
     full_name = f"{args['owner']}/{args['name']}"
     repo = call.world.repos.get(full_name.lower())
-    if repo is None or call.installation_id not in (None, repo.installation_id):
+    if repo is None or not call.world.app_sees(repo, call.installation_id):
         raise GraphQLError(f"Could not resolve to a Repository with the name '{full_name}'.",
                            type="NOT_FOUND")
     forbid_unless(call, repo, METADATA_READ)

@@ -12,6 +12,7 @@ container's) has no checkout beside it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from bot.core.doctor import REQUIRED_EVENTS, REQUIRED_PERMISSIONS
 
@@ -102,3 +103,11 @@ class Installation:
         if not self.allows(EVENT_NEEDS.get(event, NOTHING)):
             return f"the installation has no permission to receive {event}"
         return None
+
+
+@dataclass(frozen=True)
+class Suspension:
+    """Who suspended an installation, and when (its `suspended_by`, `suspended_at`)."""
+
+    by: str
+    at: datetime

@@ -20,7 +20,7 @@ from typing import Any
 from multidict import MultiMapping
 
 from bot.sandbox.events import Payloads
-from bot.sandbox.gate import ApiError
+from bot.sandbox.gate import SUSPENDED, ApiError
 from bot.sandbox.patches import blob_sha
 from bot.sandbox.permissions import METADATA_READ, Needs, covers, grants
 from bot.sandbox.shapes import BOT_LOGIN, Shapes, folder_sha, ts
@@ -86,9 +86,7 @@ class Call:
 
     def repo(self) -> RepoState:
         repo = self.world.repo_named(self.params)
-        if repo is None or (
-            self.installation_id is not None and repo.installation_id != self.installation_id
-        ):
+        if repo is None or not self.world.app_sees(repo, self.installation_id):
             raise ApiError(404, "Not Found")
         return repo
 
@@ -159,6 +157,8 @@ def create_token(call: Call) -> Reply:
     installation_id = call.number("installation_id")
     if not call.world.installations().get(installation_id):
         raise ApiError(404, "Not Found")
+    if installation_id in call.world.suspended:
+        raise ApiError(403, SUSPENDED)
     granted = call.world.installation(installation_id).permissions
     wanted = call.field("permissions")
     if wanted is None:
@@ -177,19 +177,15 @@ def get_app(call: Call) -> Reply:
 
 def list_installations(call: Call) -> Reply:
     grouped = call.world.installations()
-    return Reply(items=[call.shapes.installation(call.world.installation(i), grouped[i][0])
-                        for i in sorted(grouped)])
+    return Reply(items=[call.world.installation_shape(call.shapes, grouped[i][0]) for i in sorted(grouped)])
 
 
 def repo_installation(call: Call) -> Reply:
-    repo = call.repo()
-    return Reply(body=call.shapes.installation(call.world.installation(repo.installation_id),
-                                               repo))
+    return Reply(body=call.world.installation_shape(call.shapes, call.repo()))
 
 
 def installation_repositories(call: Call) -> Reply:
-    repos = [r for r in call.world.repos.values()
-             if call.installation_id is None or r.installation_id == call.installation_id]
+    repos = [r for r in call.world.repos.values() if call.world.app_sees(r, call.installation_id)]
     return Reply(items=[call.shapes.repository(r) for r in repos], wrap="repositories",
                  extra={"repository_selection": "selected"})
 
@@ -226,9 +222,8 @@ def list_activity(call: Call) -> Reply:
 
 def get_repository_by_id(call: Call) -> Reply:
     """A repository by the id that stays through renames and transfers."""
-    wanted = call.number("repository_id")
-    found = next((repo for repo in call.world.repos.values() if repo.id == wanted), None)
-    if found is None or (call.installation_id is not None and found.installation_id != call.installation_id):
+    found = call.world.repo_by_id(call.number("repository_id"))
+    if found is None or not call.world.app_sees(found, call.installation_id):
         raise ApiError(404, "Not Found")
     call.require(found, METADATA_READ)
     return Reply(body=call.shapes.repository(found))
@@ -470,7 +465,7 @@ def list_pulls(call: Call) -> Reply:
     if head:
         owner, _, branch = head.partition(":")
         pulls = [p for p in pulls
-                 if owner.lower() == repo.owner.lower() and p.head_ref == (branch or owner)]
+                 if owner.lower() == (p.head_owner or repo.owner).lower() and p.head_ref == (branch or owner)]
     if base:
         pulls = [p for p in pulls if p.base_ref == base]
     sort = call.query.get("sort", "created")

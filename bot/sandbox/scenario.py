@@ -80,6 +80,9 @@ class Pull(Model):
     title: str
     user: str
     head_ref: str
+    # A fork's full name when the head branch lives there (another account's copy of the
+    # repository); without it the branch is the repository's own.
+    head_repo: str | None = Field(default=None, pattern=REPO_PATTERN)
     head_sha: str | None = Field(default=None, pattern=SHA_PATTERN)
     base_ref: str | None = None
     body: str | None = None
@@ -123,6 +126,9 @@ class RunFields(Model):
     id: int | None = Field(default=None, gt=0)
     head_sha: str | None = Field(default=None, pattern=SHA_PATTERN)
     head_branch: str | None = None
+    # The fork a `pull_request` run's head comes from (its full name); the repository itself
+    # when not given.
+    head_repository: str | None = Field(default=None, pattern=REPO_PATTERN)
     event: str = "workflow_dispatch"
     conclusion: RunConclusion | None = None
     run_attempt: int = Field(default=1, ge=1)
@@ -186,6 +192,8 @@ class HistoryCommit(Model):
 class Repository(Model):
     full_name: str = Field(pattern=REPO_PATTERN)
     installation_id: int = Field(gt=0)
+    # False: the App is not installed on it (yet); `install_app` or `add_repositories` does.
+    installed: bool = True
     owner_type: Literal["Organization", "User"] = "Organization"
     default_branch: str = "main"
     private: bool = True
@@ -234,6 +242,8 @@ class EditPull(Model):
     body: str | None = None
     draft: bool | None = None
     labels: list[str] | None = None
+    # Another branch of the repository to merge into (GitHub's "Edit" next to the title).
+    base: str | None = Field(default=None, min_length=1)
     user: str | None = None
 
 
@@ -325,6 +335,51 @@ class DeleteRepository(Model):
     user: str | None = None
 
 
+class InstallApp(Model):
+    """An account's owner installs the App on some of its repositories (one installation's,
+    none installed yet): `installation` created. The App uninstalled from the account
+    before comes back under a new installation id, as on GitHub."""
+
+    action: Literal["install_app"]
+    repos: list[str] = Field(min_length=1)
+    user: str | None = None
+
+
+class AddRepositories(Model):
+    """The owner gives an installed App more of the account's repositories:
+    `installation_repositories` added."""
+
+    action: Literal["add_repositories"]
+    repos: list[str] = Field(min_length=1)
+    user: str | None = None
+
+
+class RemoveRepositories(Model):
+    """The owner takes repositories away from the App (it keeps at least one):
+    `installation_repositories` removed."""
+
+    action: Literal["remove_repositories"]
+    repos: list[str] = Field(min_length=1)
+    user: str | None = None
+
+
+class UninstallApp(Model):
+    """The owner uninstalls the App: `installation` deleted; its tokens stop working."""
+
+    action: Literal["uninstall_app"]
+    installation_id: int = Field(gt=0)
+    user: str | None = None
+
+
+class SuspendApp(Model):
+    """The App is suspended on the account (`installation` suspend) or that is lifted
+    (`unsuspend`); meanwhile GitHub refuses its tokens and sends it no other webhook."""
+
+    action: Literal["suspend_app", "unsuspend_app"]
+    installation_id: int = Field(gt=0)
+    user: str | None = None
+
+
 class RepositoryDispatch(Model):
     action: Literal["dispatch"]
     repo: str
@@ -358,6 +413,11 @@ Action = Annotated[
     | RepositoryDispatch
     | RenameRepository
     | DeleteRepository
+    | InstallApp
+    | AddRepositories
+    | RemoveRepositories
+    | UninstallApp
+    | SuspendApp
     | SetCapacity
     | AdvanceClock,
     Field(discriminator="action"),

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.core.domain import stamp
-from bot.sandbox.permissions import AppManifest, Installation
+from bot.sandbox.permissions import AppManifest, Installation, Suspension
 from bot.sandbox.state import (
     Artifact,
     ChangedFile,
@@ -46,6 +46,11 @@ def ts(value: datetime | None) -> str | None:
 def number_for(text: str, base: int = 10_000_000) -> int:
     """A stable numeric id for a name (user, organization) that has none in the scenario."""
     return base + int(hashlib.sha1(text.lower().encode()).hexdigest()[:7], 16)
+
+
+def fork_id(full_name: str) -> int:
+    """A fork's repository id: stable, and apart from the scenario's (500,000,001 on)."""
+    return number_for(full_name, 700_000_000)
 
 
 def node_id(kind: str, number: int) -> str:
@@ -127,7 +132,9 @@ class Shapes:
             "events": list(self.manifest.events),
         }
 
-    def installation(self, installed: Installation, repo: RepoState) -> dict[str, Any]:
+    def installation(self, installed: Installation, repo: RepoState,
+                     suspended: Suspension | None = None) -> dict[str, Any]:
+        """An installation, on the account that owns `repo`."""
         installation_id = installed.id
         return {
             "id": installation_id,
@@ -148,8 +155,8 @@ class Shapes:
             "single_file_name": None,
             "has_multiple_single_files": False,
             "single_file_paths": [],
-            "suspended_by": None,
-            "suspended_at": None,
+            "suspended_by": self.user(suspended.by) if suspended else None,
+            "suspended_at": ts(suspended.at) if suspended else None,
         }
 
     @staticmethod
@@ -169,8 +176,8 @@ class Shapes:
 
     # --- repositories ------------------------------------------------------------------
 
-    def repo_urls(self, repo: RepoState) -> dict[str, Any]:
-        base = f"{self.api}/repos/{repo.full_name}"
+    def repo_urls(self, full_name: str) -> dict[str, Any]:
+        base = f"{self.api}/repos/{full_name}"
         return {
             "forks_url": f"{base}/forks",
             "keys_url": f"{base}/keys{{/key_id}}",
@@ -210,33 +217,41 @@ class Shapes:
             "deployments_url": f"{base}/deployments",
         }
 
-    def minimal_repository(self, repo: RepoState) -> dict[str, Any]:
-        """The short repository form inside `workflow_run` (`repository`, `head_repository`)."""
+    def minimal_repository(self, repo: RepoState, fork: str | None = None) -> dict[str, Any]:
+        """The short repository form inside `workflow_run` (`repository`, `head_repository`).
+
+        `fork` names another account's fork of `repo` (a pull request's head): a repository
+        of its own, with its own id and owner, that holds what `repo` held.
+        """
+        full_name = fork or repo.full_name
+        repo_id = fork_id(fork) if fork else repo.id
         return {
-            "id": repo.id,
-            "node_id": node_id("Repository", repo.id),
-            "name": repo.name,
-            "full_name": repo.full_name,
+            "id": repo_id,
+            "node_id": node_id("Repository", repo_id),
+            "name": full_name.split("/")[1],
+            "full_name": full_name,
             "private": repo.private,
-            "owner": self.owner(repo),
-            "html_url": f"{self.web}/{repo.full_name}",
+            "owner": self.user(full_name.split("/")[0], "User") if fork else self.owner(repo),
+            "html_url": f"{self.web}/{full_name}",
             "description": None,
-            "fork": False,
-            "url": f"{self.api}/repos/{repo.full_name}",
-            **self.repo_urls(repo),
+            "fork": fork is not None,
+            "url": f"{self.api}/repos/{full_name}",
+            **self.repo_urls(full_name),
         }
 
-    def repository(self, repo: RepoState) -> dict[str, Any]:
-        open_count = sum(1 for p in repo.pulls.values() if p.state == "open")
+    def repository(self, repo: RepoState, fork: str | None = None) -> dict[str, Any]:
+        full_name = fork or repo.full_name
+        # A fork's issues and pull requests are its own (none here).
+        open_count = 0 if fork else sum(1 for p in repo.pulls.values() if p.state == "open")
         return {
-            **self.minimal_repository(repo),
+            **self.minimal_repository(repo, fork),
             "created_at": ts(repo.created_at),
             "updated_at": ts(repo.head.at),
             "pushed_at": ts(repo.pushed_at or repo.head.at),
-            "git_url": f"git://github.com/{repo.full_name}.git",
-            "ssh_url": f"git@github.com:{repo.full_name}.git",
-            "clone_url": f"{self.web}/{repo.full_name}.git",
-            "svn_url": f"{self.web}/{repo.full_name}",
+            "git_url": f"git://github.com/{full_name}.git",
+            "ssh_url": f"git@github.com:{full_name}.git",
+            "clone_url": f"{self.web}/{full_name}.git",
+            "svn_url": f"{self.web}/{full_name}",
             "homepage": None,
             "size": sum(len(text) for text in repo.head.tree.values()) // 1024,
             "stargazers_count": 0,
@@ -289,13 +304,15 @@ class Shapes:
             "description": None,
         }
 
-    def branch(self, repo: RepoState, ref: str, sha: str) -> dict[str, Any]:
+    def branch(self, repo: RepoState, ref: str, sha: str, fork: str | None = None) -> dict[str, Any]:
+        """A pull request's `head` or `base`; `fork` names the fork a head branch is in."""
+        owner = fork.split("/")[0] if fork else repo.owner
         return {
-            "label": f"{repo.owner}:{ref}",
+            "label": f"{owner}:{ref}",
             "ref": ref,
             "sha": sha,
-            "user": self.owner(repo),
-            "repo": self.repository(repo),
+            "user": self.user(owner, "User") if fork else self.owner(repo),
+            "repo": self.repository(repo, fork),
         }
 
     def pull_request(self, repo: RepoState, pull: PullRequest, full: bool = True) -> dict[str, Any]:
@@ -333,7 +350,7 @@ class Shapes:
             "review_comment_url": f"{base}/pulls/comments{{/number}}",
             "comments_url": f"{base}/issues/{pull.number}/comments",
             "statuses_url": f"{base}/statuses/{pull.head_sha}",
-            "head": self.branch(repo, pull.head_ref, pull.head_sha),
+            "head": self.branch(repo, pull.head_ref, pull.head_sha, pull.head_repo),
             "base": self.branch(repo, pull.base_ref, pull.base_sha),
             "_links": {
                 "self": {"href": f"{base}/pulls/{pull.number}"},
@@ -615,7 +632,9 @@ class Shapes:
     def workflow_run(self, repo: RepoState, run: WorkflowRun) -> dict[str, Any]:
         base = f"{self.api}/repos/{repo.full_name}"
         run_url = f"{base}/actions/runs/{run.id}"
-        pulls = [repo.pulls[n] for n in run.pull_requests if n in repo.pulls]
+        # GitHub lists no pull request whose head is in a fork.
+        pulls = [repo.pulls[n] for n in run.pull_requests
+                 if n in repo.pulls and repo.pulls[n].head_repo is None]
         wid = repo.workflow_id(run.workflow)
         suite = number_for(f"suite:{run.id}", 8_000_000_000)
         return {
@@ -654,7 +673,7 @@ class Shapes:
             "workflow_url": f"{base}/actions/workflows/{wid}",
             "head_commit": self.head_commit(repo, run.head_sha, run.actor, run.created_at),
             "repository": self.minimal_repository(repo),
-            "head_repository": self.minimal_repository(repo),
+            "head_repository": self.minimal_repository(repo, run.head_repository),
         }
 
     def head_commit(self, repo: RepoState, sha: str, actor: str,
@@ -726,7 +745,7 @@ class Shapes:
             "workflow_run": {
                 "id": run.id,
                 "repository_id": repo.id,
-                "head_repository_id": repo.id,
+                "head_repository_id": fork_id(run.head_repository) if run.head_repository else repo.id,
                 "head_branch": run.head_branch,
                 "head_sha": run.head_sha,
             },

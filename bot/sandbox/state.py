@@ -136,6 +136,12 @@ class PullRequest:
     merge_commit_sha: str | None = None
     closed_at: datetime | None = None
     head_shas: list[str] = field(default_factory=list)
+    head_repo: str | None = None  # a fork's full name; None: the repository's own branch
+
+    @property
+    def head_owner(self) -> str | None:
+        """The account whose fork holds the head branch (None: the repository's owner)."""
+        return self.head_repo.split("/")[0] if self.head_repo else None
 
 
 @dataclass
@@ -220,6 +226,7 @@ class WorkflowRun:
     run_started_at: datetime
     artifacts: list[Artifact] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
+    head_repository: str | None = None  # a fork's full name; None: the repository itself
 
 
 @dataclass
@@ -353,6 +360,7 @@ class RepoState:
         self.owner, self.name = spec.full_name.split("/")
         self.id = repo_id
         self.installation_id = spec.installation_id
+        self.installed = spec.installed
         self.owner_type = spec.owner_type
         self.default_branch = spec.default_branch
         self.private = spec.private
@@ -566,9 +574,13 @@ class RepoState:
         if base_sha is None:
             raise SandboxError(f"{self.full_name}: no branch {base_ref!r} to open a pull against")
         created = spec.created_at or now
+        self.check_fork(spec.head_repo)
         tree, files = self.pull_files(self.commits[base_sha].tree, spec.files)
         head = self.commit(tree, (base_sha,), spec.title, spec.user, created, spec.head_sha)
-        self.refs[f"refs/heads/{spec.head_ref}"] = head.sha
+        if spec.head_repo is None:
+            # A fork's branch is the fork's: the head commit is reachable here by its sha
+            # alone, as on GitHub (through the pull request), and no branch of ours moves.
+            self.refs[f"refs/heads/{spec.head_ref}"] = head.sha
         pull = PullRequest(
             number=number,
             id=self.ids.next("pull"),
@@ -585,9 +597,16 @@ class RepoState:
             updated_at=spec.updated_at or created,
             files=files,
             head_shas=[head.sha],
+            head_repo=spec.head_repo,
         )
         self.pulls[number] = pull
         return pull
+
+    def check_fork(self, fork: str | None) -> None:
+        """GitHub forks a repository into another account only."""
+        if fork is not None and fork.split("/")[0].lower() == self.owner.lower():
+            raise SandboxError(f"{fork} cannot be a fork of {self.full_name}: a fork belongs to another "
+                               "account", 422)
 
     def push_pull(
         self, pull: PullRequest, specs: list[sc.PullFile], sha: str | None, now: datetime
@@ -598,15 +617,36 @@ class RepoState:
         before = pull.head_sha
         tree, files = self.pull_files(self.commits[pull.base_sha].tree, specs)
         head = self.commit(tree, (before,), f"Update {pull.head_ref}", pull.user, now, sha)
-        self.move(f"refs/heads/{pull.head_ref}", head.sha, "push", pull.user, now)
+        if pull.head_repo is None:  # a push to a fork moves nothing of ours
+            self.move(f"refs/heads/{pull.head_ref}", head.sha, "push", pull.user, now)
         pull.head_sha = head.sha
         pull.head_shas.append(head.sha)
         pull.files = files
         pull.updated_at = now
         return before
 
+    def retarget(self, pull: PullRequest, base: str) -> None:
+        """Point an open pull request at another branch, refused as GitHub refuses it: its
+        changes become the head's against its merge base with that branch."""
+        if pull.state != "open":
+            raise SandboxError("Cannot change the base branch of a closed pull request.", 422)
+        base_sha = self.refs.get(f"refs/heads/{base}")
+        if base_sha is None:
+            raise SandboxError(f"Proposed base branch '{base}' was not found", 422)
+        if pull.head_sha in self.ancestors(base_sha):
+            raise SandboxError(f"There are no new commits between base branch '{base}' and head "
+                               f"branch '{pull.head_ref}'", 422)
+        merge_base = self.merge_base(base_sha, pull.head_sha)
+        old_tree = self.commits[merge_base].tree if merge_base else {}
+        pull.base_ref, pull.base_sha = base, base_sha
+        pull.files = self.diff_trees(old_tree, self.commits[pull.head_sha].tree)
+
     def merge_pull(self, pull: PullRequest, by: str, now: datetime) -> tuple[Commit, Commit]:
         """Apply the pull request's changes to the default branch as a merge commit."""
+        if pull.base_ref != self.default_branch:
+            # GitHub would merge into that branch; the sandbox models the default one only.
+            raise SandboxError(f"cannot merge #{pull.number}: the sandbox merges into "
+                               f"{self.default_branch} only, not {pull.base_ref}", 422)
         tree = dict(self.head.tree)
         head_tree = self.commits[pull.head_sha].tree
         for changed in pull.files:
@@ -628,6 +668,7 @@ class RepoState:
         return before, after
 
     def add_run(self, spec: sc.Run, now: datetime) -> WorkflowRun:
+        self.check_fork(spec.head_repository)
         run_id = spec.id or self.ids.next("run")
         self.ids.reserve("run", run_id)
         if run_id in self.runs:
@@ -653,6 +694,7 @@ class RepoState:
             created_at=created,
             updated_at=finished if completed else created,
             run_started_at=created,
+            head_repository=spec.head_repository,
         )
         self.runs[run_id] = run
         self.attach_artifacts(run, spec.artifacts, finished)
@@ -748,7 +790,10 @@ class RepoState:
         return max(used, default=0) + 1
 
     def find_pull_by_sha(self, sha: str) -> list[PullRequest]:
-        return [p for p in self.pulls.values() if p.state == "open" and p.head_sha == sha]
+        """The open pull requests a check on `sha` belongs to: GitHub lists none whose head
+        is in a fork."""
+        return [p for p in self.pulls.values()
+                if p.state == "open" and p.head_sha == sha and p.head_repo is None]
 
     # --- actions ------------------------------------------------------------------------
 

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from bot.core.clock import ManualClock
 from bot.sandbox import scenario as sc
 from bot.sandbox.permissions import (
+    ALWAYS_DELIVERED,
     KLAUD_MANIFEST,
     AppManifest,
     Installation,
+    Suspension,
     with_metadata,
 )
 from bot.sandbox.shapes import Shapes, ts
@@ -41,6 +43,10 @@ class Event:
         return action if isinstance(action, str) else None
 
 
+# A control action's answer, and the webhooks GitHub would send for it.
+Outcome = tuple[dict[str, Any], list[Event]]
+
+
 @dataclass(frozen=True)
 class Token:
     installation_id: int
@@ -57,6 +63,11 @@ class World:
         self.rate_limit = scenario.rate_limit
         self.origin = UNKNOWN_ORIGIN
         self.tokens: dict[str, Token] = {}
+        # Tokens of an uninstalled installation: GitHub revokes them (401 from then on).
+        self.revoked: set[str] = set()
+        self.suspended: dict[int, Suspension] = {}
+        # Installations the App was uninstalled from: installed again, they get a new id.
+        self.uninstalled: set[int] = set()
         self.blobs: dict[str, bytes] = {}
         self.repos: dict[str, RepoState] = {}
         # A renamed repository's earlier names (lowercase): their API routes redirect.
@@ -146,14 +157,58 @@ class World:
             raise SandboxError(f"no repository {full_name} in the scenario", 404)
         return repo
 
+    def repo_by_id(self, repo_id: int) -> RepoState | None:
+        return next((repo for repo in self.repos.values() if repo.id == repo_id), None)
+
+    @staticmethod
+    def app_sees(repo: RepoState, installation_id: int | None) -> bool:
+        """Whether a request for `installation_id` (None: the App, or a token the sandbox
+        did not mint) may see `repo`: only while the App is installed on it, and only
+        through that installation."""
+        return repo.installed and installation_id in (None, repo.installation_id)
+
     def installation(self, installation_id: int) -> Installation:
         return self._installations[installation_id]
 
+    def installation_shape(self, shapes: Shapes, repo: RepoState) -> dict[str, Any]:
+        """The installation `repo` is (or was) the App's through, as GitHub shows it whole
+        (suspended or not) in its API and in the App's installation events."""
+        installation_id = repo.installation_id
+        return shapes.installation(self.installation(installation_id), repo,
+                                   self.suspended.get(installation_id))
+
     def installations(self) -> dict[int, list[RepoState]]:
+        """Each installation and the repositories the App is installed on through it; one
+        left with none is uninstalled (or its last repository deleted)."""
         grouped: dict[int, list[RepoState]] = {}
         for repo in self.repos.values():
-            grouped.setdefault(repo.installation_id, []).append(repo)
+            if repo.installed:
+                grouped.setdefault(repo.installation_id, []).append(repo)
         return grouped
+
+    def install(self, repos: list[RepoState]) -> int:
+        """The App installed on `repos`, one account's; answers their installation's id,
+        a new one when the App was uninstalled from the account before, as on GitHub."""
+        installation_id = repos[0].installation_id
+        if installation_id in self.uninstalled:
+            fresh = max(self._installations) + 1
+            self._installations[fresh] = replace(self._installations[installation_id], id=fresh)
+            for repo in self.repos.values():
+                if repo.installation_id == installation_id:
+                    repo.installation_id = fresh
+            installation_id = fresh
+        for repo in repos:
+            repo.installed = True
+        return installation_id
+
+    def uninstall(self, installation_id: int) -> None:
+        """No repository is the App's through `installation_id`, and its tokens are revoked."""
+        for repo in self.installations().get(installation_id, []):
+            repo.installed = False
+        self.revoked |= {token for token, made in self.tokens.items()
+                         if made.installation_id == installation_id}
+        self.suspended.pop(installation_id, None)
+        self.uninstalled.add(installation_id)
 
     # --- installation tokens -----------------------------------------------------------
 
@@ -185,9 +240,16 @@ class World:
         return self.installation(repo.installation_id).permissions
 
     def withholds(self, event: Event) -> str | None:
-        """Why GitHub would not deliver `event` (see Installation.withholds)."""
-        installation = event.payload.get("installation") or {}
-        known = self._installations.get(installation.get("id", 0))
+        """Why GitHub would not deliver `event`: a suspended installation hears nothing but
+        `installation` events, an App not installed on the repository nothing of it; else
+        see Installation.withholds. A deleted repository's last events still go out."""
+        installation_id = (event.payload.get("installation") or {}).get("id", 0)
+        if installation_id in self.suspended and event.name != "installation":
+            return "the installation is suspended"
+        repo = self.repo_by_id((event.payload.get("repository") or {}).get("id", 0))
+        if repo is not None and not repo.installed and event.name not in ALWAYS_DELIVERED:
+            return "the App is not installed on the repository"
+        known = self._installations.get(installation_id)
         return known.withholds(event.name) if known is not None else None
 
     # --- shared writes -----------------------------------------------------------------

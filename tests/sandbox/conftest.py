@@ -26,3 +26,10 @@ async def receiver() -> AsyncIterator[Receiver]:
     async with TestServer(app, host="127.0.0.1") as server:
         target.url = str(server.make_url("/webhook"))
         yield target
+
+
+@pytest.fixture
+async def wired(hub: Hub, receiver: Receiver) -> Hub:
+    """`hub` delivering its webhooks to `receiver`."""
+    hub.sandbox.deliver_to = receiver.url
+    return hub

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from typing import Any
 
 import gidgethub
@@ -18,21 +17,12 @@ from tests.sandbox.test_sandbox_support import (
     MASTER,
     Hub,
     Receiver,
+    events,
     serve,
     small_scenario,
 )
 
 REPO = "/repos/acme/bench"
-
-
-def events(target: Receiver) -> list[tuple[str, dict[str, Any]]]:
-    return [(headers["X-GitHub-Event"], json.loads(body)) for headers, body in target.received]
-
-
-@pytest.fixture
-async def wired(hub: Hub, receiver: Receiver) -> Hub:
-    hub.sandbox.deliver_to = receiver.url
-    return hub
 
 
 async def test_webhook_is_signed_and_carries_githubs_headers(
@@ -463,3 +453,48 @@ async def test_the_activity_lists_each_branch_move_newest_first(wired: Hub) -> N
     # GitHub refuses what it does not know, rather than listing nothing.
     await wired.json("GET", "/repos/acme/bench/activity?activity_type=pushed", status=422)
     await wired.json("GET", "/repos/acme/bench/activity?direction=newest", status=422)
+
+
+async def open_stacked_pull(hub: Hub) -> dict[str, Any]:
+    """#13, on top of #12's branch: against it, a README alone."""
+    return await hub.act(action="open_pull", repo="acme/bench", pull={
+        "title": "Document the bump", "user": "bob", "head_ref": "stacked", "base_ref": "bump-sglang",
+        "files": [{"filename": "README.md", "status": "added", "content": "# bench\n"}]})
+
+
+async def test_edit_pull_base_retargets_and_the_files_follow(wired: Hub, receiver: Receiver) -> None:
+    await open_stacked_pull(wired)
+    bump_head = wired.state()["pulls"][0]["head_sha"]
+    assert [f["filename"] for f in await wired.json("GET", f"{REPO}/pulls/13/files")] == ["README.md"]
+    receiver.received.clear()
+    await wired.act(action="edit_pull", repo="acme/bench", number=13, base="main", user="bob")
+    [(name, payload)] = events(receiver)
+    assert (name, payload["action"]) == ("pull_request", "edited")
+    assert payload["changes"] == {"base": {"ref": {"from": "bump-sglang"}, "sha": {"from": bump_head}}}
+    base = payload["pull_request"]["base"]
+    assert (base["ref"], base["sha"]) == ("main", wired.state()["head_sha"])
+    # Against main the head brings #12's commit along.
+    files = await wired.json("GET", f"{REPO}/pulls/13/files")
+    assert [f["filename"] for f in files] == ["README.md", "configs/nvidia-master.yaml"]
+    await wired.act(action="edit_pull", repo="acme/bench", number=13, base="bump-sglang")
+    assert [f["filename"] for f in await wired.json("GET", f"{REPO}/pulls/13/files")] == ["README.md"]
+
+
+async def test_edit_pull_base_is_refused_as_github_refuses_it(hub: Hub) -> None:
+    await open_stacked_pull(hub)
+
+    async def retarget(number: int, base: str) -> tuple[int, str]:
+        response = await hub.client.post("/_sandbox/act", json={
+            "action": "edit_pull", "repo": "acme/bench", "number": number, "base": base})
+        return response.status, (await response.json())["detail"]
+
+    assert await retarget(13, "release") == (422, "Proposed base branch 'release' was not found")
+    # "stacked" holds every commit of #12.
+    assert await retarget(12, "stacked") == (
+        422, "There are no new commits between base branch 'stacked' and head branch 'bump-sglang'")
+    await hub.act(action="close_pull", repo="acme/bench", number=12)
+    assert await retarget(12, "stacked") == (422, "Cannot change the base branch of a closed pull request.")
+    response = await hub.client.post("/_sandbox/act", json={
+        "action": "close_pull", "repo": "acme/bench", "number": 13, "merged": True})
+    assert response.status == 422, "merges go to the default branch alone"
+    assert [p["base_ref"] for p in hub.state()["pulls"]] == ["main", "bump-sglang"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,3 +147,8 @@ class Receiver:
     async def handle(self, request: web.Request) -> web.Response:
         self.received.append((dict(request.headers), await request.read()))
         return web.json_response({"queued": True}, status=self.status)
+
+
+def events(target: Receiver) -> list[tuple[str, dict[str, Any]]]:
+    """What `target` received: (X-GitHub-Event, payload), in order."""
+    return [(headers["X-GitHub-Event"], json.loads(body)) for headers, body in target.received]

@@ -1,19 +1,17 @@
 """A replica asks another to reconcile a repository it holds (`klaud_reconcile`), end to end:
 two replicas on one PostgreSQL and one sandbox GitHub, as in test_replica_handover.py.
 
-`installation` unsuspend (its payload names no repository) reaches the leader, A; one of the
-repositories is kept by B. A pull request opened while the installation was suspended sent
-no webhook: B must read it again. Before, the leader read again only the repositories in
-its own memory, and B's missed the PR until the next light reconcile, hours later.
+The App is suspended and then unsuspended; the `installation` events reach the leader, A, and
+one of the repositories is kept by B. A pull request opened while the installation was
+suspended sent no webhook: B must read it again. Before, the leader read again only the
+repositories in its own memory, and B's missed the PR until the next light reconcile, hours
+later.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from handlers.context import WebhookEvent
-from handlers.installation import on_installation
 from tests import scenarios as sc
 from tests.stack.test_replica_handover import (
     moving_repository,
@@ -31,14 +29,12 @@ async def test_unsuspend_at_the_leader_has_the_other_replica_read_its_repository
     async with two_replicas(tmp_path, store_url, two_repositories([])) as (run, b):
         moving = moving_repository(run)
         await rebalance(run, b, moving)
-        run.sandbox.set_faults({"rules": [{"webhook": "pull_request", "count": 1}]})  # suspended: not sent
-        await run.sandbox.act({"action": "open_pull", "repo": moving, "pull": sc.image_bump(12)})
+        await run.sandbox.act({"action": "suspend_app", "installation_id": 1})
+        opened = await run.sandbox.act({"action": "open_pull", "repo": moving, "pull": sc.image_bump(12)})
+        assert opened["deliveries"] == []  # GitHub sends a suspended installation no webhook
         await processed(run)
-        assert b.live.repo(moving).overlap.get(12) is None
 
-        body = json.dumps({"action": "unsuspend", "installation": {"id": 1}}).encode()
-        event = WebhookEvent(body, event="installation", delivery_id="unsuspend", action="unsuspend")
-        await on_installation(event, run.klaud.services)  # as A's inbox runs it (A leads)
+        await run.sandbox.act({"action": "unsuspend_app", "installation_id": 1})  # A leads: A handles it
         await processed(run)
         await settle_both(run, b)
 

@@ -18,8 +18,10 @@ by 20–30 % from one minute to the next), and the round with the median through
 reported.
 
 Last line: {"deliveries_per_s", "p50_ms", "p99_ms", "processed", "lost"} of SQLite, then per
-PostgreSQL configuration `postgresql_<n>_…` with the same figures. Latencies are
-acknowledgement latencies (request sent to 202 received); `lost` counts every round's.
+PostgreSQL configuration `postgresql_<n>_…` with the same figures, and `postgresql_<n>_to_1`:
+its deliveries a second against one replica's in the same round, the median of the rounds.
+Latencies are acknowledgement latencies (request sent to 202 received); `lost` counts every
+round's.
 """
 
 from __future__ import annotations
@@ -402,7 +404,23 @@ def main() -> None:
     line = median_figures(results.pop("sqlite"))
     for name, rounds in results.items():
         line |= {f"{name}_{key}": value for key, value in median_figures(rounds).items()}
+    line |= paired_ratios(results)
     print(json.dumps(line))
+
+
+def paired_ratios(results: dict[str, list[Result]]) -> dict[str, float]:
+    """Each PostgreSQL configuration against one replica, round by round (the two ran minutes
+    apart, on a machine whose speed drifts more than that between rounds), median of the
+    rounds: `postgresql_<n>_to_1`."""
+    one = results.get("postgresql_1")
+    if not one:
+        return {}
+    ratios = {}
+    for name, rounds in results.items():
+        if name != "postgresql_1":
+            paired = [each.sent.per_s / single.sent.per_s for each, single in zip(rounds, one, strict=True)]
+            ratios[f"{name}_to_1"] = round(statistics.median(paired), 2)
+    return ratios
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ from bot.core.outcomes import NO_OUTCOME
 
 # Runs in a row that must end without an outcome (NO_OUTCOME) for the candidate to cool down.
 RUN_FAILURES_TO_COOL = 2
+# How far back Klaud keeps attempts in memory (and loads them at a restart): cooldowns look
+# back at most 168 hours, artifacts live 14 days; older attempts stay in the store only.
+ATTEMPT_MEMORY = timedelta(days=14)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +46,7 @@ def cooldown(
     A `/klaud retry` approved at `retry_approved_at` clears the cooldown it saw: one decided
     by an attempt completed by then, not one a later attempt began."""
     window = timedelta(hours=cooldown_hours)
-    repeated = _repeated_run_failure(attempts, candidate, now - window)
+    repeated = _repeated_run_failure(attempts, candidate, now - window, window)
     if repeated is not None:
         until = repeated.completed_at + window
         what = f"the last {RUN_FAILURES_TO_COOL} runs {_no_outcome(repeated)}"
@@ -71,12 +74,16 @@ def _cleared(approved_at: datetime | None, deciding: Attempt) -> bool:
     return approved_at is not None and deciding.completed_at <= approved_at
 
 
-def _repeated_run_failure(attempts: Iterable[Attempt], candidate: str, cutoff: datetime) -> Attempt | None:
+def _repeated_run_failure(
+    attempts: Iterable[Attempt], candidate: str, cutoff: datetime, window: timedelta
+) -> Attempt | None:
     """The newest attempt, completed after `cutoff`, when it and the one before it both ended
     without an outcome through the run's own doing (NO_OUTCOME: failed before one, finished
-    without the artifact, or left one that cannot be read): two in a row, however long apart
-    (capacity may keep a candidate waiting for days between them), and the cooldown runs from
-    the second.
+    without the artifact, or left one that cannot be read): two in a row, days apart as well
+    (capacity may keep a candidate waiting between them), and the cooldown runs `window` from
+    the second. Days, not any time: the first must stay in memory (ATTEMPT_MEMORY) until the
+    cooldown ends, or a restart, or the trimming of old attempts, would end it early and the
+    planner and `/klaud status` would disagree meanwhile.
 
     One such run may be bad luck (a runner lost), so the candidate stays eligible; the same
     twice in a row is what a broken workflow looks like, wave after wave. An artifact that
@@ -91,6 +98,7 @@ def _repeated_run_failure(attempts: Iterable[Attempt], candidate: str, cutoff: d
         len(newest) == RUN_FAILURES_TO_COOL
         and all(a.error in NO_OUTCOME for a in newest)
         and newest[0].completed_at > cutoff
+        and newest[0].completed_at - newest[-1].completed_at <= ATTEMPT_MEMORY - window
     ):
         return newest[0]
     return None

@@ -19,11 +19,12 @@ import structlog
 from cachetools import LRUCache
 
 from bot.core.clock import Clock
+from bot.core.cooldown import ATTEMPT_MEMORY
 from bot.core.domain import UNREADABLE_DOCUMENT, DecisionKind, Wave, stamp
 from bot.core.errors import is_permanent
 from bot.metrics import DISPATCH_PAUSED, forget_repo, show_wave
 from bot.services.api import RepoAPI, ReposAPI
-from bot.services.repo_state import ATTEMPT_MEMORY, RepoMeta, RepoState
+from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
 from bot.store.records import StateStore
 

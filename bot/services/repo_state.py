@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from bot.core.catalog import Catalog, config_problems
-from bot.core.cooldown import CooldownState, cooldown
+from bot.core.cooldown import ATTEMPT_MEMORY, CooldownState, cooldown
 from bot.core.dispatching import (
     PauseDocument,
     WaveRuns,
@@ -57,9 +57,6 @@ from bot.core.policy import Policy, PolicyError, parse_policy
 from bot.core.setup import SetupError, SetupErrorDocument
 from bot.store.change import Change
 
-# Cooldowns look back at most 168 hours, a run failure pairs with the one before it however
-# old, and artifacts live 14 days: older attempts stay in the store only.
-ATTEMPT_MEMORY = timedelta(days=14)
 # How many waves' run endings are kept for the pause rule.
 KEEP_WAVE_RUNS = 20
 KEEP_CLOSED_PULLS = 1000  # closed PRs remembered, for events delivered late
@@ -541,8 +538,8 @@ class RepoState:
 
     def _attempts_since(self, now: datetime) -> datetime:
         """The oldest attempt that can decide anything at `now`: one inside the cooldown
-        window, or the run failure before it that makes it the second in a row, however long
-        before it came (a candidate capacity kept waiting for days): every one remembered."""
+        window, or the run failure before it that makes it the second in a row, days before
+        it (a candidate capacity kept waiting): every one remembered."""
         return now - ATTEMPT_MEMORY
 
     def _verdict(self, family: Family, candidate: str, wave: int, now: datetime, since: datetime) -> Verdict:

@@ -19,12 +19,13 @@ from typing import Any
 import structlog
 
 from bot.core.clock import Clock
+from bot.core.cooldown import ATTEMPT_MEMORY
 from bot.core.domain import parse_time, stamp
 from bot.github.errors import GitHubError
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.reconcile import Reconciler, retry_delay
-from bot.services.repo_state import ATTEMPT_MEMORY, RepoState
+from bot.services.repo_state import RepoState
 from bot.services.waves import RETRY_TRIGGER, WaveRunner
 from bot.store.errors import LeaseTaken
 

@@ -238,10 +238,13 @@ def test_two_run_failures_in_a_row_cool_down_even_when_the_first_left_the_window
     assert state.until == NOW - timedelta(hours=2) + timedelta(hours=24)
 
 
-def test_two_run_failures_in_a_row_cool_down_however_far_apart() -> None:
-    # Capacity kept the candidate waiting for days after the first: still two in a row.
+def test_two_run_failures_in_a_row_cool_down_days_apart_while_memory_keeps_the_first() -> None:
+    # Capacity kept the candidate waiting for days after the first: still two in a row, as
+    # long as the first stays remembered until the cooldown ends (13 days apart at most here).
     state = check([run_failed(24 * 5, 301), run_failed(2, 302)])
     assert not state.eligible and state.until == NOW - timedelta(hours=2) + timedelta(hours=24)
+    assert not check([run_failed(2 + 24 * 13, 301), run_failed(2, 302)]).eligible
+    assert check([run_failed(2.01 + 24 * 13, 301), run_failed(2, 302)]).eligible
 
 
 def test_a_run_failure_cooldown_ends_exactly_cooldown_hours_after_the_second_failure() -> None:

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 from bench import bigstate as big
 from bot.core.catalog import parse_runners, read_master
+from bot.core.cooldown import ATTEMPT_MEMORY
 from bot.core.domain import (
     Attempt,
     CapacityReading,
     Claim,
     Dispatch,
+    Family,
     Hold,
     RetryApproval,
 )
@@ -123,6 +125,11 @@ def test_an_untouched_family_is_not_decided_again(monkeypatch: pytest.MonkeyPatc
     assert decided == [family.id]  # only the family the hold touched
 
 
+def run_failed(family: Family, run_id: int, completed: datetime) -> Attempt:
+    return Attempt(family.candidate, family.id, run_id, 1, "a" * 40, completed, False, None, None, None, None,
+                   "run-failed")
+
+
 def test_a_run_failure_days_after_the_first_one_cools_the_candidate_down() -> None:
     # Capacity kept the candidate waiting for days after its first run failed: the second is
     # still the second in a row (DESIGN §4), however far back the planner must look for it.
@@ -130,9 +137,25 @@ def test_a_run_failure_days_after_the_first_one_cools_the_candidate_down() -> No
     family = next(iter(state.catalog))
     now = big.NOW
     for run_id, completed in ((901, now - timedelta(days=5)), (902, now - timedelta(hours=2))):
-        state.record_attempt(Attempt(family.candidate, family.id, run_id, 1, "a" * 40, completed, False, None, None,
-                                     None, None, "run-failed"))
+        state.record_attempt(run_failed(family, run_id, completed))
 
     [decision] = [d for d in state.plan(7, now, reading(rng)).decisions if d.family == family.id]
 
     assert decision.decision == "cooldown" and decision.until == now - timedelta(hours=2) + timedelta(hours=24)
+
+
+@pytest.mark.parametrize("apart", [ATTEMPT_MEMORY - timedelta(hours=22), ATTEMPT_MEMORY + timedelta(hours=1)])
+def test_run_failures_further_apart_than_memory_keeps_a_cooldown_agree_everywhere(apart: timedelta) -> None:
+    # The first of the pair leaves memory (a restart, the trimming of old attempts) while its
+    # cooldown would run: the planner's cached verdict, a fresh plan and `/klaud status` must
+    # say the same, now and two hours later.
+    state, _, rng = built(5)
+    family = next(iter(state.catalog))
+    now, capacity = big.NOW, reading(rng)
+    state.record_attempt(run_failed(family, 901, now - timedelta(hours=1) - apart))
+    state.record_attempt(run_failed(family, 902, now - timedelta(hours=1)))
+    for at in (now, now + timedelta(hours=2)):
+        [decision] = [d for d in state.plan(7, at, capacity).decisions if d.family == family.id]
+        [pure] = [d for d in plan(state.snapshot(7, at), state.policy, capacity, at).decisions if d.family == family.id]
+        shown = state.cooldown_of(family.candidate, at)
+        assert decision == pure and (decision.decision == "cooldown") == (not shown.eligible), (at, decision)

@@ -9,8 +9,9 @@ from datetime import timedelta
 
 import pytest
 
+from bot.core.cooldown import ATTEMPT_MEMORY
 from bot.services.live import GoneRepository
-from bot.services.repo_state import ATTEMPT_MEMORY, RepoMeta, RepoState
+from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
 from tests.services.conftest import REPO, Kit
 from tests.services.test_long_running import failed

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 from structlog.testing import capture_logs
 
+from bot.core.cooldown import ATTEMPT_MEMORY
 from bot.core.domain import Attempt, parse_time, stamp
 from bot.core.events import Repository
 from bot.github.errors import NotFound, Unavailable
 from bot.services.reconcile import MAX_RETRY, retry_delay
-from bot.services.repo_state import ATTEMPT_MEMORY
 from bot.services.scheduler import LIGHT_RECONCILE_EVERY, Scheduler
 from bot.web.inbox import Inbox
 from handlers import router

@@ -13,10 +13,10 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
+from bot.core.cooldown import ATTEMPT_MEMORY
 from bot.core.domain import parse_time, stamp
 from bot.github.errors import BadRequest, NotFound, Unavailable
 from bot.services.reconcile import FIRST_RETRY, retry_delay
-from bot.services.repo_state import ATTEMPT_MEMORY
 from bot.services.scheduler import LIGHT_RECONCILE_EVERY, MAX_JITTER_SECONDS, Scheduler
 from bot.services.waves import RETRY_WAVE_AFTER
 from bot.store.change import Change

@@ -408,14 +408,17 @@ async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _reconciled_by_replicas(klaud: Klaud, targets: list[tuple[str, int]]) -> int:
-    """One line per repository once its owner ran the reconcile (a GitHub failure in it the
-    owner retries with backoff, listed in its `GET /api/v1/repos`); exit 1 if one failed."""
+    """One line per repository once its owner ran the reconcile (a GitHub failure: `failed`
+    with the reason, and the owner tries again with backoff); exit 1 if one failed."""
     requests = [(name, reconcile_request(name, installation, "full")) for name, installation in targets]
     for _, request in requests:  # all handed over first: the replicas work on them together
         await _hand_over(klaud, request)
     failed = False
     for name, request in requests:
-        status, error = await _finished(klaud, request.id)
+        try:
+            status, error = await _finished(klaud, request.id)
+        except Refused as exc:  # not finished in time: said, and the others still reported
+            status, error = "unfinished", str(exc)
         print(json.dumps({"repo": name, "delivery": request.id, "status": status} | ({"error": error} if error else {})))
         failed = failed or status != "done"
     return 1 if failed else 0

@@ -21,6 +21,14 @@ class RepositoryMoved(Exception):
         self.to = to
 
 
+class ReconcileFailed(Exception):
+    """A reconcile another replica (or `klaud reconcile`) asked of this one failed on GitHub.
+    This replica tries it again with backoff (`Reconciler.retry_failed`), so the request
+    fails at once with the reason, for whoever asked, rather than being retried too."""
+
+    transient = False
+
+
 def is_transient(exc: BaseException) -> bool:
     # Klaud's own errors (the GitHub client's, the store's) say whether a retry can help.
     marked = getattr(exc, "transient", None)

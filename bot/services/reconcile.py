@@ -19,7 +19,7 @@ import msgspec
 import structlog
 
 from bot.core.domain import stamp
-from bot.core.errors import RepositoryMoved
+from bot.core.errors import ReconcileFailed, RepositoryMoved
 from bot.core.events import (
     RECONCILE_REQUEST,
     Named,
@@ -215,11 +215,14 @@ class Reconciler:
         return True
 
     async def requested(self, request: ReconcileRequest) -> None:
-        """Another replica's request (`klaud_reconcile`) for a repository this one holds."""
+        """Another replica's request (`klaud_reconcile`) for a repository this one holds;
+        ReconcileFailed when GitHub failed it (tried again here with backoff)."""
         name, installation = request.repository.full_name, request.installation.id
         if request.action == "ensure" and self.live.repo(name) is not None:
             return
-        await self.reconcile_all(installation, [name], light=request.action == "light")
+        problem = await self._reconcile_noting_failure(name, installation, light=request.action == "light")
+        if problem is not None:
+            raise ReconcileFailed(f"{name}: {problem}")
 
     async def _follow(self, old: str, new: str, installation: int, *, light: bool) -> dict[str, Any]:
         log.info("live.repository_moved", repo=old, to=new)
@@ -285,14 +288,21 @@ class Reconciler:
         retried with backoff like a failed discovery, or skipped when GitHub no longer has it
         (the next discovery finds it, should it come back)."""
         for name in names:
-            try:
-                await self.reconcile(name, installation, light=light)
-            except NotFound as exc:
-                log.warning("reconcile.gone", repo=name, installation=installation, error=str(exc))
-            except GitHubError as exc:
-                self._note_failure(name, installation, str(exc))
-            else:
-                self.failures.pop(name, None)
+            await self._reconcile_noting_failure(name, installation, light=light)
+
+    async def _reconcile_noting_failure(self, name: str, installation: int, *, light: bool) -> str | None:
+        """Reconcile `name`: what went wrong on GitHub, if anything (a failure is remembered
+        and tried again with backoff; a repository GitHub no longer has is left to discovery)."""
+        try:
+            await self.reconcile(name, installation, light=light)
+        except NotFound as exc:
+            log.warning("reconcile.gone", repo=name, installation=installation, error=str(exc))
+            return f"GitHub no longer has it ({exc})"
+        except GitHubError as exc:
+            self._note_failure(name, installation, str(exc))
+            return f"{exc} (tried again with backoff)"
+        self.failures.pop(name, None)
+        return None
 
     async def forget(self, installation: int, repositories: Iterable[Named]) -> None:
         """Forget the repositories `installation` no longer has, found by id or by name (one

@@ -105,6 +105,21 @@ async def test_reconcile_while_a_replica_serves_is_run_by_the_repositorys_owner(
         assert serving.klaud.live.repo("acme/bench").overlap.get(12) is not None  # reconciled by the replica
 
 
+async def test_reconcile_while_a_replica_serves_says_when_github_failed_the_owners_reconcile(
+    klaud_env, tmp_path, capsys, monkeypatch
+):
+    async with sandbox_stack(tmp_path, sc.scenario(), env={"KLAUD_DB": klaud_env}) as serving:
+        monkeypatch.setenv("KLAUD_GITHUB_URL", serving.klaud.settings.github_url)
+        # The owner cannot list the open pull requests; the CLI's listing of repositories works.
+        serving.sandbox.set_faults({"rules": [{"method": "GET", "route": "/pulls$", "status": 403}]})
+
+        status, out, _ = await _in_thread(run, ["reconcile", "--repo", "acme/bench"], capsys)
+
+        line = json.loads(out)
+        assert (status, line["status"]) == (1, "failed") and "403" in line["error"]
+        assert "acme/bench" in serving.klaud.reconciler.failures  # the owner tries again with backoff
+
+
 async def test_with_no_replica_serving_receive_works_on_the_store_directly(klaud_env, replica, tmp_path, capsys):
     replica.process.send_signal(signal.SIGTERM)  # a clean stop releases its leases
     assert replica.process.wait(30) == 0

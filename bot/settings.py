@@ -46,8 +46,8 @@ def read_at_most(path: Path, limit: int) -> bytes:
     """The file's bytes, or FileTooLarge past `limit`, read no further: read whole, a file
     without end (/dev/zero, a pipe) or a huge one takes all the memory there is.
 
-    Here, in the module every layer may use, so the CLI's `--payload` and `config check`
-    are bounded by it too."""
+    Here for KLAUD_PRIVATE_KEY_FILE, read before the CLI starts; the CLI's `--payload` and
+    `config check` are bounded by it too."""
     with path.open("rb") as file:
         data = file.read(limit + 1)
     if len(data) > limit:

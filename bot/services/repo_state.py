@@ -136,13 +136,17 @@ class RepoState:
 
     # -- loading -----------------------------------------------------------------------
 
-    @staticmethod
-    def _policy_from(text: str | None) -> Policy:
+    def _policy_from(self, text: str | None) -> Policy:
+        """The stored policy: the last good one (an invalid file never replaces it)."""
         try:
             return parse_policy(text)
-        except PolicyError:
-            # The stored text is the last good one; an invalid file never replaces it.
-            return Policy()
+        except PolicyError as exc:
+            # Good for the version of Klaud that stored it, refused by this one (stricter):
+            # the defaults it overrode (`enabled: false` among them) would start waves nobody
+            # asked for. Nothing is dispatched until the file is fixed, and the policy error
+            # says why on the check runs, the dashboard and the state document.
+            self.meta.policy_error = f"{exc} (the policy in force until now; no wave dispatches until it is fixed)"
+            return Policy(enabled=False)
 
     @classmethod
     def from_records(cls, name: str, records: dict[str, dict[str, Any]], meta: Any) -> RepoState:

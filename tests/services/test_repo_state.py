@@ -45,6 +45,17 @@ def test_a_valid_policy_clears_the_error_of_the_invalid_one_before_it() -> None:
     assert state.meta.policy_error is None and state.policy.cooldown_hours == 12
 
 
+def test_a_stored_policy_this_version_refuses_dispatches_nothing_and_says_why_until_fixed() -> None:
+    # What this catches: a policy an earlier version accepted (two values to one input) read
+    # back as the defaults in silence: `enabled: false` dropped, waves dispatching again.
+    text = "enabled: false\ncandidate_inputs: {candidate: target, family: target}\n"
+    state = RepoState.from_records("o/r", {}, META | {"policy_text": text})
+    assert state.policy.enabled is False
+    assert "both go to input 'target'" in (state.meta.policy_error or "")
+    state.set_policy_text("enabled: false\ncandidate_inputs: {candidate: target}\n")
+    assert state.meta.policy_error is None and state.policy.candidate_inputs == {"candidate": "target"}
+
+
 def test_a_config_read_again_clears_its_config_error() -> None:
     # What this catches: a master config that parses again still listed under config_errors after the push that fixed it.
     state = RepoState("o/r", RepoMeta(installation=1))

@@ -17,6 +17,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic.config import JsonDict
@@ -45,11 +46,21 @@ MAX_WORKFLOWS = 16
 Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
-def _not_a_truth_value(value: object) -> object:
+# The validation context of a policy stored by an earlier version of Klaud as the last good
+# one (`parse_policy(..., stored=True)`): the rules added since (each checks it) do not apply,
+# so the policy stays in force as it was read, while its file is reported invalid.
+STORED = "stored"
+
+
+def _not_a_truth_value(value: object, info: ValidationInfo) -> object:
     # pydantic reads `true` as 1: `cooldown_hours: true` is a mistake, not an hour.
-    if isinstance(value, bool):
-        raise ValueError("expected a whole number, not true or false")  # noqa: TRY004 (pydantic reports ValueError)
+    if isinstance(value, bool) and not _as_stored(info):
+        raise ValueError("expected a whole number, not true or false")
     return value
+
+
+def _as_stored(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get(STORED))
 
 
 WholeNumber = Annotated[int, BeforeValidator(_not_a_truth_value)]
@@ -90,8 +101,10 @@ class Policy(BaseModel):
 
     @field_validator("candidate_inputs")
     @classmethod
-    def _one_value_per_input(cls, inputs: dict[InputKey, str]) -> dict[InputKey, str]:
+    def _one_value_per_input(cls, inputs: dict[InputKey, str], info: ValidationInfo) -> dict[InputKey, str]:
         # Sent as one mapping of inputs, the second value would overwrite the first in silence.
+        if _as_stored(info):
+            return inputs
         seen: dict[str, str] = {}
         for value, name in inputs.items():
             if name in seen:
@@ -147,8 +160,9 @@ class PolicyError(ValueError):
     """`.github/klaud.yml` is unreadable or invalid; the message says where and why."""
 
 
-def parse_policy(text: str | None) -> Policy:
-    """Parse the policy file's text; None or an empty file means all defaults."""
+def parse_policy(text: str | None, *, stored: bool = False) -> Policy:
+    """Parse the policy file's text; None or an empty file means all defaults. `stored`: the
+    last good policy an earlier version of Klaud kept, read without the rules added since."""
     if text is None or not text.strip():
         return Policy()
     try:
@@ -160,7 +174,7 @@ def parse_policy(text: str | None) -> Policy:
     if not isinstance(data, dict):
         raise PolicyError(f"{POLICY_PATH}: expected a mapping at the top level")
     try:
-        return Policy(**{str(k): v for k, v in data.items()})
+        return Policy.model_validate({str(k): v for k, v in data.items()}, context={STORED: stored})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '?'}: {err['msg'].removeprefix('Value error, ')}"

@@ -141,11 +141,16 @@ class RepoState:
         try:
             return parse_policy(text)
         except PolicyError as exc:
-            # Good for the version of Klaud that stored it, refused by this one (stricter):
-            # the defaults it overrode (`enabled: false` among them) would start waves nobody
-            # asked for. Nothing is dispatched until the file is fixed, and the policy error
-            # says why on the check runs, the dashboard and the state document.
-            self.meta.policy_error = f"{exc} (the policy in force until now; no wave dispatches until it is fixed)"
+            # Good for the version of Klaud that stored it, refused by this one: it stays in
+            # force as that version read it (its defaults, `enabled: false` among them, would
+            # start waves nobody asked for), and its file is reported invalid (check runs,
+            # status page, state document) until it is fixed.
+            self.meta.policy_error = str(exc)
+        try:
+            return parse_policy(text, stored=True)
+        except PolicyError:
+            # Not a policy any version stored (a record edited by hand): nothing dispatches.
+            self.meta.policy_error = f"{self.meta.policy_error}; the stored policy cannot be read: no wave dispatches"
             return Policy(enabled=False)
 
     @classmethod

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
+import pytest
 
 from bot.core.domain import Attempt, CapacityReading, Claim, Dispatch, RetryApproval
 from bot.services.repo_state import (
@@ -45,15 +46,20 @@ def test_a_valid_policy_clears_the_error_of_the_invalid_one_before_it() -> None:
     assert state.meta.policy_error is None and state.policy.cooldown_hours == 12
 
 
-def test_a_stored_policy_this_version_refuses_dispatches_nothing_and_says_why_until_fixed() -> None:
-    # What this catches: a policy an earlier version accepted (two values to one input) read
-    # back as the defaults in silence: `enabled: false` dropped, waves dispatching again.
-    text = "enabled: false\ncandidate_inputs: {candidate: target, family: target}\n"
-    state = RepoState.from_records("o/r", {}, META | {"policy_text": text})
-    assert state.policy.enabled is False
-    assert "both go to input 'target'" in (state.meta.policy_error or "")
+@pytest.mark.parametrize("refused", ["candidate_inputs: {candidate: target, family: target}", "cooldown_hours: true"])
+def test_a_stored_policy_this_version_refuses_stays_in_force_as_read_and_is_reported(refused: str) -> None:
+    # What this catches: a policy an earlier version accepted read back as the defaults in
+    # silence: `enabled: false` and its other settings dropped, waves dispatching again.
+    state = RepoState.from_records("o/r", {}, META | {"policy_text": f"enabled: false\nidle_days: 3\n{refused}\n"})
+    assert (state.policy.enabled, state.policy.idle_days) == (False, 3)
+    assert state.meta.policy_error is not None and refused.split(":")[0] in state.meta.policy_error
     state.set_policy_text("enabled: false\ncandidate_inputs: {candidate: target}\n")
     assert state.meta.policy_error is None and state.policy.candidate_inputs == {"candidate": "target"}
+
+
+def test_a_stored_policy_no_version_wrote_dispatches_nothing() -> None:
+    state = RepoState.from_records("o/r", {}, META | {"policy_text": "cooldown_hours: 0\n"})  # edited by hand
+    assert state.policy.enabled is False and "no wave dispatches" in (state.meta.policy_error or "")
 
 
 def test_a_config_read_again_clears_its_config_error() -> None:

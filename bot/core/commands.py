@@ -590,7 +590,7 @@ def render_status(view: StatusView) -> str:
             "Next wave",
             (
                 f"{human_time(view.next_wave_at) if view.next_wave_at else 'time unknown'}: "
-                f"**{decision.decision}**, {with_until(decision.reason, decision.until)}"
+                f"**{decision.decision}**, {_decision_reason(decision)}"
             ),
         ),
     ]
@@ -678,6 +678,15 @@ def _next_wave(at: datetime | None) -> str:
     if at is None:
         return "The time of the next wave is not known yet."
     return f"The next wave runs at {human_time(at)}."
+
+
+def _decision_reason(decision: Decision) -> str:
+    """A decision's reason for Markdown. A held family's names the hold's reason, its
+    writer's free text: in a code span, as every user text is, or it could @-mention people
+    and hide the rest of the reply behind `<!--`. The reason itself stays as it is in the
+    wave and state documents."""
+    reason = code_span(decision.reason) if decision.decision == "held" else decision.reason
+    return with_until(reason, decision.until)
 
 
 def with_until(reason: str, until: datetime | None) -> str:

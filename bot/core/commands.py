@@ -550,6 +550,16 @@ def render_resume(armed: bool, pause_reason: str | None, running: str | None = N
     )
 
 
+def render_resume_disabled(reason: str) -> str:
+    """`/klaud resume` while the policy turns dispatch off: plans say `dispatch-paused` then,
+    but there is no pause to end, and a canary would not run either."""
+    return _answer(
+        f"Not resumed: dispatch is off by the policy, not paused after failed runs ({reason}).",
+        "",
+        "`/klaud resume` does not change that: `enabled` in `.github/klaud.yml` on the default branch does.",
+    )
+
+
 def render_idle_pull(number: int, updated_at: datetime, idle_days: int) -> str:
     return _answer(
         f"PR #{number} has not been updated since {human_time(updated_at)}: idle for "

@@ -429,3 +429,16 @@ async def test_status_shows_a_hold_reason_only_inside_code_spans(tmp_path):
         rendered = outside_code(answer)
         for hostile in ("@carol", "![x](https://evil.example", "<!--"):
             assert hostile not in rendered, reply
+
+
+async def test_resume_while_the_policy_turns_dispatch_off_says_so(tmp_path):
+    # What this catches (review H): with `enabled: false`, /plan, /klaud status and the
+    # status page say dispatch is paused, and /klaud resume answered that it was not paused.
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)], policy="enabled: false\n")) as run:
+        plan = await run.klaud.waves.preview("acme/bench")
+        assert plan.blocked is not None and plan.blocked.code == "dispatch-paused"
+        await comment(run, 12, "alice", "/klaud resume")
+        reply = replies(run, 12)[-1]
+        assert "Not resumed: dispatch is off by the policy" in reply and plan.blocked.reason in reply, reply
+        assert "`enabled` in `.github/klaud.yml`" in reply, reply
+        assert not run.klaud.live.repo("acme/bench").canary_armed

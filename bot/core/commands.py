@@ -645,12 +645,15 @@ def attempt_rows(
     return [_attempt_row(attempt, repo, web_url.rstrip("/")) for attempt in attempts]
 
 
+def attempt_result(attempt: Attempt, *, emphasis: str = "") -> str:
+    """An attempt's verified outcome (between `emphasis` marks), or why it has none."""
+    if attempt.verified and attempt.outcome:
+        return f"{emphasis}{attempt.outcome}{emphasis}"
+    return f"unverified ({attempt.error or 'no outcome'})"
+
+
 def _attempt_row(attempt: Attempt, repo: str | None, web_url: str) -> str:
-    outcome = (
-        f"**{attempt.outcome}**"
-        if attempt.verified and attempt.outcome
-        else f"unverified ({attempt.error or 'no outcome'})"
-    )
+    outcome = attempt_result(attempt, emphasis="**")
     run = f"{attempt.run_id} / attempt {attempt.run_attempt}"
     if repo:
         url = f"{web_url}/{repo}/actions/runs/{attempt.run_id}/attempts/{attempt.run_attempt}"

@@ -5,11 +5,15 @@ conclusion and Markdown summary (`bot.services.coalescer` batches the updates).
 
 Status mapping:
 - in flight (dispatched, outcome not recorded): `in_progress`;
-- otherwise `completed`, with the latest *verified* attempt's outcome deciding the
-  conclusion: `success` for `validated`, `neutral` for `NEUTRAL_OUTCOMES`, `failure` else;
-- no verified attempt (none at all, or only unverified ones) and not in flight: `completed`
-  `neutral`. Nothing is running, so an `in_progress` check would spin forever and block
-  branch protection on something nobody is doing; the title says what Klaud waits for.
+- otherwise `completed`, with the attempt the candidate's cooldown comes from, else the
+  latest *verified* attempt, deciding the conclusion: `success` for `validated`, `neutral`
+  for `NEUTRAL_OUTCOMES`, `failure` else, and `failure` for a cooldown after runs that
+  failed before an outcome twice in a row (whatever outcome came before them);
+- nothing verified and no cooldown (no attempt, or only unverified ones) and not in flight:
+  `completed` `neutral`. Nothing is running, so an `in_progress` check would spin forever
+  and block branch protection on something nobody is doing.
+
+The title names the latest attempt, verified or not, and says when the candidate cools down.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class CheckView:
     policy_error: str | None  # why .github/klaud.yml was rejected, if it was
     blocked: Blocked | None = None  # a dispatch pause or a setup error of the repository
     config_errors: Mapping[str, str] = field(default_factory=dict)  # path -> problems, one a line
+    cooled_by: Attempt | None = None  # the attempt the cooldown in force comes from (None: not cooling down)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +83,7 @@ class CheckOutput:
 
 
 def render_check(view: CheckView, *, web_url: str = commands.GITHUB_WEB) -> CheckOutput:
-    latest = latest_verified(view.attempts)
-    status, conclusion, title = _state(view, latest)
+    status, conclusion, title = _state(view)
     if view.hold is not None:
         title += " · held"
     if view.policy_error is not None:
@@ -94,15 +98,29 @@ def latest_verified(attempts: Sequence[Attempt]) -> Attempt | None:
     return max(verified, key=lambda a: a.completed_at, default=None)
 
 
-def _state(view: CheckView, latest: Attempt | None) -> tuple[Status, Conclusion | None, str]:
+def _state(view: CheckView) -> tuple[Status, Conclusion | None, str]:
     if view.in_flight:
         return "in_progress", None, "Candidate run in progress"
-    if latest is not None and latest.outcome is not None:
-        return "completed", check_conclusion(latest.outcome), f"Latest attempt: {latest.outcome}"
-    if view.attempts:
-        newest = max(view.attempts, key=lambda a: a.completed_at)
-        return "completed", "neutral", f"Outcome not verified ({newest.error or 'unknown'})"
-    return "completed", "neutral", "Waiting for a wave"
+    if not view.attempts:
+        return "completed", "neutral", "Waiting for a wave"
+    newest = max(view.attempts, key=lambda a: (a.completed_at, a.run_id, a.run_attempt))
+    title = f"Latest attempt: {commands.attempt_result(newest)}"
+    if view.cooldown_until is not None:
+        title += " · cooling down"
+    return "completed", _conclusion(view), title
+
+
+def _conclusion(view: CheckView) -> Conclusion:
+    """What decides the candidate now: the attempt its cooldown comes from, else its latest
+    verified outcome (an artifact that expired says nothing of its run)."""
+    deciding = view.cooled_by or latest_verified(view.attempts)
+    if deciding is None:
+        return "neutral"
+    if not deciding.verified or deciding.outcome is None:
+        # Two runs in a row failed before an outcome: the planner cools the candidate down
+        # for a broken run, whatever outcome (a capacity deferral: neutral) came before.
+        return "failure"
+    return check_conclusion(deciding.outcome)
 
 
 def _summary(view: CheckView, web_url: str) -> str:

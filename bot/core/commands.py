@@ -550,6 +550,16 @@ def render_resume(armed: bool, pause_reason: str | None, running: str | None = N
     )
 
 
+def render_resume_disabled(reason: str) -> str:
+    """`/klaud resume` while the policy turns dispatch off: plans say `dispatch-paused` then,
+    but there is no pause to end, and a canary would not run either."""
+    return _answer(
+        f"Not resumed: dispatch is off by the policy, not paused after failed runs ({reason}).",
+        "",
+        "`/klaud resume` does not change that: `enabled` in `.github/klaud.yml` on the default branch does.",
+    )
+
+
 def render_idle_pull(number: int, updated_at: datetime, idle_days: int) -> str:
     return _answer(
         f"PR #{number} has not been updated since {human_time(updated_at)}: idle for "
@@ -590,7 +600,7 @@ def render_status(view: StatusView) -> str:
             "Next wave",
             (
                 f"{human_time(view.next_wave_at) if view.next_wave_at else 'time unknown'}: "
-                f"**{decision.decision}**, {with_until(decision.reason, decision.until)}"
+                f"**{decision.decision}**, {_decision_reason(decision)}"
             ),
         ),
     ]
@@ -635,12 +645,15 @@ def attempt_rows(
     return [_attempt_row(attempt, repo, web_url.rstrip("/")) for attempt in attempts]
 
 
+def attempt_result(attempt: Attempt, *, emphasis: str = "") -> str:
+    """An attempt's verified outcome (between `emphasis` marks), or why it has none."""
+    if attempt.verified and attempt.outcome:
+        return f"{emphasis}{attempt.outcome}{emphasis}"
+    return f"unverified ({attempt.error or 'no outcome'})"
+
+
 def _attempt_row(attempt: Attempt, repo: str | None, web_url: str) -> str:
-    outcome = (
-        f"**{attempt.outcome}**"
-        if attempt.verified and attempt.outcome
-        else f"unverified ({attempt.error or 'no outcome'})"
-    )
+    outcome = attempt_result(attempt, emphasis="**")
     run = f"{attempt.run_id} / attempt {attempt.run_attempt}"
     if repo:
         url = f"{web_url}/{repo}/actions/runs/{attempt.run_id}/attempts/{attempt.run_attempt}"
@@ -678,6 +691,15 @@ def _next_wave(at: datetime | None) -> str:
     if at is None:
         return "The time of the next wave is not known yet."
     return f"The next wave runs at {human_time(at)}."
+
+
+def _decision_reason(decision: Decision) -> str:
+    """A decision's reason for Markdown. A held family's names the hold's reason, its
+    writer's free text: in a code span, as every user text is, or it could @-mention people
+    and hide the rest of the reply behind `<!--`. The reason itself stays as it is in the
+    wave and state documents."""
+    reason = code_span(decision.reason) if decision.decision == "held" else decision.reason
+    return with_until(reason, decision.until)
 
 
 def with_until(reason: str, until: datetime | None) -> str:

@@ -231,10 +231,16 @@ def _encoded_marker(holds: Sequence[Hold], retries: Sequence[RetryApproval], *, 
 
 
 def parse_marker(body: str) -> Remembered | None:
-    """The holds and retries a dashboard body remembers; None when it has no readable marker."""
-    match = _MARKER_RE.search(body)
-    if match is None:
+    """The holds and retries a dashboard body remembers; None when it has no readable marker.
+
+    The dashboard's own marker is its last line: a hold's reason shown above it may hold a
+    marker too (`/klaud hold X <!-- klaud-dashboard:v1:… -->`), and read first, it would
+    replace every hold and retry when a lost store is rebuilt from the issue.
+    """
+    matches = list(_MARKER_RE.finditer(body))
+    if not matches:
         return None
+    match = matches[-1]
     try:
         data = base64.urlsafe_b64decode(match["data"])
         if match["version"] == "2":

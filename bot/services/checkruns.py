@@ -95,6 +95,7 @@ class CheckPublisher:
             policy_error=state.meta.policy_error,
             blocked=state.blocked(),
             config_errors=state.meta.config_errors,
+            cooled_by=None if cool.eligible else cool.attempt,
         )
 
     async def publish(self, key: Key, *, force: bool = False) -> None:

@@ -24,6 +24,7 @@ from bot.core.commands import (
     render_idle_pull,
     render_refusal,
     render_resume,
+    render_resume_disabled,
     render_resume_late,
     render_retry,
     render_retry_late,
@@ -163,6 +164,11 @@ class CommandResponder:
         return sorted(f for f in state.overlap.touches(number) if f in state.catalog)
 
     async def _resume(self, state: RepoState, author: str, asked_at: datetime | None) -> str:
+        disabled = None if state.policy.enabled else state.blocked_now(self.clock.now())
+        if disabled is not None:
+            # Nothing to arm: no wave runs, and the push that turns the policy on arms a
+            # canary of its own if dispatch was paused as well.
+            return render_resume_disabled(disabled.reason)
         pause = state.meta.pause["reason"] if state.meta.pause else None
         since = parse_time(state.meta.pause["since"]) if state.meta.pause else None
         if asked_at is not None and since is not None and since > asked_at:

@@ -16,6 +16,7 @@ from bot.core.checks import (
     render_check,
 )
 from bot.core.commands import VERBS, help_text
+from bot.core.cooldown import cooldown
 from bot.core.domain import NEUTRAL_OUTCOMES, Attempt, Family, Hold, Outcome, Overlap
 
 FAMILY_ID = "configs/nvidia-master.yaml:dsr1-fp4-b200-sglang"
@@ -96,6 +97,30 @@ def test_newest_verified_attempt_decides_even_if_given_out_of_order() -> None:
 def test_unverified_newer_attempt_does_not_override_verified_one() -> None:
     attempts = [attempt(3, None, minutes_ago=1), attempt(2, "failed", minutes_ago=60)]
     assert render_check(view(attempts=attempts)).conclusion == "failure"
+
+
+def run_failed(run_id: int, minutes_ago: int) -> Attempt:
+    return attempt(run_id, None, minutes_ago, error="run-failed", source="run", failed_job="get-jobs", failed_step="matrix")
+
+
+def test_runs_failed_after_an_outcome_are_the_latest_attempt_and_their_cooldown_decides() -> None:
+    # What this catches (review H): the title named the latest *verified* attempt. A
+    # candidate deferred for capacity whose next two runs failed before an outcome cools
+    # down for those runs, and its check said "Latest attempt: capacity-deferred", neutral.
+    deferred = attempt(1, "capacity-deferred", minutes_ago=600)
+    attempts = [run_failed(3, 120), run_failed(2, 360), deferred]
+    cool = cooldown(attempts, FAMILY.candidate, AT, 24, None)
+    assert not cool.eligible and cool.attempt == attempts[0]
+    out = render_check(view(attempts=attempts, cooldown_reason=cool.reason, cooldown_until=cool.until, cooled_by=cool.attempt))
+    assert (out.status, out.conclusion) == ("completed", "failure")
+    assert out.title == "Latest attempt: unverified (run-failed) · cooling down"
+
+
+def test_one_run_failed_after_an_outcome_is_the_latest_attempt_and_the_outcome_still_decides() -> None:
+    # Once is not a cooldown: the capacity deferral before it still says what the candidate is.
+    attempts = [run_failed(2, 120), attempt(1, "capacity-deferred", minutes_ago=600)]
+    out = render_check(view(attempts=attempts))
+    assert (out.conclusion, out.title) == ("neutral", "Latest attempt: unverified (run-failed)")
 
 
 def test_in_flight_is_in_progress_without_conclusion() -> None:

@@ -74,6 +74,19 @@ def test_the_marker_remembers_holds_and_retries() -> None:
     assert parse_marker("<!-- klaud-dashboard:v1:bm90IGpzb24= -->") is None  # not JSON: unread, not raised
 
 
+def test_a_hold_reason_holding_a_marker_does_not_replace_the_dashboards_own() -> None:
+    # What this catches (review H): a hold's reason is a writer's free text, shown above the
+    # marker, and the first marker of the body was read: `/klaud hold gamma <!-- klaud-
+    # dashboard:v1:… -->` made a rebuild from an empty store restore what it said instead.
+    fake = marker_of({"holds": [], "retries": []})
+    holds = [Hold(A.id, "alice", "new weights", NOW), Hold(C.id, "bob", f"see {fake}", NOW)]
+    body = render_dashboard(view(holds=holds))
+    assert body.index(fake) < body.rindex("<!-- klaud-dashboard:")
+    remembered = parse_marker(body)
+    assert remembered is not None
+    assert remembered.holds == tuple(holds) and remembered.retries == (RetryApproval(A.candidate, "bob", NOW),)
+
+
 def test_a_body_too_long_for_github_keeps_its_marker() -> None:
     many = [family(f"fam-{i:04d}-{'x' * 60}") for i in range(2000)]
     body = render_dashboard(view(cooling=[(f, "cooling down", None) for f in many]))

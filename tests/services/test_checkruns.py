@@ -93,3 +93,27 @@ async def test_a_head_pushed_back_to_keeps_its_one_check_run(kit: Kit) -> None:
     heads = [check["head_sha"] for check in kit.repo.check_runs.values()]
     assert sorted(heads) == [first, second]
     await checks.close()
+
+
+async def test_the_check_run_of_a_candidate_cooling_down_after_two_failed_runs_is_a_failure(kit: Kit) -> None:
+    # What this catches (review H): the check run said the capacity deferral before the two
+    # failed runs, neutral, while the planner cooled the candidate down for those runs.
+    from datetime import timedelta
+
+    from bot.core.domain import Attempt
+
+    deferred = Attempt(CAND, H200, 1, 1, "a" * 40, NOW - timedelta(hours=10), True, "capacity-deferred",
+                       "targeted", None, None, None)
+    failed = [Attempt(CAND, H200, run_id, 1, "a" * 40, NOW - timedelta(hours=hours), False, None, None, None, None,
+                      "run-failed", source="run", failed_job="get-jobs", failed_step="matrix")
+              for run_id, hours in ((2, 6), (3, 2))]
+    await kit.reconciler.reconcile(REPO, 1)
+    for attempt in (deferred, *failed):
+        kit.state.record_attempt(attempt)
+    checks = CheckPublisher(kit.live, kit.clock, delay_seconds=0)
+    await kit.pulls.on_pull_request(kit.state, event("opened", 1000, f"klaud/auto-{CAND}"))
+    await checks.settle()
+    [check] = kit.repo.check_runs.values()
+    assert (check["status"], check.get("conclusion")) == ("completed", "failure")
+    assert check["output"]["title"] == "Latest attempt: unverified (run-failed) · cooling down"
+    await checks.close()

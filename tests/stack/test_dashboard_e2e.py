@@ -93,6 +93,23 @@ async def test_holds_come_back_from_the_dashboard_when_the_store_is_lost(tmp_pat
         assert restored is not None and restored.holds[H200].reason == "waiting for weights"
 
 
+async def test_a_marker_in_a_hold_reason_does_not_replace_the_holds_a_lost_store_gets_back(tmp_path):
+    # What this catches (review H): the held section shows each hold's reason above the
+    # dashboard's own marker, and the first marker in the body was the one read.
+    fake = base64.urlsafe_b64encode(json.dumps({"holds": [], "retries": []}).encode()).decode()
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        for family, reason in ((H200, "waiting for weights"), (B200, f"see <!-- klaud-dashboard:v1:{fake} -->")):
+            await run.act({"action": "comment", "repo": REPO, "number": 12, "user": "alice",
+                           "body": f"/klaud hold {family} {reason}"})
+        await wave(run)
+        lost = run.klaud
+        lost.live.repos.clear()
+        await lost.store.apply(_forget_everything(REPO))
+        await lost.reconciler.reconcile(REPO, 1)
+        restored = lost.live.repo(REPO)
+        assert restored is not None and sorted(restored.holds) == sorted([H200, B200])
+
+
 async def test_a_closed_dashboard_still_brings_the_holds_back_and_is_opened_again(tmp_path):
     # What this catches: the dashboard was looked for among open issues only: closed by a
     # person, its holds were lost with the store and a second dashboard was made.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -36,6 +37,11 @@ def checks(run, head_sha: str | None = None) -> list[dict]:
 
 async def comment(run, number: int, user: str, body: str) -> dict:
     return await run.act({"action": "comment", "repo": "acme/bench", "number": number, "user": user, "body": body})
+
+
+def outside_code(markdown: str) -> str:
+    """The Markdown with its code spans removed: what GitHub renders as Markdown."""
+    return re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", "", markdown)
 
 
 @pytest.mark.parametrize(
@@ -407,3 +413,32 @@ async def test_a_canary_armed_by_resume_is_stored_at_once(tmp_path):
         assert "Canary armed" in replies(run, 77)[-1]
         stored = await run.klaud.live.store.get("", "repo", "acme/bench")
         assert stored["canary"]["armed"] is True, stored.get("canary")
+
+
+async def test_status_shows_a_hold_reason_only_inside_code_spans(tmp_path):
+    # What this catches (review H): the "Next wave" row showed the held decision's reason,
+    # which carries the hold's free text, as Markdown: it @-mentioned people, showed images
+    # and could hide the rest of the reply behind `<!--` (README: replies mention nobody).
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await comment(run, 12, "bob", f"/klaud hold {H200} ping @carol ![x](https://evil.example/t.png) <!--")
+        await comment(run, 12, "carol", f"/klaud status {H200}")
+        reply = replies(run, 12)[-1]
+        assert "**held**, `held by bob since " in reply, reply
+        marker, answer = reply.split("\n", 1)  # the reply's own marker is the first line
+        assert marker.startswith("<!-- klaud-command:")
+        rendered = outside_code(answer)
+        for hostile in ("@carol", "![x](https://evil.example", "<!--"):
+            assert hostile not in rendered, reply
+
+
+async def test_resume_while_the_policy_turns_dispatch_off_says_so(tmp_path):
+    # What this catches (review H): with `enabled: false`, /plan, /klaud status and the
+    # status page say dispatch is paused, and /klaud resume answered that it was not paused.
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)], policy="enabled: false\n")) as run:
+        plan = await run.klaud.waves.preview("acme/bench")
+        assert plan.blocked is not None and plan.blocked.code == "dispatch-paused"
+        await comment(run, 12, "alice", "/klaud resume")
+        reply = replies(run, 12)[-1]
+        assert "Not resumed: dispatch is off by the policy" in reply and plan.blocked.reason in reply, reply
+        assert "`enabled` in `.github/klaud.yml`" in reply, reply
+        assert not run.klaud.live.repo("acme/bench").canary_armed

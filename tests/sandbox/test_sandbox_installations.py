@@ -56,6 +56,14 @@ async def listed(hub: Hub, credential: str) -> list[str]:
     return [r["full_name"] for r in (await response.json())["repositories"]]
 
 
+async def installation_event_of(hub: Hub, receiver: Receiver, action: str, **fields: Any) -> dict[str, Any]:
+    """The one `installation` event the sandbox sends for the control `action`."""
+    await hub.act(action=action, **fields)
+    [(name, payload)] = events(receiver)
+    assert name == "installation"
+    return payload
+
+
 def assert_githubs_shape(payload: dict[str, Any], fixture: dict[str, Any]) -> None:
     """Our installation has every key of the example (which predates `client_id` and some
     others); the rest has the example's keys exactly."""
@@ -122,9 +130,8 @@ async def test_uninstalling_revokes_the_tokens_and_a_new_install_has_a_new_id(
     app: Hub, receiver: Receiver, fixtures: Path
 ) -> None:
     credential = await token(app, 1)
-    await app.act(action="uninstall_app", installation_id=1, user="alice")
-    [(name, payload)] = events(receiver)
-    assert (name, payload["action"]) == ("installation", "deleted")
+    payload = await installation_event_of(app, receiver, "uninstall_app", installation_id=1, user="alice")
+    assert payload["action"] == "deleted"
     assert [r["full_name"] for r in payload["repositories"]] == ["acme/bench"]
     assert_githubs_shape(payload, example(fixtures, "installation/deleted.payload.json"))
     assert await status(app, "/repos/acme/bench", credential) == 401
@@ -146,9 +153,8 @@ async def test_a_suspended_installation_is_refused_and_hears_nothing_until_unsus
     app: Hub, receiver: Receiver, fixtures: Path
 ) -> None:
     credential = await token(app, 1)
-    await app.act(action="suspend_app", installation_id=1, user="alice")
-    [(name, suspended)] = events(receiver)
-    assert (name, suspended["action"]) == ("installation", "suspend")
+    suspended = await installation_event_of(app, receiver, "suspend_app", installation_id=1, user="alice")
+    assert suspended["action"] == "suspend"
     assert "repositories" not in suspended
     assert suspended["installation"]["suspended_by"]["login"] == "alice"
     assert suspended["installation"]["suspended_at"] == "2026-11-30T08:00:00Z"

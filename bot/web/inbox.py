@@ -108,10 +108,10 @@ HOLD_LOOP_SECONDS = 0.002  # a batch's longest run on the event loop between two
 # took the event loop from its acknowledgements, ~2,170 acknowledged/s; held until the burst
 # ended, ~2,740/s, with the same end-to-end drain (~2,100/s). 5 s covers such a burst; a
 # longer flood is worked through after one hold, so the backlog stays bounded and /readyz
-# true. Replicas on PostgreSQL hold too: six paired rounds (2026-12-07) acknowledged
-# ~2,940/s with it against ~2,600/s without for one replica (p99 ~28 ms either way), ~2,740
-# against ~2,420/s for three. (On 2026-12-06 one replica's p99 measured worse with it, ~48
-# against ~36 ms, and replicas did not hold; the claims and intake commits changed since.)
+# true. Only in a single process (SQLite): replicas on PostgreSQL acknowledged up to ~12 %
+# more a second with it (beyond their target) and three gained no more than one, while its
+# effect on one replica's p99 measured from none to +10 ms (~48 against ~36 ms on
+# 2026-12-06), a p99 that moves between 24 and 55 ms from run to run on this machine.
 HOLD_FOR_ACKS_SECONDS = 5.0
 FREE_SPACE_EVERY = 1.0  # seconds between two looks at the store's free disk space
 
@@ -479,11 +479,11 @@ class Inbox:
 
     def _hold_for_acks(self, now: float) -> float | None:
         """Seconds left to hold new batches back while deliveries wait for their 202
-        (HOLD_FOR_ACKS_SECONDS), or None to start them: nothing waits (no acknowledgement,
-        or no backlog), or the hold has lasted its time. One hold per backlog: once spent,
-        the queues are worked through until the backlog is empty (`_set_backlog` ends it),
-        so a flood never holds before every batch."""
-        if not self._acks_waiting or not self._backlog:
+        (HOLD_FOR_ACKS_SECONDS), or None to start them: a replica (never held), nothing
+        waits (no acknowledgement, or no backlog), or the hold has lasted its time. One hold
+        per backlog: once spent, the queues are worked through until the backlog is empty
+        (`_set_backlog` ends it), so a flood never holds before every batch."""
+        if self.ownership is not None or not self._acks_waiting or not self._backlog:
             return None
         if self._held_since is None:
             self._held_since = now

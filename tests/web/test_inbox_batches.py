@@ -667,19 +667,17 @@ async def test_after_a_hold_the_whole_backlog_is_worked_through_while_acknowledg
     await inbox.stop()
 
 
-async def test_a_replica_holds_what_it_claimed_while_acknowledgements_wait_too(
+async def test_a_replica_processes_while_acknowledgements_wait(
     db: RecordingDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # What this catches: a replica's batches started beside its intake (measured: ~12 % fewer
-    # deliveries acknowledged a second, one replica or three).
+    # What this catches: the hold on replicas, where it was measured to raise PostgreSQL's p99
+    # acknowledgement latency (one replica: ~36 to ~48 ms, medians of six rounds).
     inbox, handler, commit, waiting = await inbox_with_an_unanswered_ack(
         db, monkeypatch, ownership=Owner(), claim_every=0.01)
-    await wait_for(lambda: inbox.backlog == 1)  # d1 claimed
-    await asyncio.sleep(0.2)
-    assert handler.seen == []
+    await wait_for(lambda: handler.seen == ["d1"] and inbox.backlog == 0)
+    assert not waiting.done()
     commit.set_result(False)
     assert await waiting is False
-    await wait_for(lambda: handler.seen == ["d1"] and inbox.backlog == 0)
     await inbox.stop()
 
 

@@ -144,6 +144,9 @@ class Klaud:
             leads=self.replicas.leads if self.replicas is not None else lambda: True,
             owns=self.replicas.owns if self.replicas is not None else lambda repo: True,
         )
+        # A delivery given up on (GitHub down past its retries): its repository is caught up
+        # by a light reconcile once GitHub answers again.
+        self.inbox.gave_up = self.scheduler.catch_up
         self.services = Services(
             self.live, self.reconciler, catalog, pulls, self.outcomes, self.commands, self.checks, self.waves,
             self.dashboard,

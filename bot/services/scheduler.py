@@ -23,6 +23,7 @@ from bot.core.cooldown import ATTEMPT_MEMORY
 from bot.core.domain import parse_time, stamp
 from bot.github.errors import GitHubError
 from bot.services.live import LiveState
+from bot.services.missed_comments import GRACE as COMMENT_GRACE
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.reconcile import Reconciler, retry_delay
 from bot.services.repo_state import RepoState
@@ -87,6 +88,16 @@ class Scheduler:
         # (repository, kind of work) -> failures in a row and when to try again: a 404 for
         # a repository the App lost, or a refused read, must not be asked every second.
         self._failing: dict[tuple[str, str], tuple[int, datetime]] = {}
+        # Repository (lowercase) -> when its light reconcile is due ahead of its cadence (`catch_up`).
+        self._catch_up: dict[str, datetime] = {}
+
+    def catch_up(self, repo: str) -> None:
+        """A delivery of `repo` failed after every retry (GitHub down longer than they last,
+        about 4 minutes): what it would have changed (a PR opened, a command written) is
+        caught up by a light reconcile once GitHub answers, not at the 6-hourly one. Due
+        once the comment sweep's grace has passed (a command younger than that is left to
+        its own delivery), and backed off from while GitHub still fails."""
+        self._catch_up.setdefault(repo.lower(), self.clock.now() + COMMENT_GRACE)
 
     def start(self) -> None:
         self._stopping.clear()
@@ -129,6 +140,8 @@ class Scheduler:
         await self.live.reload_stale()
         for key in [key for key in self._failing if key[0] not in self.live.repos]:
             del self._failing[key]  # a repository given up or removed: nothing left to back off from
+        for name in self._catch_up.keys() - self.live.repos.keys():
+            del self._catch_up[name]
         for name, state in list(self.live.repos.items()):
             if not self.owns(name):
                 continue
@@ -236,9 +249,14 @@ class Scheduler:
         reconciled = parse_time(state.meta.reconciled_at)
         since = None if reconciled is None else self.clock.now() - reconciled
         # A time ahead of the clock (written while it ran ahead) is no reason to wait.
-        if since is not None and timedelta(0) <= since < LIGHT_RECONCILE_EVERY:
+        recent = since is not None and timedelta(0) <= since < LIGHT_RECONCILE_EVERY
+        catch_up_at = self._catch_up.get(name.lower())
+        caught_up = catch_up_at is not None and self.clock.now() >= catch_up_at
+        if recent and not caught_up:
             return False
         await self.reconciler.reconcile(name, state.meta.installation, light=True)
+        if caught_up:
+            del self._catch_up[name.lower()]
         return True
 
     def _upcoming(self, every_minutes: int, now: datetime) -> datetime:

@@ -171,6 +171,9 @@ class Inbox:
         # With replicas a delivery is stored by whichever replica GitHub reached and
         # claimed from the store by the owner of its repository.
         self.ownership = ownership
+        # Told the repository of a delivery failed after every retry of a transient error
+        # (GitHub down longer than they last): what it would have changed is still due.
+        self.gave_up: Callable[[str], None] | None = None
         # Bodies this replica stored for repositories it owns, until its claim takes them
         # (a claim reads deliveries without their bodies): the claim comes within moments,
         # so a quarter of the budget is plenty; the oldest go first past it.
@@ -763,6 +766,8 @@ class Inbox:
             permanent = is_permanent(ended.error)
             log.warning("delivery.failed", error=delivery.error, permanent=permanent,
                         exc_info=None if permanent else ended.error, **context)
+            if not permanent and delivery.repo is not None and self.gave_up is not None:
+                self.gave_up(delivery.repo)
             self._finish(key)
         else:
             delay = max(self.retry_delay(delivery.attempts), retry_after(ended.error) or 0.0)

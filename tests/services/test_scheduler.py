@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 from bot.core.cooldown import ATTEMPT_MEMORY
 from bot.core.domain import parse_time, stamp
 from bot.github.errors import BadRequest, NotFound, Unavailable
+from bot.services.missed_comments import GRACE as COMMENT_GRACE
 from bot.services.reconcile import FIRST_RETRY, retry_delay
 from bot.services.scheduler import LIGHT_RECONCILE_EVERY, MAX_JITTER_SECONDS, Scheduler
 from bot.services.waves import RETRY_WAVE_AFTER
@@ -50,6 +51,22 @@ async def test_a_failing_light_reconcile_backs_off_instead_of_running_every_tick
     kit.clock.advance(FIRST_RETRY.total_seconds())
     await ticks.tick()
     assert [c[0] for c in kit.repo.calls].count("head_sha") == 2  # tried again after the backoff
+
+
+async def test_a_repository_to_catch_up_is_reconciled_light_once_the_comment_grace_has_passed(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)  # reconciled just now: the cadence is 6 h off
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() + timedelta(hours=1))
+    ticks = scheduler(kit)
+    ticks.catch_up(REPO.upper())  # a delivery given up on; any case of the name
+    kit.repo.calls.clear()
+
+    await ticks.tick()  # within the grace a command is still its own delivery's
+    assert kit.repo.calls == []
+    kit.clock.advance(COMMENT_GRACE.total_seconds())
+    await ticks.tick()
+    assert [c[0] for c in kit.repo.calls].count("head_sha") == 1
+    await ticks.tick()
+    assert [c[0] for c in kit.repo.calls].count("head_sha") == 1  # once
 
 
 async def test_a_failing_claim_check_does_not_stop_the_due_wave(kit: Kit) -> None:

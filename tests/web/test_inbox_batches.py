@@ -57,7 +57,9 @@ class Handler:
 async def run(db: RecordingDatabase, deliveries: list[Delivery], **options: object) -> tuple[Inbox, Handler]:
     store = DeliveryStore(db)
     handler = Handler(StateStore(db, store.writer), options.pop("fail", None))  # type: ignore[arg-type]
+    gave_up = options.pop("gave_up", None)
     inbox = Inbox(store, handler, base_delay=0.01, max_delay=0.02, **options)  # type: ignore[arg-type]
+    inbox.gave_up = gave_up  # type: ignore[assignment]
     await inbox.open()
     for item in deliveries:  # stored while the worker is down, found by `start`
         assert await inbox.store.put(item)
@@ -109,6 +111,33 @@ async def test_a_failing_delivery_ends_its_batch_and_keeps_its_place(db: Recordi
     stored = {n: await DeliveryStore(db).get(f"d{n}") for n in range(4)}
     assert [item.status for item in stored.values()] == ["done", "failed", "done", "done"]  # type: ignore[union-attr]
     assert stored[1].attempts == 2 and "d1 failed" in (stored[1].error or "")  # type: ignore[union-attr]
+
+
+async def test_a_delivery_given_up_after_its_retries_names_its_repository_to_catch_up(db: RecordingDatabase) -> None:
+    # What this catches: a command or a PR event lost to a GitHub outage longer than the
+    # retries, caught up only by the 6-hourly reconcile.
+    given_up: list[str] = []
+    await run(db, [delivery(0), delivery(1, repo="acme/other")], fail={"d1"}, max_attempts=2, gave_up=given_up.append)
+    assert given_up == ["acme/other"]
+
+
+async def test_a_delivery_failed_for_good_at_once_is_not_caught_up(db: RecordingDatabase) -> None:
+    # A permanent error (a payload no handler can read, a bug) would fail the reconcile's
+    # catch-up as well, at every scheduler tick: only a transient error's outlasted retries count.
+    store = DeliveryStore(db)
+
+    async def unreadable(item: Delivery) -> None:
+        raise ValueError(f"{item.id}: not a payload Klaud reads")
+
+    inbox = Inbox(store, unreadable, base_delay=0.01, max_delay=0.02)
+    given_up: list[str] = []
+    inbox.gave_up = given_up.append
+    await inbox.open()
+    assert await store.put(delivery(0))
+    await inbox.start()
+    await inbox.drained()
+    await inbox.stop()
+    assert (await store.get("d0")).status == "failed" and given_up == []  # type: ignore[union-attr]
 
 
 async def test_a_commit_the_store_refuses_runs_the_deliveries_again(db: RecordingDatabase) -> None:

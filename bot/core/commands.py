@@ -550,11 +550,17 @@ def render_resume(armed: bool, pause_reason: str | None, running: str | None = N
     )
 
 
-def render_resume_disabled(reason: str) -> str:
+def render_resume_disabled(reason: str, pause_reason: str | None) -> str:
     """`/klaud resume` while the policy turns dispatch off: plans say `dispatch-paused` then,
-    but there is no pause to end, and a canary would not run either."""
+    and a canary would not run. A pause after failed runs may be there too (`pause_reason`):
+    the push that turns the policy on arms its canary."""
+    if pause_reason is None:
+        first = f"Not resumed: dispatch is off by the policy, not paused after failed runs ({reason})."
+    else:
+        first = (f"Not resumed: dispatch is off by the policy ({reason}), and paused after failed runs"
+                 f" ({pause_reason}); the push that turns the policy on arms a canary.")
     return _answer(
-        f"Not resumed: dispatch is off by the policy, not paused after failed runs ({reason}).",
+        first,
         "",
         "`/klaud resume` does not change that: `enabled` in `.github/klaud.yml` on the default branch does.",
     )

@@ -32,6 +32,17 @@ def held_after(state: RepoState, family: str, asked_at: datetime | None) -> bool
     return asked_at is not None and held is not None and held.at > asked_at
 
 
+def own_hold(state: RepoState, family: str, by: str, reason: str) -> Hold | None:
+    """The family's hold when it is the one `by` asked for with `reason` (a command run
+    again, or found late after its reply was lost)."""
+    held = state.holds.get(family)
+    return held if held is not None and (held.by, held.reason) == (by, hold_reason(reason)) else None
+
+
+def hold_reason(reason: str) -> str:
+    return reason or "no reason given"
+
+
 def released_after(state: RepoState, family: str, asked_at: datetime | None) -> bool:
     """Whether the family's hold was asked to end after `asked_at`: a hold asked before
     (a command found late) must not undo that."""
@@ -40,7 +51,7 @@ def released_after(state: RepoState, family: str, asked_at: datetime | None) -> 
 
 
 async def hold(live: LiveState, state: RepoState, family: Family, by: str, reason: str, now: datetime) -> Hold:
-    held = Hold(family.id, by, reason or "no reason given", now)
+    held = Hold(family.id, by, hold_reason(reason), now)
     async with live.lock(state.name):
         await live.persist(state.hold(held))
     await live.notify(state, {family.id})

@@ -71,7 +71,9 @@ class MissedComments:
             found.until = min(found.until, resume_at + OVERLAP)
         await self._handle(state, listed, start, found)
         await self._swept_until(state, found.until)
-        counts = {key: n for key, n in (("commands_answered", found.commands), ("receipts_read", found.receipts)) if n}
+        left = found.until < found.cutoff  # a comment's work failed on GitHub: tried again next time
+        counts = {key: n for key, n in (("commands_answered", found.commands), ("receipts_read", found.receipts),
+                                        ("comments_left", int(left))) if n}
         if counts:
             log.info("comments.missed_found", repo=state.name, **counts)
         return counts

@@ -144,8 +144,9 @@ class RepoState:
             # Good for the version of Klaud that stored it, refused by this one: it stays in
             # force as that version read it (its defaults, `enabled: false` among them, would
             # start waves nobody asked for), and its file is reported invalid (check runs,
-            # status page, state document) until it is fixed.
-            self.meta.policy_error = str(exc)
+            # status page, state document) until it is fixed. An error stored already is the
+            # file's own now (edited since), and stays.
+            self.meta.policy_error = self.meta.policy_error or str(exc)
         try:
             return parse_policy(text, stored=True)
         except PolicyError:

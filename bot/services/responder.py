@@ -143,11 +143,16 @@ class CommandResponder:
         if command.verb == "retry":
             return await self._retry(state, family, author, now, asked_at)
         if command.verb == "hold":
+            reason = resolved.text if resolved.text is not None else command.text
+            own = controls.own_hold(state, family.id, author, reason)
+            if own is not None:
+                # Placed by this very command, whose reply GitHub refused (an outage, the
+                # delivery given up on): answered as done, found late or not.
+                return render_hold(own)
             if controls.released_after(state, family.id, asked_at):
                 return render_refusal(command, RELEASED_AFTER)
             if controls.held_after(state, family.id, asked_at):
                 return render_refusal(command, HELD_AFTER)
-            reason = resolved.text if resolved.text is not None else command.text
             # Held as of when it was asked: a later unhold, also found late, must release it.
             return render_hold(await controls.hold(self.live, state, family, author, reason, asked_at or now))
         if command.verb == "unhold":
@@ -168,7 +173,7 @@ class CommandResponder:
         if disabled is not None:
             # Nothing to arm: no wave runs, and the push that turns the policy on arms a
             # canary of its own if dispatch was paused as well.
-            return render_resume_disabled(disabled.reason)
+            return render_resume_disabled(disabled.reason, state.meta.pause["reason"] if state.meta.pause else None)
         pause = state.meta.pause["reason"] if state.meta.pause else None
         since = parse_time(state.meta.pause["since"]) if state.meta.pause else None
         if asked_at is not None and since is not None and since > asked_at:

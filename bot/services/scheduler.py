@@ -97,7 +97,8 @@ class Scheduler:
         caught up by a light reconcile once GitHub answers, not at the 6-hourly one. Due
         once the comment sweep's grace has passed (a command younger than that is left to
         its own delivery), and backed off from while GitHub still fails."""
-        self._catch_up.setdefault(repo.lower(), self.clock.now() + COMMENT_GRACE)
+        # The later of two: a second delivery given up meanwhile carries a younger comment.
+        self._catch_up[repo.lower()] = self.clock.now() + COMMENT_GRACE
 
     def start(self) -> None:
         self._stopping.clear()
@@ -254,8 +255,12 @@ class Scheduler:
         caught_up = catch_up_at is not None and self.clock.now() >= catch_up_at
         if recent and not caught_up:
             return False
-        await self.reconciler.reconcile(name, state.meta.installation, light=True)
-        if caught_up:
+        report = await self.reconciler.reconcile(name, state.meta.installation, light=True)
+        if caught_up and report.get("comments_left"):
+            # GitHub still refused a command's reply (the reconcile itself went through):
+            # caught up again a grace later, not at the 6-hourly reconcile.
+            self._catch_up[name.lower()] = self.clock.now() + COMMENT_GRACE
+        elif caught_up:
             del self._catch_up[name.lower()]
         return True
 

@@ -57,6 +57,15 @@ def test_a_stored_policy_this_version_refuses_stays_in_force_as_read_and_is_repo
     assert state.meta.policy_error is None and state.policy.candidate_inputs == {"candidate": "target"}
 
 
+def test_a_restart_shows_the_error_of_the_file_not_of_the_stored_policy() -> None:
+    # The file was edited since an earlier version stored `cooldown_hours: true`: that line
+    # fixed, another mistake made. After a restart the error named must be the file's.
+    state = RepoState.from_records("o/r", {}, META | {"policy_text": "enabled: false\ncooldown_hours: true\n"})
+    state.set_policy_text("enabled: false\ncooldown_hours: 2\nidle_days: 0\n")
+    restarted = RepoState.from_records("o/r", {}, msgspec.to_builtins(state.meta))
+    assert "idle_days" in (restarted.meta.policy_error or "") and restarted.policy.enabled is False
+
+
 def test_a_stored_policy_no_version_wrote_dispatches_nothing() -> None:
     state = RepoState.from_records("o/r", {}, META | {"policy_text": "cooldown_hours: 0\n"})  # edited by hand
     assert state.policy.enabled is False and "no wave dispatches" in (state.meta.policy_error or "")

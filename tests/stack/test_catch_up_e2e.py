@@ -9,12 +9,12 @@ from tests.harness import sandbox_stack
 from tests.stack.test_people_e2e import GPTOSS, comment, replies
 
 OUTAGE = {"rules": [{"method": "POST", "route": "/comments$", "status": 502}]}  # every reply refused
+INBOX = {"base_delay": 0.005, "max_delay": 0.02, "max_attempts": 2}  # retries given up at once
 
 
 async def test_a_command_whose_delivery_failed_through_an_outage_is_answered_once_github_is_back(tmp_path):
-    inbox = {"base_delay": 0.005, "max_delay": 0.02, "max_attempts": 2}
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)]),
-                             klaud_options={"inbox_options": inbox}) as run:
+                             klaud_options={"inbox_options": INBOX}) as run:
         await run.klaud.scheduler.tick()  # the first wave is scheduled; nothing is due
         run.sandbox.set_faults(OUTAGE)
         await comment(run, 12, "bob", f"/klaud hold {GPTOSS} waiting for new weights")
@@ -29,5 +29,46 @@ async def test_a_command_whose_delivery_failed_through_an_outage_is_answered_onc
         await run.settle()
 
         [reply] = replies(run, 12)
-        assert "waiting for new weights" in reply
+        # The hold its delivery placed before the reply failed is this command's own: done.
+        assert "waiting for new weights" in reply and "Not done" not in reply and "write it again" not in reply
         assert GPTOSS in run.klaud.live.repo("acme/bench").holds
+
+
+async def ticks_for_half_an_hour(run) -> None:  # type: ignore[no-untyped-def]
+    """Well short of the 6-hourly reconcile."""
+    for _ in range(6):
+        await run.act({"action": "advance_clock", "seconds": 5 * 60})
+        await run.klaud.scheduler.tick()
+        await run.settle()
+
+
+async def test_a_catch_up_github_still_failed_in_part_is_tried_again(tmp_path):
+    # The light reconcile goes through while the command's reply is still refused: the
+    # catch-up must not be spent on it.
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)]),
+                             klaud_options={"inbox_options": INBOX}) as run:
+        await run.klaud.scheduler.tick()
+        run.sandbox.set_faults(OUTAGE)
+        await comment(run, 12, "bob", f"/klaud hold {GPTOSS} waiting for new weights")
+        await run.act({"action": "advance_clock", "seconds": 11 * 60})
+        await run.klaud.scheduler.tick()  # due: GitHub still refuses replies
+        await run.settle()
+        assert replies(run, 12) == []
+
+        run.sandbox.set_faults({"rules": []})
+        await ticks_for_half_an_hour(run)
+        assert len(replies(run, 12)) == 1
+
+
+async def test_a_second_delivery_given_up_while_a_catch_up_waits_is_caught_up_too(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)]),
+                             klaud_options={"inbox_options": INBOX}) as run:
+        await run.klaud.scheduler.tick()
+        run.sandbox.set_faults(OUTAGE)
+        await comment(run, 12, "bob", f"/klaud hold {GPTOSS} waiting for new weights")
+        await run.act({"action": "advance_clock", "seconds": 9 * 60})
+        await comment(run, 12, "bob", "/klaud status")  # given up on 9 minutes later
+        run.sandbox.set_faults({"rules": []})
+
+        await ticks_for_half_an_hour(run)
+        assert len(replies(run, 12)) == 2

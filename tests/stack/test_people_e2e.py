@@ -431,6 +431,18 @@ async def test_status_shows_a_hold_reason_only_inside_code_spans(tmp_path):
             assert hostile not in rendered, reply
 
 
+async def test_resume_while_the_policy_turns_dispatch_off_and_a_pause_stands_says_both(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await paused_by_failed_runs(run)
+        state = run.klaud.live.repo("acme/bench")
+        assert state.meta.pause is not None
+        state.set_policy_text("enabled: false\n")
+        await comment(run, 77, "bob", "/klaud resume")
+        reply = replies(run, 77)[-1]
+        assert "Not resumed" in reply and "paused after failed runs" in reply
+        assert "not paused after failed runs" not in reply
+
+
 async def test_resume_while_the_policy_turns_dispatch_off_says_so(tmp_path):
     # What this catches (review H): with `enabled: false`, /plan, /klaud status and the
     # status page say dispatch is paused, and /klaud resume answered that it was not paused.

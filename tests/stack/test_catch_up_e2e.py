@@ -4,21 +4,32 @@ once GitHub answers, not at the 6-hourly one (a lost event's known limit: hours)
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
 from tests import scenarios as sc
-from tests.harness import sandbox_stack
+from tests.harness import SandboxRun, sandbox_stack
 from tests.stack.test_people_e2e import GPTOSS, comment, replies
 
 OUTAGE = {"rules": [{"method": "POST", "route": "/comments$", "status": 502}]}  # every reply refused
 INBOX = {"base_delay": 0.005, "max_delay": 0.02, "max_attempts": 2}  # retries given up at once
 
 
-async def test_a_command_whose_delivery_failed_through_an_outage_is_answered_once_github_is_back(tmp_path):
+@asynccontextmanager
+async def a_hold_written_in_an_outage(tmp_path: Path) -> AsyncIterator[SandboxRun]:
+    """Klaud on the sandbox, GitHub refusing every reply, and a `/klaud hold` written: its
+    delivery given up on."""
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)]),
                              klaud_options={"inbox_options": INBOX}) as run:
         await run.klaud.scheduler.tick()  # the first wave is scheduled; nothing is due
         run.sandbox.set_faults(OUTAGE)
         await comment(run, 12, "bob", f"/klaud hold {GPTOSS} waiting for new weights")
+        yield run
 
+
+async def test_a_command_whose_delivery_failed_through_an_outage_is_answered_once_github_is_back(tmp_path):
+    async with a_hold_written_in_an_outage(tmp_path) as run:
         assert replies(run, 12) == []
         run.sandbox.set_faults({"rules": []})  # GitHub is back
         await run.klaud.scheduler.tick()  # the command is younger than the sweep's grace: left
@@ -45,11 +56,7 @@ async def ticks_for_half_an_hour(run) -> None:  # type: ignore[no-untyped-def]
 async def test_a_catch_up_github_still_failed_in_part_is_tried_again(tmp_path):
     # The light reconcile goes through while the command's reply is still refused: the
     # catch-up must not be spent on it.
-    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)]),
-                             klaud_options={"inbox_options": INBOX}) as run:
-        await run.klaud.scheduler.tick()
-        run.sandbox.set_faults(OUTAGE)
-        await comment(run, 12, "bob", f"/klaud hold {GPTOSS} waiting for new weights")
+    async with a_hold_written_in_an_outage(tmp_path) as run:
         await run.act({"action": "advance_clock", "seconds": 11 * 60})
         await run.klaud.scheduler.tick()  # due: GitHub still refuses replies
         await run.settle()
@@ -61,11 +68,7 @@ async def test_a_catch_up_github_still_failed_in_part_is_tried_again(tmp_path):
 
 
 async def test_a_second_delivery_given_up_while_a_catch_up_waits_is_caught_up_too(tmp_path):
-    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)]),
-                             klaud_options={"inbox_options": INBOX}) as run:
-        await run.klaud.scheduler.tick()
-        run.sandbox.set_faults(OUTAGE)
-        await comment(run, 12, "bob", f"/klaud hold {GPTOSS} waiting for new weights")
+    async with a_hold_written_in_an_outage(tmp_path) as run:
         await run.act({"action": "advance_clock", "seconds": 9 * 60})
         await comment(run, 12, "bob", "/klaud status")  # given up on 9 minutes later
         run.sandbox.set_faults({"rules": []})

@@ -203,7 +203,6 @@ class StateStore:
             return None
         return _decode(repo, kind, [key], [rows[0][0]]).get(key)
 
-
     async def last_wave_numbers(self, repo: str, limit: int) -> list[int]:
         """The numbers of the last `limit` waves stored, newest first."""
         return [int(row[0]) for row in await self.db.fetch(LAST_WAVES, repo, limit)]

@@ -56,11 +56,11 @@ async def listed(hub: Hub, credential: str) -> list[str]:
     return [r["full_name"] for r in (await response.json())["repositories"]]
 
 
-async def installation_event_of(hub: Hub, receiver: Receiver, action: str, **fields: Any) -> dict[str, Any]:
-    """The one `installation` event the sandbox sends for the control `action`."""
+async def installation_event_of(hub: Hub, receiver: Receiver, action: str, sent: str, **fields: Any) -> dict[str, Any]:
+    """The one event the sandbox sends for the control `action`: `installation` `sent`."""
     await hub.act(action=action, **fields)
     [(name, payload)] = events(receiver)
-    assert name == "installation"
+    assert (name, payload["action"]) == ("installation", sent)
     return payload
 
 
@@ -130,8 +130,7 @@ async def test_uninstalling_revokes_the_tokens_and_a_new_install_has_a_new_id(
     app: Hub, receiver: Receiver, fixtures: Path
 ) -> None:
     credential = await token(app, 1)
-    payload = await installation_event_of(app, receiver, "uninstall_app", installation_id=1, user="alice")
-    assert payload["action"] == "deleted"
+    payload = await installation_event_of(app, receiver, "uninstall_app", "deleted", installation_id=1, user="alice")
     assert [r["full_name"] for r in payload["repositories"]] == ["acme/bench"]
     assert_githubs_shape(payload, example(fixtures, "installation/deleted.payload.json"))
     assert await status(app, "/repos/acme/bench", credential) == 401
@@ -153,8 +152,7 @@ async def test_a_suspended_installation_is_refused_and_hears_nothing_until_unsus
     app: Hub, receiver: Receiver, fixtures: Path
 ) -> None:
     credential = await token(app, 1)
-    suspended = await installation_event_of(app, receiver, "suspend_app", installation_id=1, user="alice")
-    assert suspended["action"] == "suspend"
+    suspended = await installation_event_of(app, receiver, "suspend_app", "suspend", installation_id=1, user="alice")
     assert "repositories" not in suspended
     assert suspended["installation"]["suspended_by"]["login"] == "alice"
     assert suspended["installation"]["suspended_at"] == "2026-11-30T08:00:00Z"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,35 @@ def answers_held(run: SandboxRun, rule: dict[str, object]) -> asyncio.Event:
     return answer
 
 
+async def in_each_repository(run: SandboxRun, action: dict[str, Any]) -> str:
+    """`action` done in each repository and processed; the repository A will give up."""
+    for repo in REPOS:
+        await run.sandbox.act({**action, "repo": repo})
+    await processed(run)
+    return moving_repository(run)
+
+
+@asynccontextmanager
+async def kept_while_created(
+    run: SandboxRun, b: Klaud, route: str, flush: Callable[[], Awaitable[None]], what: str
+) -> AsyncIterator[None]:
+    """A's `flush` sends creations (POSTs to `route`) that GitHub is slow to answer; inside,
+    one is on the wire. Then A's lease round, above its share since B joined, must keep every
+    repository until they are answered; once they are, B takes the moving one."""
+    a = run.klaud
+    assert a.replicas is not None
+    answer = answers_held(run, {"method": "POST", "route": route, "latency_ms": 1, "count": 2})
+    flushing = asyncio.create_task(flush())
+    await answer_delayed(run, sent=1)
+    yield
+    await a.replicas.round()
+    assert a.replicas.repos() == set(REPOS), f"A gave a repository up while its {what} was being created"
+    answer.set()
+    await flushing
+    await processed(run)  # the webhooks of the creations
+    await rebalance(run, b, moving_repository(run))
+
+
 def lasting_waits(run: SandboxRun) -> tuple[asyncio.Event, asyncio.Event]:
     """The sandbox clock skips waits; from now on one of 5 s or more (a rate limit's) lasts,
     as on a real clock, until the second event is set. The first is set when one begins."""
@@ -213,25 +242,11 @@ async def test_a_repository_whose_check_run_is_being_created_is_given_up_once_it
     # while their creations are unanswered: B, finding no check run yet, would create a
     # second. Then it gives one up, and B renders the PR's next change on its check run.
     async with two_replicas(tmp_path, store_url, two_repositories([])) as (run, b):
-        a = run.klaud
-        assert a.replicas is not None
-        moving = moving_repository(run)
-        for repo in REPOS:
-            await run.sandbox.act({"action": "open_pull", "repo": repo, "pull": klaud_pr(51, B200)})
-        await processed(run)
+        a, moving = run.klaud, await in_each_repository(run, {"action": "open_pull", "pull": klaud_pr(51, B200)})
         state = a.live.repo(moving)
         head = state.overlap.get(51).head_sha
-        answer = answers_held(run, {"method": "POST", "route": r"/check-runs$", "latency_ms": 1, "count": 2})
-        flushing = asyncio.create_task(a.checks.settle())
-        await answer_delayed(run, sent=1)
-        assert state.meta.check_runs["51"]["id"] is None  # noted ahead, not answered yet
-
-        await a.replicas.round()
-        assert a.replicas.repos() == set(REPOS), "A gave a repository up while its check run was being created"
-        answer.set()
-        await flushing
-        await processed(run)  # the webhooks of the creations
-        await rebalance(run, b, moving)
+        async with kept_while_created(run, b, r"/check-runs$", a.checks.settle, "check run"):
+            assert state.meta.check_runs["51"]["id"] is None  # noted ahead, not answered yet
         await run.sandbox.act({"action": "comment", "repo": moving, "number": 51, "user": "alice",
                                "body": "/klaud hold waiting for weights"})
         await processed(run)
@@ -250,23 +265,10 @@ async def test_a_repository_whose_dashboard_is_being_created_is_given_up_once_it
     # them, and GitHub is slow to answer. A keeps both repositories above its share until
     # their issues are created; then B takes one, and B's next wave updates its issue.
     async with two_replicas(tmp_path, store_url, two_repositories([])) as (run, b):
-        a = run.klaud
-        assert a.replicas is not None
-        moving = moving_repository(run)
-        for repo in REPOS:
-            await run.sandbox.act({"action": "dispatch", "repo": repo, "event_type": "klaud-plan"})
-        await processed(run)
+        a, moving = run.klaud, await in_each_repository(run, {"action": "dispatch", "event_type": "klaud-plan"})
         assert a.live.repo(moving).meta.wave == 1
-        answer = answers_held(run, {"method": "POST", "route": r"/issues$", "latency_ms": 1, "count": 2})
-        flushing = asyncio.create_task(a.dashboard.settle())
-        await answer_delayed(run, sent=1)
-
-        await a.replicas.round()
-        assert a.replicas.repos() == set(REPOS), "A gave a repository up while its dashboard issue was being created"
-        answer.set()
-        await flushing
-        await processed(run)  # the webhooks of the creations
-        await rebalance(run, b, moving)
+        async with kept_while_created(run, b, r"/issues$", a.dashboard.settle, "dashboard issue"):
+            pass
         await run.sandbox.act({"action": "dispatch", "repo": moving, "event_type": "klaud-plan"})
         await processed(run)
         assert b.live.repo(moving).meta.wave == 2  # run by B, the owner now

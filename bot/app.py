@@ -143,6 +143,7 @@ class Klaud:
             self.live, self.waves, self.reconciler, self.outcomes, self.clock, prune=self.prune,
             leads=self.replicas.leads if self.replicas is not None else lambda: True,
             owns=self.replicas.owns if self.replicas is not None else lambda repo: True,
+            given_up=stores.deliveries.given_up_within,
         )
         # A delivery given up on (GitHub down past its retries): its repository is caught up
         # by a light reconcile once GitHub answers again.

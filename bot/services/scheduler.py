@@ -28,7 +28,7 @@ from bot.services.outcomes import OutcomeRecorder
 from bot.services.reconcile import Reconciler, retry_delay
 from bot.services.repo_state import RepoState
 from bot.services.waves import RETRY_TRIGGER, WaveRunner
-from bot.store.errors import LeaseTaken
+from bot.store.errors import LeaseTaken, StoreError
 
 log = structlog.get_logger("klaud.scheduler")
 
@@ -62,6 +62,7 @@ class Scheduler:
         prune: Callable[[], Awaitable[Any]] | None = None,
         leads: Callable[[], bool] = lambda: True,
         owns: Callable[[str], bool] = lambda repo: True,
+        given_up: Callable[[float], Awaitable[dict[str, float]]] | None = None,
         poll_seconds: float = 1.0,
         rng: random.Random | None = None,
     ) -> None:
@@ -90,6 +91,10 @@ class Scheduler:
         self._failing: dict[tuple[str, str], tuple[int, datetime]] = {}
         # Repository (lowercase) -> when its light reconcile is due ahead of its cadence (`catch_up`).
         self._catch_up: dict[str, datetime] = {}
+        # Where the deliveries given up on are stored (`DeliveryStore.given_up_within`), and
+        # the repositories (lowercase) looked up there since this process took them up.
+        self.given_up = given_up
+        self._looked_up: set[str] = set()
 
     def catch_up(self, repo: str) -> None:
         """A delivery of `repo` failed after every retry (GitHub down longer than they last,
@@ -99,6 +104,28 @@ class Scheduler:
         its own delivery), and backed off from while GitHub still fails."""
         # The later of two: a second delivery given up meanwhile carries a younger comment.
         self._catch_up[repo.lower()] = self.clock.now() + COMMENT_GRACE
+
+    async def _catch_up_stored(self) -> None:
+        """The catch-ups of repositories this process took up since the last tick (at its
+        start, or from a replica that stopped): the process that gave up on their deliveries
+        kept them in memory only, so they are read again from the failed deliveries."""
+        self._looked_up &= self.live.repos.keys()
+        taken_up = self.live.repos.keys() - self._looked_up
+        if not taken_up or self.given_up is None:
+            return
+        now = self.clock.now()
+        try:
+            ages = await self.given_up(LIGHT_RECONCILE_EVERY.total_seconds())
+        except StoreError as exc:
+            log.warning("scheduler.given_up_unread", error=str(exc))  # read again next tick
+            return
+        self._looked_up |= taken_up
+        for name in taken_up & ages.keys():
+            due = now - timedelta(seconds=ages[name]) + COMMENT_GRACE
+            reconciled = parse_time(self.live.repos[name].meta.reconciled_at)
+            # A light reconcile at or after the time it was due caught it up already.
+            if reconciled is None or reconciled < due:
+                self._catch_up[name] = max(due, self._catch_up.get(name, due))
 
     def start(self) -> None:
         self._stopping.clear()
@@ -143,6 +170,7 @@ class Scheduler:
             del self._failing[key]  # a repository given up or removed: nothing left to back off from
         for name in self._catch_up.keys() - self.live.repos.keys():
             del self._catch_up[name]
+        await self._catch_up_stored()
         for name, state in list(self.live.repos.items()):
             if not self.owns(name):
                 continue

@@ -218,6 +218,10 @@ UNCLAIM = (
     " WHERE lower(repo) = ? AND status = 'processing'"
 )
 WAITING_REPOS = "SELECT DISTINCT repo FROM deliveries WHERE status IN ('queued', 'processing') AND repo IS NOT NULL"
+GIVEN_UP_SINCE = (
+    "SELECT repo, max(updated_at) FROM deliveries"
+    " WHERE status = 'failed' AND updated_at > ? AND repo IS NOT NULL GROUP BY repo"
+)
 COUNT_UNFINISHED = "SELECT count(*) FROM deliveries WHERE status IN ('queued', 'processing')"
 
 
@@ -358,6 +362,16 @@ class DeliveryStore:
     async def waiting_repos(self) -> set[str]:
         """Repositories (lowercase) with deliveries not yet done."""
         return {row[0].lower() for row in await self.db.fetch(WAITING_REPOS)}
+
+    async def given_up_within(self, seconds: float) -> dict[str, float]:
+        """Repositories (lowercase) with deliveries that failed for good in the last `seconds`:
+        how many seconds ago the last of them failed. Ages, not times: the store's times are
+        the wall clock's, which a sandbox's Klaud clock is not."""
+        now = time.time()
+        ages: dict[str, float] = {}
+        for repo, at in await self.db.fetch(GIVEN_UP_SINCE, now - seconds):
+            ages[repo.lower()] = min(max(0.0, now - at), ages.get(repo.lower(), seconds))
+        return ages
 
     async def flushed(self) -> None:
         """Wait for the writes already asked for."""

@@ -241,6 +241,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             END $$""",
         ),
     ),
+    # The deliveries given up on, newest first, are read when a process takes up a
+    # repository (`DeliveryStore.given_up_since`); they are few among the done ones.
+    Migration(
+        8,
+        "an index of failed deliveries",
+        sqlite=("CREATE INDEX deliveries_failed ON deliveries(updated_at) WHERE status = 'failed'",),
+        postgresql=("CREATE INDEX deliveries_failed ON deliveries(updated_at) WHERE status = 'failed'",),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

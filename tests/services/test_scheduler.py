@@ -13,6 +13,7 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
+from bot.core.clock import Clock
 from bot.core.cooldown import ATTEMPT_MEMORY
 from bot.core.domain import parse_time, stamp
 from bot.github.errors import BadRequest, NotFound, Unavailable
@@ -21,7 +22,7 @@ from bot.services.reconcile import FIRST_RETRY, retry_delay
 from bot.services.scheduler import LIGHT_RECONCILE_EVERY, MAX_JITTER_SECONDS, Scheduler
 from bot.services.waves import RETRY_WAVE_AFTER
 from bot.store.change import Change
-from bot.store.errors import LeaseTaken
+from bot.store.errors import LeaseTaken, StoreUnavailable
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import pull
 from tests.services.test_claims import TTL, dispatched
@@ -514,3 +515,80 @@ async def test_a_light_reconcile_due_with_the_wave_goes_first(kit: Kit) -> None:
     assert wave is not None
     [h200] = [d for d in wave["decisions"] if d["family"] == H200]
     assert h200["decision"] == "overlap"
+
+
+def stored_given_up(kit_clock: Clock, times: dict[str, datetime]):  # type: ignore[no-untyped-def]
+    """`DeliveryStore.given_up_within` over deliveries given up on at `times`; its calls."""
+    calls: list[float] = []
+
+    async def given_up_within(seconds: float) -> dict[str, float]:
+        calls.append(seconds)
+        ages = {repo: (kit_clock.now() - at).total_seconds() for repo, at in times.items()}
+        return {repo: age for repo, age in ages.items() if age < seconds}
+
+    return given_up_within, calls
+
+
+async def test_a_catch_up_the_last_process_left_is_found_in_the_store_when_a_repository_is_taken_up(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() + timedelta(hours=1))
+    # The process that gave up on a delivery a minute later stopped: its catch-up was in memory.
+    given_up, calls = stored_given_up(kit.clock, {REPO.lower(): kit.clock.now() + timedelta(minutes=1)})
+    kit.clock.advance(120)
+    ticks = scheduler(kit, given_up=given_up)
+    kit.repo.calls.clear()
+
+    await ticks.tick()  # the grace runs from when it was given up on
+    assert kit.repo.calls == []
+    kit.clock.advance(COMMENT_GRACE.total_seconds() - 60)
+    await ticks.tick()
+    assert [c[0] for c in kit.repo.calls].count("head_sha") == 1
+    for _ in range(3):
+        await ticks.tick()
+    assert [c[0] for c in kit.repo.calls].count("head_sha") == 1  # once
+    assert len(calls) == 1  # the store is read when a repository is taken up, not every tick
+
+
+async def test_a_delivery_given_up_on_before_the_last_catch_up_is_not_caught_up_again(kit: Kit) -> None:
+    given_up, _ = stored_given_up(kit.clock, {REPO.lower(): kit.clock.now()})
+    kit.clock.advance(COMMENT_GRACE.total_seconds())
+    await kit.reconciler.reconcile(REPO, 1, light=True)  # the catch-up of the process before
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() + timedelta(hours=1))
+    ticks = scheduler(kit, given_up=given_up)
+    kit.repo.calls.clear()
+    for _ in range(3):
+        await ticks.tick()
+        kit.clock.advance(COMMENT_GRACE.total_seconds())
+    assert kit.repo.calls == []
+
+
+async def test_a_store_that_fails_the_read_of_deliveries_given_up_on_holds_up_no_wave(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() - timedelta(minutes=1))
+    reads: list[float] = []
+
+    async def unavailable(since: float) -> dict[str, float]:
+        reads.append(since)
+        raise StoreUnavailable("PostgreSQL localhost:5432/klaud: ConnectionRefusedError")
+
+    ticks = scheduler(kit, given_up=unavailable)
+    with capture_logs() as logs:
+        assert await ticks.tick() == [REPO]
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["scheduler.given_up_unread"]
+    await ticks.tick()
+    assert len(reads) == 2  # read again at the next tick
+
+
+async def test_a_repository_taken_up_again_is_looked_up_again(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() + timedelta(hours=1))
+    given_up, calls = stored_given_up(kit.clock, {})
+    ticks = scheduler(kit, given_up=given_up)
+    await ticks.tick()
+    state = kit.state
+    kit.live.drop(REPO)  # another replica took it over
+    await ticks.tick()
+    kit.live.put(state)  # and this one took it back
+    await ticks.tick()
+    await ticks.tick()
+    assert len(calls) == 2

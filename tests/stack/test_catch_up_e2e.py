@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from bot.services.scheduler import Scheduler
 from tests import scenarios as sc
 from tests.harness import SandboxRun, sandbox_stack
 from tests.stack.test_people_e2e import GPTOSS, comment, replies
@@ -75,3 +76,16 @@ async def test_a_second_delivery_given_up_while_a_catch_up_waits_is_caught_up_to
 
         await ticks_for_half_an_hour(run)
         assert len(replies(run, 12)) == 2
+
+
+async def test_a_catch_up_left_by_a_process_that_stopped_is_done_by_the_next(tmp_path):
+    async with a_hold_written_in_an_outage(tmp_path) as run:
+        run.sandbox.set_faults({"rules": []})
+        klaud = run.klaud
+        # The process that gave up on the hold's delivery stops; the next one's scheduler
+        # starts with no catch-up in memory, on the same store.
+        klaud.scheduler = Scheduler(klaud.live, klaud.waves, klaud.reconciler, klaud.outcomes, klaud.clock,
+                                    given_up=klaud.scheduler.given_up)
+        await ticks_for_half_an_hour(run)
+        [reply] = replies(run, 12)
+        assert "waiting for new weights" in reply and "Not done" not in reply

@@ -413,12 +413,18 @@ async def _reconciled_by_replicas(klaud: Klaud, targets: list[tuple[str, int]]) 
     requests = [(name, reconcile_request(name, installation, "full")) for name, installation in targets]
     for _, request in requests:  # all handed over first: the replicas work on them together
         await _hand_over(klaud, request)
+    # Waited for together: a replica stopped without releasing its leases holds each of its
+    # repositories' requests for the whole wait, one wait for all of them, not one each.
+    ends = await asyncio.gather(*(_finished(klaud, request.id) for _, request in requests), return_exceptions=True)
     failed = False
-    for name, request in requests:
-        try:
-            status, error = await _finished(klaud, request.id)
-        except Refused as exc:  # not finished in time: said, and the others still reported
-            status, error = "unfinished", str(exc)
+    for (name, request), end in zip(requests, ends, strict=True):
+        error: str | None
+        if isinstance(end, Refused):  # not finished in time: said, and the others still reported
+            status, error = "unfinished", str(end)
+        elif isinstance(end, BaseException):
+            raise end
+        else:
+            status, error = end
         print(json.dumps({"repo": name, "delivery": request.id, "status": status} | ({"error": error} if error else {})))
         failed = failed or status != "done"
     return 1 if failed else 0

@@ -9,13 +9,16 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import asyncpg
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from bot import cli
 from bot.cli import main
+from bot.store.deliveries import Delivery
 from tests import scenarios as sc
 from tests.harness import sandbox_stack
 from tests.stack.test_replicas_e2e import Replica, start_replica
@@ -132,3 +135,25 @@ async def test_with_no_replica_serving_receive_works_on_the_store_directly(klaud
 async def _in_thread(function, *args):  # type: ignore[no-untyped-def]
     # `klaud` runs its own event loop (asyncio.run), which cannot start inside the test's.
     return await asyncio.to_thread(function, *args)
+
+
+async def test_reconcile_waits_for_every_repositorys_owner_at_once(capsys, monkeypatch):
+    # Replicas stopped without releasing their leases: each request waits the whole wait.
+    monkeypatch.setattr(cli, "RECEIVE_WAIT_SECONDS", 0.3)
+    asked: list[str] = []
+
+    class NoOwnerAnswers:
+        async def put(self, delivery: Delivery) -> bool:
+            return True
+
+        async def get(self, delivery_id: str) -> Delivery | None:
+            asked.append(delivery_id)
+            return None  # stored, never finished
+
+    klaud = SimpleNamespace(inbox=SimpleNamespace(store=NoOwnerAnswers()))
+    status = await cli._reconciled_by_replicas(klaud, [("o/a", 1), ("o/b", 1)])  # type: ignore[arg-type]
+
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert status == 1 and [(line["repo"], line["status"]) for line in lines] == [("o/a", "unfinished"), ("o/b", "unfinished")]
+    first, second = (line["delivery"] for line in lines)
+    assert asked[:4] == [first, second, first, second]  # one wait for both, not one after the other

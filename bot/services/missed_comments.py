@@ -61,9 +61,10 @@ class MissedComments:
         try:
             listed, resume_at = await self._listed(state, start)
         except GitHubError as exc:
-            # The watermark stays: the next reconcile looks at the same comments again.
+            # The watermark stays: the next reconcile looks at the same comments again, and
+            # a catch-up (a command's delivery given up on) is not spent on GitHub's outage.
             log.warning("comments.sweep_failed", repo=state.name, error=str(exc))
-            return {}
+            return {"comments_left": 1} if exc.transient else {}
         found = Found(cutoff)
         if resume_at is not None:
             # Listed by update time: the next sweep starts at the last comment read (a time

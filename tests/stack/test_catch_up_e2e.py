@@ -89,3 +89,18 @@ async def test_a_catch_up_left_by_a_process_that_stopped_is_done_by_the_next(tmp
         await ticks_for_half_an_hour(run)
         [reply] = replies(run, 12)
         assert "waiting for new weights" in reply and "Not done" not in reply
+
+
+async def test_a_catch_up_whose_listing_of_comments_github_failed_is_tried_again(tmp_path):
+    # The rest of the light reconcile goes through; the comments' listing is still refused.
+    comments_down = {"rules": [*OUTAGE["rules"], {"method": "GET", "route": "/issues/comments$", "status": 502}]}
+    async with a_hold_written_in_an_outage(tmp_path) as run:
+        run.sandbox.set_faults(comments_down)
+        await run.act({"action": "advance_clock", "seconds": 11 * 60})
+        await run.klaud.scheduler.tick()  # due: the sweep cannot list the comments
+        await run.settle()
+        assert replies(run, 12) == []
+
+        run.sandbox.set_faults({"rules": []})
+        await ticks_for_half_an_hour(run)
+        assert len(replies(run, 12)) == 1

@@ -386,6 +386,15 @@ class RepoState:
     def canary_dispatched(self, candidate: str, wave: int) -> None:
         self.meta.canary = {"armed": False, "candidate": candidate, "wave": wave}
 
+    def rearm_canary_of(self, candidate: str) -> bool:
+        """The canary dispatched for `candidate` started no run (GitHub lost the dispatch,
+        or the process stopped before sending it): armed again, as a refused one is, so the
+        next wave sends one. Without a run there is no outcome to end the pause with."""
+        if self.meta.pause is None or (self.meta.canary or {}).get("candidate") != candidate:
+            return False
+        self.meta.canary = {"armed": True, "candidate": None, "wave": None}
+        return True
+
     def set_setup_errors(self, errors: list[SetupError], now: datetime) -> bool:
         """Adopt the candidate workflow's setup errors; True when they changed."""
         documents = [e.document() for e in errors]

@@ -17,7 +17,7 @@ from bot.core.events import (
     WorkflowRun,
     WorkflowRunEvent,
 )
-from bot.github.errors import Conflict
+from bot.github.errors import Conflict, Unavailable
 from bot.services.claims import UNLINKED_CHECK_AFTER
 from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
@@ -519,3 +519,24 @@ async def test_unlinked_dispatches_of_two_waves_each_find_their_completed_run(ki
     recorded = {a.candidate: a.run_id for a in kit.state.ledger.all()}
     assert recorded == {d["inputs"]["candidate"]: d["run_id"] for d in kit.repo.dispatched}
     assert kit.state.dispatches == {}
+
+
+async def test_a_canary_whose_dispatch_started_no_run_is_armed_again(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    async with kit.live.lock(REPO):  # paused; a person's `/klaud resume` armed the canary
+        kit.state.meta.pause = {"reason": "dispatch paused: 3 of 3 runs failed", "since": "2026-11-30T07:00:00Z"}
+        assert kit.state.arm_canary()
+        await kit.live.persist(kit.state.save_meta())
+    # GitHub's answer to the canary's dispatch is lost; it started no run.
+    kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway", maybe_applied=True))
+    assert await kit.waves.run(REPO, trigger="schedule") is not None
+    assert kit.repo.dispatched == [] and not kit.state.canary_armed
+
+    kit.clock.advance(UNLINKED_CHECK_AFTER.total_seconds())
+    await kit.claims.check_due(kit.state)  # no run of it: its claim is released
+    assert kit.state.dispatches == {} and kit.state.canary_armed
+    assert (await kit.live.store.get("", "repo", REPO))["canary"]["armed"]  # stored with the release
+
+    kit.clock.advance(2 * 3600)
+    later = await kit.waves.run(REPO, trigger="schedule")
+    assert later is not None and len(later.selected) == 1 and len(kit.repo.dispatched) == 1  # the canary

@@ -347,6 +347,9 @@ class Dispatch:
     run_id: int | None = None
     run_status: str | None = None
     checked_at: UtcTime | None = None
+    # The `/klaud retry` this dispatch used, until its run is linked: given back should
+    # the dispatch start no run (its answer lost, or the process stopped before sending it).
+    approval: RetryApproval | None = None
 
 
 @dataclass(frozen=True, slots=True)

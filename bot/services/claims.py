@@ -174,6 +174,8 @@ class ClaimKeeper:
             log.info("claim.released", family=dispatch.family, reason="its run does not exist", run_id=dispatch.run_id)
             if state.rearm_canary_of(dispatch.candidate):
                 state.save_meta(change)
+            if dispatch.approval is not None:
+                change.extend(state.give_back_retry(dispatch.approval))
             return await self._release(state, api, dispatch.family, change)
         if run.status in ACTIVE_RUN_STATUSES:
             checked = Dispatch(

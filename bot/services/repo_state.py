@@ -472,6 +472,14 @@ class RepoState:
         self._forget_verdicts({self.family_of_candidate(approval.candidate)})
         return Change().put(self.name, "retry", approval.candidate, approval)
 
+    def give_back_retry(self, approval: RetryApproval) -> Change:
+        """A `/klaud retry` used by a dispatch that started no run: pending again, unless its
+        candidate is no family's any more (its image changed meanwhile)."""
+        family = self.family_by_hash(approval.candidate[:16])
+        if family is None or family.candidate != approval.candidate:
+            return Change()
+        return self.approve_retry(approval)
+
     def consume_retry(self, candidate: str) -> Change:
         self.retries.pop(candidate, None)
         self._forget_verdicts({self.family_of_candidate(candidate)})

@@ -258,7 +258,7 @@ class WaveRunner:
         commits it before the dispatch's request); what to take back if GitHub refuses it."""
         ahead = _Ahead(state.retries.get(family.candidate), state.meta.canary if state.canary_armed else None)
         change = state.add_claim(Claim(family.id, family.candidate, pending.wave, claim_ref(family.id), pending.at))
-        change.extend(state.add_dispatch(pending))
+        change.extend(state.add_dispatch(replace(pending, approval=ahead.approval)))
         if ahead.approval is not None:
             change.extend(state.consume_retry(family.candidate))
         if ahead.canary is not None:

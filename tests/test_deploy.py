@@ -90,3 +90,36 @@ def test_the_reference_candidate_workflow_reads_only_contexts_github_allows_in_i
     for name, job in workflow["jobs"].items():
         assert contexts_read(job.get("env") or {}) <= ENV_CONTEXTS["job"], name
     assert contexts_read({"x": "${{ runner.temp }}/a"}) == {"runner"}
+
+
+def steps_run(job: dict, failing: str | None) -> list[str]:
+    """The steps of `job` GitHub runs when the step named `failing` fails (the others succeed),
+    by its rules for `if:`: `success()` when absent, a skipped step's outcome `skipped`.
+    Enough of GitHub's expressions for this file: `always()`, `success()`, `&&`,
+    `steps.<id>.outcome` and string comparisons."""
+    ran, outcomes, failed = [], {}, False
+    for step in job["steps"]:
+        name = step.get("name") or step.get("uses")
+        condition = re.sub(r"steps\.(\w+)\.outcome", lambda m: f"outcomes.get({m[1]!r}, 'skipped')",
+                           step.get("if", "success()"))
+        condition = condition.replace("&&", " and ").replace("always()", "True").replace("success()", "not failed")
+        runs = eval(condition, {"outcomes": outcomes, "failed": failed})  # the expressions of our own file
+        outcome = "skipped" if not runs else "failure" if name == failing else "success"
+        failed = failed or outcome == "failure"
+        if "id" in step:
+            outcomes[step["id"]] = outcome
+        if runs:
+            ran.append(name)
+    return ran
+
+
+def test_the_reference_candidate_workflow_uploads_an_outcome_exactly_when_its_session_ran() -> None:
+    # What this catches: an upload `if: always()` recorded `unexpected-error` (a verified
+    # outcome: a cooldown) for a run that failed before its session, so a wave whose runs all
+    # failed at checkout cooled five candidates down, wave after wave, and never paused.
+    [job] = yaml.safe_load((DEPLOY / "klaud-candidate.yml").read_text())["jobs"].values()
+    upload, fallback = "Upload the candidate's outcome", "Record an outcome when the session left none"
+    for failing in (None, "Run the candidate session"):
+        assert {upload, fallback} <= set(steps_run(job, failing)), failing
+    for failing in ("Name the outcome file", "actions/checkout@v4"):
+        assert upload not in steps_run(job, failing) and fallback not in steps_run(job, failing), failing

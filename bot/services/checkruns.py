@@ -20,6 +20,7 @@ from bot.core.domain import BRANCH_CANDIDATE_RE, PullRequest, family_hash
 from bot.core.events import CheckRunEvent
 from bot.github.errors import GitHubError
 from bot.services.coalescer import Coalescer
+from bot.services.keyed_locks import KeyedLocks
 from bot.services.live import GoneRepository, LiveState
 from bot.services.repo_state import RepoState
 from bot.store.errors import StoreError
@@ -41,6 +42,9 @@ class CheckPublisher:
             self.publish, delay_seconds, errors=(GitHubError, StoreError, GoneRepository)
         )
         live.listeners.append(self.families_changed)
+        # One publish of a PR at a time: a forced re-render ("Re-run all checks") beside the
+        # coalesced publish of a new PR found no check run either, and both created one.
+        self._publishing: KeyedLocks[Key] = KeyedLocks()
 
     async def families_changed(self, state: RepoState, families: set[str], pulls: set[int]) -> None:
         for number in pulls:
@@ -99,6 +103,10 @@ class CheckPublisher:
         )
 
     async def publish(self, key: Key, *, force: bool = False) -> None:
+        async with self._publishing.hold((key[0].lower(), key[1])):
+            await self._publish(key, force=force)
+
+    async def _publish(self, key: Key, *, force: bool) -> None:
         repo, number = key
         state = self.live.repo(repo)
         pull = state.overlap.get(number) if state else None

@@ -24,6 +24,7 @@ from bot.core.domain import UNREADABLE_DOCUMENT, DecisionKind, Wave, stamp
 from bot.core.errors import is_permanent
 from bot.metrics import DISPATCH_PAUSED, forget_repo, show_wave
 from bot.services.api import RepoAPI, ReposAPI
+from bot.services.keyed_locks import KeyedLocks
 from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
 from bot.store.records import StateStore
@@ -59,36 +60,6 @@ def _forget_metrics(name: str) -> None:
     forget_repo(name, get_args(DecisionKind))
 
 
-class _Locks:
-    """One lock per key, kept only while a section holds it or waits for it: a repository
-    that leaves (uninstalled, renamed, handed over) leaves no lock behind. Counted, not
-    pruned when let go: a lock its holder released may have a waiter about to take it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    def __len__(self) -> int:
-        return len(self._locks)
-
-    def held(self, key: str) -> bool:
-        entry = self._locks.get(key)
-        return entry is not None and entry[0].locked()
-
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, takers = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, takers + 1)
-        try:
-            async with lock:
-                yield
-        finally:  # let go, or given up waiting (cancelled)
-            lock, takers = self._locks[key]
-            if takers == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, takers - 1)
-
-
 class LiveState:
     def __init__(self, store: StateStore, github: ReposAPI | None, clock: Clock, bot_logins: tuple[str, ...]) -> None:
         self.store = store
@@ -98,7 +69,7 @@ class LiveState:
         # Keyed by the lower-cased name: GitHub's names are case-insensitive, and `ACME/Bench`
         # must never become a second copy of `acme/bench` (with dispatches of its own).
         self.repos: dict[str, RepoState] = {}
-        self._locks = _Locks()
+        self._locks: KeyedLocks[str] = KeyedLocks()
         self.listeners: list[Listener] = []
         self.wave_listeners: list[WaveListener] = []
         # Told the name of a repository that leaves this process (uninstalled, renamed, kept

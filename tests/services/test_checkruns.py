@@ -117,3 +117,17 @@ async def test_the_check_run_of_a_candidate_cooling_down_after_two_failed_runs_i
     assert (check["status"], check.get("conclusion")) == ("completed", "failure")
     assert check["output"]["title"] == "Latest attempt: unverified (run-failed) · cooling down"
     await checks.close()
+
+
+async def test_a_rerender_asked_while_the_first_check_run_is_published_makes_no_second(kit: Kit) -> None:
+    # What this catches: "Re-run all checks" (a forced publish) while the coalesced publish
+    # of a new Klaud PR was creating its check run: both found none and both created one.
+    import asyncio
+
+    await kit.reconciler.reconcile(REPO, 1)
+    await kit.pulls.on_pull_request(kit.state, pull_event("opened", 1000, updated_at=NOW, head_ref=f"klaud/auto-{CAND}",
+                                                          user="klaud-cold[bot]", head_sha="a" * 40))
+    checks = CheckPublisher(kit.live, kit.clock, delay_seconds=3600)  # the test publishes itself
+    await asyncio.gather(checks.publish((REPO, 1000)), checks.rerender_head(kit.state, "a" * 40))
+    assert len(kit.repo.check_runs) == 1
+    await checks.close(grace=0)

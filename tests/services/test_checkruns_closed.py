@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -70,13 +71,14 @@ async def test_a_check_run_is_looked_for_only_when_a_creation_for_its_head_may_h
     await kit.pulls.on_pull_request(kit.state, pushed)
     with pytest.raises(ConnectionError):
         await checks.publish((REPO, 1000), force=True)
-    await checks.settle()
     kit.repo.create_check_run = create  # type: ignore[method-assign]
     kit.repo.calls.clear()
+    await checks.settle()  # the publish the push marked, which waited for the one above
     await checks.publish((REPO, 1000), force=True)
     await checks.close()
 
-    assert [call[0] for call in kit.repo.calls] == ["check_run_on", "update_check_run"]
+    # Looked for once, found, and updated from then on: never created again.
+    assert [call[0] for call in kit.repo.calls] == ["check_run_on", "update_check_run", "update_check_run"]
 
 
 async def test_a_store_refusing_a_check_runs_record_leaves_its_key_usable(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,22 +160,21 @@ async def test_a_check_run_created_for_a_head_the_pr_left_does_not_replace_the_n
     checks = CheckPublisher(kit.live, kit.clock, delay_seconds=0)
     head_ref = f"klaud/auto-{sc.candidate(H200)}"
     create = kit.repo.create_check_run
-    pushed = False
+    new_head_published: list[asyncio.Task[None]] = []
 
     async def create_while_the_pr_moves_on(payload: dict[str, Any]) -> int | None:
-        nonlocal pushed
         check_id = await create(payload)
-        if not pushed:
-            # The PR gets a new head, whose check run is published before this answer is used.
-            pushed = True
+        if not new_head_published:
+            # The PR gets a new head, whose check run is asked for before this answer is used.
             await kit.pulls.on_pull_request(kit.state, event(
                 "synchronize", 1000, head_ref, head_sha="f" * 40))
-            await checks.publish((REPO, 1000))
+            new_head_published.append(asyncio.create_task(checks.publish((REPO, 1000))))
         return check_id
 
     monkeypatch.setattr(kit.repo, "create_check_run", create_while_the_pr_moves_on)
     await kit.pulls.on_pull_request(kit.state, event("opened", 1000, head_ref))
     await checks.settle()
+    await asyncio.gather(*new_head_published)
     monkeypatch.setattr(kit.repo, "create_check_run", create)
     await checks.publish((REPO, 1000), force=True)
     await checks.close()

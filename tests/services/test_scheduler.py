@@ -394,6 +394,7 @@ async def test_old_attempts_leave_memory_every_six_hours_not_only_the_first_time
         quiet(kit)
         await ticks.tick()
         assert 100 + 10 * round_ not in kept(kit), f"an old attempt was kept after {6 * (round_ + 1)} h"
+        assert 100 + 10 * round_ + 1 in kept(kit), "a recent attempt was forgotten"
 
 
 async def test_old_attempts_leave_memory_after_the_clock_came_back_from_a_jump(kit: Kit) -> None:

@@ -24,6 +24,7 @@ from bot.services.reconcile import (
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit, scenario_repo
 from tests.services.fakes import pull, pull_event
+from tests.services.test_rename import event, rename_on_github
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 NEW = "acme/bench-next"
@@ -96,15 +97,6 @@ async def test_a_stored_repository_not_in_memory_is_reconciled_from_its_stored_s
     assert kit.state.meta.wave == 1 and H200 in kit.state.dispatches
     stored = await kit.live.load_repo(REPO)
     assert stored is not None and stored.meta.wave == 1  # not written over with a fresh record
-
-
-def event(name: str, repo_id: int | None = 4242) -> RepoEvent:
-    return RepoEvent.model_validate({"repository": {"full_name": name, "id": repo_id}, "installation": {"id": 1}})
-
-
-def rename_on_github(kit: Kit) -> None:
-    kit.repo.name = NEW
-    kit.live.github.repos[NEW] = kit.repo
 
 
 async def held(kit: Kit) -> None:

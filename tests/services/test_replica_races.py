@@ -19,7 +19,7 @@ import pytest
 
 from bot.core.domain import Hold, stamp
 from bot.core.errors import RepositoryMoved
-from bot.core.events import Named, RepoEvent
+from bot.core.events import Named
 from bot.github.errors import NotFound
 from bot.services.catalog_sync import CatalogSync
 from bot.services.claims import ClaimKeeper
@@ -35,6 +35,7 @@ from bot.store.errors import LeaseTaken
 from tests.conftest import fresh_database
 from tests.services.conftest import FixedCapacity, scenario_repo
 from tests.services.fakes import FakeRepos
+from tests.services.test_rename import event
 from tests.services.test_replicas import Node as ReplicaNode
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
@@ -71,10 +72,6 @@ async def nodes(postgres_server, github) -> AsyncIterator[Callable[..., Awaitabl
         yield node
         for each in opened:
             await each.stores.close()
-
-
-def event(name: str, repo_id: int | None = 4242) -> RepoEvent:
-    return RepoEvent.model_validate({"repository": {"full_name": name, "id": repo_id}, "installation": {"id": 1}})
 
 
 async def put_delivery(node: Node, delivery_id: str, repo: str | None, event_name: str = "issue_comment") -> None:

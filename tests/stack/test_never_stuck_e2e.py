@@ -22,13 +22,10 @@ from bot.web.webhook import create_webhook_app
 from tests import scenarios as sc
 from tests.builders import delivery
 from tests.harness import SECRET, make_settings, sandbox_stack
+from tests.stack.test_waves_e2e import decision
 
 REPO = "acme/bench"
 ONE_WAVE = 2 * 3600 + 120
-
-
-def decision(wave: Any, family: str) -> Any:
-    return next(d for d in wave.decisions if d.family == family)
 
 
 def dispatched_candidates(github: dict[str, Any]) -> list[str]:

@@ -49,6 +49,7 @@ from bot.github.client import (
 )
 from bot.github.repo import GitHubRepo
 from bot.metrics import REGISTRY
+from bot.sandbox import Sandbox
 from bot.store.errors import LeaseTaken
 
 START = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
@@ -923,10 +924,6 @@ class Sandboxed:
 @pytest.fixture
 async def sandboxed() -> AsyncIterator[Callable[..., Awaitable[Sandboxed]]]:
     """Start the real sandbox on 127.0.0.1; `strict`/`public_key` select its auth mode."""
-    try:
-        from bot.sandbox import Sandbox
-    except ImportError as exc:  # the sandbox is another module; say so instead of erroring
-        pytest.skip(f"bot.sandbox not importable: {exc}")
     runners: list[web.AppRunner] = []
 
     async def start(

@@ -566,6 +566,16 @@ def render_resume_disabled(reason: str, pause_reason: str | None) -> str:
     )
 
 
+# Families one `/klaud status` on a PR answers for: a PR changing a whole master config
+# overlaps hundreds of them, each answer a table (GitHub cuts a comment at 65,536 characters).
+MAX_STATUS_FAMILIES = 20
+
+
+def render_more_families(number: int, count: int) -> str:
+    return _answer(f"PR #{number} overlaps {count} more families.", "",
+                   "`/klaud status FAMILY` answers for one of them.")
+
+
 def render_idle_pull(number: int, updated_at: datetime, idle_days: int) -> str:
     return _answer(
         f"PR #{number} has not been updated since {human_time(updated_at)}: idle for "

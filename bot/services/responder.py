@@ -14,6 +14,7 @@ import structlog
 from bot.core.clock import Clock
 from bot.core.commands import (
     MAX_COMMANDS_PER_COMMENT,
+    MAX_STATUS_FAMILIES,
     Command,
     StatusView,
     answered_comments,
@@ -22,6 +23,7 @@ from bot.core.commands import (
     render_help,
     render_hold,
     render_idle_pull,
+    render_more_families,
     render_refusal,
     render_resume,
     render_resume_disabled,
@@ -33,7 +35,7 @@ from bot.core.commands import (
     resolve_command,
 )
 from bot.core.cooldown import began_after
-from bot.core.domain import Family, parse_time
+from bot.core.domain import Family, Wave, parse_time
 from bot.core.events import Comment, IssueCommentEvent
 from bot.core.overlap import is_idle
 from bot.services import controls
@@ -133,8 +135,13 @@ class CommandResponder:
                 return render_idle_pull(number, pull.updated_at, state.policy.idle_days)
             overlapped = self._overlapped(state, number)
             if overlapped:
-                # On another PR, status answers for the families that PR overlaps.
-                return "\n\n".join([await self._status(state, families[f]) for f in overlapped])
+                # On another PR, status answers for the families that PR overlaps, from one
+                # plan: a plan per family held the event loop for seconds on a large PR.
+                wave = await self.waves.preview_state(state, now)
+                answers = [self._status(state, families[f], wave) for f in overlapped[:MAX_STATUS_FAMILIES]]
+                if len(overlapped) > MAX_STATUS_FAMILIES:
+                    answers.append(render_more_families(number, len(overlapped) - MAX_STATUS_FAMILIES))
+                return "\n\n".join(answers)
         resolved = resolve_command(command, families=families, default_family=self._pr_family(state, number))
         family = families.get(resolved.family or "")
         if family is None:
@@ -159,7 +166,7 @@ class CommandResponder:
             if controls.held_after(state, family.id, asked_at):
                 return render_refusal(command, HELD_AFTER)
             return render_unhold(family.id, await controls.release(self.live, state, family.id, asked_at or now), author)
-        return await self._status(state, family)
+        return self._status(state, family, await self.waves.preview_state(state, now))
 
     @staticmethod
     def _overlapped(state: RepoState, number: int) -> list[str]:
@@ -200,9 +207,9 @@ class CommandResponder:
             parse_time(state.meta.next_wave_at),
         )
 
-    async def _status(self, state: RepoState, family: Family) -> str:
+    def _status(self, state: RepoState, family: Family, wave: Wave) -> str:
+        """The status of `family` as `wave`, a preview of the next one, decides it."""
         now = self.clock.now()
-        wave = await self.waves.preview_state(state, now)
         decision = next(d for d in wave.decisions if d.family == family.id)
         attempts = state.ledger.for_candidate(family.candidate)
         cool = state.cooldown_of(family.candidate, now)

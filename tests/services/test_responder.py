@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
+from bot.core.commands import MAX_STATUS_FAMILIES
 from bot.core.events import IssueCommentEvent, PullFile
 from bot.services.permissions import Permissions
 from bot.services.responder import CommandResponder
@@ -41,3 +43,33 @@ async def test_status_on_an_idle_pr_says_it_overlaps_nothing(kit: Kit) -> None:
     reply = await status_reply(kit, 12)
     assert "Status of" not in reply
     assert "PR #12 has not been updated since" in reply and "overlaps no family" in reply
+
+
+async def test_status_on_a_pr_changing_the_real_configs_whole_plans_once_and_answers_for_a_few(
+    kit: Kit, fixtures: Path
+) -> None:
+    # What this catches: a plan of the whole repository per overlapped family, each a table:
+    # one `/klaud status` (anyone may ask) on a PR listed without patches, as GitHub lists a
+    # large diff, held the event loop for seconds, 208 plans for the real configs.
+    configs = fixtures / "inferencex" / "configs"
+    files = {f"configs/{name}": (configs / name).read_text()
+             for name in ("nvidia-master.yaml", "amd-master.yaml", "runners.yaml")}
+    kit.repo.files[kit.repo.head].update(files)
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[12] = [PullFile(filename=name) for name in files if name.endswith("-master.yaml")]
+    await kit.pulls.on_pull_request(kit.state, pull_event("opened", 12, updated_at=NOW - timedelta(hours=1)))
+    overlapped = len(kit.state.overlap.touches(12))
+    assert overlapped == len(kit.state.catalog) > MAX_STATUS_FAMILIES
+    plans = 0
+    preview = kit.waves.preview_state
+
+    async def counted(state, now):  # type: ignore[no-untyped-def]
+        nonlocal plans
+        plans += 1
+        return await preview(state, now)
+
+    kit.waves.preview_state = counted  # type: ignore[method-assign]
+    reply = await status_reply(kit, 12)
+    assert plans == 1
+    assert reply.count("Status of `") == MAX_STATUS_FAMILIES
+    assert f"PR #12 overlaps {overlapped - MAX_STATUS_FAMILIES} more families." in reply

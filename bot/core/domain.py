@@ -136,7 +136,10 @@ def as_utc(value: datetime) -> datetime:
         return value
     if value.tzinfo is None:
         raise ValueError("a time without a timezone")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # year 1 east of UTC: an OverflowError would get past pydantic
+        raise ValueError("a time before the year 1 in UTC") from None
 
 
 # The type of every time the domain's records and GitHub's models hold (see `as_utc`).

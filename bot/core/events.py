@@ -11,12 +11,12 @@ Fields GitHub adds are ignored.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from bot.core.domain import UtcTime, parse_time
+from bot.core.domain import TIME_RANGE, UtcTime, parse_time
 
 # GitHub's ids are 64-bit; anything larger is not an id GitHub made.
 MAX_ID = 2**63 - 1
@@ -101,6 +101,10 @@ class PullFile(_Model):
 # -- pushes ----------------------------------------------------------------------------
 
 
+# The first epoch second past the years Klaud plans with (`domain.TIME_RANGE`).
+EPOCH_END = datetime(TIME_RANGE[1] + 1, 1, 1, tzinfo=UTC).timestamp()
+
+
 class PushedRepository(Named):
     # Push payloads give `pushed_at` in epoch seconds (other events, and some servers'
     # pushes, give ISO text): read as epoch seconds either way; anything else is unknown.
@@ -115,7 +119,10 @@ class PushedRepository(Named):
             except ValueError:
                 return None
             return None if parsed is None else parsed.timestamp()
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        # Past the years Klaud plans with, the time would be dropped with its family at
+        # the next load (`as_utc`), or fail the push: unknown, as a missing one is.
+        return value if numeric and 0 <= value < EPOCH_END else None
 
 
 class PushEvent(RepoEvent):

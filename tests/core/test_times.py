@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from pydantic import ValidationError
 
 from bot.core.domain import Attempt, as_utc
 from bot.core.events import PullRequestEvent
@@ -45,7 +46,6 @@ def test_as_utc_keeps_utc_converts_other_zones_and_refuses_naive_times() -> None
 
 
 def test_a_run_event_with_a_time_without_its_zone_is_refused_at_the_edge() -> None:
-    from pydantic import ValidationError
 
     from bot.core.events import WorkflowRunEvent
 
@@ -58,7 +58,10 @@ def test_a_run_event_with_a_time_without_its_zone_is_refused_at_the_edge() -> No
 
 @pytest.mark.parametrize(
     ("pushed_at", "expected"),
-    [(int(AT.timestamp()), AT.timestamp()), ("2026-11-30T08:00:00Z", AT.timestamp()), ("yesterday", None), (True, None)],
+    [(int(AT.timestamp()), AT.timestamp()), ("2026-11-30T08:00:00Z", AT.timestamp()), ("yesterday", None), (True, None),
+     # Past the years Klaud plans with: kept, the family was dropped at the next load
+     # (9892); further, the push failed with a bare ValueError or OverflowError.
+     (2.5e11, None), (1e12, None), (1e20, None), (-1, None), (float("inf"), None), (float("nan"), None)],
 )
 def test_a_push_time_is_read_from_epoch_seconds_or_iso_text(pushed_at: object, expected: float | None) -> None:
     # An ISO `pushed_at` was dropped: the image was dated when the delivery was processed.
@@ -68,3 +71,14 @@ def test_a_push_time_is_read_from_epoch_seconds_or_iso_text(pushed_at: object, e
                                       "repository": {"full_name": "acme/bench", "pushed_at": pushed_at},
                                       "installation": {"id": 1}})
     assert event.repository.pushed_at == expected
+
+
+def test_a_time_before_the_year_1_in_utc_is_a_validation_error_naming_its_field() -> None:
+    # What this catches: converting it overflowed, and an OverflowError got past pydantic:
+    # the delivery failed with "date value out of range", naming no field.
+    from bot.core.events import IssueCommentEvent
+
+    comment = {"id": 1, "body": "/klaud help", "user": {"login": "x"}, "created_at": "0001-01-01T00:00:00+05:00"}
+    with pytest.raises(ValidationError, match="created_at"):
+        IssueCommentEvent.model_validate({"action": "created", "repository": {"full_name": "acme/bench"},
+                                          "installation": {"id": 1}, "issue": {"number": 1}, "comment": comment})

@@ -1274,6 +1274,8 @@ class _OneAnswer:
     "not an object",
     {"ref": "refs/heads/main", "after": None, "timestamp": "2026-12-01T00:00:00Z"},
     {"ref": "refs/heads/main", "after": "c" * 40, "timestamp": "yesterday"},
+    # Year 1 east of UTC: converting it overflowed, an OverflowError pydantic did not wrap.
+    {"ref": "refs/heads/main", "after": "c" * 40, "timestamp": "0001-01-01T00:00:00+05:00"},
 ])
 async def test_an_activity_entry_of_another_shape_dates_nothing_and_the_others_still_do(odd: Any) -> None:
     # What this catches (a review): one entry pydantic could not read raised out of the

@@ -290,13 +290,20 @@ def _route_pattern(template: str) -> re.Pattern[str]:
 
 
 _ROUTE_PATTERNS = tuple((_route_pattern(template), template) for template in _ROUTES)
+# The literal segments an unknown path may keep in its label: those of Klaud's own routes
+# (a `next` link or a download URL from an answer can name any path at all).
+_KNOWN_HEADS = frozenset(template.split("/")[1] for template in _ROUTES)
+_KNOWN_REPO_PARTS = frozenset(
+    template.split("/")[4] for template in _ROUTES if template.startswith("/repos/{owner}/{repo}/")
+)
 
 
 def route_template(path: str) -> str:
     """The route template of a concrete API path, for metric labels and logs.
 
-    Unknown paths collapse to their leading literal segment so that a label never carries
-    a name, number or sha and the metric's cardinality stays bounded.
+    Unknown paths collapse to their leading literal segment, if one of Klaud's routes has
+    it (else `{other}`), so that a label never carries a name, number or sha and the
+    metric's cardinality stays bounded.
     """
     path = "/" + path.split("?", 1)[0].strip("/")
     for pattern, template in _ROUTE_PATTERNS:
@@ -304,9 +311,11 @@ def route_template(path: str) -> str:
             return template
     segments = path.strip("/").split("/")
     if segments[0] == "repos" and len(segments) >= 3:
-        head = "/repos/{owner}/{repo}" + (f"/{segments[3]}" if len(segments) > 3 else "")
+        part = (segments[3] if segments[3] in _KNOWN_REPO_PARTS else "{other}") if len(segments) > 3 else ""
+        head = "/repos/{owner}/{repo}" + (f"/{part}" if part else "")
         return head + ("/{rest}" if len(segments) > 4 else "")
-    return f"/{segments[0]}" + ("/{rest}" if len(segments) > 1 else "")
+    head = segments[0] if segments[0] in _KNOWN_HEADS else "{other}"
+    return f"/{head}" + ("/{rest}" if len(segments) > 1 else "")
 
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -410,6 +419,9 @@ def _full_last_page(url: str, entry: Any) -> bool:
         data = next((value for value in data.values() if isinstance(value, list)), None)
     asked = _PER_PAGE.search(url)
     return isinstance(data, list) and len(data) >= (int(asked[1]) if asked else DEFAULT_PER_PAGE)
+
+
+BUDGETS = ("core", "graphql")
 
 
 def _budget_of(url: str) -> str:
@@ -807,7 +819,10 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             # The quota is spent: hold the installation's next calls instead of spending
             # one request each on a 403.
             budget = headers.get("x-ratelimit-resource") or _budget_of(url)
-            self._gates[budget].block_until(min(reset, self._clock.timestamp() + MAX_RATE_LIMIT_WAIT))
+            # Only the budgets Klaud's calls wait on: a gate per name an answer gave was kept
+            # for the life of the process, and never waited on.
+            if budget in BUDGETS:
+                self._gates[budget].block_until(min(reset, self._clock.timestamp() + MAX_RATE_LIMIT_WAIT))
 
     def _within_api(self, url: str) -> bool:
         """Whether `url` is one of the API's own (its origin, under its base path)."""

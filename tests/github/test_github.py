@@ -248,9 +248,13 @@ def requests_metric(method: str, route: str, status: str) -> float:
         ("/repos/a/b/compare/main...feature/x", "/repos/{owner}/{repo}/compare/{basehead}"),
         ("/app/installations/3/access_tokens", "/app/installations/{installation_id}/access_tokens"),
         ("/repos/a/b/pulls?page=2&per_page=100", "/repos/{owner}/{repo}/pulls"),
-        # Unknown routes keep only literal leading segments: no names or ids in labels.
-        ("/repos/alice/secret-repo/hooks/77/deliveries", "/repos/{owner}/{repo}/hooks/{rest}"),
-        ("/users/alice", "/users/{rest}"),
+        # Unknown routes keep only the leading segments Klaud's own routes have: no names or
+        # ids in labels, and no path an answer's link names (a new label each).
+        ("/repos/alice/secret-repo/hooks/77/deliveries", "/repos/{owner}/{repo}/{other}/{rest}"),
+        ("/repos/alice/secret-repo/pulls/comments/7/replies", "/repos/{owner}/{repo}/pulls/{rest}"),
+        ("/users/alice", "/{other}/{rest}"),
+        ("/page-17-x", "/{other}"),
+        ("/app/hook/config", "/app/{rest}"),
     ],
 )
 def test_route_template_replaces_names_numbers_and_shas(path: str, template: str) -> None:

@@ -23,6 +23,7 @@ from bot.github.client import (
 )
 from bot.github.errors import GitHubError, RateLimited, Unavailable
 from bot.github.repo import BLAME_QUERY, GitHubRepo
+from bot.metrics import REGISTRY
 from tests.github.test_github import PREFIX, T0, Stub, reply, serve
 
 GRAPHQL = "/api/graphql"  # graphql_endpoint(stub.url + "/api/v3")
@@ -375,3 +376,52 @@ async def test_a_page_added_after_a_full_last_page_is_read_though_that_page_answ
     assert len([c async for c in inst.getiter(url)]) == 100
     comments.append({"id": 101})
     assert [c["id"] async for c in inst.getiter(url)][-1] == 101
+
+
+# ------------------------------------------------------------- bounded labels and gates
+
+
+def github_route_labels() -> set[str]:
+    return {sample.labels["route"] for metric in REGISTRY.collect() if metric.name == "klaud_github_requests"
+            for sample in metric.samples if sample.name == "klaud_github_requests_total"}
+
+
+async def test_next_links_to_paths_of_their_own_add_no_route_label_each(inst: InstallationClient, stub: Stub) -> None:
+    # What this catches: an unknown path kept its first segment as the `route` label, and a
+    # listing whose `next` links name a new path each time (a proxy, a server at odds with
+    # the client) added a series per page read, for as long as the process ran.
+    pages = 50
+
+    def page(number: int) -> Callable[[web.Request], Any]:
+        async def answer(_request: web.Request) -> web.StreamResponse:
+            last = number == pages
+            headers = {} if last else {"Link": f'<{stub.url}{PREFIX}/page-{number + 1}-x>; rel="next"'}
+            return web.json_response([{"number": number}], headers=headers)
+        return answer
+
+    stub.route("GET", "/repos/acme/bench/pulls", page(0))
+    for number in range(1, pages + 1):
+        stub.route("GET", f"/page-{number}-x", page(number))
+    before = github_route_labels()
+    listed = [p async for p in inst.getiter("/repos/{owner}/{repo}/pulls", {"owner": "acme", "repo": "bench"})]
+    assert len(listed) == pages + 1
+    assert github_route_labels() - before <= {
+        "/app/installations/{installation_id}/access_tokens", "/repos/{owner}/{repo}/pulls", "/{other}"}
+
+
+async def test_a_spent_budget_klaud_never_waits_on_keeps_no_gate(
+    inst: InstallationClient, stub: Stub, clock: ManualClock
+) -> None:
+    # What this catches: a gate per `x-ratelimit-resource` name an answer gave, kept for the
+    # life of the process; only core's and GraphQL's are ever waited on.
+    names = iter(range(1000))
+
+    async def answer(_request: web.Request) -> web.StreamResponse:
+        return web.json_response({}, headers={"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(int(T0) + 600),
+                                              "x-ratelimit-resource": f"budget-{next(names)}"})
+
+    stub.route("GET", "/repos/acme/bench", answer)
+    for _ in range(100):
+        await inst.getitem("/repos/{owner}/{repo}", {"owner": "acme", "repo": "bench"})
+    assert clock.slept == []  # another budget spent holds no core call
+    assert set(inst._api._gates) <= {"core", "graphql"}

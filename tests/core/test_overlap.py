@@ -22,6 +22,7 @@ from bot.core.domain import (
 from bot.core.overlap import (
     MAX_CHANGED_KEYS,
     OverlapIndex,
+    _FamilyFiles,
     file_change_from_contents,
     file_change_from_patch,
     is_idle,
@@ -920,3 +921,22 @@ def test_a_family_files_glob_invalid_for_a_familys_values_matches_nothing_for_it
     catalog = Catalog([family("alpha", precision="z"), family("beta", precision="8")])
     touches = pull_touches(pull(9, (FileChange("benchmarks/c.sh"),)), catalog, ("benchmarks/[a-{precision}].sh",))
     assert touches == {"configs/x-master.yaml:alpha": "flags"}
+
+
+def test_a_long_path_is_looked_up_only_at_the_lengths_of_the_family_files_prefixes(fixtures: Path) -> None:
+    # What this catches: a path was sliced at every length to find the globs filed under its
+    # prefixes, time in the square of its length for each of a PR's up to 3,000 paths.
+    catalog = base_catalog(fixtures, load_patch(fixtures, "843c6254f"))
+    lookups = _FamilyFiles(catalog, ("benchmarks/**/{model-prefix}_{precision}_{hardware}_{framework}.sh",
+                                     "docs/{model-prefix}.md"))
+    asked: list[str] = []
+
+    class Counted(dict):  # type: ignore[type-arg]
+        def get(self, key, default=None):  # type: ignore[no-untyped-def]
+            asked.append(key)
+            return super().get(key, default)
+
+    lookups._by_prefix = Counted(lookups._by_prefix)
+    path = "benchmarks/" + "x/" * 2000 + "dsv4_fp4_b200_vllm.sh"
+    lookups.families_for(path)
+    assert 0 < len(asked) <= len({len(prefix) for prefix in lookups._by_prefix})

@@ -29,6 +29,7 @@ from bot.github.errors import GitHubError, NotFound
 from bot.services import controls
 from bot.services.api import RepoAPI
 from bot.services.coalescer import Coalescer
+from bot.services.keyed_locks import KeyedLocks
 from bot.services.live import GoneRepository, LiveState
 from bot.services.permissions import Permissions
 from bot.services.repo_state import RepoState
@@ -50,6 +51,9 @@ class DashboardKeeper:
         )
         self._last_wave: dict[str, Wave] = {}
         live.gone_listeners.append(self._gone)
+        # One publish of a repository's dashboard at a time: the answer to a ticked box
+        # (forced) was overwritten by a wave's render made before it, still reading GitHub.
+        self._publishing: KeyedLocks[str] = KeyedLocks()
 
     def _gone(self, repo: str) -> None:
         self._last_wave.pop(repo.lower(), None)
@@ -78,6 +82,10 @@ class DashboardKeeper:
     # -- rendering -----------------------------------------------------------------------
 
     async def publish(self, repo: str, *, force: bool = False) -> None:
+        async with self._publishing.hold(repo.lower()):
+            await self._publish(repo, force=force)
+
+    async def _publish(self, repo: str, *, force: bool) -> None:
         state = self.live.repo(repo)
         if state is None or not state.policy.dashboard:
             return

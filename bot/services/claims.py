@@ -172,10 +172,13 @@ class ClaimKeeper:
             if dispatch.run_id is None and now - dispatch.at < UNLINKED_CHECK_AFTER:
                 return set()  # a light reconcile right after the dispatch: GitHub may not list it yet
             log.info("claim.released", family=dispatch.family, reason="its run does not exist", run_id=dispatch.run_id)
-            if state.rearm_canary_of(dispatch.candidate):
-                state.save_meta(change)
-            if dispatch.approval is not None:
-                change.extend(state.give_back_retry(dispatch.approval))
+            if dispatch.run_id is None:
+                # It started no run (a run linked and then deleted did start): what it used
+                # is given back.
+                if state.rearm_canary_of(dispatch.candidate):
+                    state.save_meta(change)
+                if dispatch.approval is not None:
+                    change.extend(state.give_back_retry(dispatch.approval))
             return await self._release(state, api, dispatch.family, change)
         if run.status in ACTIVE_RUN_STATUSES:
             checked = Dispatch(

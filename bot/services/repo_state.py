@@ -511,7 +511,8 @@ class RepoState:
     def link_run(self, family: str, run_id: int) -> Change:
         """The run GitHub started for the family's dispatch is known now."""
         dispatch = self.dispatches[family]
-        return self.add_dispatch(replace(dispatch, run_id=run_id))
+        # A run started: what the dispatch used (a `/klaud retry`) is spent for good.
+        return self.add_dispatch(replace(dispatch, run_id=run_id, approval=None))
 
     def put_artifact_retry(self, key: str, entry: dict[str, Any]) -> Change:
         self.pending_artifacts[key] = entry

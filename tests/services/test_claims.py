@@ -589,3 +589,68 @@ async def test_a_retry_whose_dispatch_started_no_run_is_not_given_back_once_its_
     await kit.claims.check_due(kit.state)
 
     assert kit.state.dispatches.get(h200) is None and kit.state.retries == {}
+
+
+async def retry_dispatched(kit: Kit) -> tuple[str, str]:
+    """A candidate cooling down, approved by `/klaud retry` and dispatched: (family, candidate)."""
+    from bot.services import controls
+    from tests.services.test_long_running import failed
+
+    await kit.reconciler.reconcile(REPO, 1)
+    family = kit.state.catalog.get("configs/nvidia-master.yaml:dsr1-fp8-h200-trt")
+    kit.state.record_attempt(failed(family.candidate, 501, kit.clock.now()))  # cooling down
+    await controls.approve_retry(kit.live, kit.state, family, "alice", kit.clock.now())
+    wave = await kit.waves.run(REPO, trigger="schedule")
+    assert wave is not None and family.candidate in wave.selected
+    assert family.candidate not in kit.state.retries  # used by the dispatch
+    return family.id, family.candidate
+
+
+async def test_a_retry_whose_run_started_and_was_linked_by_its_event_is_not_given_back(kit: Kit) -> None:
+    kit.repo.answer_run_ids = False  # GitHub Enterprise Server: 204, the run linked by its event
+    family, candidate = await retry_dispatched(kit)
+    [sent] = [d for d in kit.repo.dispatched if d["inputs"]["candidate"] == candidate]
+    await kit.outcomes.on_workflow_run(kit.state, run_requested(kit, sent["run_id"]))  # the run started
+    assert kit.state.dispatches[family].run_id == sent["run_id"]
+    assert kit.state.dispatches[family].approval is None, "approval kept after its run was linked"
+
+
+async def test_a_retry_whose_linked_run_was_deleted_is_not_given_back(kit: Kit) -> None:
+    kit.repo.answer_run_ids = False
+    family, candidate = await retry_dispatched(kit)
+    [sent] = [d for d in kit.repo.dispatched if d["inputs"]["candidate"] == candidate]
+    await kit.outcomes.on_workflow_run(kit.state, run_requested(kit, sent["run_id"]))  # the run started
+    del kit.repo.runs[sent["run_id"]]  # a person deleted the run meanwhile
+    kit.clock.advance(TTL.total_seconds())
+    await kit.claims.check_due(kit.state)  # the linked run is absent: the claim is released
+    assert family not in kit.state.dispatches
+    # The retry was spent on a run that did start; with a 200 answer (linked at once) it is not
+    # given back (control test below): the two must agree.
+    assert candidate not in kit.state.retries
+
+
+async def test_a_retry_whose_run_linked_by_the_dispatchs_answer_was_deleted_is_not_given_back(kit: Kit) -> None:
+    family, candidate = await retry_dispatched(kit)
+    run_id = kit.state.dispatches[family].run_id
+    assert run_id is not None
+    del kit.repo.runs[run_id]
+    kit.clock.advance(TTL.total_seconds())
+    await kit.claims.check_due(kit.state)
+    assert family not in kit.state.dispatches and candidate not in kit.state.retries
+
+
+async def test_a_canary_whose_run_started_and_was_deleted_is_not_armed_again(kit: Kit) -> None:
+    # DESIGN §4: "if its run produces an outcome, dispatch resumes, else it stays paused".
+    await kit.reconciler.reconcile(REPO, 1)
+    async with kit.live.lock(REPO):
+        kit.state.meta.pause = {"reason": "dispatch paused: 3 of 3 runs failed", "since": "2026-11-30T07:00:00Z"}
+        assert kit.state.arm_canary()
+        await kit.live.persist(kit.state.save_meta())
+    assert await kit.waves.run(REPO, trigger="schedule") is not None
+    [dispatch] = kit.state.dispatches.values()
+    assert dispatch.run_id is not None  # GitHub's 200 answer named its run: a run started
+    del kit.repo.runs[dispatch.run_id]
+    kit.clock.advance(TTL.total_seconds())
+    await kit.claims.check_due(kit.state)
+    assert kit.state.dispatches == {}
+    assert not kit.state.canary_armed

@@ -220,6 +220,7 @@ def _believable(wait: float) -> float:
 
 
 _ROUTES = (
+    "/graphql",
     "/app",
     "/app/installations",
     "/app/installations/{installation_id}",
@@ -558,6 +559,8 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         self._writes = _WriteSpacer(transport.clock, transport.write_spacing, transport.writers)
         self._origin = origin_of(transport.base_url)
         self._base_path = urlsplit(transport.base_url).path.rstrip("/")
+        # GitHub Enterprise Server's is /api/graphql, beside its REST /api/v3.
+        self._graphql_path = urlsplit(graphql_endpoint(transport.base_url)).path
 
     async def sleep(self, seconds: float) -> None:
         await self._clock.sleep(seconds)
@@ -833,6 +836,8 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         if origin_of(url) != self._origin:
             return "(external)"
         path = urlsplit(url).path
+        if path == self._graphql_path:
+            return "/graphql"
         if self._base_path and path.startswith(self._base_path + "/"):
             path = path[len(self._base_path) :]
         return route_template(path)

@@ -20,11 +20,12 @@ from bot.github.client import (
     SECONDARY_RATE_LIMIT_WAIT,
     GitHubApp,
     InstallationClient,
+    route_template,
 )
 from bot.github.errors import GitHubError, RateLimited, Unavailable
 from bot.github.repo import BLAME_QUERY, GitHubRepo
 from bot.metrics import REGISTRY
-from tests.github.test_github import PREFIX, T0, Stub, reply, serve
+from tests.github.test_github import PREFIX, T0, Stub, reply, requests_metric, serve
 
 GRAPHQL = "/api/graphql"  # graphql_endpoint(stub.url + "/api/v3")
 
@@ -425,3 +426,13 @@ async def test_a_spent_budget_klaud_never_waits_on_keeps_no_gate(
         await inst.getitem("/repos/{owner}/{repo}", {"owner": "acme", "repo": "bench"})
     assert clock.slept == []  # another budget spent holds no core call
     assert set(inst._api._gates) <= {"core", "graphql"}
+
+
+async def test_graphql_requests_are_counted_under_their_own_route(inst: InstallationClient, stub: Stub) -> None:
+    # What this catches: with unknown paths counted as `{other}`, Klaud's own GraphQL calls
+    # (GitHub Enterprise Server's /api/graphql, beside its REST /api/v3) lost their label.
+    graphql_route(stub, reply(200, {"data": {"repository": None}}))
+    before = requests_metric("POST", "/graphql", "200")
+    await inst.graphql(BLAME_QUERY, owner="acme", name="bench", ref="main", path="x")
+    assert requests_metric("POST", "/graphql", "200") == before + 1
+    assert route_template("/graphql") == "/graphql"  # GitHub.com's, under its API root

@@ -117,7 +117,11 @@ def parse_time(value: str | None) -> datetime | None:
     # `/plan?at=`, a traceback from `klaud plan --at`): no time Klaud plans with is there.
     if not TIME_RANGE[0] <= parsed.year <= TIME_RANGE[1]:
         raise ValueError(f"timestamp outside {TIME_RANGE[0]}-{TIME_RANGE[1]}: {value!r}")
-    return parsed.astimezone(UTC)
+    utc = parsed.astimezone(UTC)
+    # Checked in UTC too, as it is stored: the last hours of 9000 west of UTC are 9001 there.
+    if utc.year > TIME_RANGE[1]:
+        raise ValueError(f"timestamp outside {TIME_RANGE[0]}-{TIME_RANGE[1]}: {value!r}")
+    return utc
 
 
 def as_utc(value: datetime) -> datetime:
@@ -130,16 +134,16 @@ def as_utc(value: datetime) -> datetime:
     Klaud plans with is refused too: a dispatch stored at 9999-12-31 made every plan of its
     repository overflow adding the claim TTL. (Not one before 1970: GitHub's zero time,
     year 1, may stand for "none".)"""
-    if value.year > TIME_RANGE[1]:
-        raise ValueError(f"a time past the year {TIME_RANGE[1]}")
-    if value.tzinfo is UTC:
-        return value
     if value.tzinfo is None:
         raise ValueError("a time without a timezone")
     try:
-        return value.astimezone(UTC)
+        utc = value if value.tzinfo is UTC else value.astimezone(UTC)
     except OverflowError:  # year 1 east of UTC: an OverflowError would get past pydantic
         raise ValueError("a time before the year 1 in UTC") from None
+    # Checked in UTC, as it is stored: the last hours of 9000 west of UTC are 9001 there.
+    if utc.year > TIME_RANGE[1]:
+        raise ValueError(f"a time past the year {TIME_RANGE[1]}")
+    return utc
 
 
 # The type of every time the domain's records and GitHub's models hold (see `as_utc`).

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
-from bot.core.domain import Attempt, as_utc
+from bot.core.domain import Attempt, as_utc, parse_time
 from bot.core.events import PullRequestEvent
 from bot.store.codec import decode_many, decode_one, encode
 
@@ -82,3 +82,15 @@ def test_a_time_before_the_year_1_in_utc_is_a_validation_error_naming_its_field(
     with pytest.raises(ValidationError, match="created_at"):
         IssueCommentEvent.model_validate({"action": "created", "repository": {"full_name": "acme/bench"},
                                           "installation": {"id": 1}, "issue": {"number": 1}, "comment": comment})
+
+
+def test_a_time_at_the_end_of_the_range_west_of_utc_is_refused_as_it_would_be_stored() -> None:
+    # What this catches: the year was checked before converting to UTC: 9000-12-31T23:00-05:00
+    # was accepted, stored as 9001-01-01T04:00Z, and its record refused at the next load.
+    late = "9000-12-31T23:00:00-05:00"
+    with pytest.raises(ValueError, match="outside"):
+        parse_time(late)
+    with pytest.raises(ValidationError, match="past the year 9000"):
+        decode_one("claim", '{"family": "configs/x-master.yaml:k", "candidate": "aaaaaaaaaaaaaaaa-bbbbbbbbbbbbbbbb",'
+                            f' "wave": 1, "ref": "klaud/claim-x", "at": "{late}"}}')
+    assert parse_time("9000-12-31T23:00:00+05:00") == datetime(9000, 12, 31, 18, tzinfo=UTC)

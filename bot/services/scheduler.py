@@ -121,11 +121,17 @@ class Scheduler:
             return
         self._looked_up |= taken_up
         for name in taken_up & ages.keys():
-            due = now - timedelta(seconds=ages[name]) + COMMENT_GRACE
-            reconciled = parse_time(self.live.repos[name].meta.reconciled_at)
-            # A light reconcile at or after the time it was due caught it up already.
-            if reconciled is None or reconciled < due:
-                self._catch_up[name] = max(due, self._catch_up.get(name, due))
+            given_up_at = now - timedelta(seconds=ages[name])
+            due = given_up_at + COMMENT_GRACE
+            meta = self.live.repos[name].meta
+            reconciled, swept = parse_time(meta.reconciled_at), parse_time(meta.comments_swept_at)
+            if reconciled is not None and reconciled >= due:
+                if swept is not None and swept >= given_up_at:
+                    continue  # a light reconcile after the grace caught it up
+                # That reconcile left comments (GitHub still refused a reply): the sweep's
+                # mark stayed before them, and the catch-up was due again a grace later.
+                due = reconciled + COMMENT_GRACE
+            self._catch_up[name] = max(due, self._catch_up.get(name, due))
 
     def start(self) -> None:
         self._stopping.clear()

@@ -551,9 +551,14 @@ async def test_a_catch_up_the_last_process_left_is_found_in_the_store_when_a_rep
 
 
 async def test_a_delivery_given_up_on_before_the_last_catch_up_is_not_caught_up_again(kit: Kit) -> None:
-    given_up, _ = stored_given_up(kit.clock, {REPO.lower(): kit.clock.now()})
+    await kit.reconciler.reconcile(REPO, 1)
+    given_up_at = kit.clock.now()
+    given_up, _ = stored_given_up(kit.clock, {REPO.lower(): given_up_at})
     kit.clock.advance(COMMENT_GRACE.total_seconds())
-    await kit.reconciler.reconcile(REPO, 1, light=True)  # the catch-up of the process before
+    # The catch-up of the process before, whose sweep of comments (not wired in this kit)
+    # went past the comment given up on.
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    kit.state.meta.comments_swept_at = stamp(given_up_at)
     kit.state.meta.next_wave_at = stamp(kit.clock.now() + timedelta(hours=1))
     ticks = scheduler(kit, given_up=given_up)
     kit.repo.calls.clear()

@@ -104,3 +104,29 @@ async def test_a_catch_up_whose_listing_of_comments_github_failed_is_tried_again
         run.sandbox.set_faults({"rules": []})
         await ticks_for_half_an_hour(run)
         assert len(replies(run, 12)) == 1
+
+
+async def test_a_catch_up_github_still_failed_in_part_survives_a_restart(tmp_path):
+    async with a_hold_written_in_an_outage(tmp_path) as run:
+        klaud = run.klaud
+        given_up_at = klaud.clock.now()  # the hold's delivery was given up on just now
+        stored = klaud.scheduler.given_up
+
+        async def given_up_on_klauds_clock(seconds: float) -> dict[str, float]:
+            # In production Klaud's clock is the wall clock the store's ages are read on;
+            # the sandbox's moves by `advance_clock`: ages are given on Klaud's clock here.
+            assert stored is not None
+            return {repo: (klaud.clock.now() - given_up_at).total_seconds() for repo in await stored(seconds)}
+
+        await run.act({"action": "advance_clock", "seconds": 11 * 60})
+        await klaud.scheduler.tick()  # due: GitHub still refuses replies (comments_left)
+        await run.settle()
+        assert replies(run, 12) == []
+
+        run.sandbox.set_faults({"rules": []})
+        # The process stops; the next one starts on the same store with no catch-up in memory.
+        klaud.scheduler = Scheduler(klaud.live, klaud.waves, klaud.reconciler, klaud.outcomes, klaud.clock,
+                                    given_up=given_up_on_klauds_clock)
+        await ticks_for_half_an_hour(run)
+        assert len(replies(run, 12)) == 1
+

@@ -24,6 +24,7 @@ from tests.services.conftest import REPO, Kit
 from tests.services.crash import CrashKit
 from tests.services.fakes import artifact_zip
 from tests.services.test_outcomes import run_event
+from tests.services.test_waves import paused_with_a_canary_armed
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 TTL = timedelta(hours=12)
@@ -522,11 +523,7 @@ async def test_unlinked_dispatches_of_two_waves_each_find_their_completed_run(ki
 
 
 async def test_a_canary_whose_dispatch_started_no_run_is_armed_again(kit: Kit) -> None:
-    await kit.reconciler.reconcile(REPO, 1)
-    async with kit.live.lock(REPO):  # paused; a person's `/klaud resume` armed the canary
-        kit.state.meta.pause = {"reason": "dispatch paused: 3 of 3 runs failed", "since": "2026-11-30T07:00:00Z"}
-        assert kit.state.arm_canary()
-        await kit.live.persist(kit.state.save_meta())
+    await paused_with_a_canary_armed(kit)
     # GitHub's answer to the canary's dispatch is lost; it started no run.
     kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway", maybe_applied=True))
     assert await kit.waves.run(REPO, trigger="schedule") is not None
@@ -641,11 +638,7 @@ async def test_a_retry_whose_run_linked_by_the_dispatchs_answer_was_deleted_is_n
 
 async def test_a_canary_whose_run_started_and_was_deleted_is_not_armed_again(kit: Kit) -> None:
     # DESIGN §4: "if its run produces an outcome, dispatch resumes, else it stays paused".
-    await kit.reconciler.reconcile(REPO, 1)
-    async with kit.live.lock(REPO):
-        kit.state.meta.pause = {"reason": "dispatch paused: 3 of 3 runs failed", "since": "2026-11-30T07:00:00Z"}
-        assert kit.state.arm_canary()
-        await kit.live.persist(kit.state.save_meta())
+    await paused_with_a_canary_armed(kit)
     assert await kit.waves.run(REPO, trigger="schedule") is not None
     [dispatch] = kit.state.dispatches.values()
     assert dispatch.run_id is not None  # GitHub's 200 answer named its run: a run started

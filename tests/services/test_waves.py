@@ -233,14 +233,20 @@ async def test_a_failed_last_dispatch_of_a_wave_gives_its_slot_to_the_next_famil
     assert len(wave.selected) == 2 == len(kit.repo.dispatched)
 
 
-async def test_a_refused_canary_dispatch_leaves_the_canary_to_the_next_family(kit: Kit) -> None:
-    # A paused repository's canary (DESIGN §4 "Failures before an outcome") is spent only by
-    # a run that went out: GitHub refusing its dispatch hands it to the next family.
+async def paused_with_a_canary_armed(kit: Kit) -> None:
+    """A reconciled repository whose dispatch paused after failed runs, and a person's
+    `/klaud resume` that armed the canary."""
     await kit.reconciler.reconcile(REPO, 1)
     async with kit.live.lock(REPO):
         kit.state.meta.pause = {"reason": "dispatch paused: 3 of 3 runs failed", "since": "2026-11-30T07:00:00Z"}
         assert kit.state.arm_canary()
         await kit.live.persist(kit.state.save_meta())
+
+
+async def test_a_refused_canary_dispatch_leaves_the_canary_to_the_next_family(kit: Kit) -> None:
+    # A paused repository's canary (DESIGN §4 "Failures before an outcome") is spent only by
+    # a run that went out: GitHub refusing its dispatch hands it to the next family.
+    await paused_with_a_canary_armed(kit)
     kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway"))
     wave = await kit.waves.run(REPO, trigger="test")
     assert wave is not None

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+
 from bot.services.scheduler import Scheduler
 from tests import scenarios as sc
 from tests.harness import SandboxRun, sandbox_stack
@@ -54,12 +56,17 @@ async def ticks_for_half_an_hour(run) -> None:  # type: ignore[no-untyped-def]
         await run.settle()
 
 
-async def test_a_catch_up_github_still_failed_in_part_is_tried_again(tmp_path):
-    # The light reconcile goes through while the command's reply is still refused: the
-    # catch-up must not be spent on it.
+# The light reconcile goes through while GitHub still refuses the command's reply, or still
+# fails the sweep's listing of comments: the catch-up must not be spent on it.
+COMMENTS_DOWN = {"rules": [*OUTAGE["rules"], {"method": "GET", "route": "/issues/comments$", "status": 502}]}
+
+
+@pytest.mark.parametrize("still_down", [OUTAGE, COMMENTS_DOWN], ids=["reply-refused", "listing-failed"])
+async def test_a_catch_up_github_still_failed_in_part_is_tried_again(tmp_path, still_down):
     async with a_hold_written_in_an_outage(tmp_path) as run:
+        run.sandbox.set_faults(still_down)
         await run.act({"action": "advance_clock", "seconds": 11 * 60})
-        await run.klaud.scheduler.tick()  # due: GitHub still refuses replies
+        await run.klaud.scheduler.tick()  # due: GitHub still fails part of it
         await run.settle()
         assert replies(run, 12) == []
 
@@ -89,21 +96,6 @@ async def test_a_catch_up_left_by_a_process_that_stopped_is_done_by_the_next(tmp
         await ticks_for_half_an_hour(run)
         [reply] = replies(run, 12)
         assert "waiting for new weights" in reply and "Not done" not in reply
-
-
-async def test_a_catch_up_whose_listing_of_comments_github_failed_is_tried_again(tmp_path):
-    # The rest of the light reconcile goes through; the comments' listing is still refused.
-    comments_down = {"rules": [*OUTAGE["rules"], {"method": "GET", "route": "/issues/comments$", "status": 502}]}
-    async with a_hold_written_in_an_outage(tmp_path) as run:
-        run.sandbox.set_faults(comments_down)
-        await run.act({"action": "advance_clock", "seconds": 11 * 60})
-        await run.klaud.scheduler.tick()  # due: the sweep cannot list the comments
-        await run.settle()
-        assert replies(run, 12) == []
-
-        run.sandbox.set_faults({"rules": []})
-        await ticks_for_half_an_hour(run)
-        assert len(replies(run, 12)) == 1
 
 
 async def test_a_catch_up_github_still_failed_in_part_survives_a_restart(tmp_path):

@@ -28,7 +28,7 @@ from tests.harness import (
     running_klaud,
 )
 from tests.helpers.slow_server import wait_for_urls
-from tests.ports import free_port
+from tests.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 PR_PAYLOAD = {
@@ -522,7 +522,7 @@ async def test_malformed_payload_fails_at_once_with_the_reason(tmp_path, event, 
 
 
 async def test_serve_sandbox_stops_cleanly_on_sigterm(tmp_path):
-    port, admin_port = free_port(), free_port()
+    port, admin_port = free_ports(2)
     env = {**os.environ, "KLAUD_DB": f"sqlite:///{tmp_path / 'serve.db'}", "KLAUD_PORT": str(port),
            "KLAUD_ADMIN_PORT": str(admin_port),
            "KLAUD_WEBHOOK_SECRET": SECRET, "KLAUD_LOG_FORMAT": "json"}
@@ -540,6 +540,10 @@ async def test_serve_sandbox_stops_cleanly_on_sigterm(tmp_path):
                 except aiohttp.ClientConnectionError:
                     pass
                 await asyncio.sleep(0.05)
+            else:
+                proc.kill()
+                _, stderr = await proc.communicate()
+                pytest.fail(f"not ready within 20 s (exit {proc.returncode}): {stderr.decode()[-2000:]}")
             # The bundled scenario was reconciled at start-up through the mounted sandbox.
             async with session.get(f"http://127.0.0.1:{admin_port}/api/v1/repos/acme/bench/state") as response:
                 assert response.status == 200 and len((await response.json())["families"]) == 30

@@ -138,8 +138,9 @@ def as_utc(value: datetime) -> datetime:
         raise ValueError("a time without a timezone")
     try:
         utc = value if value.tzinfo is UTC else value.astimezone(UTC)
-    except OverflowError:  # year 1 east of UTC: an OverflowError would get past pydantic
-        raise ValueError("a time before the year 1 in UTC") from None
+    except OverflowError:  # an OverflowError would get past pydantic: a ValueError naming the end
+        end = f"past the year {TIME_RANGE[1]}" if value.year > TIME_RANGE[1] else "before the year 1 in UTC"
+        raise ValueError(f"a time {end}") from None
     # Checked in UTC, as it is stored: the last hours of 9000 west of UTC are 9001 there.
     if utc.year > TIME_RANGE[1]:
         raise ValueError(f"a time past the year {TIME_RANGE[1]}")

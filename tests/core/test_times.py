@@ -94,3 +94,13 @@ def test_a_time_at_the_end_of_the_range_west_of_utc_is_refused_as_it_would_be_st
         decode_one("claim", '{"family": "configs/x-master.yaml:k", "candidate": "aaaaaaaaaaaaaaaa-bbbbbbbbbbbbbbbb",'
                             f' "wave": 1, "ref": "klaud/claim-x", "at": "{late}"}}')
     assert parse_time("9000-12-31T23:00:00+05:00") == datetime(9000, 12, 31, 18, tzinfo=UTC)
+
+
+def test_a_time_in_the_year_9999_west_of_utc_is_refused_as_past_the_range() -> None:
+    # What this catches: converting it to UTC overflows, and the error said "before the year 1".
+    late = datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))
+    with pytest.raises(ValueError, match="past the year 9000"):
+        as_utc(late)
+    with pytest.raises(ValidationError, match="past the year 9000"):
+        decode_one("claim", '{"family": "configs/x-master.yaml:k", "candidate": "aaaaaaaaaaaaaaaa-bbbbbbbbbbbbbbbb",'
+                            ' "wave": 1, "ref": "klaud/claim-x", "at": "9999-12-31T23:00:00-05:00"}')

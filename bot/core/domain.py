@@ -115,13 +115,13 @@ def parse_time(value: str | None) -> datetime | None:
         raise ValueError(f"timestamp without a timezone: {value!r}")
     # Near year 1 or 9999, converting to UTC or adding a cooldown overflows (a 500 from
     # `/plan?at=`, a traceback from `klaud plan --at`): no time Klaud plans with is there.
+    outside = f"timestamp outside {TIME_RANGE[0]}-{TIME_RANGE[1]}: {value!r}"
     if not TIME_RANGE[0] <= parsed.year <= TIME_RANGE[1]:
-        raise ValueError(f"timestamp outside {TIME_RANGE[0]}-{TIME_RANGE[1]}: {value!r}")
-    utc = parsed.astimezone(UTC)
-    # Checked in UTC too, as it is stored: the last hours of 9000 west of UTC are 9001 there.
-    if utc.year > TIME_RANGE[1]:
-        raise ValueError(f"timestamp outside {TIME_RANGE[0]}-{TIME_RANGE[1]}: {value!r}")
-    return utc
+        raise ValueError(outside)
+    try:
+        return as_utc(parsed)  # in UTC, and checked there, as every stored time is
+    except ValueError:
+        raise ValueError(outside) from None
 
 
 def as_utc(value: datetime) -> datetime:

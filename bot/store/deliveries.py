@@ -218,7 +218,7 @@ UNCLAIM = (
     " WHERE lower(repo) = ? AND status = 'processing'"
 )
 WAITING_REPOS = "SELECT DISTINCT repo FROM deliveries WHERE status IN ('queued', 'processing') AND repo IS NOT NULL"
-GIVEN_UP_SINCE = (
+GIVEN_UP_WITHIN = (
     "SELECT repo, max(updated_at) FROM deliveries"
     " WHERE status = 'failed' AND updated_at > ? AND repo IS NOT NULL GROUP BY repo"
 )
@@ -369,7 +369,7 @@ class DeliveryStore:
         the wall clock's, which a sandbox's Klaud clock is not."""
         now = time.time()
         ages: dict[str, float] = {}
-        for repo, at in await self.db.fetch(GIVEN_UP_SINCE, now - seconds):
+        for repo, at in await self.db.fetch(GIVEN_UP_WITHIN, now - seconds):
             ages[repo.lower()] = min(max(0.0, now - at), ages.get(repo.lower(), seconds))
         return ages
 

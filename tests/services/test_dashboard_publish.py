@@ -57,10 +57,20 @@ async def test_a_ticked_box_answered_while_the_wave_render_is_published_is_not_u
         "repository": {"full_name": REPO},
         "installation": {"id": 1},
     })
+    forced = asyncio.Event()
+    publish = dashboard.publish
+
+    async def forced_publish(repo: str, *, force: bool = False) -> None:
+        forced.set()  # the answer's render (the coalescer keeps its own reference to publish)
+        await publish(repo, force=force)
+
+    dashboard.publish = forced_publish  # type: ignore[method-assign]
     handler = asyncio.create_task(dashboard.on_issue_edited(kit.state, event))
-    # The delivery's handler runs as far as it can while the wave's render waits for GitHub
-    # (today: to its end, its answer written; serialised, it waits for that publish).
-    for _ in range(100):
+    # The delivery's handler runs as far as it can while the wave's render waits for GitHub:
+    # to its end, its answer written, unless its publish waits for the wave's one to end.
+    for _ in range(10_000):
+        if handler.done() or (forced.is_set() and dashboard._publishing.held(REPO.lower())):
+            break
         await asyncio.sleep(0)
     assert family.id not in kit.state.holds
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from bot.core.domain import Family
+from datetime import datetime
+
+from bot.core.domain import Attempt, Family
 from bot.store.deliveries import Delivery
 from bot.web.envelope import envelope_of
 
@@ -32,3 +34,19 @@ def delivery(delivery_id: str, event: str, body: bytes) -> Delivery:
     envelope = envelope_of(body)
     return Delivery(delivery_id, event, body, action=envelope.action, repo=envelope.repo,
                     installation=envelope.installation)
+
+
+def attempt(
+    candidate: str, family: str, run_id: int, at: datetime, *, outcome: str | None = "failed",
+    error: str | None = None, job: str | None = None,
+) -> Attempt:
+    verified = outcome is not None
+    return Attempt(
+        candidate, family, run_id, 1, "a" * 40, at, verified, outcome,  # type: ignore[arg-type]
+        "targeted" if verified else None, None, None, error,
+        failed_job=job, failed_step="run" if job else None,
+    )
+
+
+def run_failed(candidate: str, family: str, run_id: int, at: datetime) -> Attempt:
+    return attempt(candidate, family, run_id, at, outcome=None, error="run-failed", job="benchmark")

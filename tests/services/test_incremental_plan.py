@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -21,13 +21,13 @@ from bot.core.domain import (
     CapacityReading,
     Claim,
     Dispatch,
-    Family,
     Hold,
     RetryApproval,
 )
 from bot.core.planner import plan, verdict
 from bot.services import repo_state
 from bot.services.repo_state import RepoMeta, RepoState
+from tests.builders import run_failed
 
 FAMILIES = 150
 
@@ -125,11 +125,6 @@ def test_an_untouched_family_is_not_decided_again(monkeypatch: pytest.MonkeyPatc
     assert decided == [family.id]  # only the family the hold touched
 
 
-def run_failed(family: Family, run_id: int, completed: datetime) -> Attempt:
-    return Attempt(family.candidate, family.id, run_id, 1, "a" * 40, completed, False, None, None, None, None,
-                   "run-failed")
-
-
 def test_a_run_failure_days_after_the_first_one_cools_the_candidate_down() -> None:
     # Capacity kept the candidate waiting for days after its first run failed: the second is
     # still the second in a row (DESIGN §4), however far back the planner must look for it.
@@ -137,7 +132,7 @@ def test_a_run_failure_days_after_the_first_one_cools_the_candidate_down() -> No
     family = next(iter(state.catalog))
     now = big.NOW
     for run_id, completed in ((901, now - timedelta(days=5)), (902, now - timedelta(hours=2))):
-        state.record_attempt(run_failed(family, run_id, completed))
+        state.record_attempt(run_failed(family.candidate, family.id, run_id, completed))
 
     [decision] = [d for d in state.plan(7, now, reading(rng)).decisions if d.family == family.id]
 
@@ -152,8 +147,8 @@ def test_run_failures_further_apart_than_memory_keeps_a_cooldown_agree_everywher
     state, _, rng = built(5)
     family = next(iter(state.catalog))
     now, capacity = big.NOW, reading(rng)
-    state.record_attempt(run_failed(family, 901, now - timedelta(hours=1) - apart))
-    state.record_attempt(run_failed(family, 902, now - timedelta(hours=1)))
+    state.record_attempt(run_failed(family.candidate, family.id, 901, now - timedelta(hours=1) - apart))
+    state.record_attempt(run_failed(family.candidate, family.id, 902, now - timedelta(hours=1)))
     for at in (now, now + timedelta(hours=2)):
         [decision] = [d for d in state.plan(7, at, capacity).decisions if d.family == family.id]
         [pure] = [d for d in plan(state.snapshot(7, at), state.policy, capacity, at).decisions if d.family == family.id]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import msgspec
 import pytest
@@ -15,7 +15,6 @@ import pytest
 from bench import bigstate as big
 from bot.core.cooldown import cooldown
 from bot.core.domain import (
-    Attempt,
     CapacityReading,
     Claim,
     Dispatch,
@@ -23,6 +22,7 @@ from bot.core.domain import (
     RetryApproval,
 )
 from bot.services.repo_state import RepoMeta, RepoState
+from tests.builders import attempt, run_failed
 from tests.services.test_incremental_plan import catalogued
 
 NOW = big.NOW
@@ -55,22 +55,6 @@ def fresh(state: RepoState) -> RepoState:
     """A RepoState rebuilt from `state`'s records: no verdict cached (the oracle)."""
     meta = msgspec.to_builtins(state.meta)
     return RepoState.from_records(state.name, records_of(state), meta)
-
-
-def attempt(
-    candidate: str, family: str, run_id: int, at: datetime, *, outcome: str | None = "failed",
-    error: str | None = None, job: str | None = None,
-) -> Attempt:
-    verified = outcome is not None
-    return Attempt(
-        candidate, family, run_id, 1, "a" * 40, at, verified, outcome,  # type: ignore[arg-type]
-        "targeted" if verified else None, None, None, error,
-        failed_job=job, failed_step="run" if job else None,
-    )
-
-
-def run_failed(candidate: str, family: str, run_id: int, at: datetime) -> Attempt:
-    return attempt(candidate, family, run_id, at, outcome=None, error="run-failed", job="benchmark")
 
 
 def decision_of(wave, family_id: str):  # type: ignore[no-untyped-def]

@@ -539,7 +539,9 @@ async def test_a_canary_whose_dispatch_started_no_run_is_armed_again(kit: Kit) -
     assert later is not None and len(later.selected) == 1 and len(kit.repo.dispatched) == 1  # the canary
 
 
-async def test_a_retry_whose_dispatch_started_no_run_is_pending_again(kit: Kit) -> None:
+async def retry_dispatched(kit: Kit, *, answer_lost: bool = False) -> tuple[str, str]:
+    """A candidate cooling down, approved by `/klaud retry` and dispatched: (family, candidate).
+    `answer_lost`: GitHub's answer to the dispatch is lost, and no run came of it."""
     from bot.services import controls
     from tests.services.test_long_running import failed
 
@@ -547,36 +549,35 @@ async def test_a_retry_whose_dispatch_started_no_run_is_pending_again(kit: Kit) 
     family = kit.state.catalog.get("configs/nvidia-master.yaml:dsr1-fp8-h200-trt")
     kit.state.record_attempt(failed(family.candidate, 501, kit.clock.now()))  # cooling down
     await controls.approve_retry(kit.live, kit.state, family, "alice", kit.clock.now())
-    kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway", maybe_applied=True))
+    if answer_lost:
+        kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway", maybe_applied=True))
     wave = await kit.waves.run(REPO, trigger="schedule")
     assert wave is not None and family.candidate in wave.selected
     assert family.candidate not in kit.state.retries  # used by the dispatch
+    return family.id, family.candidate
+
+
+async def test_a_retry_whose_dispatch_started_no_run_is_pending_again(kit: Kit) -> None:
+    family, candidate = await retry_dispatched(kit, answer_lost=True)
     restarted = await kit.live.load_repo(REPO)  # what the dispatch used is stored with it
-    assert restarted is not None and restarted.dispatches[family.id].approval.by == "alice"
+    assert restarted is not None and restarted.dispatches[family].approval.by == "alice"
 
     kit.clock.advance(UNLINKED_CHECK_AFTER.total_seconds())
     await kit.claims.check_due(kit.state)  # no run of it: its claim is released
 
-    assert kit.state.retries[family.candidate].by == "alice"
-    assert family.candidate in (await kit.live.store.load(REPO))["retry"]
+    assert kit.state.retries[candidate].by == "alice"
+    assert candidate in (await kit.live.store.load(REPO))["retry"]
     kit.clock.advance(2 * 3600)
     later = await kit.waves.run(REPO, trigger="schedule")
-    assert later is not None and family.candidate in later.selected  # the person's retry, sent
-    assert len(kit.repo.dispatched) == 5 and family.candidate not in kit.state.retries
+    assert later is not None and candidate in later.selected  # the person's retry, sent
+    assert len(kit.repo.dispatched) == 5 and candidate not in kit.state.retries
 
 
 async def test_a_retry_whose_dispatch_started_no_run_is_not_given_back_once_its_image_changed(kit: Kit) -> None:
-    from bot.services import controls
     from tests.services.test_catalog_sync import push
-    from tests.services.test_long_running import failed
 
-    h200, image = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt", "nvcr.io/nvidia/tensorrt-llm/release:1.2.0rc4"
-    await kit.reconciler.reconcile(REPO, 1)
-    family = kit.state.catalog.get(h200)
-    kit.state.record_attempt(failed(family.candidate, 501, kit.clock.now()))
-    await controls.approve_retry(kit.live, kit.state, family, "alice", kit.clock.now())
-    kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway", maybe_applied=True))
-    await kit.waves.run(REPO, trigger="schedule")
+    image = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0rc4"
+    h200, _ = await retry_dispatched(kit, answer_lost=True)
     before, after = kit.repo.head, "b" * 40  # the image is bumped meanwhile: a new candidate
     kit.repo.files[after] = {**kit.repo.files[before], "configs/nvidia-master.yaml": sc.NVIDIA.replace(image, image + "x")}
     kit.repo.head = after
@@ -586,21 +587,6 @@ async def test_a_retry_whose_dispatch_started_no_run_is_not_given_back_once_its_
     await kit.claims.check_due(kit.state)
 
     assert kit.state.dispatches.get(h200) is None and kit.state.retries == {}
-
-
-async def retry_dispatched(kit: Kit) -> tuple[str, str]:
-    """A candidate cooling down, approved by `/klaud retry` and dispatched: (family, candidate)."""
-    from bot.services import controls
-    from tests.services.test_long_running import failed
-
-    await kit.reconciler.reconcile(REPO, 1)
-    family = kit.state.catalog.get("configs/nvidia-master.yaml:dsr1-fp8-h200-trt")
-    kit.state.record_attempt(failed(family.candidate, 501, kit.clock.now()))  # cooling down
-    await controls.approve_retry(kit.live, kit.state, family, "alice", kit.clock.now())
-    wave = await kit.waves.run(REPO, trigger="schedule")
-    assert wave is not None and family.candidate in wave.selected
-    assert family.candidate not in kit.state.retries  # used by the dispatch
-    return family.id, family.candidate
 
 
 async def test_a_retry_whose_run_started_and_was_linked_by_its_event_is_not_given_back(kit: Kit) -> None:

@@ -282,7 +282,7 @@ class Auth:
     def refuse_withdrawn(self, token: str) -> None:
         """GitHub revokes an uninstalled installation's tokens and refuses a suspended one's,
         whether or not authentication is strict."""
-        if token in self.world.revoked:
+        if self.world.revoked(token):
             raise ApiError(401, "Bad credentials")
         if self.world.token_installation(token) in self.world.suspended:
             raise ApiError(403, SUSPENDED)

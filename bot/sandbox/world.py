@@ -63,8 +63,6 @@ class World:
         self.rate_limit = scenario.rate_limit
         self.origin = UNKNOWN_ORIGIN
         self.tokens: dict[str, Token] = {}
-        # Tokens of an uninstalled installation: GitHub revokes them (401 from then on).
-        self.revoked: set[str] = set()
         self.suspended: dict[int, Suspension] = {}
         # Installations the App was uninstalled from: installed again, they get a new id.
         self.uninstalled: set[int] = set()
@@ -205,8 +203,6 @@ class World:
         """No repository is the App's through `installation_id`, and its tokens are revoked."""
         for repo in self.installations().get(installation_id, []):
             repo.installed = False
-        self.revoked |= {token for token, made in self.tokens.items()
-                         if made.installation_id == installation_id}
         self.suspended.pop(installation_id, None)
         self.uninstalled.add(installation_id)
 
@@ -225,6 +221,12 @@ class World:
         if known is None or self.now() >= known.expires_at:
             return None
         return known
+
+    def revoked(self, token: str) -> bool:
+        """Whether `token` is an uninstalled installation's: GitHub revokes those for good
+        (401 from then on; installed again, the App gets a new installation id)."""
+        made = self.tokens.get(token)
+        return made is not None and made.installation_id in self.uninstalled
 
     def token_installation(self, token: str) -> int | None:
         known = self.live_token(token)

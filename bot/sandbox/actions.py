@@ -53,16 +53,18 @@ def edit_pull(world: World, action: sc.EditPull) -> Outcome:
     repo = world.repo(action.repo)
     pull = _pull(repo, action.number)
     changes: dict[str, Any] = {}
+    # The base first: GitHub refuses the whole edit (422) when it refuses the new base, and
+    # changes nothing else of the pull request.
+    if action.base is not None and action.base != pull.base_ref:
+        old_ref, old_sha = pull.base_ref, pull.base_sha
+        repo.retarget(pull, action.base)
+        changes["base"] = {"ref": {"from": old_ref}, "sha": {"from": old_sha}}
     if action.title is not None and action.title != pull.title:
         changes["title"] = {"from": pull.title}
         pull.title = action.title
     if action.body is not None and action.body != pull.body:
         changes["body"] = {"from": pull.body}
         pull.body = action.body
-    if action.base is not None and action.base != pull.base_ref:
-        old_ref, old_sha = pull.base_ref, pull.base_sha
-        repo.retarget(pull, action.base)
-        changes["base"] = {"ref": {"from": old_ref}, "sha": {"from": old_sha}}
     draft_move = None
     if action.draft is not None and action.draft != pull.draft:
         pull.draft = action.draft

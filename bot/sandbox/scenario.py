@@ -437,6 +437,22 @@ class Scenario(Model):
     timeline: list[Action] = Field(default_factory=list)
 
     @model_validator(mode="after")
+    def _one_installation_per_account(self) -> Scenario:
+        # A GitHub App has one installation per account, and an installation is one
+        # account's: the sandbox's install and add checks go by installation id.
+        owners: dict[int, str] = {}
+        ids: dict[str, int] = {}
+        for repository in self.repositories:
+            owner = repository.full_name.split("/")[0].lower()
+            if owners.setdefault(repository.installation_id, owner) != owner:
+                raise ValueError(f"{repository.full_name}: installation {repository.installation_id} is"
+                                 f" another account's ({owners[repository.installation_id]})")
+            if ids.setdefault(owner, repository.installation_id) != repository.installation_id:
+                raise ValueError(f"{repository.full_name}: its account is installation {ids[owner]}'s;"
+                                 " an account has one installation")
+        return self
+
+    @model_validator(mode="after")
     def _history_before_the_head(self) -> Scenario:
         head = self.now - HEAD_AGE_AFTER_HISTORY
         for repository in self.repositories:

@@ -498,3 +498,26 @@ async def test_edit_pull_base_is_refused_as_github_refuses_it(hub: Hub) -> None:
         "action": "close_pull", "repo": "acme/bench", "number": 13, "merged": True})
     assert response.status == 422, "merges go to the default branch alone"
     assert [p["base_ref"] for p in hub.state()["pulls"]] == ["main", "bump-sglang"]
+
+
+async def test_an_edit_whose_new_base_is_refused_changes_nothing(hub: Hub) -> None:
+    # What this catches: the title was changed before the base was refused (422), with no
+    # event: GitHub refuses the whole edit.
+    response = await hub.client.post("/_sandbox/act", json={
+        "action": "edit_pull", "repo": "acme/bench", "number": 12, "title": "Renamed", "base": "release"})
+    assert response.status == 422
+    assert [p["title"] for p in hub.state()["pulls"] if p["number"] == 12] == ["Bump SGLang"]
+
+
+@pytest.mark.parametrize(("second", "complaint"), [
+    ({"full_name": "globex/bench", "installation_id": 1}, "installation 1 is another account's"),
+    ({"full_name": "acme/extra", "installation_id": 2}, "an account has one installation"),
+])
+def test_a_scenario_gives_each_account_one_installation(second: dict, complaint: str) -> None:
+    # What this catches: the sandbox's install and add checks go by installation id, and a
+    # scenario tying one id to two accounts (or two ids to one) let them accept what GitHub
+    # refuses: two accounts in one installation, a second installation on one account.
+    scenario = small_scenario()
+    scenario["repositories"].append(second)
+    with pytest.raises(ScenarioError, match=complaint):
+        Sandbox(scenario)

@@ -25,6 +25,11 @@ BUNDLED_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "demo.json"
 
 SHA_PATTERN = r"^[0-9a-f]{40}$"
 REPO_PATTERN = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$"
+
+
+def owner_of(full_name: str) -> str:
+    """The account of a repository named `owner/name`."""
+    return full_name.split("/")[0]
 Permission = Literal["admin", "maintain", "write", "triage", "read", "none"]
 # The head commit's age: just after a history, else a long-settled repository.
 HEAD_AGE_AFTER_HISTORY = timedelta(minutes=1)
@@ -443,7 +448,7 @@ class Scenario(Model):
         owners: dict[int, str] = {}
         ids: dict[str, int] = {}
         for repository in self.repositories:
-            owner = repository.full_name.split("/")[0].lower()
+            owner = owner_of(repository.full_name).lower()
             if owners.setdefault(repository.installation_id, owner) != owner:
                 raise ValueError(f"{repository.full_name}: installation {repository.installation_id} is"
                                  f" another account's ({owners[repository.installation_id]})")

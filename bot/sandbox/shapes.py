@@ -16,6 +16,7 @@ from typing import Any
 
 from bot.core.domain import stamp
 from bot.sandbox.permissions import AppManifest, Installation, Suspension
+from bot.sandbox.scenario import owner_of
 from bot.sandbox.state import (
     Artifact,
     ChangedFile,
@@ -231,7 +232,7 @@ class Shapes:
             "name": full_name.split("/")[1],
             "full_name": full_name,
             "private": repo.private,
-            "owner": self.user(full_name.split("/")[0], "User") if fork else self.owner(repo),
+            "owner": self.user(owner_of(full_name), "User") if fork else self.owner(repo),
             "html_url": f"{self.web}/{full_name}",
             "description": None,
             "fork": fork is not None,
@@ -306,7 +307,7 @@ class Shapes:
 
     def branch(self, repo: RepoState, ref: str, sha: str, fork: str | None = None) -> dict[str, Any]:
         """A pull request's `head` or `base`; `fork` names the fork a head branch is in."""
-        owner = fork.split("/")[0] if fork else repo.owner
+        owner = owner_of(fork) if fork else repo.owner
         return {
             "label": f"{owner}:{ref}",
             "ref": ref,

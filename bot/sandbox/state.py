@@ -141,7 +141,7 @@ class PullRequest:
     @property
     def head_owner(self) -> str | None:
         """The account whose fork holds the head branch (None: the repository's owner)."""
-        return self.head_repo.split("/")[0] if self.head_repo else None
+        return sc.owner_of(self.head_repo) if self.head_repo else None
 
 
 @dataclass
@@ -604,7 +604,7 @@ class RepoState:
 
     def check_fork(self, fork: str | None) -> None:
         """GitHub forks a repository into another account only."""
-        if fork is not None and fork.split("/")[0].lower() == self.owner.lower():
+        if fork is not None and sc.owner_of(fork).lower() == self.owner.lower():
             raise SandboxError(f"{fork} cannot be a fork of {self.full_name}: a fork belongs to another "
                                "account", 422)
 

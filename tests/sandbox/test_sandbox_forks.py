@@ -81,3 +81,22 @@ async def test_a_pull_request_run_from_a_fork_names_the_fork_and_no_pull_request
     assert run["repository"]["full_name"] == "acme/bench"
     [artifact] = (await wired.json("GET", f"{REPO}/actions/runs/{run['id']}/artifacts"))["artifacts"]
     assert artifact["workflow_run"]["head_repository_id"] == run["head_repository"]["id"]
+
+
+async def test_a_run_from_a_fork_in_the_repositorys_own_account_is_refused(hub: Hub) -> None:
+    # What this catches: the fork check covered pull requests only; a run's head repository
+    # in the same account is no fork GitHub could make.
+    response = await hub.client.post("/_sandbox/act", json={
+        "action": "complete_run", "repo": "acme/bench", "run": {
+            "workflow": "run-sweep.yml", "event": "pull_request", "head_sha": "a" * 40,
+            "head_repository": "acme/bench-copy", "actor": "mallory"}})
+    assert response.status == 422
+    assert "a fork belongs to another account" in (await response.json())["detail"]
+
+
+async def test_a_check_run_on_a_forks_head_lists_no_pull_request(wired: Hub) -> None:
+    # GitHub lists in a check run's `pull_requests` only those whose head is in the repository.
+    opened = await open_fork_pull(wired)
+    made = await wired.json("POST", f"{REPO}/check-runs", status=201,
+                            json={"name": "Klaud Cold", "head_sha": opened["head_sha"]})
+    assert made["pull_requests"] == []

@@ -402,13 +402,19 @@ def _fixture_payloads(root: Path):
         yield path.parent.name, path, json.loads(path.read_text())
 
 
-def _fixture_world(root: Path) -> dict:
-    """A sandbox holding every repository, pull request and issue the example payloads name."""
+def _installation_of(full_name: str, ids: dict[str, int]) -> int:
+    """The installation of the account of `full_name`: one per account, as on GitHub."""
+    return ids.setdefault(full_name.split("/")[0].lower(), len(ids) + 1)
+
+
+def _fixture_world(root: Path, ids: dict[str, int]) -> dict:
+    """A sandbox holding every repository, pull request and issue the example payloads name;
+    `ids` gets each account's installation id."""
     repos: dict[str, dict] = {}
 
     def repo(name: str) -> dict:
-        return repos.setdefault(name, {"full_name": name, "installation_id": 1, "default_branch": "master",
-                                       "files": {}, "pulls": []})
+        return repos.setdefault(name, {"full_name": name, "installation_id": _installation_of(name, ids),
+                                       "default_branch": "master", "files": {}, "pulls": []})
 
     for _, _, payload in _fixture_payloads(root):
         for key in ("repository",):
@@ -427,11 +433,15 @@ def _fixture_world(root: Path) -> dict:
 async def test_every_octokit_example_payload_is_accepted_and_processed(tmp_path, fixtures):
     from tests.harness import sandbox_stack
 
-    async with sandbox_stack(tmp_path, _fixture_world(fixtures)) as run:
+    ids: dict[str, int] = {}
+    async with sandbox_stack(tmp_path, _fixture_world(fixtures, ids)) as run:
         sent = []
         for event, path, payload in _fixture_payloads(fixtures):
-            # An App always receives its installation; here every repository belongs to one.
-            payload["installation"] = {"id": 1, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uMQ=="}
+            # An App always receives its installation: that of the account of the payload's
+            # repository (one per account, as on GitHub), else the first one.
+            named = (payload.get("repository") or {}).get("full_name")
+            installation = _installation_of(named, ids) if named else 1
+            payload["installation"] = {"id": installation, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uMQ=="}
             status, body = await _post_signed(run.url, event, payload, f"fx-{event}-{path.stem}")
             assert status == (200 if event == "ping" else 202), path
             sent.append(body["delivery"])

@@ -435,6 +435,7 @@ def _family(
         line_end=end,
         unresolved=targets.unresolved,
         image_line=_image_line(value_node),
+        child_indent=_child_indent(value_node),
         key_quoted=isinstance(key_node, yaml.ScalarNode) and key_node.style in ("'", '"'),
     )
 
@@ -464,6 +465,13 @@ def _image_line(block: yaml.Node) -> int | None:
             if isinstance(key, yaml.ScalarNode) and key.value == "image":
                 return int(key.start_mark.line) + 1
     return None
+
+
+def _child_indent(block: yaml.Node) -> int:
+    """The column of the block's keys (2 unless the file indents otherwise)."""
+    if isinstance(block, yaml.MappingNode) and not block.flow_style and block.value:
+        return int(block.value[0][0].start_mark.column)
+    return 2
 
 
 def _text(value: object) -> str | None:

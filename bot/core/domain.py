@@ -202,6 +202,9 @@ class Family:
     unresolved: tuple[str, ...] = ()
     image_line: int | None = None  # 1-based line of its own `image:` key
     key_quoted: bool = False  # its key line writes the key in quotes (`"key":`)
+    # How deep its block indents its own keys (the column of its `image:`): a patch hunk
+    # that starts inside the block does not show the key line it could be read from.
+    child_indent: int = 2
 
     @property
     def normalized_image(self) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -74,15 +74,15 @@ def file_change_from_patch(
     previous_filename: str | None = None,
     status: str = "modified",
     *,
-    known_keys: Collection[str] = (),
+    known_keys: Mapping[str, int] | None = None,
     headed: bool = True,
 ) -> FileChange:
     """What a master config's patch touches: top-level key -> "image" or "flags".
 
     Call it for master configs only; any other file is `FileChange(filename)`.
     A None patch means GitHub left it out, and a patch cannot say whose lines it changes
-    when its cut hunk-header key no single one of `known_keys` (the file's family keys)
-    completes, or when its hunk headers do not name the blocks (`headed` False, from
+    when its cut hunk-header key no single one of `known_keys` (the file's family keys, each
+    with the indentation of its block's keys: `family_indents`) completes, or when its hunk headers do not name the blocks (`headed` False, from
     `hunk_headers_name`): for all three, try `file_change_from_contents` first, and keep
     this `unavailable` answer only when the contents cannot be had either.
     `previous_filename` is kept for renames only: a copy leaves its source untouched.
@@ -172,14 +172,17 @@ def _image_line(block: tuple[str, ...] | None) -> str | None:
 
 
 def touched_keys(
-    patch: str, known_keys: Collection[str] = ()
+    patch: str, known_keys: Mapping[str, int] | None = None
 ) -> dict[str, Literal["image", "flags"]] | None:
     """Top-level keys whose blocks the patch changes; see the module notes for the rule.
 
     None when a hunk header names a key git cut short that no single one of `known_keys`
     completes: the patch alone cannot say which block that hunk's lines belong to.
+    `known_keys` also gives each key's child indentation, for a hunk that starts inside its
+    block (below its key line, from which the indentation is otherwise read).
     """
-    old, new = _SideState(), _SideState()
+    known_keys = known_keys or {}
+    old, new = _SideState(known_keys), _SideState(known_keys)
     touched: dict[str, Literal["image", "flags"]] = {}
     in_hunk = False
     sorted_keys = sorted(known_keys)
@@ -214,6 +217,11 @@ def touched_keys(
     return touched
 
 
+def family_indents(families: Iterable[Family]) -> dict[str, int]:
+    """The `known_keys` of `file_change_from_patch`: each family's key and child indentation."""
+    return {family.key: family.child_indent for family in families}
+
+
 def hunk_headers_name(families: Iterable[Family]) -> bool:
     """Whether git heads a hunk of these families' file with the key of the block it is in.
 
@@ -239,15 +247,18 @@ def _completed_key(cut: str, sorted_keys: Sequence[str]) -> str | None:
 class _SideState:
     """The current top-level key on one side of a patch, and its children's indentation."""
 
-    __slots__ = ("awaiting_child", "child_indent", "key")
+    __slots__ = ("awaiting_child", "child_indent", "indents", "key")
 
-    def __init__(self) -> None:
+    def __init__(self, indents: Mapping[str, int]) -> None:
         self.key: str | None = None
+        self.indents = indents  # known keys' child indentation, from the catalog
         self.child_indent = _DEFAULT_INDENT
         self.awaiting_child = False
 
     def enter_hunk(self, key: str | None) -> None:
         self.key = key
+        if key is not None:
+            self.child_indent = self.indents.get(key, self.child_indent)
         self.awaiting_child = False
 
     def see(self, text: str) -> None:
@@ -256,7 +267,8 @@ class _SideState:
         key = top_level_key(text)
         if key is not None:
             self.key = key
-            self.awaiting_child = True
+            self.child_indent = self.indents.get(key, self.child_indent)
+            self.awaiting_child = True  # its first child line in the hunk, if any, says better
         elif self.awaiting_child:
             # The first line under a key shows how deep this file indents its children.
             self.child_indent = len(text) - len(text.lstrip(" "))

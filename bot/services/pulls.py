@@ -14,6 +14,7 @@ from bot.core import events
 from bot.core.catalog import is_master_config
 from bot.core.domain import FileChange, stamp
 from bot.core.overlap import (
+    family_indents,
     file_change_from_contents,
     file_change_from_patch,
     hunk_headers_name,
@@ -117,7 +118,7 @@ class PullSync:
         if item.patch is not None:
             families = [family for path in paths for family in state.catalog.families_of(path)]
             change = file_change_from_patch(item.filename, item.patch, previous, item.status,
-                                            known_keys={f.key for f in families}, headed=hunk_headers_name(families))
+                                            known_keys=family_indents(families), headed=hunk_headers_name(families))
             if not change.diff_missing:
                 return change
         # GitHub omits the patch of a large diff, and a hunk header may name a key git cut

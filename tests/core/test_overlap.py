@@ -23,6 +23,7 @@ from bot.core.overlap import (
     MAX_CHANGED_KEYS,
     OverlapIndex,
     _FamilyFiles,
+    family_indents,
     file_change_from_contents,
     file_change_from_patch,
     is_idle,
@@ -327,6 +328,26 @@ def test_first_level_indent_is_learned_from_the_patch() -> None:
     assert touched_keys(patch) == {"alpha": "image"}
 
 
+FOUR_SPACES = (
+    "fam-a:\n    model: x\n    runner: h100\n    precision: fp8\n    framework: vllm\n"
+    "    image: repo/img:a\n    tp: 8\n    extra:\n        image: side/car:1\n"
+)
+
+
+@pytest.mark.parametrize(("old", "new", "kind"), [("repo/img:a", "repo/img:b", "image"),
+                                                    ("side/car:1", "side/car:2", "flags")])
+def test_a_hunk_inside_a_four_space_block_knows_its_indentation_from_the_catalog(old: str, new: str, kind: str) -> None:
+    # git starts this hunk below the key line (the header names the key), so the patch
+    # alone never shows how deep the block indents its keys.
+    head = FOUR_SPACES.replace(old, new)
+    patch = unified_diff(FOUR_SPACES, head)
+    assert patch.startswith("@@ -") and " @@ fam-a:" in patch.splitlines()[0] and "\n fam-a:" not in patch
+    families = read_master(NV, FOUR_SPACES, None).families
+    assert [f.child_indent for f in families] == [4]
+    change = file_change_from_patch(NV, patch, known_keys=family_indents(families))
+    assert change.keys == {"fam-a": kind} == file_change_from_contents(NV, FOUR_SPACES, head).keys
+
+
 def test_hunk_at_the_top_without_a_key_and_no_newline_marker() -> None:
     patch = (
         "@@ -1,3 +1,3 @@\n"
@@ -424,20 +445,20 @@ LONG_GIT_PATCH = (
 
 def test_a_hunk_header_cut_inside_a_long_key_names_the_one_family_key_it_begins() -> None:
     assert unified_diff(LONG_BASE, LONG_HEAD) == LONG_GIT_PATCH  # the sandbox's diff agrees
-    assert touched_keys(LONG_GIT_PATCH, {"first-family", LONG_KEY}) == {LONG_KEY: "flags"}
+    assert touched_keys(LONG_GIT_PATCH, {"first-family": 2, LONG_KEY: 2}) == {LONG_KEY: "flags"}
 
 
 def test_a_settings_change_of_a_family_with_a_long_key_blocks_it() -> None:
     catalog = Catalog(read_master(NV, LONG_BASE, None).families)
     assert LONG_KEY in {f.key for f in catalog}  # a live family
-    change = file_change_from_patch(NV, LONG_GIT_PATCH, known_keys={f.key for f in catalog.families_of(NV)})
+    change = file_change_from_patch(NV, LONG_GIT_PATCH, known_keys=family_indents(catalog.families_of(NV)))
     assert pull_touches(pull(7, (change,)), catalog) == {f"{NV}:{LONG_KEY}": "flags"}
 
 
 @pytest.mark.parametrize(
-    "known", [set(), {"first-family"}, {LONG_KEY, LONG_KEY[:80] + "-other"}], ids=["none", "no match", "two match"]
+    "known", [{}, {"first-family": 2}, {LONG_KEY: 2, LONG_KEY[:80] + "-other": 2}], ids=["none", "no match", "two match"]
 )
-def test_a_cut_key_no_single_family_key_completes_leaves_the_patch_to_the_contents(known: set[str]) -> None:
+def test_a_cut_key_no_single_family_key_completes_leaves_the_patch_to_the_contents(known: dict[str, int]) -> None:
     # Never a PR that touches a family and silently overlaps nothing: the patch is
     # `unavailable`, as when GitHub omits it, and the contents say which block changed.
     assert touched_keys(LONG_GIT_PATCH, known) is None

@@ -9,7 +9,7 @@ import pytest
 from bot.core.events import PullFile, PullRequestEvent
 from bot.github.errors import BadRequest, Unavailable
 from tests import scenarios as sc
-from tests.core.test_overlap import LONG_KEY
+from tests.core.test_overlap import FOUR_SPACES, LONG_KEY
 from tests.services.conftest import NOW, REPO, Kit
 from tests.services.fakes import pull, pull_event
 
@@ -294,3 +294,13 @@ async def test_a_change_deep_in_a_family_whose_key_line_git_passes_over_blocks_t
     kit.repo.pull_files_of[33] = [PullFile(filename=NVIDIA, patch=patch)]
     await kit.pulls.on_pull_request(kit.state, event("opened", 33, head_sha=head))
     assert kit.state.overlap.touches(33) == {f"{NVIDIA}:{key}": "flags"}
+
+
+async def test_an_image_bump_in_a_four_space_config_is_read_as_an_image_change(kit: Kit) -> None:
+    four = "configs/four-master.yaml"
+    kit.repo.put_files({four: FOUR_SPACES})
+    await kit.reconciler.reconcile(REPO, 1)
+    patch = "@@ -3,7 +3,7 @@ fam-a:\n     framework: vllm\n-    image: repo/img:a\n+    image: repo/img:b\n     tp: 8\n"
+    kit.repo.pull_files_of[12] = [PullFile(filename=four, patch=patch)]
+    await kit.pulls.on_pull_request(kit.state, event("opened"))
+    assert kit.state.overlap.touches(12) == {f"{four}:fam-a": "image"}

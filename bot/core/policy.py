@@ -52,10 +52,19 @@ Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 STORED = "stored"
 
 
-def _not_a_truth_value(value: object, info: ValidationInfo) -> object:
-    # pydantic reads `true` as 1: `cooldown_hours: true` is a mistake, not an hour.
-    if isinstance(value, bool) and not _as_stored(info):
-        raise ValueError("expected a whole number, not true or false")
+def _a_whole_number(value: object, info: ValidationInfo) -> object:
+    # pydantic would read `true` as 1, "24" as 24 and 5.0 as 5: in a file a person wrote,
+    # each is a mistake to report, not a value to guess (YAML already types `24` a number).
+    if (isinstance(value, bool) or not isinstance(value, int)) and not _as_stored(info):
+        shown = "true or false" if isinstance(value, bool) else repr(value)
+        raise ValueError(f"expected a whole number, not {shown}")
+    return value
+
+
+def _a_truth_value(value: object, info: ValidationInfo) -> object:
+    # pydantic would read "off" as False and 1 as True; YAML's own true/false/yes/no are bools.
+    if not isinstance(value, bool) and not _as_stored(info):
+        raise ValueError(f"expected true or false, not {value!r}")
     return value
 
 
@@ -63,7 +72,8 @@ def _as_stored(info: ValidationInfo) -> bool:
     return bool(info.context and info.context.get(STORED))
 
 
-WholeNumber = Annotated[int, BeforeValidator(_not_a_truth_value)]
+WholeNumber = Annotated[int, BeforeValidator(_a_whole_number)]
+Switch = Annotated[bool, BeforeValidator(_a_truth_value)]
 
 
 def _every_input() -> dict[InputKey, str]:
@@ -91,13 +101,13 @@ class Policy(BaseModel):
     family_files: tuple[Text, ...] = Field(default=(), max_length=MAX_GLOBS)
     capacity_rule: Literal["all", "any"] = "all"
     claim_ttl_hours: WholeNumber = Field(default=12, ge=1, le=168)
-    enabled: bool = True
+    enabled: Switch = True
     # Klaud's value -> the candidate workflow input that receives it; a value left out is
     # not sent (a workflow with one input: `{candidate: candidate}`).
     candidate_inputs: dict[InputKey, Text] = Field(
         default_factory=_every_input, min_length=1, json_schema_extra={"default": {str(key): name for key, name in _every_input().items()}}
     )
-    dashboard: bool = True
+    dashboard: Switch = True
 
     @field_validator("candidate_inputs")
     @classmethod

@@ -73,6 +73,23 @@ def test_a_count_written_true_or_false_is_refused_not_read_as_one_or_zero() -> N
     assert parse_policy("cooldown_hours: 1\n").cooldown_hours == 1
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ('cooldown_hours: "24"', "cooldown_hours.*whole number, not '24'"),
+    ("max_in_flight: 5.0", "max_in_flight.*whole number, not 5.0"),
+    ('enabled: "yes"', "enabled.*true or false, not 'yes'"),
+    ("enabled: 1", "enabled.*true or false, not 1"),
+    ('dashboard: "off"', "dashboard.*true or false, not 'off'"),
+])
+def test_a_value_of_another_type_is_refused_not_converted(text: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=message):
+        parse_policy(text + "\n")
+
+
+def test_yaml_own_truth_words_are_truth_values() -> None:
+    assert parse_policy("enabled: no\ndashboard: off\n").model_dump(include={"enabled", "dashboard"}) == {
+        "enabled": False, "dashboard": False}
+
+
 @pytest.mark.parametrize(
     ("inputs", "message"),
     [

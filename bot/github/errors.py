@@ -26,6 +26,11 @@ class Conflict(GitHubError):
     """409 or 422, e.g. "Reference already exists"."""
 
 
+class RefClash(Conflict):
+    """422 "Reference update failed" for a branch another branch leaves no room for: git
+    keeps branches as paths, so while `klaud` exists no `klaud/claim-…` can be made."""
+
+
 class BadRequest(GitHubError):
     """Any other 4xx: retrying the same request will not help."""
 

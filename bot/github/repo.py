@@ -32,7 +32,7 @@ from bot.core.events import (
     WorkflowRun,
 )
 from bot.github.client import MAX_LISTED, RAW_MEDIA_TYPE, GitHubApp, InstallationClient
-from bot.github.errors import BadRequest, Conflict, NotFound, TooLarge
+from bot.github.errors import BadRequest, Conflict, NotFound, RefClash, TooLarge
 
 # Both ends of the body's edit history (GitHub does not document its order): whichever is
 # the newest holds the edits since Klaud's last render, unless there were more (`totalCount`).
@@ -273,10 +273,26 @@ class GitHubRepo:
             # Only this says another writer holds it. A ruleset refusing the name, or an
             # unknown commit, is an error of its own: taken for a lost race, every wave
             # recorded a claim that does not exist and dispatched nothing, saying why nowhere.
-            if "already exists" not in exc.message:
+            if "already exists" in exc.message:
+                return False
+            clash = await self._branch_in_the_way(branch) if "Reference update failed" in exc.message else None
+            if clash is None:
                 raise
-            return False
+            raise RefClash(exc.status, f"branch {clash!r} exists, and git keeps branches as paths: no branch "
+                                       f"{branch!r} can be made beside it (rename or delete {clash!r})") from exc
         return True
+
+    async def _branch_in_the_way(self, branch: str) -> str | None:
+        """The existing branch that names a folder of `branch` (`klaud` for `klaud/claim-…`)."""
+        parts = branch.split("/")
+        for end in range(1, len(parts)):
+            folder = "/".join(parts[:end])
+            try:
+                await self.client.getitem("/repos/{owner}/{repo}/git/ref/{+ref}", self._at(ref=f"heads/{folder}"))
+            except NotFound:
+                continue
+            return folder
+        return None
 
     async def delete_branch(self, branch: str) -> bool:
         """Delete `branch`; False when it was already gone."""

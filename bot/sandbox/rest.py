@@ -419,6 +419,9 @@ def create_ref(call: Call) -> Reply:
         raise validation_failed("Object does not exist")
     if name in repo.refs:
         raise validation_failed("Reference already exists")
+    if any(other.startswith(name + "/") or name.startswith(other + "/") for other in repo.refs):
+        # git keeps refs as paths: `refs/heads/a` leaves no room for `refs/heads/a/b`.
+        raise validation_failed("Reference update failed")
     repo.refs[name] = sha
     # GitHub sends a push for a branch made through the API too (Klaud gets its claims back).
     call.announce.append(Payloads(call.world).push(repo, None, repo.commits[sha], BOT_LOGIN, ref=name))

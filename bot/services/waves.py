@@ -36,6 +36,7 @@ from bot.github.errors import (
     BadRequest,
     GitHubError,
     NotFound,
+    RefClash,
     Unauthorized,
     Unavailable,
 )
@@ -295,8 +296,9 @@ class RepositoryRefused(Exception):
 def refuses_the_repository(error: GitHubError) -> bool:
     """A refusal no other family's claim would escape: the repository archived (403 "read
     only"), the App's access to it withdrawn (403, 404), the installation suspended or its
-    credentials refused (401); not a rate limit, which waits, nor GitHub unwell."""
-    return isinstance(error, BadRequest | NotFound | Unauthorized)
+    credentials refused (401), a branch `klaud` leaving no room for any claim ref; not a
+    rate limit, which waits, nor GitHub unwell."""
+    return isinstance(error, BadRequest | NotFound | Unauthorized | RefClash)
 
 
 @dataclass(frozen=True, slots=True)

@@ -306,6 +306,10 @@ async def test_refs_create_read_match_delete(hub: Hub) -> None:
     assert unknown.status == 422
     badname = await hub.api("POST", f"{REPO}/git/refs", json={"ref": "x", "sha": head})
     assert badname.status == 422
+    # git keeps refs as paths: neither a folder nor a ref inside one can be made beside it.
+    for clash in ("refs/heads/klaud", "refs/heads/klaud/claim-0123456789abcdef/x"):
+        refused = await hub.api("POST", f"{REPO}/git/refs", json={"ref": clash, "sha": head})
+        assert (refused.status, (await refused.json())["message"]) == (422, "Reference update failed")
     got = await hub.json("GET", f"{REPO}/git/ref/heads/klaud/claim-0123456789abcdef")
     assert got["ref"] == "refs/heads/klaud/claim-0123456789abcdef"
     matching = await hub.json("GET", f"{REPO}/git/matching-refs/heads/klaud")
@@ -317,6 +321,8 @@ async def test_refs_create_read_match_delete(hub: Hub) -> None:
     assert gone.status == 422
     assert (await gone.json())["message"] == "Reference does not exist"
     assert "refs/heads/klaud/claim-0123456789abcdef" not in hub.state()["refs"]
+    beside = await hub.api("POST", f"{REPO}/git/refs", json={"ref": "refs/heads/klaud-other", "sha": head})
+    assert beside.status == 201  # a name that begins alike is no folder of it
 
 
 async def test_ref_update_must_fast_forward_unless_forced(hub: Hub) -> None:

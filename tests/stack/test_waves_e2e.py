@@ -60,6 +60,26 @@ async def test_events_then_a_wave_claims_and_dispatches_without_reading_github(t
         assert decision(second, MI355).decision == "in-flight"
 
 
+async def test_a_branch_named_klaud_fails_the_wave_once_naming_it(tmp_path):
+    # git keeps branches as paths: no `klaud/claim-…` can be made while `klaud` exists. Each
+    # family's claim failed alike, wave after wave, reason "422: Reference update failed".
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        async with aiohttp.ClientSession() as session, session.post(
+            f"{run.url}/_sandbox/github/repos/acme/bench/git/refs",
+            json={"ref": "refs/heads/klaud", "sha": run.github()["head_sha"]},
+            headers={"Authorization": "token someone"},
+        ) as response:
+            assert response.status == 201
+        run.reset_requests()
+        wave = await run.klaud.waves.run("acme/bench", trigger="test")
+        failed = [d for d in wave.decisions if d.decision == "dispatch-failed"]
+        assert wave.selected == () and failed and run.github()["dispatches"] == []
+        assert "branch 'klaud' exists" in failed[0].reason and "rename or delete 'klaud'" in failed[0].reason
+        assert all("not tried" in d.reason and "'klaud'" in d.reason for d in failed[1:])
+        posts = [r for r in run.requests["requests"] if r["method"] == "POST"]
+        assert len(posts) == 1  # one claim tried, not one per family
+
+
 async def test_lost_claim_race_gives_the_slot_to_the_next_candidate(tmp_path):
     async with sandbox_stack(tmp_path, sc.scenario(policy="max_candidates_per_wave: 1\n")) as run:
         first = await run.klaud.waves.preview("acme/bench")

@@ -33,6 +33,7 @@ log = structlog.get_logger("klaud.live")
 
 # Earlier names of renamed repositories remembered, for the events still named by them.
 FORMER_NAMES = 1024
+_NO_RECORD = object()  # a repository record absent (or unreadable, reported as it was read)
 
 # Called with the repository, the families whose state changed and the pull requests that
 # got a new head (their check runs need a render even if no family changed).
@@ -226,8 +227,9 @@ class LiveState:
             return None
 
     async def _stored(self, name: str) -> RepoState | None:
-        meta = await self.store.get("", "repo", name)
-        if meta is None:
+        # Not `is None`: a record that is JSON null would vanish in silence; read, it is reported.
+        meta = await self.store.get("", "repo", name, _NO_RECORD)
+        if meta is _NO_RECORD:
             return None
         records = await self.store.load(name, attempts_since=stamp(self.clock.now() - ATTEMPT_MEMORY))
         try:

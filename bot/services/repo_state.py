@@ -113,6 +113,24 @@ class RepoMeta:
     released: dict[str, str] = field(default_factory=dict)
 
 
+def _readable_times(meta: RepoMeta) -> RepoMeta:
+    """`meta`, once each of its times reads as one; else ValueError naming the field (kept as
+    text, a bad one raised later: at start-up, on the status page or at every scheduler tick)."""
+    fields: dict[str, str | None] = {
+        "next_wave_at": meta.next_wave_at, "retry_wave_at": meta.retry_wave_at, "reconciled_at": meta.reconciled_at,
+        "comments_swept_at": meta.comments_swept_at, "setup_since": meta.setup_since,
+        "pause.since": meta.pause["since"] if meta.pause else None, "dashboard.rendered_at": meta.dashboard.get("rendered_at"),
+    }
+    for name, mapping in (("closed_pulls", meta.closed_pulls), ("stray_refs", meta.stray_refs), ("released", meta.released)):
+        fields |= {f"{name}.{key}": value for key, value in mapping.items()}
+    for name, value in fields.items():
+        try:
+            parse_time(value)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    return meta
+
+
 class RepoState:
     def __init__(self, name: str, meta: RepoMeta) -> None:
         self.name = name
@@ -158,7 +176,7 @@ class RepoState:
     def from_records(cls, name: str, records: dict[str, dict[str, Any]], meta: Any) -> RepoState:
         """The state the store holds; ValueError when the repository's record cannot be read
         (a field missing or of the wrong type; fields a newer version added are ignored)."""
-        state = cls(name, msgspec.convert(meta, RepoMeta))
+        state = cls(name, _readable_times(msgspec.convert(meta, RepoMeta)))
         state.catalog = Catalog(records.get("family", {}).values())
         state.overlap = OverlapIndex(state.catalog, state.policy.family_files)
         state._index_families()

@@ -13,6 +13,7 @@ import msgspec
 from pydantic import TypeAdapter, ValidationError
 
 from bot.core.domain import (
+    ArtifactRetry,
     Attempt,
     Claim,
     Dispatch,
@@ -31,6 +32,7 @@ MODELS: dict[str, type] = {
     "retry": RetryApproval,
     "claim": Claim,
     "dispatch": Dispatch,
+    "artifact-retry": ArtifactRetry,
 }
 ADAPTERS: dict[str, TypeAdapter[Any]] = {kind: TypeAdapter(model) for kind, model in MODELS.items()}
 LIST_ADAPTERS: dict[str, TypeAdapter[Any]] = {kind: TypeAdapter(list[model]) for kind, model in MODELS.items()}  # type: ignore[valid-type]

@@ -196,12 +196,12 @@ class StateStore:
         rows = await self.db.fetch(STORED, name)
         return str(rows[0][0]) if rows else None
 
-    async def get(self, repo: str, kind: str, key: str) -> Any | None:
-        """The record's value; None when it is absent or unreadable (then reported)."""
+    async def get(self, repo: str, kind: str, key: str, default: Any = None) -> Any:
+        """The record's value; `default` when it is absent or unreadable (then reported)."""
         rows = await self.db.fetch(self._get, repo, kind, key)
         if not rows:
-            return None
-        return _decode(repo, kind, [key], [rows[0][0]]).get(key)
+            return default
+        return _decode(repo, kind, [key], [rows[0][0]]).get(key, default)
 
     async def last_wave_numbers(self, repo: str, limit: int) -> list[int]:
         """The numbers of the last `limit` waves stored, newest first."""

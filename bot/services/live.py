@@ -191,8 +191,20 @@ class LiveState:
 
     async def load(self) -> None:
         """Rebuild every repository's in-memory state from the store (no GitHub call)."""
-        for name in await self.store.repos():
-            await self.load_repo(name)
+        spellings: dict[str, list[str]] = {}
+        for name in sorted(await self.store.repos()):
+            spellings.setdefault(name.lower(), []).append(name)
+        for names in spellings.values():
+            # Several: stored before names were case-insensitive. One state each would plan
+            # waves, so the last readable (in a fixed order, the same on both engines) is
+            # kept; the others' records stay in the store, untouched, for a person to merge.
+            kept = None
+            for name in reversed(names):
+                if await self.load_repo(name) is not None:
+                    kept = name
+                    break
+            if len(names) > 1:
+                log.warning("live.repository_spelled_twice", kept=kept, left=[n for n in names if n != kept])
         log.info("live.loaded", repositories=len(self.repos))
 
     async def load_repo(self, name: str) -> RepoState | None:

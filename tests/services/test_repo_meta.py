@@ -83,6 +83,21 @@ async def test_a_record_whose_nested_fields_lack_keys_is_reported_not_read(tmp_p
     await db.close()
 
 
+async def test_a_repository_stored_under_two_spellings_is_kept_once_and_the_other_reported(tmp_path) -> None:
+    # Stores written before names were case-insensitive may hold both: one replaced the
+    # other in silence, its holds and claims no longer in force, by the engine's row order.
+    db = Database(str(tmp_path / "k.db"))
+    await db.open()
+    store = StateStore(db)
+    change = Change().put("", "repo", "ACME/Bench", {"installation": 7}).put("", "repo", "acme/bench", {"installation": 7})
+    await store.apply(change.put("", "repo", "o/r", {"installation": 7}))
+    with capture_logs() as logs:
+        await LiveState(store, None, Clock(), ()).load()
+    assert [(e["kept"], e["left"]) for e in logs if e["event"] == "live.repository_spelled_twice"] == [
+        ("acme/bench", ["ACME/Bench"])]
+    await db.close()
+
+
 # The bad records are put through the codec, which warns that they do not fit the model.
 @pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")
 async def test_an_artifact_retry_record_of_another_shape_is_reported_and_skipped(tmp_path) -> None:

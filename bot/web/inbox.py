@@ -228,7 +228,10 @@ class Inbox:
         if not stored:
             return
         if self.ownership is None:
-            self._enqueue(delivery)
+            # Committed just before `start` read the pending deliveries, it was queued there
+            # (its answer came back after): queued again, it would run twice.
+            if delivery.id not in self._queued:
+                self._enqueue(delivery)
         elif self.ownership.owns(delivery.repo):
             if delivery.body is not None and len(delivery.body) <= self._own_bodies.maxsize:
                 self._own_bodies[delivery.id] = delivery.body

@@ -21,6 +21,7 @@ from bot.github.errors import RateLimited, Unavailable
 from bot.services.live import LiveState
 from bot.services.outcomes import OutcomeRecorder
 from bot.services.repo_state import RepoMeta, RepoState
+from bot.store import open_stores
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, DeliveryStore
 from bot.store.engine import Statement
@@ -1129,3 +1130,28 @@ async def test_with_replicas_the_backlog_limit_counts_what_waits_in_the_store(db
     finally:
         gate.set()
         await inbox.stop(grace=1)
+
+
+async def test_a_delivery_stored_as_the_inbox_starts_runs_once(tmp_path) -> None:
+    # The webhook listener is up while Klaud starts: a put whose commit lands just before
+    # `start` reads the pending deliveries is queued there, and its own answer, handled
+    # after, queued it again (the handler ran twice). The order is forced, not timed: the
+    # event loop is kept busy (as under load) while the store's thread does both.
+    stores = await open_stores(f"sqlite:///{tmp_path / 'klaud.db'}")
+    gate = Gate(held=set())
+    inbox = Inbox(stores.deliveries, gate)
+    await inbox.open()
+    try:
+        d1 = Delivery("d1", "pull_request", b"{}", action="opened", repo="acme/bench", installation=1)
+        ack = asyncio.create_task(inbox.put_in_time(d1, 30.0))
+        await asyncio.sleep(0)  # its put is queued for the store's writer
+        starting = asyncio.create_task(inbox.start())
+        await asyncio.sleep(0)  # the commit, then start's read, go to the store's thread
+        stores.engine._executor.submit(lambda: None).result(timeout=10)  # type: ignore[attr-defined]
+        assert await ack is True
+        await starting
+        await wait_for(lambda: inbox.backlog == 0)
+        assert gate.runs == ["d1"]
+    finally:
+        await inbox.stop()
+        await stores.close()

@@ -32,6 +32,7 @@ import structlog
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
 from bot.store.deliveries import DeliveryStore
+from bot.store.errors import LeaseTaken, StoreError
 from bot.store.leases import LeaseStore, repo_lease
 
 log = structlog.get_logger("klaud.replicas")
@@ -74,7 +75,7 @@ class Replicas:
         live: LiveState,
         *,
         busy: Callable[[str], bool],
-        release: Callable[[str], None],
+        release: Callable[[str | None], None],
         publishers: Sequence[Publisher] = (),
         owner: str | None = None,
         lease_seconds: float = LEASE_SECONDS,
@@ -87,7 +88,8 @@ class Replicas:
         self.lease_seconds = lease_seconds
         self.round_seconds = round_seconds
         self._busy = busy  # whether the inbox works on a repository right now
-        self._release = release  # tells the inbox to drop a repository's queue
+        # Tells the inbox to drop a repository's queue (None: those without a repository).
+        self._release = release
         self._publishers = publishers
         self._repos: set[str] = set()
         self._installations = False
@@ -185,7 +187,7 @@ class Replicas:
         log.warning("replica.leases_lapsed", owner=self.owner, repos=len(self._repos))
         for repo in sorted(self._repos):
             self._drop(repo)
-        self._installations = False
+        self._lose_the_lead()
 
     async def round(self) -> None:
         """Renew, then take or give up repositories until this replica holds its share."""
@@ -224,15 +226,28 @@ class Replicas:
             self._drop(repo)
         if self._installations and INSTALLATIONS not in kept:
             log.warning("replica.lease_lost", lease=INSTALLATIONS, owner=self.owner)
-            self._installations = False
+            self._lose_the_lead()
 
     async def _take(self, repo: str, stored_name: str) -> None:
-        if not await self.leases.acquire(repo_lease(repo), self.owner, self.lease_seconds):
+        try:
+            taken = await self.leases.acquire(repo_lease(repo), self.owner, self.lease_seconds)
+        except StoreError as exc:
+            # Its lease row is locked (a stopped replica's commit still open holds it until
+            # PostgreSQL ends that session): this round goes on with the other repositories
+            # and the installations lease, which a failed round left unowned meanwhile.
+            log.warning("replica.take_failed", repo=repo, owner=self.owner, error=str(exc))
+            return
+        if not taken:
             return  # another replica was faster
         try:
             await self._take_back_claims(repo)
             async with self.live.lock(repo):
                 state = self.live.repo(repo) or await self.live.load_repo(stored_name)
+        except LeaseTaken:
+            # This replica stalled past the lease it had just taken, and another took the
+            # repository meanwhile: that one keeps it, its claims untouched.
+            log.info("replica.take_lost", repo=repo, owner=self.owner)
+            return
         # Owned without its state, the repository would have no waves until a delivery
         # came: the lease goes back, a later round (here or elsewhere) loads it again, and
         # this round goes on with the other repositories and the installations lease.
@@ -262,7 +277,7 @@ class Replicas:
         last let the repository go are work to do again, not work in hand.
         """
         if not self._busy(repo):
-            await self.deliveries.unclaim(repo)
+            await self.deliveries.unclaim(repo, self.owner)
 
     async def _give_up(self, repos: list[str], reason: str) -> None:
         for repo in repos:
@@ -311,6 +326,12 @@ class Replicas:
         self._repos.discard(repo)
         self._release(repo)
         self.live.drop(repo)
+
+    def _lose_the_lead(self) -> None:
+        # The installation events waiting or running here are the new leader's now: run here
+        # as well, they would run twice, in either order.
+        self._installations = False
+        self._release(None)
 
     def _spread(self, repo: str) -> str:
         # Each replica prefers a different order of repositories, so replicas starting at

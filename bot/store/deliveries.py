@@ -33,6 +33,7 @@ from bot.store.engine import (
     compressed_now,
     inflate,
 )
+from bot.store.leases import lease_fence
 from bot.store.writer import Writer
 
 log = structlog.get_logger("klaud.store")
@@ -56,6 +57,9 @@ def _readable_body(delivery_id: str, encoding: str | None, stored: bytes) -> byt
     except ValueError as exc:
         log.warning("store.record_unreadable", kind="delivery-body", key=delivery_id, reason=str(exc))
         return None
+
+
+INSTALLATION_QUEUE = "installation:"  # the ordering key's prefix of deliveries without a repository
 
 
 def repo_queue(repo: str) -> str:
@@ -83,7 +87,7 @@ class Delivery:
         # Deliveries without a repository (installation events) are ordered per installation.
         if self.repo:
             return repo_queue(self.repo)
-        return f"installation:{self.installation}"
+        return f"{INSTALLATION_QUEUE}{self.installation}"
 
     def status_document(self) -> dict[str, Any]:
         return {
@@ -349,9 +353,16 @@ class DeliveryStore:
         # Run alone (outside the writer) it is the same check for the one delivery.
         return Statement(CLAIMS_HELD, ([delivery_id], owner), rows=True, coalesce=CLAIM_FENCES)
 
-    async def unclaim(self, repo: str) -> int:
-        """Put every unfinished claim of `repo` back in the queue (its new owner takes it up)."""
-        [count] = await self.writer.write([Statement(UNCLAIM, (repo.lower(),))])
+    async def unclaim(self, repo: str, owner: str | None = None) -> int:
+        """Put every unfinished claim of `repo` back in the queue (its new owner takes it up).
+
+        `owner`: only while no other replica holds its lease (`LeaseTaken` else). A replica
+        that stalled past its lease and resumed here would reset the claims of the one that
+        took the repository meanwhile, whose commits its claim fence then refused."""
+        statements = [Statement(UNCLAIM, (repo.lower(),))]
+        if owner is not None:
+            statements.append(lease_fence([repo.lower()], owner))
+        count, *_ = await self.writer.write(statements)
         return as_count(count)
 
     async def unfinished(self) -> int:

@@ -34,6 +34,7 @@ from bot.core.errors import (
 )
 from bot.metrics import DELIVERIES, INBOX_BACKLOG, PROCESSING_SECONDS
 from bot.store.deliveries import (
+    INSTALLATION_QUEUE,
     Delivery,
     DeliveryStore,
     Progress,
@@ -352,16 +353,22 @@ class Inbox:
         key = repo_queue(repo)
         return bool(self._queues.get(key)) or key in self._active
 
-    def release(self, repo: str) -> None:
-        """Stop working on `repo` (its lease is gone): what waits here is dropped; its claims
+    def release(self, repo: str | None) -> None:
+        """Stop working on `repo` (its lease is gone), or with None on the deliveries without
+        a repository (the installations lease is): what waits here is dropped; the claims
         pass to the next owner, who takes over deliveries claimed by anyone else."""
         # The mark drops the queue once its running batch ends (`_launch_ready`). Nothing of
         # an idle repository is here to drop: a mark for it would stay for good, since only
         # that drop or a later claim of the repository clears it, and most releases are of
         # idle repositories (`Replicas._give_up` lets go of no other).
-        if self.busy(repo):
-            self._released.add(repo_queue(repo))
-            self._wake.set()
+        if repo is None:
+            keys = [key for key in self._queues if key.startswith(INSTALLATION_QUEUE)]
+        else:
+            keys = [repo_queue(repo)]
+        for key in keys:
+            if self._queues.get(key) or key in self._active:
+                self._released.add(key)
+                self._wake.set()
 
     async def _claim_loop(self, ownership: Ownership) -> None:
         loop = asyncio.get_running_loop()
@@ -420,7 +427,9 @@ class Inbox:
         fresh: list[Delivery] = []
         if self._drops == drops:
             owned = ownership.repos()
-            fresh = [d for d in claimed if d.id not in self._queued and (d.repo is None or d.repo.lower() in owned)]
+            unrouted = ownership.unrouted()  # the lead may have gone while the claim ran
+            fresh = [d for d in claimed
+                     if d.id not in self._queued and (unrouted if d.repo is None else d.repo.lower() in owned)]
         for delivery in fresh:
             self._released.discard(delivery.ordering_key)
             delivery.body = self._own_bodies.pop(delivery.id, None)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
+import asyncpg
 import pytest
 
 from bot.core.clock import ManualClock
@@ -21,9 +23,12 @@ from bot.services.repo_state import RepoState
 from bot.store import Stores, open_stores
 from bot.store.change import Change
 from bot.store.deliveries import Delivery, status_statement
+from bot.store.engine import Statement
 from bot.store.errors import LeaseTaken
 from bot.store.leases import repo_lease
+from bot.web.inbox import Inbox
 from tests.conftest import fresh_database
+from tests.web.test_inbox_batches import Gate, wait_for
 
 REPOS = ["o/a", "o/b", "O/C", "o/d"]
 
@@ -39,13 +44,13 @@ class Node:
         self.stores = stores
         self.owner = owner
         self.busy: set[str] = set()
-        self.released: list[str] = []
+        self.released: list[str] = []  # repositories, and "installations" for those without one
         self.taken: list[str] = []
         self.flushing: set[str] = set()
         self.live = LiveState(stores.state, github, ManualClock(now), ())
         self.replicas = Replicas(
             stores.leases, stores.deliveries, self.live, busy=self.busy.__contains__,
-            release=self.released.append, publishers=(self,), owner=owner, lease_seconds=lease_seconds,
+            release=lambda repo: self.released.append(repo or "installations"), publishers=(self,), owner=owner, lease_seconds=lease_seconds,
         )
 
     # A publisher, as the check runs and the dashboard are.
@@ -151,7 +156,7 @@ async def test_a_lapsed_lease_is_taken_over_and_its_old_holder_lets_the_reposito
     await b.replicas.round()
     assert b.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"}
     await a.replicas.round()  # renewing fails: a learns it lost them and drops them
-    assert a.replicas.repos() == set() and sorted(a.released) == ["o/a", "o/b", "o/c", "o/d"]
+    assert a.replicas.repos() == set() and sorted(a.released) == ["installations", "o/a", "o/b", "o/c", "o/d"]
     assert not a.replicas.leads() and b.replicas.leads()
 
 
@@ -185,7 +190,7 @@ async def test_a_replica_whose_renewals_fail_lets_its_repositories_go_before_its
         if a.live.repo("o/a") is None:
             break
         await asyncio.sleep(0.01)
-    assert a.live.repo("o/a") is None and sorted(a.released) == ["o/a", "o/b", "o/c", "o/d"]
+    assert a.live.repo("o/a") is None and sorted(a.released) == ["installations", "o/a", "o/b", "o/c", "o/d"]
     a.replicas._stopping.set()
 
 
@@ -707,3 +712,108 @@ async def test_a_stale_replicas_write_after_the_next_owner_released_is_refused(n
     await c.replicas.round()
     taken_again = c.live.repo("o/a")
     assert taken_again is not None and taken_again.meta.wave == 7
+
+async def test_one_locked_lease_row_does_not_stop_the_round_taking_the_rest(nodes, database):
+    # A dead replica's commit still open on the server (its machine froze mid-transaction:
+    # PostgreSQL ends it only after idle_in_transaction_session_timeout, 60 s) holds its lease
+    # rows FOR SHARE (the lease fence). The round failed at that repository, every round,
+    # leaving the others and the installations lease unowned (a found review defect).
+    a = await nodes("a")
+    await a.replicas.round()
+    assert a.replicas.repos() == {"o/a", "o/b", "o/c", "o/d"} and a.replicas.leads()
+    # a dies: its leases lapse (at once here, rather than after a sleep) ...
+    await a.stores.engine.transaction([Statement("UPDATE leases SET expires_at = 0 WHERE owner = 'a'", ())])
+    # ... while its last commit, fenced by o/a's lease, is still open on the server.
+    frozen = await asyncpg.connect(database)
+    tx = frozen.transaction()
+    await tx.start()
+    await frozen.fetchval("SELECT klaud_leases_free(ARRAY['repo:o/a'], 'a')")
+    try:
+        b = await nodes("b")
+        error = None
+        try:
+            await b.replicas.round()
+        except Exception as exc:  # noqa: BLE001
+            error = exc
+        taken = b.replicas.repos()
+        leads = b.replicas.leads()
+    finally:
+        await tx.rollback()
+        await frozen.close()
+    assert (error, taken >= {"o/b", "o/c", "o/d"}, leads) == (None, True, True), (
+        f"round raised {error!r}; took {sorted(taken)}; leads={leads}"
+    )
+
+async def test_a_stalled_replicas_take_back_leaves_the_new_owners_claims_alone(nodes, monkeypatch):
+    # a stalls inside its take (after the lease acquire answered, before its take-back of the
+    # claims) past its lease; b takes the repository and claims its delivery. a's take-back
+    # reset b's claims, whose commits its claim fence then refused: b ran them again.
+    stall = [0.0]  # seconds a's stall added to its monotonic clock
+    monkeypatch.setattr(replicas_module, "time", SimpleNamespace(monotonic=lambda: time.monotonic() + stall[0]))
+    a, b = await nodes("a"), await nodes("b")
+    acquire = a.stores.leases.acquire
+    stalled: list[str] = []
+
+    async def acquire_then_stall(name: str, owner: str, ttl: float) -> bool:
+        got = await acquire(name, owner, ttl)
+        if got and name == "repo:o/a":
+            # a stalls here past its lease: it lapses, b takes o/a and claims its delivery.
+            stall[0] += 11.0
+            await a.stores.engine.transaction([Statement("UPDATE leases SET expires_at = 0 WHERE owner = 'a'", ())])
+            await b.replicas.round()
+            assert b.replicas.owns("o/a")
+            stalled.extend(d.id for d in await b.stores.deliveries.claim_owned("b", {"o/a"}, unrouted=False, limit=9))
+        return got
+
+    a.stores.leases.acquire = acquire_then_stall  # type: ignore[method-assign]
+    await a.replicas.round()  # a resumes: its take-back runs on
+    assert stalled == ["d0"]
+    assert not a.replicas.owns("o/a")
+    # b, the owner, commits d0 as its inbox does: fenced by its claim.
+    writer = b.stores.deliveries.writer
+    unit = writer.begin_unit(b.stores.deliveries.claim_fence("d0", "b"))
+    refused = None
+    try:
+        await writer.end_unit(unit, [status_statement("d0", "done", 1, None)])
+    except Exception as exc:  # noqa: BLE001
+        refused = exc
+    assert refused is None, f"the owner's commit was refused: {refused}"
+
+async def test_an_old_leader_runs_no_installation_event_after_losing_the_lead(nodes, database):
+    # A repository's queue was dropped when its lease was lost; the installations' queue
+    # never was: both leaders ran the same installation events, in either order.
+    stores = await open_stores(database)
+    gate = Gate(held={"i1"})
+    inbox = None
+    try:
+        inbox = Inbox(stores.deliveries, gate, claim_every=0.01, batch_size=1)
+        live = LiveState(stores.state, None, ManualClock(datetime(2026, 12, 1, tzinfo=UTC)), ())
+        a = Replicas(stores.leases, stores.deliveries, live, busy=inbox.busy, release=inbox.release, owner="a")
+        inbox.ownership = a
+        await a.round()
+        assert a.leads()
+        for n in (1, 2):  # two installation events (no repository), in order
+            body = json.dumps({"n": n}).encode()
+            assert await stores.deliveries.put(Delivery(f"i{n}", "installation", body, action="created",
+                                                        repo=None, installation=9))
+        await inbox.open()
+        await inbox.start()
+        await wait_for(lambda: "i1" in gate.running)
+        # a stalls past the installations lease: b takes the lead, and a's next round learns it.
+        await stores.engine.transaction([Statement("UPDATE leases SET expires_at = 0 WHERE name = 'installations'", ())])
+        b = await nodes("b")
+        await b.replicas.round()
+        assert b.replicas.leads()
+        await a.round()
+        assert not a.leads() and not a.owns(None)
+        # The new leader claims the unfinished installation events (a's claims included) and runs them.
+        claimed_by_b = [d.id for d in await b.stores.deliveries.claim_owned("b", set(), unrouted=True, limit=9)]
+        assert claimed_by_b == ["i1", "i2"]
+        gate.open.set()  # a's handler of i1 returns (its commit is refused: b holds the claim)
+        await wait_for(lambda: not gate.running and inbox.backlog == 0)
+        ran_at_a = [run for run in gate.runs if run.startswith("i")]
+        assert ran_at_a == ["i1"], f"a, no longer leading, ran {ran_at_a} too while b runs {claimed_by_b}"
+    finally:
+        if inbox is not None:
+            await inbox.stop()
+        await stores.close()

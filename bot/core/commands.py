@@ -185,8 +185,12 @@ def parse_commands(body: str) -> list[Command]:
     paragraph_open = False  # an indented line right after text continues that text
     quoted_paragraph = False  # the paragraph open is inside a quote
     html_comment = False  # inside an HTML comment that started a line
-    for number, raw in enumerate(_LINE_BREAK_RE.split(body), start=1):
+    hidden_until = 0  # the last line of an HTML comment opened inside a paragraph
+    lines = _LINE_BREAK_RE.split(body)
+    for number, raw in enumerate(lines, start=1):
         line = raw.expandtabs(4)
+        if number <= hidden_until:
+            continue
         if html_comment:
             html_comment = "-->" not in line
             continue
@@ -229,7 +233,29 @@ def parse_commands(body: str) -> list[Command]:
         command = _parse_command_line(line.strip(), number)
         if command is not None:
             commands.append(command)
+        if _opens_a_comment(line):
+            hidden_until = _comment_end(lines, number)
     return commands
+
+
+def _opens_a_comment(line: str) -> bool:
+    """Whether paragraph text `line` leaves an HTML comment open (not in a code span)."""
+    start = line.rfind("<!--")
+    return start >= 0 and "-->" not in line[start + 2:] and line.count("`", 0, start) % 2 == 0
+
+
+def _comment_end(lines: list[str], number: int) -> int:
+    """The number of the line that closes the comment line `number` opened inside a
+    paragraph; 0 when the paragraph ends first (CommonMark: the `<!--` is text then).
+
+    Such a comment spans the paragraph's next lines, and GitHub shows none of it."""
+    for later, raw in enumerate(lines[number:], start=number + 1):
+        line = raw.expandtabs(4)
+        if not line.strip() or _QUOTE_RE.match(line) or _interrupts_paragraph(line):
+            return 0
+        if "-->" in line:
+            return later
+    return 0
 
 
 def _leaves_item(line: str, content_column: int) -> bool:
@@ -390,7 +416,10 @@ def resolve_command(
     """
     spec = command.spec
     if command.target is None and command.text and spec is not None:
-        first, _, rest = command.text.partition(" ")
+        # Split as the command line was (any Unicode space): a key then the reason after a
+        # no-break space held the PR's own family, with "KEY reason" as the reason.
+        first, *others = command.text.split(maxsplit=1)
+        rest = others[0] if others else ""
         if not spec.takes_text:
             return resolve_target(first, families=families, default_family=default_family)
         if any(f.key == first for f in families.values()):

@@ -660,3 +660,36 @@ def test_a_fence_opened_in_a_list_item_lasts_as_long_as_the_item(body: str, verb
     # item's content column: in a nested item it never closed (later commands were lost),
     # and a column-0 fence outside the item was taken for its end.
     assert [c.verb for c in parse_commands(body)] == verbs
+
+
+@pytest.mark.parametrize("body", [
+    "Thanks! <!-- for later:\n/klaud hold a\n-->\n/klaud status",
+    "Looks good <!--\n/klaud retry\n--> to me\n\n/klaud status",
+])
+def test_a_command_inside_an_html_comment_opened_mid_line_is_not_a_command(body: str) -> None:
+    # Review: CommonMark's inline raw HTML lets a comment opened after text span the
+    # paragraph's next lines (spec "Raw HTML", `foo <!-- this is a --\ncomment -->`);
+    # GitHub shows none of it, and README says HTML comments are ignored. Only a comment
+    # opening a line (HTML block 2) was followed, so the hidden command ran.
+    assert [c.verb for c in parse_commands(body)] == ["status"]
+
+
+@pytest.mark.parametrize("gap", ["\u00a0", "\u2003"])
+def test_a_family_key_then_a_reason_after_a_unicode_space_holds_that_family_not_the_prs(gap: str) -> None:
+    # Review: `_parse_command_line` splits target from text with str.split() (any Unicode
+    # space), but `resolve_command` splits a key from its reason at " " only: `/klaud hold
+    # KEY<NBSP>reason` (macOS Option-Space, pasted text) on a Klaud PR held the PR's own
+    # family, with "KEY<NBSP>reason" as the reason.
+    key = FAMILIES[OTHER_ID].key
+    [command] = parse_commands(f"/klaud hold {key}{gap}new weights")
+    resolved = resolve_command(command, families=FAMILIES, default_family=FAMILY_ID)
+    assert resolved.family == OTHER_ID
+
+
+@pytest.mark.parametrize("body", [
+    "a <!-- never closed in this paragraph\n/klaud hold a\n\n-->",  # the paragraph ends first: text
+    "see `<!--` here\n/klaud hold a\n-->",  # in a code span: no comment
+    "a <!-- x -->\n/klaud hold a",  # closed on its own line
+])
+def test_an_html_comment_opener_that_opens_no_comment_hides_nothing(body: str) -> None:
+    assert [c.verb for c in parse_commands(body)] == ["hold"]

@@ -282,7 +282,8 @@ def _refuse_a_missing_sqlite_store(settings: Settings) -> None:
     """`plan` only reads: a KLAUD_DB naming a SQLite file that is not there (a typo, another
     folder) is refused, not created, migrated and planned as empty."""
     path = sqlite_path(settings.db)
-    if path is not None and path != ":memory:" and not Path(path).exists():
+    # os.path.exists answers False where Path.exists raises (a name too long for the disk).
+    if path is not None and path != ":memory:" and not os.path.exists(path):
         raise UsageError(f"KLAUD_DB: no store at {path} (`klaud serve` or `klaud reconcile` creates it)")
 
 

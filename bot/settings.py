@@ -15,6 +15,7 @@ from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -90,10 +91,14 @@ class Settings(BaseModel):
         if value is None:
             return value
         try:
-            serialization.load_pem_private_key(value.get_secret_value().encode(), password=None)
+            key = serialization.load_pem_private_key(value.get_secret_value().encode(), password=None)
         except (ValueError, TypeError, UnsupportedAlgorithm):
             # The message never includes the key itself.
             raise ValueError("not an unencrypted PEM private key") from None
+        if not isinstance(key, rsa.RSAPrivateKey):
+            # GitHub Apps' keys are RSA (the App's token is signed RS256): another kind (a TLS
+            # key named by mistake) failed at the first GitHub call, with a traceback.
+            raise ValueError("not an RSA private key (a GitHub App's private key is RSA)")  # noqa: TRY004 - pydantic reports ValueError
         return value
 
     @field_validator("admin_token", "capacity_token")

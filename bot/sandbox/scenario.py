@@ -498,6 +498,8 @@ def load_scenario(path: str | Path | None = None) -> dict[str, Any]:
         text = source.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"{source}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{source}: not UTF-8 text (a scenario is a JSON file)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -26,6 +26,7 @@ from bot.web.backend import (
 )
 from bot.web.health import add_health_routes
 from bot.web.page import add_status_routes
+from bot.web.webhook import HEADER_TOKEN
 
 TOKEN_KEY = web.AppKey("admin_token", bytes)
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -58,7 +59,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def delivery_status(request: web.Request) -> web.Response:
-    delivery = await klaud_of(request).inbox.get(request.match_info["id"])
+    wanted = request.match_info["id"]
+    # Only ids /webhook could have stored: PostgreSQL's text refuses a NUL (a 500 there).
+    delivery = await klaud_of(request).inbox.get(wanted) if HEADER_TOKEN.fullmatch(wanted) else None
     if delivery is None:
         return error(404, "not-found", "no delivery with that id")
     return json_response(delivery.status_document())

@@ -461,3 +461,43 @@ def test_plan_through_an_admin_port_that_answers_not_as_klaud_is_refused_in_one_
     printed = capsys.readouterr()
     assert printed.out == ""
     assert one_line(printed.err).startswith(f"klaud: the admin API at http://127.0.0.1:{port}/api/v1/repos")
+
+
+def test_plan_on_a_klaud_db_whose_file_name_is_too_long_is_one_line_not_a_traceback(tmp_path):
+    # Review: `plan`'s "no store there" check used Path.exists(), which raises ENAMETOOLONG
+    # (Python 3.11 swallows only ENOENT/ENOTDIR/EBADF/ELOOP): a traceback, exit 1, where
+    # `serve` and `receive` say "KLAUD_DB: cannot open …: File name too long" in one line.
+    db = tmp_path / ("a" * 300 + ".db")
+    done = run_klaud(["plan"], klaud_env(tmp_path, KLAUD_DB=f"sqlite:///{db}"))
+    assert "Traceback" not in done.stderr
+    assert one_line(done.stderr).startswith("klaud: KLAUD_DB: ")
+    assert done.returncode in (1, 2)
+
+
+@pytest.mark.parametrize("command", [["demo", "--once"], ["sandbox", "--port", "0"], ["serve", "--sandbox"]])
+def test_a_scenario_file_that_is_not_utf8_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, command):
+    # Review: load_scenario caught OSError and JSONDecodeError but not UnicodeDecodeError:
+    # `--scenario` naming a binary file (a .gz, an image) ended in a traceback, exit 1.
+    scenario = tmp_path / "scenario.json"
+    scenario.write_bytes(b"\xae\xff{}")
+    for name, value in {"KLAUD_DB": f"sqlite:///{tmp_path / 'klaud.db'}", "KLAUD_PORT": "0", "KLAUD_ADMIN_PORT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert main([*command, "--scenario", str(scenario)]) == 2
+    assert one_line(capsys.readouterr().err).startswith(f"klaud: {scenario}: ")
+
+
+def test_a_private_key_that_is_not_rsa_is_refused_at_start_up_naming_the_variable(tmp_path, monkeypatch, capsys):
+    # Review: any PEM private key passed the settings check; GitHub App keys are RSA and
+    # the JWT is RS256, so an EC key (a TLS key named by mistake) failed at the first
+    # GitHub call with PyJWT's InvalidKeyError traceback, exit 1, instead of one line, exit 2.
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (tmp_path / "app.pem").write_bytes(key)
+    for name, value in {"KLAUD_APP_ID": "1", "KLAUD_PRIVATE_KEY_FILE": str(tmp_path / "app.pem"),
+                        "KLAUD_DB": f"sqlite:///{tmp_path / 'klaud.db'}", "KLAUD_GITHUB_URL": "http://127.0.0.1:9"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("KLAUD_PRIVATE_KEY", raising=False)
+    assert main(["doctor"]) == 2
+    assert one_line(capsys.readouterr().err).startswith("klaud: KLAUD_PRIVATE_KEY_FILE: ")

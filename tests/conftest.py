@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -49,7 +50,6 @@ async def db(tmp_path: Path) -> AsyncIterator[RecordingDatabase]:
 
 
 _database_numbers = itertools.count()
-_unavailable: list[str] = []  # why the PostgreSQL tests were skipped, for the summary
 
 
 @pytest.fixture(scope="session")
@@ -57,16 +57,24 @@ def postgres_server() -> Iterator[PostgresServer]:
     try:
         server = PostgresServer.start()
     except Unavailable as missing:
-        _unavailable.append(str(missing))
         pytest.skip(f"PostgreSQL store tests skipped: {missing}")
     yield server
     server.stop()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    # A skip in a `-q` run is one letter; this one must be seen.
-    for reason in _unavailable[:1]:
-        terminalreporter.write_line(f"PostgreSQL store tests SKIPPED: {reason}", yellow=True, bold=True)
+    # A skip in a `-q` run is one letter: each reason (no PostgreSQL, no Chromium, no real
+    # data) is said once at the end, with how many tests it skipped.
+    reasons = Counter(_skip_reason(report) for report in terminalreporter.stats.get("skipped", []))
+    for reason, count in sorted(reasons.items()):
+        terminalreporter.write_line(f"SKIPPED {count} test(s): {reason}", yellow=True, bold=True)
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):  # (path, line, "Skipped: why") for every skip
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
 
 
 @asynccontextmanager

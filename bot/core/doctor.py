@@ -153,12 +153,28 @@ def _runner_hint(problem: str, runners_file: str) -> str:
     return f"declare the cluster in {runners_file} or fix the runner's name"
 
 
+# The fix for each way the feed cannot be used (`bot.core.capacity`'s codes); the rest are
+# answers that are not a feed document.
+_FEED_HINTS = {
+    "capacity-feed-not-configured": "set KLAUD_CAPACITY_URL and KLAUD_CAPACITY_TOKEN to the cluster status feed",
+    "capacity-token-invalid": "the feed refused KLAUD_CAPACITY_TOKEN: set the feed's current token",
+    "network-error": "the feed at KLAUD_CAPACITY_URL did not answer from this host: check the URL and the network",
+    "feed-unavailable": "the feed says its data is unavailable: check the cluster status service",
+    "stale-feed": "the feed's generatedAt is over two minutes from this host's clock: check the job that writes"
+                  " the feed, and this host's clock",
+    "stale-retrieval": "reading the feed took too long, or this host's clock moved: read it again",
+}
+_NOT_A_FEED_HINT = ("KLAUD_CAPACITY_URL answers with something other than a cluster status feed: check the URL"
+                    " (the feed's own, not a page about it)")
+
+
+def _feed_hint(error: str) -> str:
+    return _FEED_HINTS.get(error, _NOT_A_FEED_HINT)
+
+
 def capacity_check(reading: CapacityReading, families: Iterable[Family]) -> Check:
     if reading.error is not None:
-        return Check(
-            "capacity feed", False, f"the feed cannot be used ({reading.error})",
-            "set KLAUD_CAPACITY_URL and KLAUD_CAPACITY_TOKEN to the cluster status feed",
-        )
+        return Check("capacity feed", False, f"the feed cannot be used ({reading.error})", _feed_hint(reading.error))
     wanted = sorted({cluster for family in families for cluster in family.clusters})
     unknown = [cluster for cluster in wanted if cluster not in reading.known]
     if unknown:

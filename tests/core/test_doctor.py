@@ -96,6 +96,18 @@ def test_the_capacity_feed_must_report_every_target_cluster() -> None:
     assert "KLAUD_CAPACITY_URL" in capacity_check(closed, families).hint
 
 
+@pytest.mark.parametrize(("error", "hint"), [
+    ("capacity-feed-not-configured", "set KLAUD_CAPACITY_URL and KLAUD_CAPACITY_TOKEN"),
+    ("capacity-token-invalid", "refused KLAUD_CAPACITY_TOKEN"),
+    ("stale-feed", "this host's clock"),
+    ("invalid-json", "something other than a cluster status feed"),
+])
+def test_the_fix_for_an_unusable_feed_is_the_one_for_its_error(error: str, hint: str) -> None:
+    # Every error was told to set KLAUD_CAPACITY_URL, also when it was set (a stale feed).
+    closed = CapacityReading(eligible=frozenset(), known=frozenset(), at=NOW, error=error)
+    assert hint in capacity_check(closed, []).hint
+
+
 def test_every_config_problem_is_a_line_of_its_own_and_runner_problems_say_how_to_fix_them() -> None:
     master = "configs/nvidia-master.yaml"
     errors = {

@@ -170,6 +170,21 @@ class PolicyError(ValueError):
     """`.github/klaud.yml` is unreadable or invalid; the message says where and why."""
 
 
+def _repeated_key(root: yaml.Node | None) -> str | None:
+    """Which top-level key the file sets twice, if any: YAML keeps the last in silence, and
+    which of the two a person meant is theirs to say."""
+    if not isinstance(root, yaml.MappingNode):
+        return None
+    seen: dict[object, int] = {}
+    for key, _ in root.value:
+        if isinstance(key, yaml.ScalarNode):
+            line = key.start_mark.line + 1
+            if key.value in seen:
+                return f"{key.value} is set twice (lines {seen[key.value]} and {line})"
+            seen[key.value] = line
+    return None
+
+
 def parse_policy(text: str | None, *, stored: bool = False) -> Policy:
     """Parse the policy file's text; None or an empty file means all defaults. `stored`: the
     last good policy an earlier version of Klaud kept, read without the rules added since."""
@@ -177,8 +192,11 @@ def parse_policy(text: str | None, *, stored: bool = False) -> Policy:
         return Policy()
     try:
         data = yaml.safe_load(text)
+        repeated = None if stored else _repeated_key(yaml.compose(text, Loader=yaml.SafeLoader))
     except UNREADABLE_YAML as exc:
         raise PolicyError(f"{POLICY_PATH}: not valid YAML{where(exc)}") from None
+    if repeated is not None:
+        raise PolicyError(f"{POLICY_PATH}: {repeated}")
     if data is None:
         return Policy()
     if not isinstance(data, dict):

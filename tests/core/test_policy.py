@@ -85,6 +85,13 @@ def test_a_value_of_another_type_is_refused_not_converted(text: str, message: st
         parse_policy(text + "\n")
 
 
+def test_a_key_set_twice_is_refused_naming_both_lines() -> None:
+    # YAML keeps the last in silence: `cooldown_hours: 24` then `cooldown_hours: 1` further down.
+    with pytest.raises(PolicyError, match=r"cooldown_hours is set twice \(lines 1 and 3\)"):
+        parse_policy("cooldown_hours: 24\nidle_days: 3\ncooldown_hours: 1\n")
+    assert parse_policy("cooldown_hours: 24\ncooldown_hours: 1\n", stored=True).cooldown_hours == 1  # kept as stored
+
+
 def test_yaml_own_truth_words_are_truth_values() -> None:
     assert parse_policy("enabled: no\ndashboard: off\n").model_dump(include={"enabled", "dashboard"}) == {
         "enabled": False, "dashboard": False}

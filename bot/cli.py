@@ -532,6 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.command == "serve" and args.scenario is not None and not args.sandbox:
+            # Served against real GitHub, the file would be ignored with no word.
+            parser.error("serve: --scenario plays a scenario in the sandbox: add --sandbox")
     except SystemExit as exc:  # argparse already printed the reason
         return 2 if exc.code else 0
     try:

@@ -501,3 +501,9 @@ def test_a_private_key_that_is_not_rsa_is_refused_at_start_up_naming_the_variabl
     monkeypatch.delenv("KLAUD_PRIVATE_KEY", raising=False)
     assert main(["doctor"]) == 2
     assert one_line(capsys.readouterr().err).startswith("klaud: KLAUD_PRIVATE_KEY_FILE: ")
+
+
+def test_serve_with_a_scenario_but_without_the_sandbox_is_refused(capsys):
+    # Served against real GitHub, the scenario was ignored with no word.
+    assert main(["serve", "--scenario", "x.json"]) == 2
+    assert "--scenario plays a scenario in the sandbox: add --sandbox" in capsys.readouterr().err

@@ -199,7 +199,7 @@ def parse_commands(body: str) -> list[Command]:
         # A line without `>` ends a quote and a block fenced in it (no lazy continuation); a
         # line left of a list item's content ends the item and a block fenced in it.
         if fence is not None and (quoted or not fence_quoted) and not _leaves_item(line, fence_column):
-            if _closes_fence((text if fence_quoted else line)[fence_column:], fence):
+            if closes_fence((text if fence_quoted else line)[fence_column:], fence):
                 fence = None
             continue
         fence = None
@@ -207,7 +207,7 @@ def parse_commands(body: str) -> list[Command]:
             paragraph_open = quoted_paragraph = False
             continue
         if quoted:
-            fence, fence_quoted = _fence_opened(text), True
+            fence, fence_quoted = fence_opened(text), True
             paragraph_open = quoted_paragraph = fence is None and _is_paragraph_text(text)
             continue
         if quoted_paragraph and not _interrupts_paragraph(line):
@@ -224,7 +224,7 @@ def parse_commands(body: str) -> list[Command]:
         # A fence may open a list item too (`- ```…`): its lines are code as far as the
         # item goes, to the left edge of its content.
         marker = _LIST_MARKER_RE.match(line)
-        fence, fence_quoted = _fence_opened(line[marker.end():] if marker else line), False
+        fence, fence_quoted = fence_opened(line[marker.end():] if marker else line), False
         fence_column = marker.end() if marker and fence else 0
         if fence is not None:
             paragraph_open = False
@@ -274,12 +274,12 @@ def _is_paragraph_text(text: str) -> bool:
 
 def _interrupts_paragraph(line: str) -> bool:
     return bool(
-        _HEADING_OR_BREAK_RE.match(line) or _LIST_ITEM_RE.match(line) or _fence_opened(line)
+        _HEADING_OR_BREAK_RE.match(line) or _LIST_ITEM_RE.match(line) or fence_opened(line)
         or _HTML_COMMENT_RE.match(line)
     )
 
 
-def _fence_opened(line: str) -> str | None:
+def fence_opened(line: str) -> str | None:
     """The fence `line` opens, if it opens one. CommonMark: a backtick fence's info string
     cannot hold a backtick (the line is inline code then), a tilde fence's can."""
     opening = _FENCE_OPEN_RE.match(line)
@@ -288,7 +288,7 @@ def _fence_opened(line: str) -> str | None:
     return opening["fence"]
 
 
-def _closes_fence(line: str, fence: str) -> bool:
+def closes_fence(line: str, fence: str) -> bool:
     stripped = line.rstrip()
     indent = len(stripped) - len(stripped.lstrip(" "))
     marker = stripped.lstrip(" ")
@@ -624,7 +624,7 @@ def render_hold(hold: Hold) -> str:
 def render_unhold(family: str, previous_hold: Hold | None, by: str) -> str:
     if previous_hold is None:
         return _answer(f"{code_span(family)} was not held: nothing to release.")
-    return _answer(f"Released {code_span(family)} (requested by {_person(by)}); "
+    return _answer(f"Released {code_span(family)} (requested by {person(by)}); "
         f"it was held {describe_hold(previous_hold)}.",
         "",
         "The next wave considers it again.",
@@ -729,7 +729,7 @@ def _overlaps_inline(overlaps: Sequence[Overlap]) -> str:
 
 def describe_hold(hold: Hold) -> str:
     reason = code_span(hold.reason) if hold.reason.strip() else "no reason given"
-    return f"by {_person(hold.by)} since {human_time(hold.at)}: {reason}"
+    return f"by {person(hold.by)} since {human_time(hold.at)}: {reason}"
 
 
 def _next_wave(at: datetime | None) -> str:
@@ -754,9 +754,9 @@ def with_until(reason: str, until: datetime | None) -> str:
     return f"{reason} (until {human_time(until)})"
 
 
-def _person(login: str) -> str:
+def person(login: str) -> str:
     # Bold, not @login: Klaud never notifies people (domain §6.1).
-    return f"**{login}**"
+    return f"**{' '.join(login.split())}**"
 
 
 def code_span(text: str) -> str:

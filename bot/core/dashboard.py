@@ -20,7 +20,16 @@ from datetime import datetime
 from typing import Any, Literal
 
 from bot.core.catalog import config_problems
-from bot.core.commands import MAX_TEXT, code_span, describe_hold, table_cell, with_until
+from bot.core.commands import (
+    MAX_TEXT,
+    closes_fence,
+    code_span,
+    describe_hold,
+    fence_opened,
+    person,
+    table_cell,
+    with_until,
+)
 from bot.core.cooldown import human_time
 from bot.core.domain import (
     CANDIDATE_RE,
@@ -62,6 +71,7 @@ _BOX_RE = re.compile(
 )
 
 BoxVerb = Literal["retry", "unhold"]
+_LOGIN_RE = re.compile(r"[A-Za-z0-9-]+(?:\[bot\])?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +153,7 @@ def _cooling_section(view: DashboardView) -> list[str]:
     for family, reason, until in ordered[:BOXES_SHOWN]:
         if (approval := approved.get(family.candidate)) is not None:
             # The box was ticked (or `/klaud retry` said) since the wave: no box to tick again.
-            lines.append(f"- retry {code_span(family.id)}: approved by @{approval.by} "
+            lines.append(f"- retry {code_span(family.id)}: approved by {person(approval.by)} "
                          f"{human_time(approval.at)}; the next wave may pick it")
         else:
             lines.append(f"- [ ] retry {code_span(family.id)}: {with_until(reason, until)}")
@@ -274,7 +284,10 @@ def _retry(item: dict[str, Any]) -> RetryApproval | None:
 
 
 def _login(value: Any) -> str:
-    return str(value)[:MAX_LOGIN]
+    # Anyone who may edit the issue writes the marker: a "login" holding a line break
+    # rendered a ticked box of its own into Klaud's next render, which acted when carried.
+    login = str(value)[:MAX_LOGIN]
+    return login if _LOGIN_RE.fullmatch(login) else "someone"
 
 
 def _time(value: Any) -> datetime:
@@ -295,10 +308,28 @@ def ticked(before: str, after: str) -> list[tuple[BoxVerb, str]]:
 
 def _ticked_boxes(body: str) -> list[tuple[BoxVerb, str]]:
     boxes: list[tuple[BoxVerb, str]] = []
-    for match in _BOX_RE.finditer(body):
+    for match in _BOX_RE.finditer(_shown(body)):
         if match["mark"] != " ":
             boxes.append(("retry" if match["verb"] == "retry" else "unhold", _span_text(match["family"])))
     return boxes
+
+
+def _shown(body: str) -> str:
+    """`body` without what GitHub shows no checkbox in: fenced code and HTML comments (a box
+    written there by whoever may edit the issue, to show one, is no tick)."""
+    kept: list[str] = []
+    fence: str | None = None
+    comment = False
+    for line in body.split("\n"):
+        if comment:
+            comment = "-->" not in line
+        elif fence is not None:
+            fence = None if closes_fence(line, fence) else fence
+        elif (fence := fence_opened(line)) is None:
+            start = line.find("<!--")
+            comment = start >= 0 and "-->" not in line[start + 2:]
+            kept.append(line[:start] if comment else line)
+    return "\n".join(kept)
 
 
 def _span_text(inside: str) -> str:

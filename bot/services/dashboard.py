@@ -120,7 +120,7 @@ class DashboardKeeper:
         return DashboardView(
             repo=state.name,
             wave=wave,
-            blocked=state.blocked(),
+            blocked=state.blocked_now(self.clock.now()),
             cooling=cooling,
             holds=list(state.holds.values()),
             retries=list(state.retries.values()),
@@ -176,7 +176,9 @@ class DashboardKeeper:
         if not fresh and not carried:
             return 0
         api, person = self.live.api(state), event.sender.login or ""
-        acted = await self._act_on(state, api, fresh, person, None)
+        # Ticked on the last render, as every box is: about what it showed (a hold placed
+        # since, which it did not show, is not released by the box of an earlier one).
+        acted = await self._act_on(state, api, fresh, person, self._rendered_at(state))
         if carried:
             # Ticked by whoever edited since the render, not necessarily this editor.
             acted += await self._act_late(state, api, carried, person, await api.edited_issue(event.issue.number))
@@ -210,6 +212,12 @@ class DashboardKeeper:
             log.info("dashboard.late_boxes_refused", repo=state.name, boxes=len(boxes), why="editors unknown")
             return 0
         people = [login for login in editors if not self.live.is_bot(login)]
+        if not people:
+            # Nobody edited since the last render: these boxes were ticked before it, and it
+            # looked at them then (`_lost_ticks`). Acted as this editor's now, a reader's
+            # tick carried by a writer's late webhook acted as the writer's.
+            log.info("dashboard.late_boxes_refused", repo=state.name, boxes=len(boxes), why="ticked before the render")
+            return 0
         allowed = []
         for verb, family in boxes:
             if all([await self.permissions.allows(api, state, login, verb) for login in people]):

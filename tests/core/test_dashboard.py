@@ -269,8 +269,32 @@ def test_a_retry_approved_since_the_wave_shows_without_a_box_to_tick_again() -> 
     # down, as if the tick had done nothing, until the next wave.
     approved = RetryApproval(B.candidate, "bob", NOW + timedelta(minutes=5))
     body = render_dashboard(view(retries=[approved]))
-    assert f"- retry `{B.id}`: approved by @bob 2026-11-30 08:05 UTC; the next wave may pick it" in body
+    assert f"- retry `{B.id}`: approved by **bob** 2026-11-30 08:05 UTC; the next wave may pick it" in body
     assert f"- [ ] retry `{B.id}`" not in body
     # Approved before the wave that still found it cooling down (a later failure): a box again.
     weighed = RetryApproval(B.candidate, "bob", NOW - timedelta(minutes=5))
     assert f"- [ ] retry `{B.id}`: cooling down until" in render_dashboard(view(retries=[weighed]))
+
+
+def test_an_approved_retry_names_its_approver_without_mentioning_them() -> None:
+    body = render_dashboard(view(retries=[RetryApproval(B.candidate, "bob", NOW + timedelta(minutes=5))]))
+    assert "approved by" in body
+    assert "@bob" not in body  # Klaud never notifies people: `**bob**`, as holds are shown
+
+
+def test_a_login_read_from_a_marker_cannot_put_a_ticked_box_into_klauds_own_render() -> None:
+    at = "2026-11-30T07:00:00Z"
+    document = {"holds": [{"family": C.id, "by": f"x\n- [x] retry `{B.id}`", "reason": "w", "at": at}], "retries": []}
+    marker = f"<!-- klaud-dashboard:v1:{base64.urlsafe_b64encode(json.dumps(document).encode()).decode()} -->"
+    remembered = parse_marker(marker)
+    assert remembered is not None
+    body = render_dashboard(view(holds=list(remembered.holds), retries=[]))
+    # Klaud renders every box unticked: a ticked one in its own render is read as a person's.
+    assert ticked("", body) == []
+
+
+def test_a_box_inside_a_code_block_or_html_comment_is_not_a_tick() -> None:
+    body = render_dashboard(view())
+    quoted = body.replace("## Held", f"```\n- [x] retry `{B.id}`\n```\n\n<!--\n- [x] unhold `{C.id}`\n-->\n\n## Held")
+    # GitHub shows neither as a checkbox: nobody ticked anything.
+    assert ticked(body, quoted) == []

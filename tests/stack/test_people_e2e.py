@@ -454,3 +454,15 @@ async def test_resume_while_the_policy_turns_dispatch_off_says_so(tmp_path):
         assert "Not resumed: dispatch is off by the policy" in reply and plan.blocked.reason in reply, reply
         assert "`enabled` in `.github/klaud.yml`" in reply, reply
         assert not run.klaud.live.repo("acme/bench").canary_armed
+
+
+async def test_a_check_run_shows_the_block_the_plan_and_state_document_give_for_enabled_false(tmp_path):
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await run.act({"action": "push_default", "repo": "acme/bench", "files": {".github/klaud.yml": "enabled: false\n"}})
+        await run.settle()
+        plan = await run.klaud.waves.preview("acme/bench")
+        assert plan.blocked is not None and plan.blocked.code == "dispatch-paused"
+        assert run.state()["blocked"]["code"] == "dispatch-paused"
+        [check] = checks(run)
+        # DESIGN §4: the pause shows on /plan, the state document, every Klaud check run ...
+        assert "dispatch paused" in check["output"]["title"], check["output"]["title"]

@@ -51,6 +51,7 @@ from bot.web.body import MAX_BODY
 from bot.web.envelope import UnreadableBody, envelope_of
 from bot.web.events import KLAUD_EVENTS
 from bot.web.server import bind
+from bot.web.webhook import HEADER_TOKEN
 
 log = structlog.get_logger("klaud.cli")
 
@@ -452,6 +453,9 @@ async def _config(settings: Settings, args: argparse.Namespace) -> int:
 async def _receive(settings: Settings, args: argparse.Namespace) -> int:
     if args.event not in KLAUD_EVENTS:
         raise UsageError(f"--event: unknown event name {args.event!r} (known: {', '.join(sorted(KLAUD_EVENTS))})")
+    if args.delivery is not None and not HEADER_TOKEN.fullmatch(args.delivery):
+        # The id the webhook's X-GitHub-Delivery may hold, and that the admin API looks up.
+        raise UsageError("--delivery: 1-200 printable ASCII characters without spaces")
     try:
         # The webhook's own checks: a payload it would refuse is refused here in one line.
         body = _read_at_most(args.payload, MAX_BODY, "--payload")

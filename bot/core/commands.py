@@ -190,6 +190,8 @@ def parse_commands(body: str) -> list[Command]:
     for number, raw in enumerate(lines, start=1):
         line = raw.expandtabs(4)
         if number <= hidden_until:
+            if number == hidden_until and _opens_a_comment(line[line.index("-->") + 3:]):
+                hidden_until = _comment_end(lines, number)  # `--> and <!-- another`
             continue
         if html_comment:
             html_comment = "-->" not in line

@@ -157,7 +157,10 @@ def _runner_hint(problem: str, runners_file: str) -> str:
 # answers that are not a feed document.
 _FEED_HINTS = {
     "capacity-feed-not-configured": "set KLAUD_CAPACITY_URL and KLAUD_CAPACITY_TOKEN to the cluster status feed",
-    "capacity-token-invalid": "the feed refused KLAUD_CAPACITY_TOKEN: set the feed's current token",
+    "capacity-token-invalid": "KLAUD_CAPACITY_TOKEN holds a character no request can carry: set it again",
+    "http-401": "the feed refused KLAUD_CAPACITY_TOKEN: set the feed's current token",
+    "http-403": "the feed refused KLAUD_CAPACITY_TOKEN: set a token the feed accepts",
+    "http-404": "nothing at KLAUD_CAPACITY_URL: check the URL",
     "network-error": "the feed at KLAUD_CAPACITY_URL did not answer from this host: check the URL and the network",
     "feed-unavailable": "the feed says its data is unavailable: check the cluster status service",
     "stale-feed": "the feed's generatedAt is over two minutes from this host's clock: check the job that writes"
@@ -168,7 +171,12 @@ _NOT_A_FEED_HINT = ("KLAUD_CAPACITY_URL answers with something other than a clus
                     " (the feed's own, not a page about it)")
 
 
+_FEED_FAILING_HINT = "the feed's server is failing or busy: check the cluster status service, then read it again"
+
+
 def _feed_hint(error: str) -> str:
+    if error in ("http-408", "http-429") or (error.startswith("http-5") and len(error) == 8):
+        return _FEED_FAILING_HINT
     return _FEED_HINTS.get(error, _NOT_A_FEED_HINT)
 
 

@@ -215,7 +215,7 @@ class Family:
     key_quoted: bool = False  # its key line writes the key in quotes (`"key":`)
     # How deep its block indents its own keys (the column of its `image:`): a patch hunk
     # that starts inside the block does not show the key line it could be read from.
-    child_indent: int = 2
+    child_indent: int | None = None  # None: stored before it was recorded
 
     @property
     def normalized_image(self) -> str:

@@ -219,7 +219,7 @@ def touched_keys(
 
 def family_indents(families: Iterable[Family]) -> dict[str, int]:
     """The `known_keys` of `file_change_from_patch`: each family's key and child indentation."""
-    return {family.key: family.child_indent for family in families}
+    return {family.key: family.child_indent for family in families if family.child_indent is not None}
 
 
 def hunk_headers_name(families: Iterable[Family]) -> bool:

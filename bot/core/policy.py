@@ -170,18 +170,20 @@ class PolicyError(ValueError):
     """`.github/klaud.yml` is unreadable or invalid; the message says where and why."""
 
 
-def _repeated_key(root: yaml.Node | None) -> str | None:
-    """Which top-level key the file sets twice, if any: YAML keeps the last in silence, and
-    which of the two a person meant is theirs to say."""
-    if not isinstance(root, yaml.MappingNode):
+def _repeated_key(node: yaml.Node | None, path: str = "") -> str | None:
+    """Which key the file sets twice in one mapping, if any: YAML keeps the last in silence,
+    and which of the two a person meant is theirs to say."""
+    if not isinstance(node, yaml.MappingNode):
         return None
     seen: dict[object, int] = {}
-    for key, _ in root.value:
+    for key, value in node.value:
         if isinstance(key, yaml.ScalarNode):
             line = key.start_mark.line + 1
             if key.value in seen:
-                return f"{key.value} is set twice (lines {seen[key.value]} and {line})"
+                return f"{path}{key.value} is set twice (lines {seen[key.value]} and {line})"
             seen[key.value] = line
+            if (nested := _repeated_key(value, f"{path}{key.value}.")) is not None:
+                return nested
     return None
 
 

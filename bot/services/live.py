@@ -33,6 +33,14 @@ log = structlog.get_logger("klaud.live")
 
 # Earlier names of renamed repositories remembered, for the events still named by them.
 FORMER_NAMES = 1024
+def spellings(names: list[str]) -> dict[str, list[str]]:
+    """Stored repository names by their lowercase, each one's spellings in a fixed order."""
+    found: dict[str, list[str]] = {}
+    for name in sorted(names):
+        found.setdefault(name.lower(), []).append(name)
+    return found
+
+
 _NO_RECORD = object()  # a repository record absent (or unreadable, reported as it was read)
 
 # Called with the repository, the families whose state changed and the pull requests that
@@ -191,21 +199,24 @@ class LiveState:
 
     async def load(self) -> None:
         """Rebuild every repository's in-memory state from the store (no GitHub call)."""
-        spellings: dict[str, list[str]] = {}
-        for name in sorted(await self.store.repos()):
-            spellings.setdefault(name.lower(), []).append(name)
-        for names in spellings.values():
-            # Several: stored before names were case-insensitive. One state each would plan
-            # waves, so the last readable (in a fixed order, the same on both engines) is
-            # kept; the others' records stay in the store, untouched, for a person to merge.
-            kept = None
-            for name in reversed(names):
-                if await self.load_repo(name) is not None:
-                    kept = name
-                    break
-            if len(names) > 1:
-                log.warning("live.repository_spelled_twice", kept=kept, left=[n for n in names if n != kept])
+        for names in spellings(await self.store.repos()).values():
+            await self.load_spellings(names)
         log.info("live.loaded", repositories=len(self.repos))
+
+    async def load_spellings(self, names: list[str]) -> RepoState | None:
+        """Rebuild a repository's state from the store, given every spelling it is stored
+        under (`spellings`). Several: stored before names were case-insensitive. One state
+        each would plan waves, so the last readable is kept (in a fixed order, the same on
+        both engines and every replica); the others' records stay in the store, untouched,
+        for a person to merge."""
+        kept = None
+        for name in reversed(names):
+            if (kept := await self.load_repo(name)) is not None:
+                break
+        if len(names) > 1:
+            left = [name for name in names if kept is None or name != kept.name]
+            log.warning("live.repository_spelled_twice", kept=kept.name if kept else None, left=left)
+        return kept
 
     async def load_repo(self, name: str) -> RepoState | None:
         """Rebuild one repository's state from the store; None when the store has none."""

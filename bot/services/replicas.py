@@ -29,7 +29,7 @@ from typing import Protocol
 
 import structlog
 
-from bot.services.live import LiveState
+from bot.services.live import LiveState, spellings
 from bot.services.repo_state import RepoState
 from bot.store.deliveries import DeliveryStore
 from bot.store.errors import LeaseTaken, StoreError
@@ -204,14 +204,14 @@ class Replicas:
         self.live_replicas = max(1, sum(1 for name in holders if name.startswith("replica:")))
         # The repositories there is something to keep: state in the store, or deliveries.
         # Records are keyed by the name as GitHub spelled it, leases by its lowercase.
-        stored = {name.lower(): name for name in await self.live.store.repos()}
+        stored = spellings(await self.live.store.repos())
         universe = set(stored) | await self.deliveries.waiting_repos()
         await self._give_up(sorted(repo for repo in self._repos - universe if self._idle(repo)), "nothing to keep")
         share = math.ceil(len(universe) / self.live_replicas)
         free = [repo for repo in universe if repo not in self._repos and repo_lease(repo) not in holders]
         wanted = max(0, share - len(self._repos)) if self._taking else 0
         for repo in sorted(free, key=self._spread)[:wanted]:
-            await self._take(repo, stored.get(repo, repo))
+            await self._take(repo, stored.get(repo, [repo]))
         idle = sorted((repo for repo in self._repos if self._idle(repo)), key=self._spread, reverse=True)
         await self._give_up(idle[: max(0, len(self._repos) - share)], f"above the share of {share}")
         await self._installations_lease(holders)
@@ -228,7 +228,7 @@ class Replicas:
             log.warning("replica.lease_lost", lease=INSTALLATIONS, owner=self.owner)
             self._lose_the_lead()
 
-    async def _take(self, repo: str, stored_name: str) -> None:
+    async def _take(self, repo: str, stored_names: list[str]) -> None:
         try:
             taken = await self.leases.acquire(repo_lease(repo), self.owner, self.lease_seconds)
         except StoreError as exc:
@@ -242,7 +242,7 @@ class Replicas:
         try:
             await self._take_back_claims(repo)
             async with self.live.lock(repo):
-                state = self.live.repo(repo) or await self.live.load_repo(stored_name)
+                state = self.live.repo(repo) or await self.live.load_spellings(stored_names)
         except LeaseTaken:
             # This replica stalled past the lease it had just taken, and another took the
             # repository meanwhile: that one keeps it, its claims untouched.

@@ -544,6 +544,8 @@ class Inbox:
             loop = asyncio.get_running_loop()
             held_since = loop.time()
             for delivery in batch:
+                if ends and key in self._released:
+                    break  # its lease went meanwhile: the rest are the next owner's to run
                 ended = await self._run_one(delivery, ends[-1].commit if ends else None)
                 ends.append(ended)
                 if ended.status == "queued":  # waits for its retry at the head of the queue

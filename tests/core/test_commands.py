@@ -693,3 +693,13 @@ def test_a_family_key_then_a_reason_after_a_unicode_space_holds_that_family_not_
 ])
 def test_an_html_comment_opener_that_opens_no_comment_hides_nothing(body: str) -> None:
     assert [c.verb for c in parse_commands(body)] == ["hold"]
+
+
+@pytest.mark.parametrize("body", [
+    # The line closing one mid-paragraph comment opens another: GitHub hides line 4 too.
+    "Thanks <!-- one\nx\n--> and <!-- two\n/klaud hold a\n-->\n/klaud status",
+    # A mid-paragraph comment opened on a line that continues an earlier hidden span.
+    "ok <!--\n--> <!--\n/klaud retry\n-->\n/klaud status",
+])
+def test_a_comment_opened_on_the_line_that_closes_another_hides_its_lines_too(body: str) -> None:
+    assert [c.verb for c in parse_commands(body)] == ["status"]

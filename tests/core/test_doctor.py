@@ -98,7 +98,10 @@ def test_the_capacity_feed_must_report_every_target_cluster() -> None:
 
 @pytest.mark.parametrize(("error", "hint"), [
     ("capacity-feed-not-configured", "set KLAUD_CAPACITY_URL and KLAUD_CAPACITY_TOKEN"),
-    ("capacity-token-invalid", "refused KLAUD_CAPACITY_TOKEN"),
+    ("http-401", "refused KLAUD_CAPACITY_TOKEN"),
+    ("capacity-token-invalid", "no request can carry"),
+    ("http-503", "failing or busy"),
+    ("http-429", "failing or busy"),
     ("stale-feed", "this host's clock"),
     ("invalid-json", "something other than a cluster status feed"),
 ])

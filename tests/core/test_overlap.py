@@ -34,6 +34,7 @@ from bot.core.overlap import (
     touched_keys,
 )
 from bot.sandbox.gitdiff import unified_diff
+from bot.store.codec import ADAPTERS
 from tests.builders import family
 
 NOW = datetime(2026, 8, 21, 12, 0, tzinfo=UTC)
@@ -961,3 +962,27 @@ def test_a_long_path_is_looked_up_only_at_the_lengths_of_the_family_files_prefix
     path = "benchmarks/" + "x/" * 2000 + "dsv4_fp4_b200_vllm.sh"
     lookups.families_for(path)
     assert 0 < len(asked) <= len({len(prefix) for prefix in lookups._by_prefix})
+
+
+def _block(key: str, image: str, pad: int) -> str:
+    return (f"{key}:\n    image: {image}\n    model: x\n    runner: h100\n    precision: fp8\n"
+            f"    framework: vllm\n" + "".join(f"    k{i}: v\n" for i in range(pad)))
+
+
+FOUR = _block("fam-a", "a:1", 10) + _block("fam-b", "b:1", 0).replace("    image: b:1\n", "") + "    image: b:1\n    tp: 8\n"
+
+
+def test_a_family_stored_before_child_indent_does_not_override_what_the_patch_shows() -> None:
+    # A family record written before this version has no child_indent (it reads as 2):
+    # the patch's first hunk shows this file indents by 4, as the reader learned before.
+    fresh = read_master(NV, FOUR, None).families
+    assert [f.child_indent for f in fresh] == [4, 4]
+    stored = []
+    for fam in fresh:
+        raw = ADAPTERS["family"].dump_python(fam, mode="json")
+        raw.pop("child_indent")
+        stored.append(ADAPTERS["family"].validate_python(raw))
+    patch = ("@@ -1,3 +1,3 @@\n fam-a:\n-    image: a:1\n+    image: a:2\n     model: x\n"
+             "@@ -20,3 +20,3 @@ fam-b:\n     framework: vllm\n-    image: b:1\n+    image: b:2\n     tp: 8\n")
+    change = file_change_from_patch(NV, patch, known_keys=family_indents(stored))
+    assert change.keys == {"fam-a": "image", "fam-b": "image"}

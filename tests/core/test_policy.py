@@ -145,3 +145,10 @@ def test_a_placeholder_inside_a_character_class_is_refused() -> None:
     with pytest.raises(PolicyError, match=r"placeholder inside \[\.\.\.\] is not allowed"):
         parse_policy("family_files: ['benchmarks/[a-{precision}]*/**']\n")
     assert parse_policy("family_files: ['benchmarks/[a-z]*/{precision}/**']\n")
+
+
+def test_an_input_set_twice_in_candidate_inputs_is_refused_like_a_top_level_key() -> None:
+    # "a key set twice in .github/klaud.yml is refused, naming both lines": YAML keeps the
+    # last `candidate:` in silence here too, and the workflow gets an input nobody meant.
+    with pytest.raises(PolicyError, match="set twice"):
+        parse_policy("candidate_inputs:\n  candidate: cand\n  family: fam\n  candidate: other\n")

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from bot.core.capacity import evaluate_feed
 from bot.core.clock import ManualClock
+from bot.core.doctor import capacity_check
 from bot.services import capacity_feed
 from bot.services.capacity_feed import CLOSED_RECHECK, MAX_BODY_BYTES, CapacityFeed
 from tests.core.test_capacity import NOW, cluster, feed
@@ -459,3 +460,16 @@ async def test_a_gzip_bomb_is_refused_without_inflating_it_in_memory(server, ses
     assert reading.error == "response-too-large"
     # Bounded, the inflation peaks near 2 x 16 MiB (the output buffer and its copy); whole, near 2 x 64 MiB.
     assert peak < 3 * MAX_BODY_BYTES, f"peak {peak / 2**20:.0f} MiB while refusing a bomb"
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_feed_that_refuses_the_token_is_told_to_fix_the_token(server, session, clock, status) -> None:
+    # A refusal arrives as http-401/403 (capacity-token-invalid is only a token that cannot
+    # be sent), whose hint said "something other than a cluster status feed: check the URL".
+    async def refusing(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"message": "Bad credentials"}, status=status)
+
+    server.handler = refusing
+    reading = await CapacityFeed(session, server.url, "old-token", clock).read()
+    check = capacity_check(reading, [])
+    assert "KLAUD_CAPACITY_TOKEN" in check.hint, (reading.error, check.hint)

@@ -779,14 +779,16 @@ async def test_a_stalled_replicas_take_back_leaves_the_new_owners_claims_alone(n
         refused = exc
     assert refused is None, f"the owner's commit was refused: {refused}"
 
-async def test_an_old_leader_runs_no_installation_event_after_losing_the_lead(nodes, database):
+@pytest.mark.parametrize("batch_size", [1, 32])
+async def test_an_old_leader_runs_no_installation_event_after_losing_the_lead(nodes, database, batch_size):
     # A repository's queue was dropped when its lease was lost; the installations' queue
-    # never was: both leaders ran the same installation events, in either order.
+    # never was: both leaders ran the same installation events, in either order. With i2 in
+    # i1's batch (32), the batch went on to run it after the lead was lost.
     stores = await open_stores(database)
     gate = Gate(held={"i1"})
     inbox = None
     try:
-        inbox = Inbox(stores.deliveries, gate, claim_every=0.01, batch_size=1)
+        inbox = Inbox(stores.deliveries, gate, claim_every=0.01, batch_size=batch_size)
         live = LiveState(stores.state, None, ManualClock(datetime(2026, 12, 1, tzinfo=UTC)), ())
         a = Replicas(stores.leases, stores.deliveries, live, busy=inbox.busy, release=inbox.release, owner="a")
         inbox.ownership = a
@@ -817,3 +819,18 @@ async def test_an_old_leader_runs_no_installation_event_after_losing_the_lead(no
         if inbox is not None:
             await inbox.stop()
         await stores.close()
+
+
+async def test_a_replica_taking_a_repository_stored_twice_falls_back_to_the_readable_spelling(nodes):
+    # LiveState.load keeps the last *readable* spelling (here ACME/Bench: acme/bench lacks
+    # `installation`); a replica's takeover loads only the spelling its name map kept last,
+    # finds it unreadable, and owns the repository with no state (its holds, claims lost).
+    one, replica = await nodes("one"), await nodes("replica")
+    change = Change().put("", "repo", "acme/bench", {"wave": 5})
+    await one.stores.state.apply(change.put("", "repo", "ACME/Bench", {"installation": 7, "wave": 1}))
+    await one.live.load()
+    assert one.live.repo("acme/bench").name == "ACME/Bench"  # what one process keeps
+    await replica.replicas.round()
+    assert replica.replicas.owns("acme/bench")
+    state = replica.live.repo("acme/bench")
+    assert state is not None and state.name == "ACME/Bench"

@@ -507,3 +507,13 @@ def test_serve_with_a_scenario_but_without_the_sandbox_is_refused(capsys):
     # Served against real GitHub, the scenario was ignored with no word.
     assert main(["serve", "--scenario", "x.json"]) == 2
     assert "--scenario plays a scenario in the sandbox: add --sandbox" in capsys.readouterr().err
+
+
+def test_receive_refuses_a_delivery_id_the_webhook_would_refuse(tmp_path, capsys, monkeypatch):
+    # Stored under it, the delivery was one the admin API cannot look up (it answers 404 to
+    # ids no webhook could have stored), while `receive` told the person to follow it there.
+    monkeypatch.setenv("KLAUD_DB", f"sqlite:///{tmp_path / 'klaud.db'}")
+    payload = tmp_path / "ping.json"
+    payload.write_text("{}")
+    assert main(["receive", "--event", "ping", "--payload", str(payload), "--delivery", "rerun of 12"]) == 2
+    assert one_line(capsys.readouterr().err) == "klaud: --delivery: 1-200 printable ASCII characters without spaces"

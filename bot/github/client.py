@@ -28,6 +28,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from functools import partial
+from http import HTTPStatus
 from operator import itemgetter
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlencode, urljoin, urlsplit
@@ -85,6 +86,7 @@ def changes_state(method: str, url: str) -> bool:
     """
     return method in WRITE_METHODS and not urlsplit(url).path.endswith("/graphql")
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
+KNOWN_STATUSES = frozenset(status.value for status in HTTPStatus)
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 # GitHub rejects a JWT whose `iat` lies in its future; backdating absorbs clock drift.
 JWT_BACKDATE = 60
@@ -160,6 +162,23 @@ def _github_errors(clock: Clock) -> Iterator[None]:
 # ------------------------------------------------------------------ pure decisions
 
 
+def _unlisted_status(method: str, url: str, response: _Response) -> GitHubError:
+    message = _message_of(response.body) or f"answered {response.status}"
+    if response.status >= 500:
+        return Unavailable(response.status, message, maybe_applied=changes_state(method, url))
+    return BadRequest(response.status, message)
+
+
+def _readable_json(response: _Response) -> bool:
+    if not response.headers.get("content-type", "").startswith("application/json") or not response.body:
+        return True
+    try:
+        json.loads(response.body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return True
+
+
 def backoff_delay(attempt: int, *, base: float = 1.0, cap: float = MAX_BACKOFF) -> float:
     """Exponential backoff with jitter: half the ceiling fixed, half random.
 
@@ -189,11 +208,25 @@ def rate_limit_wait(
     retry_after = headers.get("retry-after")
     if retry_after is not None:
         return _retry_after_seconds(retry_after, now=now)
-    reset = _seconds(headers.get("x-ratelimit-reset"))
-    if headers.get("x-ratelimit-remaining") == "0" and reset is not None:
+    reset_in = _reset_in(headers, now=now)
+    if headers.get("x-ratelimit-remaining") == "0" and reset_in is not None:
         # At least a second, so a reset that our clock already passed does not spin.
-        return _believable(max(reset - now, 1.0))
+        return _believable(max(reset_in, 1.0))
     return min(SECONDARY_RATE_LIMIT_WAIT * 2 ** min(attempt - 1, 8), MAX_SECONDARY_WAIT)
+
+
+def _reset_in(headers: Mapping[str, str], *, now: float) -> float | None:
+    """Seconds until the quota resets, by GitHub's clock (its answer's Date) when it says:
+    `x-ratelimit-reset` is GitHub's time, and ours may run minutes apart from it (ahead,
+    the calls before the reset were each spent on a 403)."""
+    reset = _seconds(headers.get("x-ratelimit-reset"))
+    if reset is None:
+        return None
+    try:
+        github_now = parsedate_to_datetime(headers["date"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        github_now = now
+    return reset - github_now
 
 
 def _retry_after_seconds(value: str, *, now: float) -> float:
@@ -602,6 +635,15 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             return self._pretend(method, url, body)
         response = await self._exchange(method, url, headers, body, read=_read_all)
         _ANSWER_BYTES.set(len(response.body))
+        if response.status not in KNOWN_STATUSES:
+            # gidgethub reads the status as an http.HTTPStatus: a proxy's 520 raised a bare
+            # ValueError, neither transient nor "maybe applied".
+            raise _unlisted_status(method, url, response)
+        if 200 <= response.status < 300 and changes_state(method, url) and not _readable_json(response):
+            # Done, by its status: an answer cut short must not read as "not applied" (a
+            # dispatch that started a run, released and dispatched again).
+            raise Unavailable(response.status, "a write's answer that is not the JSON it says it is",
+                              maybe_applied=True)
         if response.status >= 400 and _budget_of(url) == "graphql":
             # gidgethub's GraphQL errors keep no headers: a 403 whose Retry-After alone says
             # it is a limit would be taken for a bad query. Classified here, with them.
@@ -668,7 +710,7 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
                 async with self._turn(method, url):
                     # Again: the gate may have closed while this call waited for its turn.
                     await gate.wait(deadline)
-                    await self._authorize(headers, url, rejected)
+                    await self._credentials_for(headers, url, rejected)
                     # Last: a write that waited (the gate, up to a minute; its turn; a retry)
                     # may no longer be this replica's to send by now.
                     await self._before_write(method, url)
@@ -730,6 +772,15 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise NotSent(f"{url}: not sent: {type(exc).__name__}: {exc}") from exc
 
+    async def _credentials_for(self, headers: dict[str, str], url: str, rejected: str | None) -> None:
+        try:
+            await self._authorize(headers, url, rejected)
+        except Unavailable as exc:
+            # Minting the token is a POST of its own, whose lost answer is "maybe applied":
+            # this request was not sent at all (a dispatch taken for a lost answer kept its
+            # claim until the claim keeper found no run).
+            raise Unavailable(exc.status, f"not sent, no installation token: {exc.message}") from exc
+
     async def _authorize(self, headers: dict[str, str], url: str, rejected: str | None) -> None:
         # The credential goes only to the API's own origin, never to a host a URL from a
         # response points at.
@@ -760,6 +811,12 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
                 allow_redirects=allow_redirects,
             ) as response:
                 outcome = str(response.status)
+                if response.method != method:
+                    # aiohttp follows a 301/302/303 answer to a write with a GET (307/308 keep
+                    # the method): the write was not made, and the GET's answer would be taken
+                    # for its result (a claim "made", a comment "posted").
+                    first = response.history[0].status if response.history else response.status
+                    raise BadRequest(first, f"{method} answered with a redirect to {response.url.path}: not made")
                 return await read(response)
         except TimeoutError:
             outcome = "timeout"
@@ -817,15 +874,16 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
         if remaining is None:
             return
         GITHUB_RATE_LIMIT_REMAINING.labels(installation=self._label).set(remaining)
-        reset = _seconds(headers.get("x-ratelimit-reset"))
-        if remaining == 0 and reset is not None:
+        now = self._clock.timestamp()
+        reset_in = _reset_in(headers, now=now)
+        if remaining == 0 and reset_in is not None:
             # The quota is spent: hold the installation's next calls instead of spending
             # one request each on a 403.
             budget = headers.get("x-ratelimit-resource") or _budget_of(url)
             # Only the budgets Klaud's calls wait on: a gate per name an answer gave was kept
             # for the life of the process, and never waited on.
             if budget in BUDGETS:
-                self._gates[budget].block_until(min(reset, self._clock.timestamp() + MAX_RATE_LIMIT_WAIT))
+                self._gates[budget].block_until(now + min(reset_in, MAX_RATE_LIMIT_WAIT))
 
     def _within_api(self, url: str) -> bool:
         """Whether `url` is one of the API's own (its origin, under its base path)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import datetime
+from email.utils import formatdate
 from typing import Any
 
 import aiohttp
@@ -111,12 +112,19 @@ class Sandbox:
         app.router.add_get("/_sandbox/capacity", self._capacity)
         app.router.add_get("/_sandbox/deliveries", self._deliveries)
         app.router.add_get("/_sandbox/blobs/{name}", self._blob)
+        app.on_response_prepare.append(self._dated)
         app.on_cleanup.append(self._cleanup)
 
     def create_app(self) -> web.Application:
         app = web.Application()
         self.add_routes(app)
         return app
+
+    async def _dated(self, request: web.Request, response: web.StreamResponse) -> None:
+        # GitHub's answers carry its time, and a quota's reset is read against it: here the
+        # sandbox's clock is GitHub's, not the machine's (which aiohttp would write).
+        if request.path.startswith(PREFIX + "/"):
+            response.headers["Date"] = formatdate(self.clock.now().timestamp(), usegmt=True)
 
     async def _cleanup(self, _app: web.Application) -> None:
         await self.close()

@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from email.utils import formatdate
 from functools import lru_cache
 from typing import Any
 
@@ -34,6 +35,7 @@ from bot.github.client import (
     BadRequest,
     Conflict,
     GitHubApp,
+    GitHubError,
     InstallationClient,
     NotFound,
     NotSent,
@@ -158,6 +160,8 @@ class Stub:
             handler = reply(200, {"path": request.path}, **{"x-ratelimit-remaining": "4999"})
         response = await handler(request)
         seen.status = response.status
+        # GitHub's time (the quota's reset is read against it), unless the answer set one.
+        response.headers.setdefault("Date", formatdate(self.clock.timestamp(), usegmt=True))
         return response
 
     async def mint(self, _request: web.Request) -> web.StreamResponse:
@@ -1342,3 +1346,64 @@ async def test_a_write_whose_cause_could_not_be_committed_is_not_sent_nor_taken_
     with pytest.raises(NotSent, match="not sent: TimeoutError") as refused:
         await getattr(inst, method)(path, data={})
     assert refused.value.transient and not stub.calls(method.upper(), path)
+
+
+DISPATCH_PATH = "/repos/acme/bench/actions/workflows/klaud-candidate.yml/dispatches"
+DISPATCH_BODY = {"ref": "main", "inputs": {}, "return_run_details": True}
+
+
+def raw(status, body, ctype="application/json"):
+    async def answer(_r):
+        return web.Response(status=status, body=body, headers={"content-type": ctype})
+    return answer
+
+
+async def test_a_2xx_write_with_a_broken_body_is_maybe_applied(inst: InstallationClient, stub: Stub) -> None:
+    stub.script("POST", DISPATCH_PATH, raw(200, b'{"workflow_run_id": 12'))  # run started, body cut
+    with pytest.raises(Unavailable) as caught:
+        await inst.post(DISPATCH_PATH, data=DISPATCH_BODY)
+    assert caught.value.maybe_applied
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_a_status_outside_httpstatus_is_a_github_error(inst: InstallationClient, stub: Stub, method) -> None:
+    stub.route(method, "/repos/acme/bench/issues", raw(520, b"<html>origin error</html>", "text/html"))
+    with pytest.raises(GitHubError):
+        if method == "GET":
+            await inst.getitem("/repos/acme/bench/issues")
+        else:
+            await inst.post("/repos/acme/bench/issues", data={"title": "t"})
+
+
+async def test_a_spent_quota_is_waited_for_by_githubs_clock(inst: InstallationClient, stub: Stub) -> None:
+    github_now = T0 - 600  # our clock 10 min ahead of GitHub's; quota resets in 5 min of its own
+    stub.route("GET", "/repos/acme/bench", reply(403, {"message": "API rate limit exceeded"}, **{
+        "x-ratelimit-remaining": "0", "x-ratelimit-reset": str(int(github_now + 300)),
+        "date": formatdate(github_now, usegmt=True)}))
+    with pytest.raises(RateLimited) as caught:
+        await inst.getitem("/repos/acme/bench")
+    assert len(stub.calls("GET", "/repos/acme/bench")) == 1  # today: 5 requests, 1 s apart
+    assert (caught.value.retry_after or 0) >= 250  # today: 1.0
+
+
+async def test_a_write_never_sent_for_want_of_a_token_is_not_maybe_applied(inst: InstallationClient, stub: Stub) -> None:
+    stub.route("POST", "/app/installations/7/access_tokens", disconnect)
+    with pytest.raises(Unavailable) as caught:
+        await inst.post(DISPATCH_PATH, data=DISPATCH_BODY)
+    assert stub.calls("POST", DISPATCH_PATH) == []
+    assert not caught.value.maybe_applied
+
+
+@pytest.mark.parametrize("status", [301, 302])
+async def test_a_redirected_write_does_not_become_a_read(inst: InstallationClient, stub: Stub, status) -> None:
+    comments = "/repos/acme/bench/issues/12/comments"
+
+    async def moved(request):
+        return web.Response(status=status, headers={"location": str(request.url)})
+    stub.route("POST", comments, moved)
+    stub.route("GET", comments, reply(200, []))
+    try:
+        answer = await inst.post(comments, data={"body": "hello"})
+    except GitHubError:
+        return
+    assert [s for s in stub.calls("POST", comments) if s.status < 300], f"{answer!r} taken for the new comment"

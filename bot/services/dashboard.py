@@ -176,9 +176,9 @@ class DashboardKeeper:
         if not fresh and not carried:
             return 0
         api, person = self.live.api(state), event.sender.login or ""
-        # Ticked on the last render, as every box is: about what it showed (a hold placed
-        # since, which it did not show, is not released by the box of an earlier one).
-        acted = await self._act_on(state, api, fresh, person, self._rendered_at(state))
+        # On time: as the command written now (a hold renewed since the render, which the
+        # box still shows held, is released as `/klaud unhold` now would).
+        acted = await self._act_on(state, api, fresh, person, None)
         if carried:
             # Ticked by whoever edited since the render, not necessarily this editor.
             acted += await self._act_late(state, api, carried, person, await api.edited_issue(event.issue.number))

@@ -512,12 +512,13 @@ class Catalog:
     def paths(self) -> list[str]:
         return sorted(self._by_path)
 
-    def date_unknown_images(self, dates: Mapping[str, datetime]) -> list[Family]:
-        """Give the families whose image age is unknown the dates found; returns them."""
+    def date_unknown_images(self, dates: Mapping[str, datetime], *, unknown_only: bool = True) -> list[Family]:
+        """Give the families whose image age is unknown (`unknown_only`; else any) the dates
+        found; returns them."""
         dated = []
         for family_id, when in dates.items():
             family = self._by_id.get(family_id)
-            if family is not None and family.image_changed_at is None:
+            if family is not None and (family.image_changed_at is None or not unknown_only):
                 family = replace(family, image_changed_at=when)
                 self._add(family)
                 dated.append(family)
@@ -541,18 +542,19 @@ class Catalog:
         previous = self._by_path.get(path, {})
         families = list(families)
         staying = {family.key for family in families}
-        left = {f.image: f.image_changed_at for f in previous.values() if f.key not in staying}
+        # By the image as Klaud knows it: `nvcr.io#x` respelled `nvcr.io/x` is the same image.
+        left = {f.normalized_image: f.image_changed_at for f in previous.values() if f.key not in staying}
         self.remove_file(path)
         changed: set[str] = set()
         for family in families:
             if family.path != path:
                 raise ValueError(f"family {family.id} does not belong to {path}")
             before = previous.get(family.key)
-            if before is not None and before.image == family.image:
+            if before is not None and before.normalized_image == family.normalized_image:
                 family = replace(family, image_changed_at=before.image_changed_at)
-            elif before is None and family.image in left:
+            elif before is None and family.normalized_image in left:
                 changed.add(family.id)
-                family = replace(family, image_changed_at=left[family.image])
+                family = replace(family, image_changed_at=left[family.normalized_image])
             else:
                 changed.add(family.id)
                 if changed_at is not None:

@@ -8,11 +8,13 @@ catalog is read at the default branch's head.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import structlog
 
 from bot.core.catalog import (
+    Catalog,
     CatalogError,
     Runners,
     image_dates,
@@ -20,7 +22,7 @@ from bot.core.catalog import (
     parse_runners,
     read_master,
 )
-from bot.core.domain import CLAIM_BRANCH_PREFIX, Claim, parse_time, stamp
+from bot.core.domain import CLAIM_BRANCH_PREFIX, Claim, Family, parse_time, stamp
 from bot.core.events import PushEvent, Repository
 from bot.core.policy import POLICY_PATH
 from bot.core.setup import workflow_path, workflow_setup_errors
@@ -79,6 +81,20 @@ def push_time(event: PushEvent) -> datetime | None:
     return None if pushed_at is None else datetime.fromtimestamp(pushed_at, UTC)
 
 
+def _moved_ages(earlier: Iterable[Family], catalog: Catalog) -> dict[str, datetime]:
+    """The image ages of families that moved to another file unchanged (a config renamed):
+    GitHub's blame follows a rename, and so does the age, rather than restart at the push."""
+    gone: dict[tuple[str, str], datetime] = {}
+    for family in earlier:
+        if catalog.get(family.id) is None and family.image_changed_at is not None:
+            gone[(family.key, family.normalized_image)] = family.image_changed_at
+    if not gone:
+        return {}
+    known = {family.id for family in earlier}
+    return {family.id: gone[(family.key, family.normalized_image)] for family in catalog
+            if family.id not in known and (family.key, family.normalized_image) in gone}
+
+
 class CatalogSync:
     def __init__(self, live: LiveState) -> None:
         self.live = live
@@ -96,14 +112,18 @@ class CatalogSync:
             api = self.live.api(state)
             pushed_at = push_time(event) or self.live.clock.now()
             known = state.meta.head_sha
-            if before not in (ZERO_SHA, known) and known:
+            if known and (before != known or self._not_after_the_last(state, push_time(event))):
                 # Not the push after the one applied: delivered late (applied, it took the
-                # catalog back to an older commit for hours), or one before it was lost. The
+                # catalog back to an older commit for hours; a branch's creation, its before
+                # zero, too), or one before it was lost; or a push from the known head older
+                # than the last one seen (a force-push back to that head came first). The
                 # branch is read where it is now, from the head applied.
                 after = await api.head_sha(state.meta.default_branch)
                 log.info("catalog.push_out_of_order", before=before[:12], after=event.after[:12],
                          known=known[:12], head=after[:12])
                 if after == known:
+                    self._note_push(state, push_time(event))
+                    await self.live.persist(state.save_meta())
                     return
                 before, pushed_at = known, pushed_at if after == event.after else self.live.clock.now()
             # A new default branch (before is zero) re-reads everything.
@@ -116,6 +136,7 @@ class CatalogSync:
             # Only once read: a push that failed halfway leaves the old head, so the light
             # reconcile sees it moved and reads everything again.
             state.meta.head_sha = after
+            self._note_push(state, push_time(event))
             self._arm_canary(state, after, "push")
             if _health(state) != health or state.canary_armed:
                 # Every Klaud check run shows the policy, config and setup state, and a pause.
@@ -129,6 +150,19 @@ class CatalogSync:
             families=len(touched),
         )
         await self.live.notify(state, touched)
+
+    @staticmethod
+    def _not_after_the_last(state: RepoState, pushed_at: datetime | None) -> bool:
+        """Whether a push is no later than the last one handled (to the second: GitHub's
+        `pushed_at`; one in the same second is checked against the branch, one request)."""
+        last = parse_time(state.meta.last_push_at)
+        return pushed_at is not None and last is not None and pushed_at <= last
+
+    @staticmethod
+    def _note_push(state: RepoState, pushed_at: datetime | None) -> None:
+        last = parse_time(state.meta.last_push_at)
+        if pushed_at is not None and (last is None or pushed_at > last):
+            state.meta.last_push_at = stamp(pushed_at)
 
     async def _on_claim_push(self, state: RepoState, event: PushEvent) -> None:
         """Claim refs made or released elsewhere (another planner, a person) reach us as pushes.
@@ -198,6 +232,7 @@ class CatalogSync:
         log.info("catalog.missed_push", old=state.meta.head_sha[:12], new=head[:12], moved_at=stamp(moved_at))
         await self.apply_change(state, api, None, head, moved_at or self.live.clock.now(), change)
         state.meta.head_sha = head
+        await self.date_images(state, api, change)  # asks again for what GitHub did not answer
         # The push that moved it arms the canary of a paused repository; its webhook lost (or
         # the process dead before its commit), dispatch stayed paused until a person acted.
         # Only a push after the pause began may fix what paused it: one made before it, found
@@ -235,6 +270,7 @@ class CatalogSync:
     ) -> set[str]:
         """Re-read what `changed` names (None: everything) at `ref`; the families whose image moved."""
         before = {f.id: f.image for f in state.catalog}
+        earlier = list(state.catalog)
         reload_all = changed is None
         runners_moved = False
         workflow_changed = changed is None or workflow_path(state.policy.candidate_workflow) in changed
@@ -264,6 +300,7 @@ class CatalogSync:
             paths = {p for p in changed or () if is_master_config(p, state.policy.config_globs)}
         for path in sorted(paths):
             change.extend(await self.refresh_config(state, api, path, ref, pushed_at))
+        change.extend(state.date_images(_moved_ages(earlier, state.catalog), unknown_only=False))
         state.retouch()
         after = {f.id: f.image for f in state.catalog}
         return {fid for fid in before.keys() | after.keys() if before.get(fid) != after.get(fid)}

@@ -84,9 +84,14 @@ class RepoMeta:
     config_errors: dict[str, str] = field(default_factory=dict)
     wave: int = 0
     next_wave_at: str | None = None
+    # When the scheduler's last wave ran: a slot is never given again after a clock step back.
+    scheduled_wave_at: str | None = None
     # A wave whose every dispatch failed is tried again once, at this time.
     retry_wave_at: str | None = None
     reconciled_at: str | None = None
+    # When the last push to the default branch that was handled happened (GitHub's
+    # `pushed_at`): one delivered after a later one is checked against the branch.
+    last_push_at: str | None = None
     # Comments made before this were looked at for commands and receipts whose webhook was
     # lost (services.missed_comments); None until the first reconcile.
     comments_swept_at: str | None = None
@@ -118,6 +123,7 @@ def _readable_times(meta: RepoMeta) -> RepoMeta:
     text, a bad one raised later: at start-up, on the status page or at every scheduler tick)."""
     fields: dict[str, str | None] = {
         "next_wave_at": meta.next_wave_at, "retry_wave_at": meta.retry_wave_at, "reconciled_at": meta.reconciled_at,
+        "last_push_at": meta.last_push_at, "scheduled_wave_at": meta.scheduled_wave_at,
         "comments_swept_at": meta.comments_swept_at, "setup_since": meta.setup_since,
         "pause.since": meta.pause["since"] if meta.pause else None, "dashboard.rendered_at": meta.dashboard.get("rendered_at"),
     }
@@ -234,10 +240,10 @@ class RepoState:
         self._index_families()
         return change.extend(self._drop_stale_retries())
 
-    def date_images(self, dates: Mapping[str, datetime]) -> Change:
-        """Image ages found in the history (a blame) for families that had none."""
+    def date_images(self, dates: Mapping[str, datetime], *, unknown_only: bool = True) -> Change:
+        """Image ages found in the history (a blame) for families that had none (`unknown_only`)."""
         change = Change()
-        for family in self.catalog.date_unknown_images(dates):
+        for family in self.catalog.date_unknown_images(dates, unknown_only=unknown_only):
             change.put(self.name, "family", family.id, family)
         if change:
             self._index_families()  # ages order the families

@@ -273,7 +273,12 @@ class Scheduler:
         if due is None or due - now > timedelta(minutes=every, seconds=MAX_JITTER_SECONDS) or (
             due > now and not on_cadence(due, every)
         ):
-            await self._set_next(name, now)
+            # Not the slot of the last wave: a clock set back a few seconds after a wave at
+            # 10:00 gave the 10:00 slot again, and a second wave ran. A wave further ahead
+            # than one slot ran while the clock was wrong (a year ahead): not waited for.
+            ran = parse_time(state.meta.scheduled_wave_at)
+            stepped_back = ran is not None and now < ran <= now + timedelta(minutes=every)
+            await self._set_next(name, ran if stepped_back and ran is not None else now)
             return False
         if due > now:
             return False

@@ -97,7 +97,7 @@ class WaveRunner:
             if next_wave_at is not None or state.meta.retry_wave_at is not None:
                 async with self.live.lock(repo):
                     if next_wave_at is not None:
-                        state.meta.next_wave_at = stamp(next_wave_at)
+                        self._slot_taken(state, next_wave_at)
                     state.meta.retry_wave_at = None
                     await self.live.persist(state.save_meta())
             return None
@@ -116,7 +116,7 @@ class WaveRunner:
                 # Wave documents are large (one decision per family): keep the recent ones.
                 change.delete_wave(state.name, number - KEEP_WAVES)
             if next_wave_at is not None:
-                state.meta.next_wave_at = stamp(next_wave_at)
+                self._slot_taken(state, next_wave_at)
             state.save_meta(change)
             await self.live.persist(change)
         elapsed = time.perf_counter() - started
@@ -253,6 +253,11 @@ class WaveRunner:
         if run_id is not None:
             change.extend(state.add_dispatch(replace(pending, run_id=run_id)))
         return decision
+
+    def _slot_taken(self, state: RepoState, next_wave_at: datetime) -> None:
+        """The scheduler's wave of this slot ran: the next one is due at `next_wave_at`."""
+        state.meta.next_wave_at = stamp(next_wave_at)
+        state.meta.scheduled_wave_at = stamp(self.clock.now())
 
     async def _write_ahead(self, state: RepoState, family: Family, pending: Dispatch) -> _Ahead:
         """Commit the dispatch about to be made (in a delivery's unit, the GitHub client

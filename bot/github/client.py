@@ -907,8 +907,11 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
 class InstallationClient:
     """GitHub as one installation of the App sees it."""
 
-    def __init__(self, api: _KlaudAPI, installation_id: int, *, clock: Clock, max_attempts: int) -> None:
+    def __init__(
+        self, api: _KlaudAPI, installation_id: int, *, clock: Clock, max_attempts: int, app_id: int | None = None
+    ) -> None:
         self.installation_id = installation_id
+        self.app_id = app_id  # the App this client acts as, when known (not with a plain token)
         self._api = api
         self._clock = clock
         self._max_attempts = max_attempts
@@ -1123,7 +1126,7 @@ class GitHubApp:
                 etag_cache=_ConditionalCache(ETAG_CACHE_BYTES),
             )
             client = InstallationClient(
-                api, installation_id, clock=self._clock, max_attempts=self._transport.max_attempts
+                api, installation_id, clock=self._clock, max_attempts=self._transport.max_attempts, app_id=self._app_id
             )
             self._clients[installation_id] = client
         return client

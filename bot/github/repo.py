@@ -418,9 +418,16 @@ class GitHubRepo:
 
     async def check_run_on(self, head_sha: str, name: str) -> int | None:
         url = "/repos/{owner}/{repo}/commits/{ref}/check-runs?check_name={name}&filter=latest"
+        mine = self.client.app_id
         async for check in self.client.getiter(url, self._at(ref=head_sha, name=name), iterable_key="check_runs"):
-            if isinstance(check, dict) and isinstance(check.get("id"), int):
-                return int(check["id"])
+            if not isinstance(check, dict) or not isinstance(check.get("id"), int):
+                continue
+            # GitHub lists every App's runs of that name: another Klaud's (a staging one on
+            # the same repository) is not this App's to update (GitHub would refuse it).
+            app = check.get("app")
+            if mine is not None and (not isinstance(app, dict) or app.get("id") != mine):
+                continue
+            return int(check["id"])
         return None
 
     # -- comments and people -------------------------------------------------------------

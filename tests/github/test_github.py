@@ -1407,3 +1407,17 @@ async def test_a_redirected_write_does_not_become_a_read(inst: InstallationClien
     except GitHubError:
         return
     assert [s for s in stub.calls("POST", comments) if s.status < 300], f"{answer!r} taken for the new comment"
+
+
+async def test_the_check_run_found_on_a_head_is_this_apps_not_another_apps_of_the_same_name(
+    make_app: Callable[..., GitHubApp], stub: Stub
+) -> None:
+    # GitHub lists every App's runs named "Klaud Cold": a staging Klaud's came first, and
+    # this one updated it (which GitHub refuses) instead of creating its own.
+    path = "/repos/acme/bench/commits/" + "a" * 40 + "/check-runs"
+    runs = [{"id": 5, "name": "Klaud Cold", "app": {"id": 99}}, {"id": 6, "name": "Klaud Cold", "app": {"id": 1}}]
+    stub.route("GET", path, reply(200, {"total_count": 2, "check_runs": runs}))
+    repo = GitHubRepo(make_app().installation(7), "acme/bench")
+    assert await repo.check_run_on("a" * 40, "Klaud Cold") == 6
+    stub.route("GET", path, reply(200, {"total_count": 1, "check_runs": runs[:1]}))
+    assert await repo.check_run_on("a" * 40, "Klaud Cold") is None

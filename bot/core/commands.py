@@ -190,7 +190,7 @@ def parse_commands(body: str) -> list[Command]:
     for number, raw in enumerate(lines, start=1):
         line = raw.expandtabs(4)
         if number <= hidden_until:
-            if number == hidden_until and _opens_a_comment(line[line.index("-->") + 3:]):
+            if number == hidden_until and opens_a_comment(line[line.index("-->") + 3:]):
                 hidden_until = _comment_end(lines, number)  # `--> and <!-- another`
             continue
         if html_comment:
@@ -235,12 +235,12 @@ def parse_commands(body: str) -> list[Command]:
         command = _parse_command_line(line.strip(), number)
         if command is not None:
             commands.append(command)
-        if _opens_a_comment(line):
+        if opens_a_comment(line):
             hidden_until = _comment_end(lines, number)
     return commands
 
 
-def _opens_a_comment(line: str) -> bool:
+def opens_a_comment(line: str) -> bool:
     """Whether paragraph text `line` leaves an HTML comment open (not in a code span)."""
     start = line.rfind("<!--")
     return start >= 0 and "-->" not in line[start + 2:] and line.count("`", 0, start) % 2 == 0

@@ -26,6 +26,7 @@ from bot.core.commands import (
     code_span,
     describe_hold,
     fence_opened,
+    opens_a_comment,
     person,
     table_cell,
     with_until,
@@ -71,7 +72,7 @@ _BOX_RE = re.compile(
 )
 
 BoxVerb = Literal["retry", "unhold"]
-_LOGIN_RE = re.compile(r"[A-Za-z0-9-]+(?:\[bot\])?")
+_LOGIN_RE = re.compile(r"[A-Za-z0-9_-]+(?:\[bot\])?")  # `_`: Enterprise Managed Users' logins
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,9 +327,9 @@ def _shown(body: str) -> str:
         elif fence is not None:
             fence = None if closes_fence(line, fence) else fence
         elif (fence := fence_opened(line)) is None:
-            start = line.find("<!--")
-            comment = start >= 0 and "-->" not in line[start + 2:]
-            kept.append(line[:start] if comment else line)
+            # Not one in a code span: a hold reason shown as `see <!-- notes` hid every box after it.
+            comment = opens_a_comment(line)
+            kept.append(line[:line.rfind("<!--")] if comment else line)
     return "\n".join(kept)
 
 

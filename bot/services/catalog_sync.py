@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import structlog
 
@@ -81,18 +81,25 @@ def push_time(event: PushEvent) -> datetime | None:
     return None if pushed_at is None else datetime.fromtimestamp(pushed_at, UTC)
 
 
+# How far ahead of our clock a push's time is still taken as one (clocks differ by seconds).
+PUSH_CLOCK_SKEW = timedelta(hours=1)
+
+
 def _moved_ages(earlier: Iterable[Family], catalog: Catalog) -> dict[str, datetime]:
     """The image ages of families that moved to another file unchanged (a config renamed):
     GitHub's blame follows a rename, and so does the age, rather than restart at the push."""
-    gone: dict[tuple[str, str], datetime] = {}
+    gone: dict[tuple[str, str], datetime | None] = {}
     for family in earlier:
         if catalog.get(family.id) is None and family.image_changed_at is not None:
-            gone[(family.key, family.normalized_image)] = family.image_changed_at
+            moved = (family.key, family.normalized_image)
+            # Two files' families alike, of different ages, gone at once: whose is whose is
+            # unknown, and neither age is carried (None).
+            gone[moved] = family.image_changed_at if gone.get(moved, family.image_changed_at) == family.image_changed_at else None
     if not gone:
         return {}
     known = {family.id for family in earlier}
-    return {family.id: gone[(family.key, family.normalized_image)] for family in catalog
-            if family.id not in known and (family.key, family.normalized_image) in gone}
+    return {family.id: age for family in catalog
+            if family.id not in known and (age := gone.get((family.key, family.normalized_image))) is not None}
 
 
 class CatalogSync:
@@ -151,18 +158,23 @@ class CatalogSync:
         )
         await self.live.notify(state, touched)
 
-    @staticmethod
-    def _not_after_the_last(state: RepoState, pushed_at: datetime | None) -> bool:
+    def _not_after_the_last(self, state: RepoState, pushed_at: datetime | None) -> bool:
         """Whether a push is no later than the last one handled (to the second: GitHub's
         `pushed_at`; one in the same second is checked against the branch, one request)."""
-        last = parse_time(state.meta.last_push_at)
+        last = self._last_push(state)
         return pushed_at is not None and last is not None and pushed_at <= last
 
-    @staticmethod
-    def _note_push(state: RepoState, pushed_at: datetime | None) -> None:
-        last = parse_time(state.meta.last_push_at)
-        if pushed_at is not None and (last is None or pushed_at > last):
+    def _note_push(self, state: RepoState, pushed_at: datetime | None) -> None:
+        last = self._last_push(state)
+        if pushed_at is not None and pushed_at <= self.live.clock.now() + PUSH_CLOCK_SKEW and (
+                last is None or pushed_at > last):
             state.meta.last_push_at = stamp(pushed_at)
+
+    def _last_push(self, state: RepoState) -> datetime | None:
+        # One dated far ahead (a server's clock a year off) is no order: every later push
+        # would have been checked against the branch, one request each, for good.
+        last = parse_time(state.meta.last_push_at)
+        return last if last is not None and last <= self.live.clock.now() + PUSH_CLOCK_SKEW else None
 
     async def _on_claim_push(self, state: RepoState, event: PushEvent) -> None:
         """Claim refs made or released elsewhere (another planner, a person) reach us as pushes.

@@ -99,6 +99,8 @@ class RepoMeta:
     # What keeps the candidate workflow from taking dispatches ({code, detail} each), since when.
     setup_errors: list[SetupErrorDocument] = field(default_factory=list)
     setup_since: str | None = None
+    # When Klaud first saw `.github/klaud.yml` turn dispatch off (`enabled: false`).
+    disabled_since: str | None = None
     # A dispatch pause ({reason, since}) and its canary ({armed, candidate, wave}).
     pause: PauseDocument | None = None
     canary: dict[str, Any] | None = None
@@ -125,6 +127,7 @@ def _readable_times(meta: RepoMeta) -> RepoMeta:
         "next_wave_at": meta.next_wave_at, "retry_wave_at": meta.retry_wave_at, "reconciled_at": meta.reconciled_at,
         "last_push_at": meta.last_push_at, "scheduled_wave_at": meta.scheduled_wave_at,
         "comments_swept_at": meta.comments_swept_at, "setup_since": meta.setup_since,
+        "disabled_since": meta.disabled_since,
         "pause.since": meta.pause["since"] if meta.pause else None, "dashboard.rendered_at": meta.dashboard.get("rendered_at"),
     }
     for name, mapping in (("closed_pulls", meta.closed_pulls), ("stray_refs", meta.stray_refs), ("released", meta.released)):
@@ -221,6 +224,8 @@ class RepoState:
         self.policy = policy
         self.meta.policy_text = text
         self.meta.policy_error = None
+        if policy.enabled:
+            self.meta.disabled_since = None
         change = self.save_meta()
         if changed:
             self.retouch()  # every verdict depends on the policy: retouch drops them all
@@ -382,7 +387,13 @@ class RepoState:
 
     def blocked_now(self, now: datetime) -> Blocked | None:
         """`blocked()`, or first `enabled: false`, as the plan says it (`dispatching.disabled`)."""
-        return self.blocked() if self.policy.enabled else disabled_block(now)
+        if self.policy.enabled:
+            return self.blocked()
+        # Since first seen off: dated `now`, the check runs and the dashboard changed every
+        # minute, and each render was sent again though nothing had changed.
+        if self.meta.disabled_since is None:
+            self.meta.disabled_since = stamp(now)
+        return disabled_block(parse_time(self.meta.disabled_since) or now)
 
     @property
     def canary_armed(self) -> bool:

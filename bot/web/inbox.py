@@ -544,7 +544,7 @@ class Inbox:
             loop = asyncio.get_running_loop()
             held_since = loop.time()
             for delivery in batch:
-                if ends and key in self._released:
+                if key in self._released:
                     break  # its lease went meanwhile: the rest are the next owner's to run
                 ended = await self._run_one(delivery, ends[-1].commit if ends else None)
                 ends.append(ended)

@@ -298,3 +298,23 @@ def test_a_box_inside_a_code_block_or_html_comment_is_not_a_tick() -> None:
     quoted = body.replace("## Held", f"```\n- [x] retry `{B.id}`\n```\n\n<!--\n- [x] unhold `{C.id}`\n-->\n\n## Held")
     # GitHub shows neither as a checkbox: nobody ticked anything.
     assert ticked(body, quoted) == []
+
+
+def test_a_hold_reason_opening_an_html_comment_in_a_code_span_hides_no_later_box() -> None:
+    # `/klaud hold alpha <!-- see notes` : the reason is shown in a code span, where GitHub
+    # reads `<!--` as code, not as a comment: the boxes after it are still checkboxes.
+    holds = [Hold(A.id, "alice", "see <!-- notes", NOW), Hold(C.id, "alice", "new weights", NOW)]
+    body = render_dashboard(view(holds=holds))
+    assert f"- [ ] unhold `{C.id}`" in body and "`see <!-- notes`" in body
+    after = body.replace(f"- [ ] unhold `{C.id}`", f"- [x] unhold `{C.id}`")
+    assert ticked(body, after) == [("unhold", C.id)]
+
+
+def test_a_marker_keeps_an_enterprise_managed_users_login() -> None:
+    # GitHub Enterprise Managed Users' logins are `handle_shortcode` (an underscore): a hold
+    # restored from the marker must still say who placed it.
+    from bot.core.dashboard import parse_marker
+    body = render_dashboard(view(holds=[Hold(C.id, "mona_acme", "new weights", NOW)]))
+    remembered = parse_marker(body)
+    assert remembered is not None
+    assert [h.by for h in remembered.holds] == ["mona_acme"]

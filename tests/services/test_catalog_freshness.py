@@ -152,3 +152,55 @@ async def test_a_light_reconcile_that_finds_a_missed_push_also_dates_the_unknown
     await kit.reconciler.reconcile(REPO, 1, light=True)
     unknown = [f.id for f in kit.state.catalog if f.image_changed_at is None]
     assert unknown == [], f"{len(unknown)} families still of unknown age (picked first) until the next light reconcile"
+
+
+TEAM_A, TEAM_B = "configs/team-a-master.yaml", "configs/team-b-master.yaml"
+YEAR_AGO = NOW - timedelta(days=365)
+
+
+async def test_two_renamed_files_sharing_a_key_never_take_each_others_age(kit: Kit, fixtures: Path) -> None:
+    # Two master configs that both define the key `dsr1-fp4-b200-trt` with the same image (ids
+    # differ by path): one image a month old, the other a year. Both files renamed in one push.
+    use_real_configs(kit, fixtures)
+    files = kit.repo.files[kit.repo.head]
+    text = files.pop(NVIDIA)
+    files[TEAM_A], files[TEAM_B] = text, text
+    kit.repo.blames[TEAM_A] = [BlameRange(startingLine=1, endingLine=100_000, committed=MONTH_AGO)]
+    kit.repo.blames[TEAM_B] = [BlameRange(startingLine=1, endingLine=100_000, committed=YEAR_AGO)]
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.state.catalog.get(f"{TEAM_A}:dsr1-fp4-b200-trt").image_changed_at == MONTH_AGO
+    assert kit.state.catalog.get(f"{TEAM_B}:dsr1-fp4-b200-trt").image_changed_at == YEAR_AGO
+    before, after = kit.repo.head, "e" * 40
+    moved = dict(kit.repo.files[before])
+    moved["configs/team-a2-master.yaml"] = moved.pop(TEAM_A)  # `git mv` both, nothing else
+    moved["configs/team-b2-master.yaml"] = moved.pop(TEAM_B)
+    kit.repo.files[after] = moved
+    kit.repo.head = after
+    await kit.catalog.on_push(kit.state, push(before, after))
+    ages = {f.path: f.image_changed_at for f in kit.state.catalog if f.key == "dsr1-fp4-b200-trt"}
+    # Whose is whose cannot be told from the families alone: both restart at the push, rather
+    # than one taking the other's age (both took YEAR_AGO).
+    assert ages == {"configs/team-a2-master.yaml": PUSHED_AT, "configs/team-b2-master.yaml": PUSHED_AT}, ages
+
+
+async def test_one_push_dated_far_ahead_does_not_cost_every_later_push_a_branch_read(kit: Kit, fixtures: Path) -> None:
+    # A push whose pushed_at read a year ahead (an Enterprise Server's clock set wrong, then
+    # fixed; any value up to year 9000 is accepted): last_push_at keeps it, with no end, and
+    # every later push from the known head is "no later than the last" -> one GET each.
+    use_real_configs(kit, fixtures)
+    await kit.reconciler.reconcile(REPO, 1)
+    head = kit.repo.head
+    shas = [c * 40 for c in "cdef"]
+    previous = head
+    for n, sha in enumerate(shas):
+        kit.repo.files[sha] = {**kit.repo.files[previous], "README.md": f"{n}\n"}
+        previous = sha
+    kit.repo.head = shas[0]
+    await kit.catalog.on_push(kit.state, push(head, shas[0], NOW + timedelta(days=365)))
+    kit.repo.calls.clear()
+    for n, sha in enumerate(shas[1:], start=1):  # ordinary pushes, each from the known head
+        kit.repo.head = sha
+        await kit.catalog.on_push(kit.state, push(shas[n - 1], sha, NOW + timedelta(minutes=n)))
+        assert kit.state.meta.head_sha == sha
+    reads = [c for c in kit.repo.calls if c[0] == "head_sha"]
+    assert reads == [], f"{len(reads)} branch reads for {len(shas) - 1} in-order pushes"

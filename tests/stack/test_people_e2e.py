@@ -466,3 +466,21 @@ async def test_a_check_run_shows_the_block_the_plan_and_state_document_give_for_
         [check] = checks(run)
         # DESIGN §4: the pause shows on /plan, the state document, every Klaud check run ...
         assert "dispatch paused" in check["output"]["title"], check["output"]["title"]
+
+
+async def test_enabled_false_rerenders_nothing_when_nothing_changed(tmp_path):
+    # DESIGN/checkruns: "one its check run already shows costs nothing: the render's digest is
+    # stored with it"; dashboard: "rendered again (unchanged, nothing is sent)".
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[klaud_pr(50, H200)])) as run:
+        await run.act({"action": "push_default", "repo": "acme/bench", "files": {".github/klaud.yml": "enabled: false\n"}})
+        await run.settle()
+        [check] = checks(run)
+        assert "dispatch paused" in check["output"]["title"]
+        state = run.klaud.live.repo("acme/bench")
+        run.reset_requests()
+        run.sandbox.clock.advance(600)  # ten minutes on, nothing changed
+        run.klaud.checks.repository_taken(state)
+        run.klaud.dashboard.repository_taken(state)
+        await run.settle()
+        writes = [r for r in run.requests.get("requests", []) if r.get("method") not in ("GET", "HEAD")]
+        assert writes == [], writes

@@ -1155,3 +1155,32 @@ async def test_a_delivery_stored_as_the_inbox_starts_runs_once(tmp_path) -> None
     finally:
         await inbox.stop()
         await stores.close()
+
+
+async def test_a_batch_released_before_its_first_delivery_runs_none(db: RecordingDatabase, monkeypatch) -> None:
+    # 853d39d: "a batch went on running the deliveries after its queue was released; it stops
+    # at the release". Released while the batch read its bodies: its first delivery ran too.
+    gate = Gate(held=set())
+    lease = Leases("replica-a", "acme/bench")
+    store = DeliveryStore(db)
+    inbox = Inbox(store, gate, ownership=lease, claim_every=0.01, batch_size=4)
+    await inbox.open()
+    for n in (1, 2):
+        assert await store.put(delivery(n))  # stored by another replica: bodies read before the batch
+    reading, answer = asyncio.Event(), asyncio.Event()
+    bodies = store.bodies
+
+    async def slow_bodies(ids):
+        reading.set()
+        await answer.wait()
+        return await bodies(ids)
+    monkeypatch.setattr(store, "bodies", slow_bodies)
+    await inbox.start()
+    await asyncio.wait_for(reading.wait(), 3)
+    lease.held = False  # the lease goes while the batch reads its bodies
+    inbox.release("acme/bench")
+    answer.set()
+    await wait_for(lambda: not inbox.busy("acme/bench"))
+    await asyncio.sleep(0.1)
+    await inbox.stop()
+    assert gate.runs == [], "the next owner's to run"

@@ -124,7 +124,8 @@ class PauseDocument(TypedDict):
 def count_finished(runs: WaveRuns, attempt: Attempt) -> None:
     """A dispatched run of the wave ended with `attempt`."""
     runs.finished += 1
-    if attempt.error == "run-failed":
+    # A run that failed before an outcome, or whose outcome is the workflow's fallback for one.
+    if attempt.error == "run-failed" or attempt.failed_job is not None:
         job = attempt.failed_job or "an unknown job"
         runs.failed_jobs[job] = runs.failed_jobs.get(job, 0) + 1
         if attempt.failed_step:

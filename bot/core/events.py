@@ -148,6 +148,7 @@ class WorkflowRun(_Model):
     event: str | None = None
     created_at: UtcTime | None = None
     updated_at: UtcTime | None = None
+    run_started_at: UtcTime | None = None  # when this attempt of the run started
 
 
 class WorkflowRunEvent(RepoEvent):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import posixpath
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,6 +35,7 @@ from bot.core.outcomes import (
     ReceiptError,
     RunInfo,
     attempt_from_outcome,
+    first_failure,
     next_retry_at,
     parse_receipt,
     read_outcome_artifact,
@@ -86,6 +87,31 @@ CLOCK_SKEW = timedelta(minutes=1)
 # may say it was created: generous, as a host clock minutes ahead of GitHub's lost such a
 # run's failure; an earlier run of the candidate is told apart by its recorded outcome.
 UNLINKED_SKEW = timedelta(minutes=10)
+
+
+def _of_this_attempt(artifacts: list[Artifact], run: WorkflowRun) -> list[Artifact]:
+    """The artifacts of this attempt of the run: GitHub lists every attempt's, and those made
+    before a re-run started are an earlier attempt's, read as its own already (read again,
+    a re-run that uploaded nothing restarted attempt 1's cooldown)."""
+    started = run.run_started_at
+    if run.run_attempt <= 1 or started is None:
+        return artifacts
+    return [artifact for artifact in artifacts if artifact.created_at is None or artifact.created_at >= started]
+
+
+# What the reference workflow uploads when its session step failed without an outcome.
+FALLBACK_OUTCOME = ("unexpected-error", "unknown")
+
+
+async def _where_a_fallback_failed(api: RepoAPI, run: WorkflowRun, attempt: Attempt) -> Attempt:
+    """A failed run's fallback outcome, with where the run failed: it keeps its cooldown, and
+    counts toward the pause rule like a run that left no outcome. A session that fails at
+    once for every candidate (a missing secret) otherwise cooled five candidates a wave down
+    and never paused dispatch: the 65-family pattern."""
+    if not attempt.verified or (attempt.outcome, attempt.phase) != FALLBACK_OUTCOME:
+        return attempt
+    job, step = first_failure(await api.run_jobs(run.id))
+    return replace(attempt, failed_job=job or "an unknown job", failed_step=step)
 
 
 def _dispatch_of(state: RepoState, run: WorkflowRun) -> Dispatch | None:
@@ -211,7 +237,7 @@ class OutcomeRecorder:
         if artifacts is None:
             artifacts = [artifact async for artifact in api.run_artifacts(run.id)]
         reads = []
-        for artifact in artifacts:
+        for artifact in _of_this_attempt(artifacts, run):
             match = ARTIFACT_RE.match(artifact.name)
             if match:
                 reads.append(await self.read_artifact(state, api, match.group(1), artifact, info))
@@ -224,6 +250,9 @@ class OutcomeRecorder:
             without = await self._without_outcome(api, run, info, dispatch, reads)
             if without is not None:
                 attempts = [a for a in attempts if a.candidate != dispatch.candidate] + [without]
+            elif run.conclusion in RUN_FAILED_CONCLUSIONS:
+                attempts = [await _where_a_fallback_failed(api, run, a) if a.candidate == dispatch.candidate else a
+                            for a in attempts]
         families: set[str] = set()
         for attempt in attempts:
             families |= await self.apply_attempt(state, api, attempt, change)

@@ -120,6 +120,13 @@ class RepoMeta:
     released: dict[str, str] = field(default_factory=dict)
 
 
+def _another_run(dispatch: Dispatch, attempt: Attempt) -> bool:
+    """Whether `attempt` is of a run other than the one `dispatch` is linked to (a receipt
+    speaks for the dispatch's candidate, whichever run it names)."""
+    return (dispatch.run_id is not None and attempt.run_id is not None and attempt.source != "receipt"
+            and dispatch.run_id != attempt.run_id)
+
+
 def _readable_times(meta: RepoMeta) -> RepoMeta:
     """`meta`, once each of its times reads as one; else ValueError naming the field (kept as
     text, a bad one raised later: at start-up, on the status page or at every scheduler tick)."""
@@ -360,6 +367,11 @@ class RepoState:
         ended = self.dispatches.get(family)
         if run_known and (ended is None or ended.run_id != attempt.run_id):
             return None, None, change
+        if ended is not None and _another_run(ended, attempt):
+            # Another run of the candidate (a person's dispatch, another planner's) ended:
+            # this dispatch's own run is still to report, queued or running. Ended here, the
+            # next wave dispatched the candidate again while that run still waited.
+            return None, None, change
         if ended is not None and ended.candidate == attempt.candidate:
             change.extend(self.drop_dispatch(family))
         else:
@@ -475,7 +487,12 @@ class RepoState:
         """
         if not self.is_canary(attempt):
             return None
-        if attempt.verified:
+        if attempt.verified and attempt.failed_job is None:  # not the fallback of a failed session
+            # The waves before the canary's broke before the fix: a late run of theirs that
+            # ends now must not pause dispatch again on their old counts.
+            since = (self.meta.canary or {}).get("wave")
+            if isinstance(since, int):
+                self.meta.wave_runs = {w: r for w, r in self.meta.wave_runs.items() if int(w) >= since}
             self.meta.pause = None
             self.meta.canary = None
             return "resumed"

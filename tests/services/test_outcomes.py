@@ -16,12 +16,12 @@ CAND = sc.candidate(H200)
 OUTCOME = {"outcome": "readiness-blocked", "phase": "targeted", "pull-request": None, "run-ids": [], "repairs-used": 0}
 
 
-def completed(run_id: int) -> WorkflowRunEvent:
+def completed(run_id: int, workflow: str = "klaud-plan.yml") -> WorkflowRunEvent:
     return WorkflowRunEvent.model_validate(
         {
             "action": "completed",
             "workflow_run": {
-                "id": run_id, "path": ".github/workflows/klaud-plan.yml", "head_sha": "a" * 40,
+                "id": run_id, "path": f".github/workflows/{workflow}", "head_sha": "a" * 40,
                 "status": "completed", "conclusion": "success",
                 "created_at": "2026-11-30T07:00:00Z", "updated_at": "2026-11-30T07:30:00Z",
             },
@@ -39,13 +39,11 @@ def with_artifact(kit: Kit, run_id: int, artifact_id: int = 77) -> None:
 
 
 async def test_a_run_with_an_artifact_records_a_verified_attempt_and_releases_the_claim(kit: Kit) -> None:
-    await kit.reconciler.reconcile(REPO, 1)
-    wave = await kit.waves.run(REPO, trigger="test")
-    assert wave is not None and CAND in wave.selected
-    with_artifact(kit, 301)
-    await kit.outcomes.on_workflow_run(kit.state, completed(301))
+    ours = await dispatched_run(kit)
+    with_artifact(kit, ours)
+    await kit.outcomes.on_workflow_run(kit.state, completed(ours, "klaud-candidate.yml"))
     [attempt] = kit.state.ledger.for_candidate(CAND)
-    assert (attempt.verified, attempt.outcome, attempt.run_id) == (True, "readiness-blocked", 301)
+    assert (attempt.verified, attempt.outcome, attempt.run_id) == (True, "readiness-blocked", ours)
     assert H200 not in kit.state.claims and H200 not in kit.state.dispatches
     assert claim_ref(H200) not in kit.repo.branches_at
 
@@ -70,12 +68,11 @@ REFUSED = BadRequest(403, "AuthenticationFailed")
 
 
 async def test_a_refused_download_records_an_unverified_attempt_and_releases_the_claim(kit: Kit) -> None:
-    await kit.reconciler.reconcile(REPO, 1)
-    await kit.waves.run(REPO, trigger="test")
-    with_artifact(kit, 303)
+    ours = await dispatched_run(kit)
+    with_artifact(kit, ours)
     kit.repo.fail("download", REFUSED)
     # Raised, it failed the delivery, and from the claim TTL on every scheduler tick.
-    await kit.outcomes.on_workflow_run(kit.state, completed(303))
+    await kit.outcomes.on_workflow_run(kit.state, completed(ours, "klaud-candidate.yml"))
     [attempt] = kit.state.ledger.for_candidate(CAND)
     assert (attempt.verified, attempt.error) == (False, "download-refused")
     assert kit.state.pending_artifacts == {}  # the same request would be refused again

@@ -1,0 +1,186 @@
+"""Runs and their outcomes: another run of a candidate, re-runs, and what pauses dispatch."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import yaml
+
+from bot.core.domain import claim_ref
+from bot.core.events import Artifact, Job, Step, WorkflowRunEvent
+from tests import scenarios as sc
+from tests.conftest import ROOT
+from tests.services.conftest import REPO, Kit
+from tests.services.fakes import artifact_zip
+from tests.services.test_catalog_sync import push
+
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+CAND = sc.candidate(H200)
+DEFERRED = {"outcome": "capacity-deferred", "phase": "targeted", "pull-request": None, "run-ids": [], "repairs-used": 0}
+FAILED = {"outcome": "failed", "phase": "targeted", "pull-request": 9, "run-ids": [5], "repairs-used": 5}
+
+
+def event(run_id: int, *, attempt: int = 1, title: str = "", conclusion: str = "success", at=None, started=None) -> WorkflowRunEvent:
+    at = at or "2026-11-30T08:30:00Z"
+    return WorkflowRunEvent.model_validate({
+        "action": "completed",
+        "workflow_run": {
+            "id": run_id, "path": ".github/workflows/klaud-candidate.yml", "head_sha": "a" * 40,
+            "run_attempt": attempt, "display_title": title, "event": "workflow_dispatch",
+            "status": "completed", "conclusion": conclusion,
+            "created_at": "2026-11-30T08:01:00Z", "updated_at": at,
+            "run_started_at": started or "2026-11-30T08:01:00Z",
+        },
+        "repository": {"full_name": REPO}, "installation": {"id": 1},
+    })
+
+
+async def one_dispatch(kit: Kit) -> int:
+    kit.repo.put_files({".github/klaud.yml": "max_candidates_per_wave: 1\n"})
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and wave.selected == (CAND,), wave.selected
+    run_id = kit.state.dispatches[H200].run_id
+    assert run_id is not None
+    return run_id
+
+
+async def test_another_runs_outcome_does_not_end_the_dispatch_linked_to_our_still_queued_run(kit: Kit) -> None:
+    ours = await one_dispatch(kit)  # linked at once by the dispatch's answer; still queued
+    # A run of the same candidate that Klaud did not dispatch (a person's manual dispatch,
+    # another planner's) completes first, saying capacity-deferred.
+    kit.repo.artifacts_of[555] = [Artifact(id=55, name=f"klaud-candidate-{CAND}", expired=False, archive_download_url="x")]
+    kit.repo.archives[55] = artifact_zip(DEFERRED)
+    await kit.outcomes.on_workflow_run(kit.state, event(555, title=f"Klaud Cold candidate {CAND}"))
+    assert [a.run_id for a in kit.state.ledger.for_candidate(CAND)] == [555]
+    # Our run is still queued: its dispatch and claim must stay, and no wave dispatches it again.
+    assert kit.repo.runs[ours].status == "queued"
+    assert H200 in kit.state.dispatches, "our in-flight dispatch was ended by another run's outcome"
+    assert claim_ref(H200) in kit.repo.branches_at
+    kit.clock.advance(2 * 3600)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and CAND not in wave.selected, "a queued candidate was dispatched again"
+
+
+async def test_a_rerun_does_not_record_the_first_attempts_artifact_again_as_its_own(kit: Kit) -> None:
+    ours = await one_dispatch(kit)
+    # Attempt 1 finishes with a verified "failed": a 24 h cooldown from 08:30.
+    kit.repo.artifacts_of[ours] = [Artifact(id=61, name=f"klaud-candidate-{CAND}", expired=False, archive_download_url="x",
+                                            created_at=kit.clock.now() + timedelta(minutes=29))]
+    kit.repo.archives[61] = artifact_zip(FAILED)
+    await kit.outcomes.on_workflow_run(kit.state, event(ours))
+    first = kit.state.cooldown_of(CAND, kit.clock.now() + timedelta(hours=1))
+    assert not first.eligible
+    # 20 hours later a person re-runs it; attempt 2 fails at checkout and uploads nothing.
+    # GitHub still lists attempt 1's artifact on the run.
+    kit.clock.advance(20 * 3600)
+    await kit.outcomes.on_workflow_run(
+        kit.state, event(ours, attempt=2, conclusion="failure", at="2026-12-01T04:40:00Z", started="2026-12-01T04:30:00Z")
+    )
+    attempts = {(a.run_attempt, a.outcome) for a in kit.state.ledger.for_candidate(CAND)}
+    assert (2, "failed") not in attempts, f"attempt 1's outcome was read again as attempt 2's: {attempts}"
+    # The cooldown still ends 24 h after attempt 1, not 24 h after the re-run.
+    later = kit.state.cooldown_of(CAND, first.until + timedelta(minutes=1))
+    assert later.eligible, later.reason
+
+
+
+FALLBACK = {"outcome": "unexpected-error", "phase": "unknown", "pull-request": None, "run-ids": [], "repairs-used": None}
+
+
+async def five_dispatched(kit: Kit) -> list[int]:
+    await kit.reconciler.reconcile(REPO, 1)
+    wave = await kit.waves.run(REPO, trigger="test")
+    assert wave is not None and len(wave.selected) == 5
+    return [d.run_id for d in kit.state.dispatches.values() if d.run_id is not None]
+
+
+async def test_a_session_that_fails_at_once_for_every_candidate_pauses_dispatch(kit: Kit) -> None:
+    # deploy/klaud-candidate.yml: when the session step fails without writing diagnostics
+    # (a missing secret, a broken install), "Record an outcome when the session left none"
+    # uploads the fallback unexpected-error/unknown. Every candidate of the wave fails the
+    # same way in the same step: the 65-family pattern.
+    runs = await five_dispatched(kit)
+    for n, run_id in enumerate(runs[:3]):
+        kit.repo.jobs_of[run_id] = [Job(name="Klaud Cold", conclusion="failure",
+                                        steps=(Step(name="Run the candidate session", conclusion="failure"),))]
+        cand = next(d.candidate for d in kit.state.dispatches.values() if d.run_id == run_id)
+        kit.repo.artifacts_of[run_id] = [Artifact(id=800 + n, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
+        kit.repo.archives[800 + n] = artifact_zip(FALLBACK)
+        await kit.outcomes.on_workflow_run(kit.state, event(run_id, conclusion="failure"))
+    blocked = kit.state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused", "3 of 3 finished runs failed in the session step"
+
+
+async def test_a_late_run_of_the_wave_that_paused_dispatch_does_not_pause_it_again_after_the_canary(kit: Kit) -> None:
+    runs = await five_dispatched(kit)
+    for run_id in runs[:3]:
+        kit.repo.jobs_of[run_id] = [Job(name="get-jobs", conclusion="failure")]
+        await kit.outcomes.on_workflow_run(kit.state, event(run_id, conclusion="failure"))
+    assert kit.state.blocked() is not None
+    # The workflow is fixed by a push, which arms the canary; the canary's outcome resumes.
+    kit.clock.advance(3 * 3600)
+    head = "e" * 40
+    kit.repo.files[head] = dict(kit.repo.files[kit.repo.head])
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", kit.repo.head, head))
+    canary = await kit.waves.run(REPO, trigger="test")
+    assert canary is not None and len(canary.selected) == 1
+    [cand] = canary.selected
+    canary_run = next(d.run_id for d in kit.state.dispatches.values() if d.candidate == cand)
+    kit.repo.artifacts_of[canary_run] = [Artifact(id=901, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
+    kit.repo.archives[901] = artifact_zip(DEFERRED)
+    await kit.outcomes.on_workflow_run(kit.state, event(canary_run))
+    assert kit.state.blocked() is None  # resumed
+    # A long session of wave 1, dispatched before the breakage was fixed, now ends well.
+    late = runs[3]
+    late_cand = next(d.candidate for d in kit.state.dispatches.values() if d.run_id == late)
+    kit.repo.artifacts_of[late] = [Artifact(id=902, name=f"klaud-candidate-{late_cand}", expired=False, archive_download_url="x")]
+    kit.repo.archives[902] = artifact_zip(FAILED)
+    await kit.outcomes.on_workflow_run(kit.state, event(late))
+    assert kit.state.blocked() is None, f"paused again by wave 1's old failures: {kit.state.blocked()}"
+
+
+def test_the_reference_workflow_lets_a_re_run_replace_its_outcome_artifact() -> None:
+    # upload-artifact v4 refuses a second artifact of one name in one run (409 Conflict) unless
+    # `overwrite: true`: a re-run's outcome is never uploaded, and attempt 1's is read for it.
+    [job] = yaml.safe_load((ROOT / "deploy" / "klaud-candidate.yml").read_text())["jobs"].values()
+    [upload] = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
+    assert upload["with"].get("overwrite") is True
+
+
+async def test_a_canary_whose_session_failed_at_once_does_not_resume_dispatch(kit: Kit) -> None:
+    # Its fallback outcome is "verified", but says the session never ran: the fix did not work.
+    runs = await five_dispatched(kit)
+    for n, run_id in enumerate(runs[:3]):
+        session_failed(kit, run_id, 800 + n)
+        await kit.outcomes.on_workflow_run(kit.state, event(run_id, conclusion="failure"))
+    assert kit.state.blocked() is not None
+    # The three are cooling down (their fallback outcomes are verified); one more ends, deferred.
+    late = runs[3]
+    late_cand = next(d.candidate for d in kit.state.dispatches.values() if d.run_id == late)
+    kit.repo.artifacts_of[late] = [Artifact(id=898, name=f"klaud-candidate-{late_cand}", expired=False,
+                                            archive_download_url="x")]
+    kit.repo.archives[898] = artifact_zip(DEFERRED)
+    await kit.outcomes.on_workflow_run(kit.state, event(late))
+    head = "e" * 40
+    kit.repo.files[head] = dict(kit.repo.files[kit.repo.head])
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", kit.repo.head, head))
+    kit.clock.advance(3 * 3600)
+    canary = await kit.waves.run(REPO, trigger="test")
+    assert canary is not None and len(canary.selected) == 1
+    canary_run = next(d.run_id for d in kit.state.dispatches.values() if d.candidate == canary.selected[0])
+    assert canary_run is not None
+    session_failed(kit, canary_run, 899)
+    await kit.outcomes.on_workflow_run(kit.state, event(canary_run, conclusion="failure"))
+    blocked = kit.state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused"
+
+
+def session_failed(kit: Kit, run_id: int, artifact_id: int) -> None:
+    """The run failed in its session step and uploaded the workflow's fallback outcome."""
+    kit.repo.jobs_of[run_id] = [Job(name="Klaud Cold", conclusion="failure",
+                                    steps=(Step(name="Run the candidate session", conclusion="failure"),))]
+    cand = next(d.candidate for d in kit.state.dispatches.values() if d.run_id == run_id)
+    kit.repo.artifacts_of[run_id] = [Artifact(id=artifact_id, name=f"klaud-candidate-{cand}", expired=False,
+                                              archive_download_url="x")]
+    kit.repo.archives[artifact_id] = artifact_zip(FALLBACK)

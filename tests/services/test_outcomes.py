@@ -194,16 +194,9 @@ async def test_runs_failing_in_one_job_pause_dispatch_and_a_canary_resumes_it(ki
     assert "paused" in {d.decision for d in paused.decisions}
     # A push arms the canary: one candidate, whose verified outcome resumes dispatch.
     from tests.services.test_catalog_sync import push
+    from tests.services.test_runs_and_pause import canary_after_a_push
 
-    head = "e" * 40
-    kit.repo.files[head] = dict(kit.repo.files[kit.repo.head])
-    await kit.catalog.on_push(kit.state, push("refs/heads/main", kit.repo.head, head))
-    canary = await kit.waves.run(REPO, trigger="test")
-    assert canary is not None and len(canary.selected) == 1
-    [cand] = canary.selected
-    family = next(d.family for d in canary.decisions if d.candidate == cand)
-    run_id = kit.state.dispatches[family].run_id
-    assert run_id is not None
+    cand, run_id, head = await canary_after_a_push(kit)
     # Another push (or /klaud resume) while the canary runs leaves it alone: re-armed, its
     # outcome was no longer recognised and a second canary went out.
     again = "f" * 40

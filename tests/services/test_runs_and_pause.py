@@ -120,13 +120,7 @@ async def test_a_late_run_of_the_wave_that_paused_dispatch_does_not_pause_it_aga
     assert kit.state.blocked() is not None
     # The workflow is fixed by a push, which arms the canary; the canary's outcome resumes.
     kit.clock.advance(3 * 3600)
-    head = "e" * 40
-    kit.repo.files[head] = dict(kit.repo.files[kit.repo.head])
-    await kit.catalog.on_push(kit.state, push("refs/heads/main", kit.repo.head, head))
-    canary = await kit.waves.run(REPO, trigger="test")
-    assert canary is not None and len(canary.selected) == 1
-    [cand] = canary.selected
-    canary_run = next(d.run_id for d in kit.state.dispatches.values() if d.candidate == cand)
+    cand, canary_run, _ = await canary_after_a_push(kit)
     kit.repo.artifacts_of[canary_run] = [Artifact(id=901, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
     kit.repo.archives[901] = artifact_zip(DEFERRED)
     await kit.outcomes.on_workflow_run(kit.state, event(canary_run))
@@ -162,18 +156,25 @@ async def test_a_canary_whose_session_failed_at_once_does_not_resume_dispatch(ki
                                             archive_download_url="x")]
     kit.repo.archives[898] = artifact_zip(DEFERRED)
     await kit.outcomes.on_workflow_run(kit.state, event(late))
-    head = "e" * 40
-    kit.repo.files[head] = dict(kit.repo.files[kit.repo.head])
-    await kit.catalog.on_push(kit.state, push("refs/heads/main", kit.repo.head, head))
-    kit.clock.advance(3 * 3600)
-    canary = await kit.waves.run(REPO, trigger="test")
-    assert canary is not None and len(canary.selected) == 1
-    canary_run = next(d.run_id for d in kit.state.dispatches.values() if d.candidate == canary.selected[0])
-    assert canary_run is not None
+    _, canary_run, _ = await canary_after_a_push(kit)
     session_failed(kit, canary_run, 899)
     await kit.outcomes.on_workflow_run(kit.state, event(canary_run, conclusion="failure"))
     blocked = kit.state.blocked()
     assert blocked is not None and blocked.code == "dispatch-paused"
+
+
+async def canary_after_a_push(kit: Kit) -> tuple[str, int, str]:
+    """A push to the default branch of a paused repository, then the wave of its canary:
+    the canary's candidate, its run, and the pushed head."""
+    head = "e" * 40
+    kit.repo.files[head] = dict(kit.repo.files[kit.repo.head])
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", kit.repo.head, head))
+    canary = await kit.waves.run(REPO, trigger="test")
+    assert canary is not None and len(canary.selected) == 1
+    [cand] = canary.selected
+    run_id = next(d.run_id for d in kit.state.dispatches.values() if d.candidate == cand)
+    assert run_id is not None
+    return cand, run_id, head
 
 
 def session_failed(kit: Kit, run_id: int, artifact_id: int) -> None:

@@ -126,7 +126,7 @@ def test_the_reference_candidate_workflow_uploads_an_outcome_exactly_when_its_se
 
 
 def test_readme_upgrades_lists_every_migration() -> None:
-    # Review: README "Upgrades" names migrations 1-7; bot/store/migrations.py has an 8th
+    # README "Upgrades" names migrations 1-7; bot/store/migrations.py has an 8th
     # (the index of failed deliveries), which an operator reading a store's version misses.
     from bot.store.migrations import MIGRATIONS
 

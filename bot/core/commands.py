@@ -155,6 +155,7 @@ _COMMAND_RE = re.compile(r"^/klaud(?:\s+(?P<verb>\S+))?(?:\s+(?P<rest>.*))?$", r
 # Markdown's line endings only: str.splitlines also breaks at U+2028, U+0085 or a form feed,
 # which GitHub shows inside a line.
 _LINE_BREAK_RE = re.compile(r"\r\n|\r|\n")
+_BACKTICKS_RE = re.compile(r"`+")
 # An HTML comment starting a line (CommonMark's HTML block 2) hides every line up to `-->`.
 _HTML_COMMENT_RE = re.compile(r"^ {0,3}<!--")
 _LIST_MARKER_RE = re.compile(r"^ {0,3}(?:[-*+]|\d{1,9}[.)])[ \t]+")
@@ -240,10 +241,34 @@ def parse_commands(body: str) -> list[Command]:
     return commands
 
 
+def without_code_spans(line: str) -> str:
+    """`line` with its code spans cut out (CommonMark: a run of backticks opens one, closed by
+    the next run of exactly as many). Linear: each run learns the next one of its length
+    from a scan from the end, where a regex's lazy search was quadratic on a hostile line."""
+    runs = [(match.start(), match.end()) for match in _BACKTICKS_RE.finditer(line)]
+    following: list[int | None] = [None] * len(runs)
+    last: dict[int, int] = {}
+    for index in range(len(runs) - 1, -1, -1):
+        length = runs[index][1] - runs[index][0]
+        following[index] = last.get(length)
+        last[length] = index
+    kept, at, index = [], 0, 0
+    while index < len(runs):
+        closing = following[index]
+        if closing is None:
+            index += 1
+            continue
+        kept.append(line[at:runs[index][0]])
+        at, index = runs[closing][1], closing + 1
+    kept.append(line[at:])
+    return "".join(kept)
+
+
 def opens_a_comment(line: str) -> bool:
     """Whether paragraph text `line` leaves an HTML comment open (not in a code span)."""
-    start = line.rfind("<!--")
-    return start >= 0 and "-->" not in line[start + 2:] and line.count("`", 0, start) % 2 == 0
+    text = without_code_spans(line)
+    start = text.rfind("<!--")
+    return start >= 0 and "-->" not in text[start + 2:]
 
 
 def _comment_end(lines: list[str], number: int) -> int:

@@ -56,15 +56,15 @@ def dry_run(decision: Decision, workflow: str) -> Decision:
 DISABLED_REASON = "disabled by .github/klaud.yml (enabled: false): no wave runs"
 
 
-def disabled(wave: Wave, now: datetime) -> Wave:
-    """The plan of a repository whose policy turns Klaud off: no wave runs, so what would be
-    selected is shown paused and the plan says why (a preview that selected families would
-    promise dispatches that never come)."""
+def disabled(wave: Wave, blocked: Blocked) -> Wave:
+    """The plan of a repository whose policy turns Klaud off (`blocked`, dated when that was
+    first seen): no wave runs, so what would be selected is shown paused and the plan says
+    why (a preview that selected families would promise dispatches that never come)."""
     decisions = tuple(
         replace(d, decision="paused", reason=DISABLED_REASON) if d.decision == "selected" else d
         for d in wave.decisions
     )
-    return replace(wave, decisions=decisions, blocked=disabled_block(now))
+    return replace(wave, decisions=decisions, blocked=blocked)
 
 
 def disabled_block(now: datetime) -> Blocked:

@@ -14,12 +14,9 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Annotated, Any, Literal, NotRequired, cast
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator
-
-# pydantic validates typing's TypedDict only from Python 3.12.
-from typing_extensions import TypedDict
 
 CANDIDATE_RE = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{16}$")
 # A family id: the path of a master config (anywhere `config_globs` reaches), ':', its key.
@@ -152,14 +149,6 @@ def as_utc(value: datetime) -> datetime:
 
 # The type of every time the domain's records and GitHub's models hold (see `as_utc`).
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
-
-
-def _a_time_text(value: str) -> str:
-    parse_time(value)  # ValueError (the record is reported unreadable) unless it is one
-    return value
-
-
-TimeText = Annotated[str, AfterValidator(_a_time_text)]  # a time kept as GitHub's text
 
 
 # What reading a document of another shape than the one Klaud writes raises (a key missing,
@@ -372,28 +361,6 @@ class Dispatch:
     # The `/klaud retry` this dispatch used, until its run is linked: given back should
     # the dispatch start no run (its answer lost, or the process stopped before sending it).
     approval: RetryApproval | None = None
-
-
-class RetriedRun(TypedDict):
-    """The run of an artifact read to retry, as stored: enough to read its artifact again."""
-
-    id: int
-    run_attempt: int
-    head_sha: str
-    created_at: TimeText | None
-    updated_at: TimeText | None
-
-
-class ArtifactRetry(TypedDict):
-    """An artifact read that failed transiently, tried again with backoff (`artifact-retry`
-    records, keyed "<run id>:<run attempt>:<candidate>")."""
-
-    run: RetriedRun
-    candidate: str
-    artifact_id: int
-    first_failure_at: TimeText
-    failures: int
-    next_at: NotRequired[TimeText]
 
 
 @dataclass(frozen=True, slots=True)

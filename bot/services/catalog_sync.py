@@ -89,12 +89,17 @@ def _moved_ages(earlier: Iterable[Family], catalog: Catalog) -> dict[str, dateti
     """The image ages of families that moved to another file unchanged (a config renamed):
     GitHub's blame follows a rename, and so does the age, rather than restart at the push."""
     gone: dict[tuple[str, str], datetime | None] = {}
+    ambiguous: set[tuple[str, str]] = set()
     for family in earlier:
-        if catalog.get(family.id) is None and family.image_changed_at is not None:
+        if catalog.get(family.id) is None:
             moved = (family.key, family.normalized_image)
-            # Two files' families alike, of different ages, gone at once: whose is whose is
-            # unknown, and neither age is carried (None).
-            gone[moved] = family.image_changed_at if gone.get(moved, family.image_changed_at) == family.image_changed_at else None
+            # Two files' families alike, of different ages (one unknown), gone at once: whose
+            # is whose is unknown, and neither age is carried.
+            if moved in gone and gone[moved] != family.image_changed_at:
+                ambiguous.add(moved)
+            gone[moved] = family.image_changed_at
+    for moved in ambiguous:
+        gone[moved] = None
     if not gone:
         return {}
     known = {family.id for family in earlier}
@@ -396,7 +401,7 @@ class CatalogSync:
 
     async def refresh_policy(self, state: RepoState, api: RepoAPI, ref: str) -> tuple[bool, Change]:
         text = await api.file_text(POLICY_PATH, ref)
-        changed, change = state.set_policy_text(text)
+        changed, change = state.set_policy_text(text, self.live.clock.now())
         if state.meta.policy_error:
             log.warning("policy.invalid", error=state.meta.policy_error)
         return changed, change

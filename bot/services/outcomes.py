@@ -390,7 +390,8 @@ class OutcomeRecorder:
         key = f"{run.id}:{run.run_attempt}:{read.attempt.candidate}"
         now = self.live.clock.now()
         entry: dict[str, Any] = state.pending_artifacts.get(key) or {
-            "run": run.model_dump(mode="json", include={"id", "run_attempt", "head_sha", "updated_at", "created_at"}),
+            "run": run.model_dump(
+                mode="json", include={"id", "run_attempt", "head_sha", "updated_at", "created_at", "conclusion"}),
             "candidate": read.attempt.candidate,
             "artifact_id": read.artifact_id,
             "first_failure_at": stamp(now),
@@ -435,6 +436,8 @@ class OutcomeRecorder:
                 read = unread("artifact-not-found", False)
             else:
                 read = await self.read_artifact(state, api, candidate, artifact, info)
+                if run.conclusion in RUN_FAILED_CONCLUSIONS:  # the session's fallback, read late
+                    read = replace(read, attempt=await _where_a_fallback_failed(api, run, read.attempt))
         async with self.live.lock(state.name):
             change = Change()
             if read.transient:

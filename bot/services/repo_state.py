@@ -104,6 +104,9 @@ class RepoMeta:
     # A dispatch pause ({reason, since}) and its canary ({armed, candidate, wave}).
     pause: PauseDocument | None = None
     canary: dict[str, Any] | None = None
+    # The wave of the canary that last resumed dispatch: runs of earlier waves, ending late,
+    # no longer count toward a pause.
+    pause_counts_from: int | None = None
     # Wave number -> how the runs it dispatched ended so far (dispatching.WaveRuns).
     wave_runs: dict[str, WaveRunsDocument] = field(default_factory=dict)
     # The dashboard issue: {issue: number, digest: of its last render}.
@@ -220,8 +223,9 @@ class RepoState:
 
     # -- policy ------------------------------------------------------------------------
 
-    def set_policy_text(self, text: str | None) -> tuple[bool, Change]:
-        """Adopt a new `.github/klaud.yml`; an invalid one keeps the last good policy."""
+    def set_policy_text(self, text: str | None, now: datetime | None = None) -> tuple[bool, Change]:
+        """Adopt a new `.github/klaud.yml`; an invalid one keeps the last good policy. `now`:
+        when it was read (a policy turning dispatch off is dated then)."""
         try:
             policy = parse_policy(text)
         except PolicyError as exc:
@@ -233,6 +237,8 @@ class RepoState:
         self.meta.policy_error = None
         if policy.enabled:
             self.meta.disabled_since = None
+        elif self.meta.disabled_since is None and now is not None:
+            self.meta.disabled_since = stamp(now)  # stored with the policy: the same after a restart
         change = self.save_meta()
         if changed:
             self.retouch()  # every verdict depends on the policy: retouch drops them all
@@ -402,7 +408,8 @@ class RepoState:
         if self.policy.enabled:
             return self.blocked()
         # Since first seen off: dated `now`, the check runs and the dashboard changed every
-        # minute, and each render was sent again though nothing had changed.
+        # minute, and each render was sent again though nothing had changed. (A record stored
+        # before that date was kept gets it here, in memory, until the policy is read again.)
         if self.meta.disabled_since is None:
             self.meta.disabled_since = stamp(now)
         return disabled_block(parse_time(self.meta.disabled_since) or now)
@@ -461,6 +468,8 @@ class RepoState:
 
     def note_finished(self, dispatch: Dispatch, attempt: Attempt, now: datetime) -> str | None:
         """A dispatched run ended with `attempt`: "paused" or "resumed" when that changed."""
+        if dispatch.wave < (self.meta.pause_counts_from or 0) and not self.is_canary(attempt):
+            return None  # a run of a wave before the last canary's: its breakage was fixed since
         stats = self.meta.wave_runs.get(str(dispatch.wave))
         runs = WaveRuns(**stats) if stats is not None else WaveRuns(dispatched=0)
         count_finished(runs, attempt)
@@ -487,12 +496,17 @@ class RepoState:
         """
         if not self.is_canary(attempt):
             return None
+        family = attempt.family or self.family_of_candidate(attempt.candidate)
+        dispatch = self.dispatches.get(family) if family else None
+        if dispatch is not None and _another_run(dispatch, attempt):
+            return None  # a person's run of the canary's candidate: the canary's own is to come
         if attempt.verified and attempt.failed_job is None:  # not the fallback of a failed session
             # The waves before the canary's broke before the fix: a late run of theirs that
             # ends now must not pause dispatch again on their old counts.
             since = (self.meta.canary or {}).get("wave")
             if isinstance(since, int):
                 self.meta.wave_runs = {w: r for w, r in self.meta.wave_runs.items() if int(w) >= since}
+                self.meta.pause_counts_from = since
             self.meta.pause = None
             self.meta.canary = None
             return "resumed"

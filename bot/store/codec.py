@@ -7,13 +7,15 @@ error with its kind and key, never a half-built object.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Annotated, Any, NotRequired, cast
 
 import msgspec
-from pydantic import TypeAdapter, ValidationError
+from pydantic import AfterValidator, TypeAdapter, ValidationError
+
+# pydantic validates typing's TypedDict only from Python 3.12.
+from typing_extensions import TypedDict
 
 from bot.core.domain import (
-    ArtifactRetry,
     Attempt,
     Claim,
     Dispatch,
@@ -21,7 +23,40 @@ from bot.core.domain import (
     Hold,
     PullRequest,
     RetryApproval,
+    parse_time,
 )
+
+
+def _a_time_text(value: str) -> str:
+    parse_time(value)  # ValueError (the record is reported unreadable) unless it is one
+    return value
+
+
+TimeText = Annotated[str, AfterValidator(_a_time_text)]  # a time kept as GitHub's text
+
+
+class RetriedRun(TypedDict):
+    """The run of an artifact read to retry, as stored: enough to read its artifact again."""
+
+    id: int
+    run_attempt: int
+    head_sha: str
+    created_at: TimeText | None
+    updated_at: TimeText | None
+    conclusion: NotRequired[str | None]  # stored since the fallback outcome is told apart
+
+
+class ArtifactRetry(TypedDict):
+    """An artifact read that failed transiently, tried again with backoff (`artifact-retry`
+    records, keyed "<run id>:<run attempt>:<candidate>")."""
+
+    run: RetriedRun
+    candidate: str
+    artifact_id: int
+    first_failure_at: TimeText
+    failures: int
+    next_at: NotRequired[TimeText]
+
 
 # kind -> adapter; kinds absent here hold plain JSON documents (repo metadata, waves, ...).
 MODELS: dict[str, type] = {

@@ -667,7 +667,7 @@ def test_a_fence_opened_in_a_list_item_lasts_as_long_as_the_item(body: str, verb
     "Looks good <!--\n/klaud retry\n--> to me\n\n/klaud status",
 ])
 def test_a_command_inside_an_html_comment_opened_mid_line_is_not_a_command(body: str) -> None:
-    # Review: CommonMark's inline raw HTML lets a comment opened after text span the
+    # CommonMark's inline raw HTML lets a comment opened after text span the
     # paragraph's next lines (spec "Raw HTML", `foo <!-- this is a --\ncomment -->`);
     # GitHub shows none of it, and README says HTML comments are ignored. Only a comment
     # opening a line (HTML block 2) was followed, so the hidden command ran.
@@ -676,7 +676,7 @@ def test_a_command_inside_an_html_comment_opened_mid_line_is_not_a_command(body:
 
 @pytest.mark.parametrize("gap", ["\u00a0", "\u2003"])
 def test_a_family_key_then_a_reason_after_a_unicode_space_holds_that_family_not_the_prs(gap: str) -> None:
-    # Review: `_parse_command_line` splits target from text with str.split() (any Unicode
+    # `_parse_command_line` splits target from text with str.split() (any Unicode
     # space), but `resolve_command` splits a key from its reason at " " only: `/klaud hold
     # KEY<NBSP>reason` (macOS Option-Space, pasted text) on a Klaud PR held the PR's own
     # family, with "KEY<NBSP>reason" as the reason.

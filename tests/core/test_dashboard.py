@@ -318,3 +318,13 @@ def test_a_marker_keeps_an_enterprise_managed_users_login() -> None:
     remembered = parse_marker(body)
     assert remembered is not None
     assert [h.by for h in remembered.holds] == ["mona_acme"]
+
+
+def test_a_hold_reason_with_a_backtick_and_an_html_comment_opener_hides_no_later_box() -> None:
+    # code_span renders "see `notes` <!-- x" in a double-backtick span: four backticks before
+    # `<!--`, an even count, so opens_a_comment takes it for a comment that GitHub never shows.
+    holds = [Hold(A.id, "alice", "see `notes` <!-- x", NOW), Hold(C.id, "alice", "new weights", NOW)]
+    body = render_dashboard(view(holds=holds))
+    assert f"- [ ] unhold `{C.id}`" in body and "``see `notes` <!-- x``" in body
+    after = body.replace(f"- [ ] unhold `{C.id}`", f"- [x] unhold `{C.id}`")
+    assert ticked(body, after) == [("unhold", C.id)]

@@ -1,4 +1,4 @@
-"""Review: the catalog, image ages and the schedule stay current (real InferenceX configs)."""
+"""The catalog, image ages and the schedule stay current (on the real InferenceX configs)."""
 
 from __future__ import annotations
 
@@ -204,3 +204,36 @@ async def test_one_push_dated_far_ahead_does_not_cost_every_later_push_a_branch_
         assert kit.state.meta.head_sha == sha
     reads = [c for c in kit.repo.calls if c[0] == "head_sha"]
     assert reads == [], f"{len(reads)} branch reads for {len(shas) - 1} in-order pushes"
+
+
+async def test_two_renamed_files_one_of_unknown_age_do_not_both_take_the_known_age(kit: Kit, fixtures) -> None:
+    # 97f74da: "such a move is ambiguous and restarts at the push". An unknown age is another age.
+    from bot.core.events import BlameRange
+    from tests.services.test_catalog_freshness import (
+        MONTH_AGO,
+        NVIDIA,
+        PUSHED_AT,
+        use_real_configs,
+    )
+    from tests.services.test_catalog_freshness import push as push_at
+
+    team_a, team_b = "configs/team-a-master.yaml", "configs/team-b-master.yaml"
+    use_real_configs(kit, fixtures)
+    files = kit.repo.files[kit.repo.head]
+    text = files.pop(NVIDIA)
+    files[team_a], files[team_b] = text, text
+    kit.repo.blames[team_a] = [BlameRange(startingLine=1, endingLine=100_000, committed=MONTH_AGO)]
+    kit.repo.blames.pop(team_b, None)  # GitHub could not answer: unknown
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.state.catalog.get(f"{team_a}:dsr1-fp4-b200-trt").image_changed_at == MONTH_AGO
+    assert kit.state.catalog.get(f"{team_b}:dsr1-fp4-b200-trt").image_changed_at is None
+    before, after = kit.repo.head, "e" * 40
+    moved = dict(kit.repo.files[before])
+    moved["configs/team-a2-master.yaml"] = moved.pop(team_a)
+    moved["configs/team-b2-master.yaml"] = moved.pop(team_b)
+    kit.repo.files[after] = moved
+    kit.repo.head = after
+    await kit.catalog.on_push(kit.state, push_at(before, after))
+    ages = {f.path: f.image_changed_at for f in kit.state.catalog if f.key == "dsr1-fp4-b200-trt"}
+    assert list(ages.values()).count(MONTH_AGO) <= 1, ages
+    assert ages == {"configs/team-a2-master.yaml": PUSHED_AT, "configs/team-b2-master.yaml": PUSHED_AT}, ages

@@ -8,6 +8,7 @@ import yaml
 
 from bot.core.domain import claim_ref
 from bot.core.events import Artifact, Job, Step, WorkflowRunEvent
+from bot.github.errors import Unavailable
 from tests import scenarios as sc
 from tests.conftest import ROOT
 from tests.services.conftest import REPO, Kit
@@ -144,23 +145,30 @@ def test_the_reference_workflow_lets_a_re_run_replace_its_outcome_artifact() -> 
 
 async def test_a_canary_whose_session_failed_at_once_does_not_resume_dispatch(kit: Kit) -> None:
     # Its fallback outcome is "verified", but says the session never ran: the fix did not work.
+    canary_run = await paused_with_a_running_canary(kit)
+    session_failed(kit, canary_run, 899)
+    await kit.outcomes.on_workflow_run(kit.state, event(canary_run, conclusion="failure"))
+    blocked = kit.state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused"
+
+
+async def paused_with_a_running_canary(kit: Kit) -> int:
+    """Three runs of wave 1 fail in their session (fallback outcomes, cooling down): paused.
+    One more ends, deferred; a push arms the canary, whose wave dispatches it: its run."""
     runs = await five_dispatched(kit)
     for n, run_id in enumerate(runs[:3]):
         session_failed(kit, run_id, 800 + n)
         await kit.outcomes.on_workflow_run(kit.state, event(run_id, conclusion="failure"))
     assert kit.state.blocked() is not None
-    # The three are cooling down (their fallback outcomes are verified); one more ends, deferred.
     late = runs[3]
     late_cand = next(d.candidate for d in kit.state.dispatches.values() if d.run_id == late)
     kit.repo.artifacts_of[late] = [Artifact(id=898, name=f"klaud-candidate-{late_cand}", expired=False,
                                             archive_download_url="x")]
     kit.repo.archives[898] = artifact_zip(DEFERRED)
     await kit.outcomes.on_workflow_run(kit.state, event(late))
-    _, canary_run, _ = await canary_after_a_push(kit)
-    session_failed(kit, canary_run, 899)
-    await kit.outcomes.on_workflow_run(kit.state, event(canary_run, conclusion="failure"))
-    blocked = kit.state.blocked()
-    assert blocked is not None and blocked.code == "dispatch-paused"
+    kit.clock.advance(3 * 3600)
+    _, run_id, _ = await canary_after_a_push(kit)
+    return run_id
 
 
 async def canary_after_a_push(kit: Kit) -> tuple[str, int, str]:
@@ -185,3 +193,96 @@ def session_failed(kit: Kit, run_id: int, artifact_id: int) -> None:
     kit.repo.artifacts_of[run_id] = [Artifact(id=artifact_id, name=f"klaud-candidate-{cand}", expired=False,
                                               archive_download_url="x")]
     kit.repo.archives[artifact_id] = artifact_zip(FALLBACK)
+
+
+async def test_a_canarys_fallback_read_on_a_retry_does_not_resume_dispatch(kit: Kit) -> None:
+    # The canary's session failed at once again (the push did not fix it); its fallback
+    # artifact's first download fails with a 502 and is read an hour later.
+    canary_run = await paused_with_a_running_canary(kit)
+    session_failed(kit, canary_run, 899)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, event(canary_run, conclusion="failure"))
+    assert kit.state.pending_artifacts
+    kit.clock.advance(3600)
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 1
+    blocked = kit.state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused", "a fallback canary resumed dispatch"
+
+
+async def test_late_failures_of_a_wave_before_the_canarys_do_not_pause_dispatch_again(kit: Kit) -> None:
+    # README (320ee56): "the waves before the canary's no longer count towards a pause".
+    from bot.core.domain import Attempt, Dispatch
+
+    await kit.reconciler.reconcile(REPO, 1)
+    state = kit.state
+    now = kit.clock.now()
+    families = [f for f in state.catalog][:5]
+
+    def failed(family, run_id: int, wave: int = 2) -> tuple[Dispatch, Attempt]:
+        dispatch = Dispatch(family.id, family.candidate, wave, "a" * 40, now, run_id=run_id)
+        attempt = Attempt(family.candidate, family.id, run_id, 1, "a" * 40, now, False, None, None, None, None,
+                          "run-failed", "run", "get-jobs", None)
+        return dispatch, attempt
+
+    # Wave 1 paused dispatch; wave 2 had dispatched 5 runs before the fix (waves overlap).
+    state.note_dispatched(1, 3)
+    state.note_dispatched(2, 5)
+    for n in range(3):
+        state.note_finished(*failed(families[n], 100 + n, wave=1), now)
+    assert state.meta.pause is not None
+    state.meta.canary = {"armed": False, "candidate": families[4].candidate, "wave": 3}
+    state.note_dispatched(3, 1)
+    ok = Attempt(families[4].candidate, families[4].id, 300, 1, "a" * 40, now, True, "capacity-deferred",
+                 "targeted", None, None, None)
+    assert state.note_finished(Dispatch(families[4].id, families[4].candidate, 3, "a" * 40, now, run_id=300), ok, now) == "resumed"
+    # Three of wave 2's runs, dispatched before the fix, now end failing in the same job.
+    turns = []
+    for n in range(3):
+        dispatch, attempt = failed(families[n], 200 + n)
+        turns.append(state.note_finished(dispatch, attempt, now))
+    assert state.meta.pause is None, f"paused again by a wave before the canary's: {turns}"
+
+
+async def test_the_disabled_block_keeps_its_date_when_memory_is_read_back_from_the_store(kit: Kit) -> None:
+    # 97f74da: "the block is dated when Klaud first saw the file turn dispatch off". Stamped
+    # only in memory by a read (blocked_now), a read-back (after an error, a restart) dates it anew,
+    # and every check run and the dashboard change and are sent again.
+    await kit.reconciler.reconcile(REPO, 1)
+    before, after = kit.repo.head, "d" * 40
+    kit.repo.files[after] = {**kit.repo.files[before], ".github/klaud.yml": "enabled: false\n"}
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    first = kit.state.blocked_now(kit.clock.now())
+    assert first is not None
+    kit.clock.advance(600)
+    await kit.live.load_repo(REPO)  # a restart (or a replica taking over) reads the store
+    again = kit.state.blocked_now(kit.clock.now())
+    assert again is not None and again.since == first.since, (first.since, again.since)
+
+
+async def test_plan_and_state_document_date_a_disabled_repository_alike(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    before, after = kit.repo.head, "d" * 40
+    kit.repo.files[after] = {**kit.repo.files[before], ".github/klaud.yml": "enabled: false\n"}
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    kit.clock.advance(7200)
+    document = kit.state.state_document(kit.clock.now())
+    plan = await kit.waves.preview(REPO)
+    assert plan is not None and plan.blocked is not None
+    assert plan.document()["blocked"] == document["blocked"], (plan.document()["blocked"], document["blocked"])
+
+
+async def test_another_runs_unreadable_outcome_does_not_end_the_canary_whose_run_is_still_queued(kit: Kit) -> None:
+    # 320ee56 keeps the dispatch of our queued run when another run of its candidate ends;
+    # the canary still ended on that other run's attempt, and our canary's outcome then
+    # resumed nothing: dispatch stayed paused until a person pushed or commented.
+    canary_run = await paused_with_a_running_canary(kit)
+    cand = next(d.candidate for d in kit.state.dispatches.values() if d.run_id == canary_run)
+    kit.repo.artifacts_of[556] = [Artifact(id=56, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
+    kit.repo.archives[56] = b"not a zip"
+    await kit.outcomes.on_workflow_run(kit.state, event(556, title=f"Klaud Cold candidate {cand}"))
+    assert any(d.run_id == canary_run for d in kit.state.dispatches.values())  # ours still in flight
+    kit.repo.artifacts_of[canary_run] = [Artifact(id=57, name=f"klaud-candidate-{cand}", expired=False,
+                                                  archive_download_url="x")]
+    kit.repo.archives[57] = artifact_zip(DEFERRED)
+    await kit.outcomes.on_workflow_run(kit.state, event(canary_run))
+    assert kit.state.blocked() is None, f"the canary's own outcome did not resume dispatch: {kit.state.blocked()}"

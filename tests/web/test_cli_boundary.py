@@ -464,7 +464,7 @@ def test_plan_through_an_admin_port_that_answers_not_as_klaud_is_refused_in_one_
 
 
 def test_plan_on_a_klaud_db_whose_file_name_is_too_long_is_one_line_not_a_traceback(tmp_path):
-    # Review: `plan`'s "no store there" check used Path.exists(), which raises ENAMETOOLONG
+    # `plan`'s "no store there" check used Path.exists(), which raises ENAMETOOLONG
     # (Python 3.11 swallows only ENOENT/ENOTDIR/EBADF/ELOOP): a traceback, exit 1, where
     # `serve` and `receive` say "KLAUD_DB: cannot open …: File name too long" in one line.
     db = tmp_path / ("a" * 300 + ".db")
@@ -476,7 +476,7 @@ def test_plan_on_a_klaud_db_whose_file_name_is_too_long_is_one_line_not_a_traceb
 
 @pytest.mark.parametrize("command", [["demo", "--once"], ["sandbox", "--port", "0"], ["serve", "--sandbox"]])
 def test_a_scenario_file_that_is_not_utf8_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, command):
-    # Review: load_scenario caught OSError and JSONDecodeError but not UnicodeDecodeError:
+    # load_scenario caught OSError and JSONDecodeError but not UnicodeDecodeError:
     # `--scenario` naming a binary file (a .gz, an image) ended in a traceback, exit 1.
     scenario = tmp_path / "scenario.json"
     scenario.write_bytes(b"\xae\xff{}")
@@ -487,7 +487,7 @@ def test_a_scenario_file_that_is_not_utf8_is_one_line_and_exit_2(tmp_path, monke
 
 
 def test_a_private_key_that_is_not_rsa_is_refused_at_start_up_naming_the_variable(tmp_path, monkeypatch, capsys):
-    # Review: any PEM private key passed the settings check; GitHub App keys are RSA and
+    # any PEM private key passed the settings check; GitHub App keys are RSA and
     # the JWT is RS256, so an EC key (a TLS key named by mistake) failed at the first
     # GitHub call with PyJWT's InvalidKeyError traceback, exit 1, instead of one line, exit 2.
     from cryptography.hazmat.primitives.asymmetric import ec

@@ -33,6 +33,8 @@ log = structlog.get_logger("klaud.live")
 
 # Earlier names of renamed repositories remembered, for the events still named by them.
 FORMER_NAMES = 1024
+
+
 def spellings(names: list[str]) -> dict[str, list[str]]:
     """Stored repository names by their lowercase, each one's spellings in a fixed order."""
     found: dict[str, list[str]] = {}

@@ -187,12 +187,13 @@ def parse_commands(body: str) -> list[Command]:
     quoted_paragraph = False  # the paragraph open is inside a quote
     html_comment = False  # inside an HTML comment that started a line
     hidden_until = 0  # the last line of an HTML comment opened inside a paragraph
+    unclosed_until = 0  # where the paragraph ended that left the last one opened unclosed
     lines = _LINE_BREAK_RE.split(body)
     for number, raw in enumerate(lines, start=1):
         line = raw.expandtabs(4)
         if number <= hidden_until:
             if number == hidden_until and opens_a_comment(line[line.index("-->") + 3:]):
-                hidden_until = _comment_end(lines, number)  # `--> and <!-- another`
+                hidden_until, unclosed_until = _comment_end(lines, number)  # `--> and <!-- another`
             continue
         if html_comment:
             html_comment = "-->" not in line
@@ -236,53 +237,70 @@ def parse_commands(body: str) -> list[Command]:
         command = _parse_command_line(line.strip(), number)
         if command is not None:
             commands.append(command)
-        if opens_a_comment(line):
-            hidden_until = _comment_end(lines, number)
+        # A comment the paragraph does not close leaves every line of it as it is: another
+        # opened in one of them is not looked for again (thousands of `a <!--` lines in one
+        # paragraph took minutes, each scanning to its end).
+        if number >= unclosed_until and opens_a_comment(line):
+            hidden_until, unclosed_until = _comment_end(lines, number)
     return commands
 
 
-def without_code_spans(line: str) -> str:
-    """`line` with its code spans cut out (CommonMark: a run of backticks opens one, closed by
-    the next run of exactly as many). Linear: each run learns the next one of its length
-    from a scan from the end, where a regex's lazy search was quadratic on a hostile line."""
-    runs = [(match.start(), match.end()) for match in _BACKTICKS_RE.finditer(line)]
-    following: list[int | None] = [None] * len(runs)
+def _backtick_runs(line: str) -> tuple[list[tuple[int, int]], list[int | None]]:
+    """The runs of backticks of `line` (start, end), a backslash-escaped first backtick left
+    out (CommonMark: `\\`` is a literal backtick), and for each the index of the next run of
+    the same length, which closes the code span it opens (None: it opens none). Linear: each
+    run learns its closer from a scan from the end."""
+    runs = []
+    for match in _BACKTICKS_RE.finditer(line):
+        start, end = match.span()
+        slashes = start - len(line[:start].rstrip("\\"))
+        start += slashes % 2
+        if start < end:
+            runs.append((start, end))
+    closers: list[int | None] = [None] * len(runs)
     last: dict[int, int] = {}
     for index in range(len(runs) - 1, -1, -1):
         length = runs[index][1] - runs[index][0]
-        following[index] = last.get(length)
+        closers[index] = last.get(length)
         last[length] = index
-    kept, at, index = [], 0, 0
-    while index < len(runs):
-        closing = following[index]
-        if closing is None:
-            index += 1
-            continue
-        kept.append(line[at:runs[index][0]])
-        at, index = runs[closing][1], closing + 1
-    kept.append(line[at:])
-    return "".join(kept)
+    return runs, closers
 
 
 def opens_a_comment(line: str) -> bool:
-    """Whether paragraph text `line` leaves an HTML comment open (not in a code span)."""
-    text = without_code_spans(line)
-    start = text.rfind("<!--")
-    return start >= 0 and "-->" not in text[start + 2:]
+    """Whether paragraph text `line` leaves an HTML comment open: read left to right, a
+    comment or a code span, whichever starts first, hides what follows up to its end (a
+    `<!--` in a code span opens nothing, a backtick in a comment opens no span)."""
+    runs, closers = _backtick_runs(line)
+    at, run, opener = 0, 0, line.find("<!--")
+    while opener >= 0:
+        while run < len(runs) and runs[run][0] < at:
+            run += 1
+        if run == len(runs) or opener < runs[run][0]:
+            end = line.find("-->", opener + 2)
+            if end < 0:
+                return True
+            at = end + 3
+        else:
+            closer = closers[run]
+            at = runs[run][1] if closer is None else runs[closer][1]
+            run += 1
+        if opener < at:
+            opener = line.find("<!--", at)
+    return False
 
 
-def _comment_end(lines: list[str], number: int) -> int:
-    """The number of the line that closes the comment line `number` opened inside a
-    paragraph; 0 when the paragraph ends first (CommonMark: the `<!--` is text then).
-
-    Such a comment spans the paragraph's next lines, and GitHub shows none of it."""
-    for later, raw in enumerate(lines[number:], start=number + 1):
-        line = raw.expandtabs(4)
+def _comment_end(lines: list[str], number: int) -> tuple[int, int]:
+    """(the number of the line that closes the comment line `number` opened inside a
+    paragraph, 0 when the paragraph ends first; the line where the paragraph ended then).
+    CommonMark: such a comment spans the paragraph's next lines, and GitHub shows none of
+    it; one the paragraph does not close is text."""
+    for later in range(number + 1, len(lines) + 1):
+        line = lines[later - 1].expandtabs(4)
         if not line.strip() or _QUOTE_RE.match(line) or _interrupts_paragraph(line):
-            return 0
+            return 0, later
         if "-->" in line:
-            return later
-    return 0
+            return later, 0
+    return 0, len(lines) + 1
 
 
 def _leaves_item(line: str, content_column: int) -> bool:

@@ -510,7 +510,10 @@ class RepoState:
             self.meta.pause = None
             self.meta.canary = None
             return "resumed"
-        if not self.artifact_read_pending(attempt.candidate, attempt.run_id):
+        # Not while a read of any run of the candidate is pending: the canary's own may be one
+        # (its run's dispatch ended with a transient read), and a person's run of the same
+        # candidate ending without an outcome then cleared the canary before its outcome came.
+        if not self.artifact_read_pending(attempt.candidate):
             self.meta.canary = None
         return None
 
@@ -584,10 +587,11 @@ class RepoState:
         self.pending_artifacts[key] = entry
         return Change().put(self.name, "artifact-retry", key, entry)
 
-    def artifact_read_pending(self, candidate: str, run_id: int) -> bool:
-        """A transiently failed read of `candidate`'s artifact in run `run_id` is to be retried."""
+    def artifact_read_pending(self, candidate: str, run_id: int | None = None) -> bool:
+        """A transiently failed read of `candidate`'s artifact in run `run_id` (any run: None)
+        is to be retried."""
         return any(
-            entry["candidate"] == candidate and entry["run"]["id"] == run_id for entry in self.pending_artifacts.values()
+            entry["candidate"] == candidate and run_id in (None, entry["run"]["id"]) for entry in self.pending_artifacts.values()
         )
 
     def drop_artifact_retry(self, key: str) -> Change:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+import bot.core.commands as commands_module
 from bot.core.commands import (
     CLIPPED,
     COMMENT_LIMIT,
@@ -20,6 +21,7 @@ from bot.core.commands import (
     compose_reply,
     effective_permission,
     help_text,
+    opens_a_comment,
     parse_commands,
     permission_allows,
     render_help,
@@ -703,3 +705,25 @@ def test_an_html_comment_opener_that_opens_no_comment_hides_nothing(body: str) -
 ])
 def test_a_comment_opened_on_the_line_that_closes_another_hides_its_lines_too(body: str) -> None:
     assert [c.verb for c in parse_commands(body)] == ["status"]
+
+
+def test_an_escaped_backtick_opens_no_code_span() -> None:
+    # CommonMark: `\`` is a literal backtick; taken for a span's start, it hid `<!--` after it.
+    assert opens_a_comment("see \\`<!-- x `")
+
+
+def test_a_comment_that_starts_before_a_backtick_wins_over_the_code_span() -> None:
+    # Whichever starts first wins (CommonMark): this comment is closed on its own line.
+    assert not opens_a_comment("note <!-- a ` --> b `")
+    assert [c.verb for c in parse_commands("note <!-- a ` --> b `\n/klaud retry fam\n-->")] == ["retry"]
+
+
+def test_a_paragraph_of_unclosed_comment_openers_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each `a <!--` line scanned the rest of the paragraph for its `-->`: 20,000 such lines
+    # (a 120 KB comment) held the event loop for minutes.
+    scans: list[int] = []
+    scan = commands_module._comment_end
+    monkeypatch.setattr(commands_module, "_comment_end", lambda lines, number: (scans.append(number), scan(lines, number))[1])
+    found = parse_commands("\n".join(["a <!--"] * 2000) + "\n/klaud status")
+    assert [c.verb for c in found] == ["status"]  # closed nowhere, the openers are text
+    assert scans == [1]

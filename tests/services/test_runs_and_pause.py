@@ -286,3 +286,22 @@ async def test_another_runs_unreadable_outcome_does_not_end_the_canary_whose_run
     kit.repo.archives[57] = artifact_zip(DEFERRED)
     await kit.outcomes.on_workflow_run(kit.state, event(canary_run))
     assert kit.state.blocked() is None, f"the canary's own outcome did not resume dispatch: {kit.state.blocked()}"
+
+
+async def test_another_runs_failure_does_not_end_the_canary_whose_read_is_retried(kit: Kit) -> None:
+    canary_run = await paused_with_a_running_canary(kit)
+    cand = next(d.candidate for d in kit.state.dispatches.values() if d.run_id == canary_run)
+    kit.repo.artifacts_of[canary_run] = [Artifact(id=57, name=f"klaud-candidate-{cand}", expired=False,
+                                                  archive_download_url="x")]
+    kit.repo.archives[57] = artifact_zip(DEFERRED)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, event(canary_run))  # its read waits for a retry
+    assert kit.state.pending_artifacts
+    # A person's run of the same candidate ends with an unreadable artifact meanwhile.
+    kit.repo.artifacts_of[556] = [Artifact(id=56, name=f"klaud-candidate-{cand}", expired=False,
+                                           archive_download_url="x")]
+    kit.repo.archives[56] = b"not a zip"
+    await kit.outcomes.on_workflow_run(kit.state, event(556, title=f"Klaud Cold candidate {cand}"))
+    kit.clock.advance(3600)
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 1
+    assert kit.state.blocked() is None, f"the canary's own outcome resumed nothing: {kit.state.meta.canary}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -156,6 +157,8 @@ _COMMAND_RE = re.compile(r"^/klaud(?:\s+(?P<verb>\S+))?(?:\s+(?P<rest>.*))?$", r
 # which GitHub shows inside a line.
 _LINE_BREAK_RE = re.compile(r"\r\n|\r|\n")
 _BACKTICKS_RE = re.compile(r"`+")
+# A setext heading's underline: it ends the paragraph above it (as its heading).
+_SETEXT_RE = re.compile(r"^ {0,3}(?:=+|-+)[ \t]*$")
 # An HTML comment starting a line (CommonMark's HTML block 2) hides every line up to `-->`.
 _HTML_COMMENT_RE = re.compile(r"^ {0,3}<!--")
 _LIST_MARKER_RE = re.compile(r"^ {0,3}(?:[-*+]|\d{1,9}[.)])[ \t]+")
@@ -233,56 +236,62 @@ def parse_commands(body: str) -> list[Command]:
         if fence is not None:
             paragraph_open = False
             continue
-        paragraph_open = True
+        # A heading or a thematic break holds no paragraph: an indented line after it is code.
+        paragraph_open = not _HEADING_OR_BREAK_RE.match(line)
         command = _parse_command_line(line.strip(), number)
         if command is not None:
             commands.append(command)
         # A comment the paragraph does not close leaves every line of it as it is: another
         # opened in one of them is not looked for again (thousands of `a <!--` lines in one
         # paragraph took minutes, each scanning to its end).
-        if number >= unclosed_until and opens_a_comment(line):
+        if paragraph_open and number >= unclosed_until and opens_a_comment(line):
             hidden_until, unclosed_until = _comment_end(lines, number)
     return commands
 
 
-def _backtick_runs(line: str) -> tuple[list[tuple[int, int]], list[int | None]]:
-    """The runs of backticks of `line` (start, end), a backslash-escaped first backtick left
-    out (CommonMark: `\\`` is a literal backtick), and for each the index of the next run of
-    the same length, which closes the code span it opens (None: it opens none). Linear: each
-    run learns its closer from a scan from the end."""
-    runs = []
-    for match in _BACKTICKS_RE.finditer(line):
-        start, end = match.span()
-        slashes = start - len(line[:start].rstrip("\\"))
-        start += slashes % 2
-        if start < end:
-            runs.append((start, end))
-    closers: list[int | None] = [None] * len(runs)
-    last: dict[int, int] = {}
-    for index in range(len(runs) - 1, -1, -1):
-        length = runs[index][1] - runs[index][0]
-        closers[index] = last.get(length)
-        last[length] = index
-    return runs, closers
+def _backtick_runs(line: str) -> tuple[list[tuple[int, int]], dict[int, list[int]]]:
+    """The runs of backticks of `line` (start, end), and by length the indexes of the runs
+    of that length, in order (a span opened by a run is closed by the next run of its
+    length)."""
+    runs = [match.span() for match in _BACKTICKS_RE.finditer(line)]
+    by_length: dict[int, list[int]] = {}
+    for index, (start, end) in enumerate(runs):
+        by_length.setdefault(end - start, []).append(index)
+    return runs, by_length
+
+
+def _escaped(line: str, at: int) -> bool:
+    """Whether the character at `at` follows an odd number of backslashes (a literal one)."""
+    before = at
+    while before and line[before - 1] == "\\":
+        before -= 1
+    return (at - before) % 2 == 1
 
 
 def opens_a_comment(line: str) -> bool:
     """Whether paragraph text `line` leaves an HTML comment open: read left to right, a
     comment or a code span, whichever starts first, hides what follows up to its end (a
-    `<!--` in a code span opens nothing, a backtick in a comment opens no span)."""
-    runs, closers = _backtick_runs(line)
+    `<!--` in a code span opens nothing, a backtick in a comment opens no span). Outside a
+    span a backslash escapes the character after it (`\\<!--`, `\\``); inside one it does not."""
+    runs, by_length = _backtick_runs(line)
     at, run, opener = 0, 0, line.find("<!--")
     while opener >= 0:
         while run < len(runs) and runs[run][0] < at:
             run += 1
         if run == len(runs) or opener < runs[run][0]:
-            end = line.find("-->", opener + 2)
-            if end < 0:
-                return True
-            at = end + 3
+            if _escaped(line, opener):
+                at = opener + 1
+            else:
+                end = line.find("-->", opener + 2)
+                if end < 0:
+                    return True
+                at = end + 3
         else:
-            closer = closers[run]
-            at = runs[run][1] if closer is None else runs[closer][1]
+            start, end = runs[run]
+            length = end - start - (1 if _escaped(line, start) else 0)
+            later = by_length.get(length, [])
+            closer = later[bisect_right(later, run)] if length and bisect_right(later, run) < len(later) else None
+            at = end if closer is None else runs[closer][1]
             run += 1
         if opener < at:
             opener = line.find("<!--", at)
@@ -296,7 +305,7 @@ def _comment_end(lines: list[str], number: int) -> tuple[int, int]:
     it; one the paragraph does not close is text."""
     for later in range(number + 1, len(lines) + 1):
         line = lines[later - 1].expandtabs(4)
-        if not line.strip() or _QUOTE_RE.match(line) or _interrupts_paragraph(line):
+        if not line.strip() or _QUOTE_RE.match(line) or _interrupts_paragraph(line) or _SETEXT_RE.match(line):
             return 0, later
         if "-->" in line:
             return later, 0

@@ -475,6 +475,9 @@ class RepoState:
         count_finished(runs, attempt)
         self.meta.wave_runs[str(dispatch.wave)] = runs.document()
         if self.is_canary(attempt):
+            if self.meta.canary is not None and not _another_run(dispatch, attempt):
+                # Its own run, from now on told apart from a person's run of the candidate.
+                self.meta.canary["run"] = attempt.run_id
             return self.note_canary_attempt(attempt)
         if self.meta.pause is None:
             reason = pause_reason(dispatch.wave, runs)
@@ -498,8 +501,10 @@ class RepoState:
             return None
         family = attempt.family or self.family_of_candidate(attempt.candidate)
         dispatch = self.dispatches.get(family) if family else None
-        if dispatch is not None and _another_run(dispatch, attempt):
-            return None  # a person's run of the canary's candidate: the canary's own is to come
+        own = (self.meta.canary or {}).get("run")
+        if (dispatch is not None and _another_run(dispatch, attempt)) or (
+                own is not None and attempt.source != "receipt" and attempt.run_id != own):
+            return None  # a person's run of the canary's candidate: the canary's own counts
         if attempt.verified and attempt.failed_job is None:  # not the fallback of a failed session
             # The waves before the canary's broke before the fix: a late run of theirs that
             # ends now must not pause dispatch again on their old counts.
@@ -510,10 +515,7 @@ class RepoState:
             self.meta.pause = None
             self.meta.canary = None
             return "resumed"
-        # Not while a read of any run of the candidate is pending: the canary's own may be one
-        # (its run's dispatch ended with a transient read), and a person's run of the same
-        # candidate ending without an outcome then cleared the canary before its outcome came.
-        if not self.artifact_read_pending(attempt.candidate):
+        if not self.artifact_read_pending(attempt.candidate, attempt.run_id):
             self.meta.canary = None
         return None
 

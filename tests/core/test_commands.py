@@ -727,3 +727,24 @@ def test_a_paragraph_of_unclosed_comment_openers_is_read_once(monkeypatch: pytes
     found = parse_commands("\n".join(["a <!--"] * 2000) + "\n/klaud status")
     assert [c.verb for c in found] == ["status"]  # closed nowhere, the openers are text
     assert scans == [1]
+
+
+def test_a_backslash_before_a_closing_backtick_does_not_keep_the_span_open() -> None:
+    # Backslash escapes do not work in a code span: `foo\` is one, and the `<!--` after it
+    # opens a comment GitHub hides up to `-->`.
+    assert parse_commands("x `foo\\` <!-- y `\n/klaud status\n-->") == []
+
+
+@pytest.mark.parametrize("body", [
+    "\\<!-- x\n/klaud status\n-->",  # an escaped `<` opens no comment
+    "a <!--\n===\n/klaud status\n-->",  # a setext underline ends the paragraph (a heading)
+    "a <!--\n-\n/klaud status\n-->",  # so does `-`
+    "# a <!--\n/klaud status\n-->",  # an ATX heading is one line: its `<!--` is text
+])
+def test_a_command_github_shows_after_a_comment_opener_that_opens_none_runs(body: str) -> None:
+    assert [c.verb for c in parse_commands(body)] == ["status"]
+
+
+def test_an_indented_line_after_a_heading_is_code() -> None:
+    # CommonMark: a heading holds no paragraph, so the indented line is an indented code block.
+    assert parse_commands("# Title\n    /klaud status") == []

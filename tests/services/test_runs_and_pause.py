@@ -305,3 +305,21 @@ async def test_another_runs_failure_does_not_end_the_canary_whose_read_is_retrie
     kit.clock.advance(3600)
     assert await kit.outcomes.retry_artifacts_of(kit.state) == 1
     assert kit.state.blocked() is None, f"the canary's own outcome resumed nothing: {kit.state.meta.canary}"
+
+
+async def test_a_persons_pending_read_does_not_keep_a_canary_whose_own_run_gave_no_outcome(kit: Kit) -> None:
+    # f9b9e7d keeps the canary while a read of *any* run of its candidate waits: a person's
+    # run's read waited, the canary's own run ended without an outcome (the repository stays
+    # paused, per note_canary_attempt), and the person's run's late outcome resumed dispatch.
+    canary_run = await paused_with_a_running_canary(kit)
+    cand = next(d.candidate for d in kit.state.dispatches.values() if d.run_id == canary_run)
+    kit.repo.artifacts_of[556] = [Artifact(id=56, name=f"klaud-candidate-{cand}", expired=False, archive_download_url="x")]
+    kit.repo.archives[56] = artifact_zip(DEFERRED)
+    kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+    await kit.outcomes.on_workflow_run(kit.state, event(556, title=f"Klaud Cold candidate {cand}"))
+    assert kit.state.artifact_read_pending(cand, 556)
+    await kit.outcomes.on_workflow_run(kit.state, event(canary_run))  # no artifact: no outcome
+    assert not any(d.run_id == canary_run for d in kit.state.dispatches.values())
+    kit.clock.advance(3600)
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 1
+    assert kit.state.blocked() is not None, "a person's run resumed dispatch after the canary's own run gave no outcome"

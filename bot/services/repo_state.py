@@ -405,11 +405,13 @@ class RepoState:
 
     def blocked_now(self, now: datetime) -> Blocked | None:
         """`blocked()`, or first `enabled: false`, as the plan says it (`dispatching.disabled`)."""
-        if self.policy.enabled:
-            return self.blocked()
-        # Since first seen off: dated `now`, the check runs and the dashboard changed every
-        # minute, and each render was sent again though nothing had changed. (A record stored
-        # before that date was kept gets it here, in memory, until the policy is read again.)
+        return self.blocked() if self.policy.enabled else self.disabled_block(now)
+
+    def disabled_block(self, now: datetime) -> Blocked:
+        """What `enabled: false` blocks with, dated when Klaud first saw the file say so:
+        dated `now`, the check runs and the dashboard changed every minute, and each render
+        was sent again though nothing had changed. (A record stored before that date was
+        kept gets it here, in memory, until the policy is read again.)"""
         if self.meta.disabled_since is None:
             self.meta.disabled_since = stamp(now)
         return disabled_block(parse_time(self.meta.disabled_since) or now)
@@ -507,10 +509,9 @@ class RepoState:
             return None  # a person's run of the canary's candidate: the canary's own counts
         if attempt.verified and attempt.failed_job is None:  # not the fallback of a failed session
             # The waves before the canary's broke before the fix: a late run of theirs that
-            # ends now must not pause dispatch again on their old counts.
+            # ends now must not pause dispatch again (`note_finished` passes them over).
             since = (self.meta.canary or {}).get("wave")
             if isinstance(since, int):
-                self.meta.wave_runs = {w: r for w, r in self.meta.wave_runs.items() if int(w) >= since}
                 self.meta.pause_counts_from = since
             self.meta.pause = None
             self.meta.canary = None
@@ -589,11 +590,10 @@ class RepoState:
         self.pending_artifacts[key] = entry
         return Change().put(self.name, "artifact-retry", key, entry)
 
-    def artifact_read_pending(self, candidate: str, run_id: int | None = None) -> bool:
-        """A transiently failed read of `candidate`'s artifact in run `run_id` (any run: None)
-        is to be retried."""
+    def artifact_read_pending(self, candidate: str, run_id: int) -> bool:
+        """A transiently failed read of `candidate`'s artifact in run `run_id` is to be retried."""
         return any(
-            entry["candidate"] == candidate and run_id in (None, entry["run"]["id"]) for entry in self.pending_artifacts.values()
+            entry["candidate"] == candidate and entry["run"]["id"] == run_id for entry in self.pending_artifacts.values()
         )
 
     def drop_artifact_retry(self, key: str) -> Change:

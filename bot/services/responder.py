@@ -224,7 +224,7 @@ class CommandResponder:
             next_decision=decision,
             next_wave_at=parse_time(state.meta.next_wave_at),
             repo=state.name,
-            blocked=state.blocked_now(self.clock.now()),
+            blocked=state.blocked_now(now),
         )
         return render_status(view)
 

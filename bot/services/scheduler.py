@@ -277,8 +277,8 @@ class Scheduler:
             # 10:00 gave the 10:00 slot again, and a second wave ran. A wave further ahead
             # than one slot ran while the clock was wrong (a year ahead): not waited for.
             ran = parse_time(state.meta.scheduled_wave_at)
-            stepped_back = ran is not None and now < ran <= now + timedelta(minutes=every)
-            await self._set_next(name, ran if stepped_back and ran is not None else now)
+            since = ran if ran is not None and now < ran <= now + timedelta(minutes=every) else now
+            await self._set_next(name, since)
             return False
         if due > now:
             return False

@@ -79,8 +79,7 @@ class WaveRunner:
     async def preview_state(self, state: RepoState, now: datetime) -> Wave:
         reading = await self.capacity.read()
         wave = state.plan(state.meta.wave + 1, now, reading)
-        blocked = state.blocked_now(now)
-        return wave if state.policy.enabled or blocked is None else dispatching.disabled(wave, blocked)
+        return wave if state.policy.enabled else dispatching.disabled(wave, state.disabled_block(now))
 
     async def run(self, repo: str, *, trigger: str, next_wave_at: datetime | None = None) -> Wave | None:
         """One real wave: plan, claim and dispatch the selected candidates, store the document.

@@ -512,7 +512,7 @@ class Catalog:
     def paths(self) -> list[str]:
         return sorted(self._by_path)
 
-    def date_unknown_images(self, dates: Mapping[str, datetime], *, unknown_only: bool = True) -> list[Family]:
+    def date_images(self, dates: Mapping[str, datetime], *, unknown_only: bool = True) -> list[Family]:
         """Give the families whose image age is unknown (`unknown_only`; else any) the dates
         found; returns them."""
         dated = []

@@ -169,13 +169,12 @@ _FEED_HINTS = {
 }
 _NOT_A_FEED_HINT = ("KLAUD_CAPACITY_URL answers with something other than a cluster status feed: check the URL"
                     " (the feed's own, not a page about it)")
-
-
 _FEED_FAILING_HINT = "the feed's server is failing or busy: check the cluster status service, then read it again"
 
 
 def _feed_hint(error: str) -> str:
-    if error in ("http-408", "http-429") or (error.startswith("http-5") and len(error) == 8):
+    status = error.removeprefix("http-")
+    if status in ("408", "429") or (status.isdigit() and 500 <= int(status) <= 599):
         return _FEED_FAILING_HINT
     return _FEED_HINTS.get(error, _NOT_A_FEED_HINT)
 

@@ -82,8 +82,8 @@ def file_change_from_patch(
     Call it for master configs only; any other file is `FileChange(filename)`.
     A None patch means GitHub left it out, and a patch cannot say whose lines it changes
     when its cut hunk-header key no single one of `known_keys` (the file's family keys, each
-    with the indentation of its block's keys: `family_indents`) completes, or when its hunk headers do not name the blocks (`headed` False, from
-    `hunk_headers_name`): for all three, try `file_change_from_contents` first, and keep
+    with the indentation of its block's keys: `family_indents`) completes, or when its hunk
+    headers do not name the blocks (`headed` False, from `hunk_headers_name`): for all three, try `file_change_from_contents` first, and keep
     this `unavailable` answer only when the contents cannot be had either.
     `previous_filename` is kept for renames only: a copy leaves its source untouched.
     """

@@ -30,6 +30,8 @@ REPO_PATTERN = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$"
 def owner_of(full_name: str) -> str:
     """The account of a repository named `owner/name`."""
     return full_name.split("/")[0]
+
+
 Permission = Literal["admin", "maintain", "write", "triage", "read", "none"]
 # The head commit's age: just after a history, else a long-settled repository.
 HEAD_AGE_AFTER_HISTORY = timedelta(minutes=1)

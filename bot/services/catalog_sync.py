@@ -286,8 +286,8 @@ class CatalogSync:
         change: Change,
     ) -> set[str]:
         """Re-read what `changed` names (None: everything) at `ref`; the families whose image moved."""
-        before = {f.id: f.image for f in state.catalog}
         earlier = list(state.catalog)
+        before = {f.id: f.image for f in earlier}
         reload_all = changed is None
         runners_moved = False
         workflow_changed = changed is None or workflow_path(state.policy.candidate_workflow) in changed

@@ -48,6 +48,7 @@ from bot.services.dispatch import delete_claim_ref
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
 from bot.store.change import Change
+from bot.store.codec import RETRIED_RUN_FIELDS
 
 log = structlog.get_logger("klaud.outcomes")
 
@@ -390,8 +391,7 @@ class OutcomeRecorder:
         key = f"{run.id}:{run.run_attempt}:{read.attempt.candidate}"
         now = self.live.clock.now()
         entry: dict[str, Any] = state.pending_artifacts.get(key) or {
-            "run": run.model_dump(
-                mode="json", include={"id", "run_attempt", "head_sha", "updated_at", "created_at", "conclusion"}),
+            "run": run.model_dump(mode="json", include=set(RETRIED_RUN_FIELDS)),
             "candidate": read.attempt.candidate,
             "artifact_id": read.artifact_id,
             "first_failure_at": stamp(now),

@@ -261,7 +261,7 @@ class RepoState:
     def date_images(self, dates: Mapping[str, datetime], *, unknown_only: bool = True) -> Change:
         """Image ages found in the history (a blame) for families that had none (`unknown_only`)."""
         change = Change()
-        for family in self.catalog.date_unknown_images(dates, unknown_only=unknown_only):
+        for family in self.catalog.date_images(dates, unknown_only=unknown_only):
             change.put(self.name, "family", family.id, family)
         if change:
             self._index_families()  # ages order the families

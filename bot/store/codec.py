@@ -46,6 +46,10 @@ class RetriedRun(TypedDict):
     conclusion: NotRequired[str | None]  # stored since the fallback outcome is told apart
 
 
+# What of a workflow run an artifact retry keeps (`WorkflowRun`'s fields of these names).
+RETRIED_RUN_FIELDS = frozenset(RetriedRun.__required_keys__ | RetriedRun.__optional_keys__)
+
+
 class ArtifactRetry(TypedDict):
     """An artifact read that failed transiently, tried again with backoff (`artifact-retry`
     records, keyed "<run id>:<run attempt>:<candidate>")."""

@@ -350,7 +350,9 @@ class Inbox:
 
     def busy(self, repo: str) -> bool:
         """Whether deliveries of `repo` wait or run here."""
-        key = repo_queue(repo)
+        return self._busy_queue(repo_queue(repo))
+
+    def _busy_queue(self, key: str) -> bool:
         return bool(self._queues.get(key)) or key in self._active
 
     def release(self, repo: str | None) -> None:
@@ -366,7 +368,7 @@ class Inbox:
         else:
             keys = [repo_queue(repo)]
         for key in keys:
-            if self._queues.get(key) or key in self._active:
+            if self._busy_queue(key):
                 self._released.add(key)
                 self._wake.set()
 

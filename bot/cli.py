@@ -455,7 +455,7 @@ async def _receive(settings: Settings, args: argparse.Namespace) -> int:
         raise UsageError(f"--event: unknown event name {args.event!r} (known: {', '.join(sorted(KLAUD_EVENTS))})")
     if args.delivery is not None and not HEADER_TOKEN.fullmatch(args.delivery):
         # The id the webhook's X-GitHub-Delivery may hold, and that the admin API looks up.
-        raise UsageError("--delivery: 1-200 printable ASCII characters without spaces")
+        raise UsageError("--delivery: 1-200 printable ASCII characters without spaces, and not . or ..")
     try:
         # The webhook's own checks: a payload it would refuse is refused here in one line.
         body = _read_at_most(args.payload, MAX_BODY, "--payload")

@@ -26,7 +26,7 @@ from bot.web.backend import (
 )
 from bot.web.health import add_health_routes
 from bot.web.page import add_status_routes
-from bot.web.webhook import HEADER_TOKEN
+from bot.web.webhook import HEADER_TOKEN, IDLE_SECONDS
 
 TOKEN_KEY = web.AppKey("admin_token", bytes)
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -43,7 +43,8 @@ async def bearer_token(request: web.Request, handler: Handler) -> web.StreamResp
     # which a plain encode() refuses (a 500 with a traceback for any client).
     scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
     # The scheme's name is case-insensitive (RFC 9110 §11.1), the token is not.
-    given = f"{scheme.lower()} {credentials}".encode("utf-8", "surrogateescape")
+    # RFC 6750 §2.1: "Bearer" 1*SP token; a token never starts with a space (settings).
+    given = f"{scheme.lower()} {credentials.lstrip(' ')}".encode("utf-8", "surrogateescape")
     # Constant time: how much of a guess matched must not show in the answer's timing.
     if not hmac.compare_digest(given, b"bearer " + token):
         response = error(401, "unauthorized", "this listener wants Authorization: Bearer <KLAUD_ADMIN_TOKEN>")
@@ -118,12 +119,16 @@ async def private(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def create_admin_app(klaud: Backend, *, token: str | None = None) -> web.Application:
-    app = web.Application(middlewares=[private, bearer_token, json_errors])
+    # Silent connections closed as on the webhook listener: the two share the process's descriptors.
+    app = web.Application(
+        middlewares=[private, bearer_token, json_errors], handler_args={"keepalive_timeout": IDLE_SECONDS}
+    )
     app[KLAUD_KEY] = klaud
     app[TOKEN_KEY] = (token or "").encode()
     add_health_routes(app, public=False)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/api/v1/deliveries/{id}", delivery_status)
+    # Any id /webhook takes, braces included (the default pattern `[^{}/]+` leaves them out).
+    app.router.add_get("/api/v1/deliveries/{id:[^/]+}", delivery_status)
     app.router.add_get("/api/v1/repos", repos)
     app.router.add_get("/api/v1/repos/{owner}/{repo}/state", repo_state)
     app.router.add_get("/api/v1/repos/{owner}/{repo}/plan", repo_plan)

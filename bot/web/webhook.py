@@ -67,8 +67,9 @@ STORAGE_RETRY_AFTER = 60
 STORE_ANSWER_SECONDS = 8.0
 
 SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
-# Event names and delivery ids are stored as text and used as keys: printable ASCII only.
-HEADER_TOKEN = re.compile(r"[\x21-\x7e]{1,200}")
+# Event names and delivery ids are stored as text and used as keys: printable ASCII only,
+# and never a dot segment, which every URL (`/api/v1/deliveries/{id}`) resolves away.
+HEADER_TOKEN = re.compile(r"(?!\.\.?\Z)[\x21-\x7e]{1,200}")
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def _checked_headers(request: web.Request, secrets: list[str]) -> Headers:
         if not value:
             raise Rejected(400, "missing-header", f"{name} header is required")
         if not HEADER_TOKEN.fullmatch(value):
-            raise Rejected(400, "invalid-header", f"{name} must be 1-200 printable ASCII characters")
+            raise Rejected(400, "invalid-header", f"{name} must be 1-200 printable ASCII characters, and not . or ..")
     if event == RECONCILE_REQUEST:
         raise Rejected(400, "invalid-header", f"X-GitHub-Event {event} is Klaud's own, never GitHub's")
     if request.content_type != "application/json":
@@ -163,15 +164,22 @@ def _delivery(request: web.Request, headers: Headers, body: bytes) -> Delivery:
         action=envelope.action,
         repo=envelope.repo,
         installation=envelope.installation,
-        headers={name: request.headers[name] for name in KEPT_HEADERS if name in request.headers},
+        headers={name: _text(request.headers[name]) for name in KEPT_HEADERS if name in request.headers},
     )
+
+
+def _text(value: str) -> str:
+    """A header's value as UTF-8 text: bytes that are not UTF-8 (aiohttp keeps them as
+    surrogates, which neither the store nor a JSON log line can write) become U+FFFD."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _reject(event: str, rejected: Rejected) -> web.Response:
     # The header is the sender's choice: counted under a bounded label, logged truncated.
     DELIVERIES.labels(event_label(event), "rejected").inc()
     log.warning(
-        "delivery.rejected", status=rejected.status, error=rejected.code, detail=rejected.detail, github_event=event[:64]
+        "delivery.rejected", status=rejected.status, error=rejected.code, detail=rejected.detail,
+        github_event=_text(event[:64]),
     )
     response = error(rejected.status, rejected.code, rejected.detail)
     if rejected.retry_after is not None:
@@ -214,6 +222,18 @@ async def _store(klaud: Backend, delivery: Delivery) -> web.Response:
     return json_response({"delivery": delivery.id, "queued": True}, 202)
 
 
+async def _expect(request: web.Request) -> web.Response | None:
+    """`Expect: 100-continue` as aiohttp answers it; any other expectation is refused with
+    the contract's error body (aiohttp's own 417 is plain text, sent before any middleware)."""
+    if request.headers.get("Expect", "").lower() != "100-continue":
+        return _reject(request.headers.get("X-GitHub-Event", ""),
+                       Rejected(417, "expectation-failed", "only Expect: 100-continue is understood"))
+    if request.version >= (1, 1):
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer's own head and body are still to come
+    return None
+
+
 def create_webhook_app(
     klaud: Backend,
     *,
@@ -237,7 +257,7 @@ def create_webhook_app(
     )
     app[KLAUD_KEY] = klaud
     app[INTAKE_KEY] = Intake(read_timeout, BodyBudget(body_budget))
-    app.router.add_post("/webhook", webhook)
+    app.router.add_post("/webhook", webhook, expect_handler=_expect)
     add_health_routes(app, public=True)
     if extra_routes is not None:
         extra_routes(app)

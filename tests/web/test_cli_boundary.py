@@ -516,4 +516,4 @@ def test_receive_refuses_a_delivery_id_the_webhook_would_refuse(tmp_path, capsys
     payload = tmp_path / "ping.json"
     payload.write_text("{}")
     assert main(["receive", "--event", "ping", "--payload", str(payload), "--delivery", "rerun of 12"]) == 2
-    assert one_line(capsys.readouterr().err) == "klaud: --delivery: 1-200 printable ASCII characters without spaces"
+    assert one_line(capsys.readouterr().err) == "klaud: --delivery: 1-200 printable ASCII characters without spaces, and not . or .."

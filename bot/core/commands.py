@@ -555,7 +555,10 @@ def clip(text: str, limit: int, note: str) -> str:
     if len(text.encode("utf-8")) <= limit:
         return text
     room = limit - len(note.encode("utf-8"))
-    return text.encode("utf-8")[:room].decode("utf-8", errors="ignore") + note
+    kept = text.encode("utf-8")[:room].decode("utf-8", errors="ignore")
+    # Whole lines: every text people typed is a code span within one line, and one cut in
+    # half leaves its backtick unclosed and the rest of the text read as Markdown again.
+    return (kept[: kept.rindex("\n")] if "\n" in kept else kept) + note
 
 
 def help_text() -> str:

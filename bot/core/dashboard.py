@@ -22,6 +22,7 @@ from typing import Any, Literal
 from bot.core.catalog import config_problems
 from bot.core.commands import (
     MAX_TEXT,
+    clip,
     closes_fence,
     code_span,
     describe_hold,
@@ -112,12 +113,10 @@ def render_dashboard(view: DashboardView) -> str:
         *_config_section(view.config_errors),
         _marker(Remembered(tuple(view.holds), tuple(view.retries))),
     ]
-    body = "\n".join(parts)
-    if len(body) > BODY_LIMIT:
-        # The marker must survive whatever is cut: it is what a lost store comes back from.
-        marker = parts[-1]
-        body = body[: BODY_LIMIT - len(marker) - 40] + "\n\n… (truncated)\n\n" + marker
-    return body
+    # The marker must survive whatever is cut: it is what a lost store comes back from.
+    *shown, marker = parts
+    room = BODY_LIMIT - len(marker.encode("utf-8")) - 1
+    return clip("\n".join(shown), room, "\n\n… (truncated)\n") + "\n" + marker
 
 
 def _blocked_section(blocked: Blocked | None) -> list[str]:

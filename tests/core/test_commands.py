@@ -601,10 +601,11 @@ def test_status_shows_a_paused_repository() -> None:
 
 
 def test_a_clipped_reply_is_exactly_githubs_65536_limit() -> None:
-    # GitHub refuses (422) a comment body over 65,536 characters; a clipped reply uses it all.
+    # GitHub refuses (422) a comment body over 65,536 characters; a clipped reply uses it all
+    # but the end of the line it was cut in.
     commands = parse_commands("\n".join(["/klaud help"] * 5000))
     reply = compose_reply(5, [(c, render_help()) for c in commands])
-    assert len(reply.encode()) == 65_536
+    assert 65_536 - 400 < len(reply.encode()) <= 65_536
 
 
 def test_a_reply_of_exactly_the_limit_is_not_clipped() -> None:

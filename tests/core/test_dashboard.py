@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -323,3 +324,21 @@ def test_a_marker_keeps_an_enterprise_managed_users_login() -> None:
     remembered = parse_marker(body)
     assert remembered is not None
     assert [h.by for h in remembered.holds] == ["mona_acme"]
+
+
+def test_a_body_cut_to_the_limit_leaves_no_hold_reason_outside_its_code_span() -> None:
+    # What this catches: the cut fell inside a hold reason's code span; its backtick
+    # unclosed, the rest of the reason was Markdown (an @-mention, `<!--`), which every user
+    # text is kept out of. 100 boxes each of cooling and held families, reasons of 300 characters.
+    many = [family(f"dsv4-fp4-gb300-dynamo-vllm-agentic-mtp-agg-{n:04d}") for n in range(200)]
+    cooling = [(f, "cooling down until 2026-12-01 06:00 UTC: last attempt failed (run 3)", NOW) for f in many[:100]]
+
+    def reason(n: int) -> str:
+        words = " ".join(hashlib.sha256(f"{n}-{i}".encode()).hexdigest()[:12] for i in range(40))
+        return ("@acme/admins " + words)[:300]
+
+    holds = [Hold(f.id, "alice", reason(n), NOW) for n, f in enumerate(many[100:])]
+    body = render_dashboard(view(cooling=cooling, holds=holds, retries=[]))
+    assert "(truncated)" in body and len(body) <= BODY_LIMIT
+    outside_code = re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", "", body)
+    assert "@acme/admins" not in outside_code, body[body.index("(truncated)") - 300:body.index("(truncated)")]

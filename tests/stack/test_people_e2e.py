@@ -484,3 +484,17 @@ async def test_enabled_false_rerenders_nothing_when_nothing_changed(tmp_path):
         await run.settle()
         writes = [r for r in run.requests.get("requests", []) if r.get("method") not in ("GET", "HEAD")]
         assert writes == [], writes
+
+
+async def test_a_reply_clipped_at_the_comment_limit_leaves_no_typed_text_outside_a_code_span(tmp_path):
+    # Anyone may write `/klaud status`, and a target is any word shaped like a family id,
+    # however long. Echoed twice, a 40,000-character one passed GitHub's comment limit, and
+    # the cut fell inside the second code span: its backtick unclosed, the rest of the text
+    # was Markdown again, and the bot's reply mentioned a team (README: replies mention nobody).
+    target = ",@acme/admins," + "a" * 40_000 + ".yaml:x"
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[sc.image_bump(12)])) as run:
+        await comment(run, 12, "mallory", f"/klaud status {target}")
+        [reply] = replies(run, 12)
+        assert len(reply.encode("utf-8")) <= 65_536
+        assert "@acme/admins" not in outside_code(reply), reply[-200:]
+

@@ -22,7 +22,7 @@ import struct
 import zipfile
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -563,10 +563,11 @@ class OutcomeLedger:
         self._ordered.pop(attempt.candidate, None)
         return True
 
-    def forget_before(self, cutoff: datetime) -> int:
-        """Drop the attempts that completed before `cutoff`; how many went."""
+    def forget_before(self, cutoff: datetime, keep: Collection[str] = ()) -> int:
+        """Drop the attempts that completed before `cutoff`, but those of the candidates in
+        `keep`; how many went."""
         forgotten = 0
-        for candidate in list(self._runs_by_candidate):
+        for candidate in [c for c in self._runs_by_candidate if c not in keep]:
             runs = self._runs_by_candidate[candidate]
             old = [key for key, attempt in runs.items() if attempt.completed_at < cutoff]
             for key in old:

@@ -16,7 +16,7 @@ import structlog
 
 from bot.core.checks import CHECK_NAME, CheckView, render_check
 from bot.core.clock import Clock
-from bot.core.domain import BRANCH_CANDIDATE_RE, PullRequest, family_hash
+from bot.core.domain import PullRequest, family_hash
 from bot.core.events import CheckRunEvent
 from bot.github.errors import GitHubError
 from bot.services.coalescer import Coalescer
@@ -76,9 +76,7 @@ class CheckPublisher:
     def view(self, state: RepoState, pull: PullRequest) -> CheckView:
         now = self.clock.now()
         family = state.family_by_hash(pull.own_family_hash) if pull.own_family_hash else None
-        match = BRANCH_CANDIDATE_RE.match(pull.head_ref)
-        # The PR works on the candidate its branch names, even if the family moved on since.
-        candidate = match.group(1) if match else (family.candidate if family else "")
+        candidate = state.candidate_of_pull(pull)
         attempts = state.ledger.for_candidate(candidate)
         cool = state.cooldown_of(candidate, now)
         overlaps = []

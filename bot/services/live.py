@@ -265,6 +265,10 @@ class LiveState:
             # every takeover of it).
             log.warning("store.record_unreadable", repo=name, kind="repo", key=name, reason=str(exc))
             return None
+        # Older attempts stayed in the store, but those open Klaud PRs' check runs show.
+        for candidate in state.klaud_pr_candidates():
+            for attempt in (await self.store.attempts_of(name, candidate)).values():
+                state.ledger.add(attempt)
         return state
 
     def drop(self, name: str) -> None:

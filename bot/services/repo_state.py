@@ -26,6 +26,7 @@ from bot.core.dispatching import (
     pause_reason,
 )
 from bot.core.domain import (
+    BRANCH_CANDIDATE_RE,
     Attempt,
     Blocked,
     CapacityReading,
@@ -355,8 +356,23 @@ class RepoState:
     def forget_attempts_before(self, cutoff: datetime) -> None:
         """Attempts older than any rule reads leave memory (the store keeps them longer):
         a process running for months holds what a restart would load, no more."""
-        if self.ledger.forget_before(cutoff):
+        if self.ledger.forget_before(cutoff, keep=self.klaud_pr_candidates()):
             self._forget_every_verdict()
+
+    def klaud_pr_candidates(self) -> set[str]:
+        """The candidates open Klaud PRs work on. Their attempts stay in memory however old:
+        each PR's check run shows them (without them it turned neutral, "No attempts yet.",
+        whatever its runs had ended with)."""
+        return {self.candidate_of_pull(pull) for pull in self.overlap.prs() if pull.klaud_own} - {""}
+
+    def candidate_of_pull(self, pull: PullRequest) -> str:
+        """The candidate a Klaud PR works on: the one its branch names, even if the family
+        moved on since; else its family's current one ("" when it has no live family)."""
+        match = BRANCH_CANDIDATE_RE.match(pull.head_ref)
+        if match:
+            return match.group(1)
+        family = self.family_by_hash(pull.own_family_hash) if pull.own_family_hash else None
+        return family.candidate if family else ""
 
     def release_for(self, attempt: Attempt, *, run_known: bool) -> tuple[Claim | None, Dispatch | None, Change]:
         """An outcome arrived: the candidate is no longer in flight and its claim is released.

@@ -12,12 +12,13 @@ edited by hand) is reported in one log line and skipped, never a traceback.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
+from bot.core.domain import CANDIDATE_RE
 from bot.store.change import Change
 from bot.store.codec import decode_document, decode_many, decode_one, unreadable_reason
 from bot.store.engine import Dialect, Engine, Statement, as_count, inflate, stored_as
@@ -88,6 +89,9 @@ COMPLETED_AT: dict[Dialect, str] = {
 # Attempts without a readable time are loaded, so that they are reported, not hidden.
 LOAD_SINCE = LOAD + " AND (kind != 'attempt' OR coalesce({completed_at} >= ?, TRUE))"
 PRUNE_ATTEMPTS = "DELETE FROM records WHERE kind = 'attempt' AND {completed_at} < ?"
+# A candidate's attempts, whatever their age: keys are "<candidate>:<run>:<attempt>", and a
+# candidate id is hex digits and a dash, none of which LIKE reads as a pattern.
+ATTEMPTS_OF = "SELECT kind, key, {data} FROM records WHERE repo = ? AND kind = 'attempt' AND key LIKE ?"
 
 
 class StateStore:
@@ -99,6 +103,7 @@ class StateStore:
         self._load = LOAD.format(data=data)
         self._get = GET.format(data=data)
         self._load_since = LOAD_SINCE.format(completed_at=completed_at, data=data)
+        self._attempts_of = ATTEMPTS_OF.format(data=data)
         self._prune_attempts = PRUNE_ATTEMPTS.format(completed_at=completed_at)
         # Replicas (PostgreSQL): this process's owner name (set by `Replicas`). Changes then
         # commit only while no other replica holds their repositories' leases (a delivery's
@@ -167,12 +172,14 @@ class StateStore:
             rows = await self.db.fetch(self._load, repo)
         else:
             rows = await self.db.fetch(self._load_since, repo, attempts_since)
-        grouped: dict[str, tuple[list[str], list[str | bytes]]] = defaultdict(lambda: ([], []))
-        for kind, key, data in rows:
-            keys, texts = grouped[kind]
-            keys.append(key)
-            texts.append(data)
-        return {kind: _decode(repo, kind, keys, texts) for kind, (keys, texts) in grouped.items()}
+        return _decoded_by_kind(repo, rows)
+
+    async def attempts_of(self, repo: str, candidate: str) -> dict[str, Any]:
+        """Every readable stored attempt of `candidate` (a candidate id), of any age, by key."""
+        if not CANDIDATE_RE.fullmatch(candidate):
+            raise ValueError(f"not a candidate id: {candidate!r}")
+        rows = await self.db.fetch(self._attempts_of, repo, f"{candidate}:%")
+        return _decoded_by_kind(repo, rows).get("attempt", {})
 
     async def prune_attempts(self, before: str) -> int:
         """Delete attempts that completed before `before` (ISO text, as stored)."""
@@ -235,6 +242,15 @@ def _whole_number(value: Any) -> int | None:
     if isinstance(value, str) and value.isdigit():
         return int(value)
     return None
+
+
+def _decoded_by_kind(repo: str, rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
+    grouped: dict[str, tuple[list[str], list[str | bytes]]] = defaultdict(lambda: ([], []))
+    for kind, key, data in rows:
+        keys, texts = grouped[kind]
+        keys.append(key)
+        texts.append(data)
+    return {kind: _decode(repo, kind, keys, texts) for kind, (keys, texts) in grouped.items()}
 
 
 def _decode(repo: str, kind: str, keys: list[str], texts: list[str | bytes]) -> dict[str, Any]:

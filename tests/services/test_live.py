@@ -14,6 +14,7 @@ from bot.services.live import GoneRepository
 from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
 from tests.services.conftest import REPO, Kit
+from tests.services.fakes import pull_event
 from tests.services.test_long_running import failed
 
 
@@ -130,6 +131,25 @@ async def test_a_load_keeps_the_attempts_of_the_last_two_weeks_only(kit: Kit) ->
     assert loaded is not None
     assert {a.run_id for a in loaded.ledger.for_candidate(candidate)} >= {902}
     assert 901 not in {a.run_id for a in loaded.ledger.all()}
+
+
+async def test_a_load_keeps_every_attempt_of_a_candidate_an_open_klaud_pr_works_on(kit: Kit) -> None:
+    # What this catches: a restart loaded no attempt older than 14 days, also those of a
+    # Klaud PR still open: its check run turned neutral, "No attempts yet.", at its next render.
+    await kit.reconciler.reconcile(REPO, 1)
+    shown, other = [family.candidate for family in list(kit.state.catalog)[:2]]
+    await kit.pulls.on_pull_request(kit.state, pull_event("opened", 1000, updated_at=kit.clock.now(),
+                                                          head_ref=f"klaud/auto-{shown}", user="klaud-cold[bot]"))
+    long_ago = kit.clock.now() - ATTEMPT_MEMORY - timedelta(days=30)
+    for attempt in (failed(shown, 901, long_ago), failed(other, 902, long_ago)):
+        _, change = kit.state.record_attempt(attempt)
+        await kit.live.persist(change)
+    loaded = await kit.live.load_repo(REPO)
+    assert loaded is not None
+    assert [a.run_id for a in loaded.ledger.all()] == [901]
+    # The running process keeps them alike when older attempts leave memory.
+    kit.state.forget_attempts_before(kit.clock.now() - ATTEMPT_MEMORY)
+    assert [a.run_id for a in kit.state.ledger.all()] == [901]
 
 
 async def test_a_section_that_took_its_state_before_a_handover_writes_no_ghost_back(kit: Kit) -> None:

@@ -498,3 +498,25 @@ async def test_a_reply_clipped_at_the_comment_limit_leaves_no_typed_text_outside
         assert len(reply.encode("utf-8")) <= 65_536
         assert "@acme/admins" not in outside_code(reply), reply[-200:]
 
+
+
+async def test_a_klaud_pr_check_run_keeps_its_outcome_once_the_attempt_leaves_memory(tmp_path):
+    # Attempts older than ATTEMPT_MEMORY (14 days) leave memory (the store keeps them). A
+    # Klaud PR open longer than that, re-rendered for any reason (a hold, an overlapping PR,
+    # a pause), turned from `failure` to `neutral` "Waiting for a wave" with "No attempts
+    # yet." – though its candidate ran, and no wave will try it while the PR claims the family.
+    from bot.core.cooldown import ATTEMPT_MEMORY
+
+    cand = sc.candidate(H200)
+    scenario = sc.scenario(pulls=[klaud_pr(50, H200)], runs=[sc.run(301, cand, "readiness-blocked")])
+    async with sandbox_stack(tmp_path, scenario) as run:
+        await run.klaud.checks.publish(("acme/bench", 50))
+        assert checks(run)[0]["conclusion"] == "failure"
+        await run.act({"action": "advance_clock", "seconds": 15 * 24 * 3600})
+        state = run.klaud.live.repo("acme/bench")
+        state.forget_attempts_before(run.klaud.clock.now() - ATTEMPT_MEMORY)  # the scheduler's housekeeping
+        await comment(run, 50, "bob", f"/klaud hold {H200} new weights")
+        [check] = checks(run)
+        assert "new weights" in check["output"]["summary"]  # re-rendered
+        assert check["conclusion"] == "failure", check["output"]["title"]
+        assert "readiness-blocked" in check["output"]["summary"] and "No attempts yet." not in check["output"]["summary"]

@@ -63,6 +63,19 @@ async def test_old_attempts_stay_in_the_store_but_are_not_loaded(stores):
     assert len((await stores.state.load("o/r"))["attempt"]) == 4
 
 
+async def test_the_attempts_of_one_candidate_are_read_whatever_their_age(stores):
+    # Those an open Klaud PR's check run shows, loaded past the 14 days a load keeps.
+    mine, other = "0123456789abcdef-0123456789abcdef", "0123456789abcdef-fedcba9876543210"
+    change = Change()
+    for run_id, days, candidate in ((1, 1, mine), (2, 40, mine), (3, 40, other)):
+        change.put("o/r", "attempt", f"{candidate}:{run_id}:1", dataclasses.replace(attempt(run_id, days), candidate=candidate))
+    change.put("o/q", "attempt", f"{mine}:4:1", dataclasses.replace(attempt(4, 40), candidate=mine))
+    await stores.state.apply(change)
+    assert sorted(a.run_id for a in (await stores.state.attempts_of("o/r", mine)).values()) == [1, 2]
+    with pytest.raises(ValueError, match="not a candidate id"):
+        await stores.state.attempts_of("o/r", "%")
+
+
 async def test_text_holding_u0000_from_github_is_stored_without_it_and_attempts_still_load(stores):
     # A step's name comes verbatim from GitHub's jobs API. PostgreSQL's ->> (loading and
     # pruning attempts) refused the whole document, so the repository could not be loaded.

@@ -597,7 +597,8 @@ def _reason(pr: PullRequest, kind: TouchKind, family: Family) -> str:
     if kind == "flags":
         return f"PR #{pr.number} changes this family's settings"
     if not pr.files_complete and not _lists_file_unavailable(pr, family.path):
-        return f"PR #{pr.number}: file list incomplete; assuming it touches this family"
+        listing = "incomplete" if pr.changes else "unavailable"
+        return f"PR #{pr.number}: file list {listing}; assuming it touches this family"
     return (
         f"PR #{pr.number}: patch unavailable for {family.path}; assuming it touches this family"
     )

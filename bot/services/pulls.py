@@ -3,7 +3,8 @@
 A PR's files are read once per head SHA: metadata-only actions (edited, labeled, …) update
 the record without a read. A master config whose patch GitHub omitted is compared from its
 base and head contents; when even those cannot be had, the PR overlaps every family of the
-file as `patch-unavailable` until a later refresh succeeds.
+file as `patch-unavailable` until a later refresh succeeds. A PR whose file list GitHub
+refuses overlaps every family until a later refresh lists it.
 """
 
 from __future__ import annotations
@@ -77,14 +78,18 @@ class PullSync:
         known = state.overlap.get(pull.number)
         # The diff is the head's against the base: retargeted to another base, the same head
         # changes other lines (it kept the old base's overlaps, or none where it now has some).
+        files_sha: str | None
         if (
             known is not None and known.files_sha == pull.head.sha and known.base_ref == pull.base.ref
             and not _diff_missing(state, known.changes)
         ):
             changes, complete, files_sha, fetched = known.changes, known.files_complete, known.files_sha, 0
         else:
-            changes, complete = await self._changes(state, api, pull)
-            files_sha, fetched = pull.head.sha, 1
+            listed = await self._changes(state, api, pull)
+            # Unlisted, the PR may touch any family (like one of over 3,000 files), and its
+            # files are asked again at its next refresh (an event, a light reconcile).
+            changes, complete = listed or ((), False)
+            files_sha, fetched = (pull.head.sha if listed is not None else None), 1
         record = pull_record(
             state.name, pull, self.live.bot_logins, changes=changes, files_complete=complete, files_sha=files_sha
         )
@@ -93,11 +98,20 @@ class PullSync:
 
     async def _changes(
         self, state: RepoState, api: RepoAPI, pull: events.PullRequest
-    ) -> tuple[tuple[FileChange, ...], bool]:
-        """Every changed file of a PR with what it touches, and whether GitHub listed them all."""
+    ) -> tuple[tuple[FileChange, ...], bool] | None:
+        """Every changed file of a PR with what it touches, and whether GitHub listed them all;
+        None when GitHub refuses to list them (a diff it gives up generating). Raised, that
+        refusal failed the PR's every event and every light reconcile of the repository for
+        as long as the PR stayed open, and no lost event of it was caught up meanwhile."""
         changes: list[FileChange] = []
-        async for item in api.pull_files(pull.number):
-            changes.append(await self._file_change(state, api, item, pull.base.sha, pull.head.sha))
+        try:
+            async for item in api.pull_files(pull.number):
+                changes.append(await self._file_change(state, api, item, pull.base.sha, pull.head.sha))
+        except GitHubError as exc:
+            if exc.transient:
+                raise
+            log.warning("overlap.files_unavailable", pr=pull.number, error=str(exc))
+            return None
         return tuple(changes), len(changes) < MAX_PR_FILES
 
     async def _file_change(

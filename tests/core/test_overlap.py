@@ -631,9 +631,18 @@ def test_overlaps_with_reasons_sorted_by_number() -> None:
 
 
 def test_incomplete_file_list_reason() -> None:
-    index = index_with(pull(5, (), files_complete=False))
+    # GitHub stops listing at 3,000 files: some are known, the rest may touch any family.
+    index = index_with(pull(5, (FileChange("docs/a.md"),), files_complete=False))
     assert index.overlaps(ALPHA, NOW, 7) == [
         Overlap(5, "patch-unavailable", "PR #5: file list incomplete; assuming it touches this family")
+    ]
+
+
+def test_unavailable_file_list_reason() -> None:
+    # GitHub refused to list any file (a diff it gives up generating).
+    index = index_with(pull(5, (), files_complete=False))
+    assert index.overlaps(ALPHA, NOW, 7) == [
+        Overlap(5, "patch-unavailable", "PR #5: file list unavailable; assuming it touches this family")
     ]
 
 

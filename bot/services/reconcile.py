@@ -64,6 +64,7 @@ class ReconcileFailure:
     error: str
     attempts: int
     next_at: datetime
+    since: datetime  # the first failure of this run of failures
 
     def document(self) -> dict[str, object]:
         return {"error": self.error, "attempts": self.attempts, "retry_at": stamp(self.next_at)}
@@ -113,7 +114,14 @@ class Reconciler:
             kept_as = await self._kept_elsewhere_by_id(event.repository.id, name)
             if kept_as is not None:
                 raise RepositoryMoved(kept_as)
-            report = await self.reconcile(name, installation)
+            try:
+                report = await self.reconcile(name, installation)
+            except GitHubError as exc:
+                if exc.transient:
+                    # Tried again with backoff (not only at the next event or discovery), and
+                    # remembered as when Klaud first heard of it (`_rebuild`).
+                    self._note_failure(name, installation, str(exc))
+                raise
             state = self._kept_as(name, event.repository.id)
             if state is None and "moved_from" in report and "skipped" in report:
                 raise RepositoryMoved(report["repo"])
@@ -264,6 +272,11 @@ class Reconciler:
             if new and self.dashboard is not None:
                 # No local state: holds and retries come back from the dashboard issue.
                 await self.dashboard.restore(state, api, change)
+        failed = self.failures.get(state.name)
+        if new and failed is not None and state.meta.comments_swept_at is None:
+            # Heard of before GitHub let it be read: the comments made since (whose deliveries
+            # failed with the reconcile they needed) are looked at by the first sweep.
+            state.meta.comments_swept_at = stamp(failed.since)
         state.meta.reconciled_at = stamp(self.live.clock.now())
         state.save_meta(change)
         self.live.put(state)
@@ -480,7 +493,9 @@ class Reconciler:
     def _note_failure(self, name: str, installation: int, error: str) -> None:
         previous = self.failures.get(name)
         attempts = previous.attempts + 1 if previous is not None else 1
-        failure = ReconcileFailure(installation, error, attempts, self.live.clock.now() + retry_delay(attempts))
+        now = self.live.clock.now()
+        since = previous.since if previous is not None else now
+        failure = ReconcileFailure(installation, error, attempts, now + retry_delay(attempts), since)
         self.failures[name] = failure
         log.warning("reconcile.failed", repo=name, error=failure.error, attempts=attempts, retry_at=stamp(failure.next_at))
 

@@ -113,7 +113,7 @@ def test_the_backoff_doubles_from_a_minute_up_to_the_hour() -> None:
 
 
 def test_a_failure_document_names_its_error_attempts_and_retry_time() -> None:
-    failure = ReconcileFailure(1, "502 Bad Gateway", 3, NOW)
+    failure = ReconcileFailure(1, "502 Bad Gateway", 3, NOW, NOW - timedelta(minutes=3))
     assert failure.document() == {"error": "502 Bad Gateway", "attempts": 3, "retry_at": stamp(NOW)}
 
 

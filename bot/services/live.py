@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import get_args
 
@@ -265,11 +265,15 @@ class LiveState:
             # every takeover of it).
             log.warning("store.record_unreadable", repo=name, kind="repo", key=name, reason=str(exc))
             return None
-        # Older attempts stayed in the store, but those open Klaud PRs' check runs show.
-        for candidate in state.klaud_pr_candidates():
-            for attempt in (await self.store.attempts_of(name, candidate)).values():
-                state.ledger.add(attempt)
+        await self.recall_attempts(state, state.klaud_pr_candidates())
         return state
+
+    async def recall_attempts(self, state: RepoState, candidates: Iterable[str]) -> None:
+        """Every stored attempt of `candidates`, however old, back in memory: those of
+        candidates open Klaud PRs work on, which their check runs show."""
+        for candidate in candidates:
+            for attempt in (await self.store.attempts_of(state.name, candidate)).values():
+                state.ledger.add(attempt)
 
     def drop(self, name: str) -> None:
         """Forget a repository's state in memory only (another replica took it over)."""

@@ -94,6 +94,11 @@ class PullSync:
             state.name, pull, self.live.bot_logins, changes=changes, files_complete=complete, files_sha=files_sha
         )
         change.extend(state.upsert_pull(record))
+        candidate = state.candidate_of_pull(record) if record.klaud_own else ""
+        if candidate and (known is None or state.candidate_of_pull(known) != candidate):
+            # New to the index (opened, reopened, found by a reconcile): its candidate's
+            # attempts past memory's 14 days come back, as a restart loads them.
+            await self.live.recall_attempts(state, [candidate])
         return fetched
 
     async def _changes(

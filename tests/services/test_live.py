@@ -152,6 +152,30 @@ async def test_a_load_keeps_every_attempt_of_a_candidate_an_open_klaud_pr_works_
     assert [a.run_id for a in kit.state.ledger.all()] == [901]
 
 
+async def test_a_reopened_klaud_pr_shows_its_candidates_attempts_as_a_restart_would(kit: Kit) -> None:
+    # README: the attempts of a candidate an open Klaud PR works on stay, whatever their age,
+    # while the PR is open, and a restart loads them. Closed meanwhile, the 6-hourly trim let
+    # them go; reopened, the running process shows "No attempts yet." where a restart shows them.
+    await kit.reconciler.reconcile(REPO, 1)
+    shown = next(iter(kit.state.catalog)).candidate
+    opened = {"head_ref": f"klaud/auto-{shown}", "user": "klaud-cold[bot]"}
+    await kit.pulls.on_pull_request(kit.state, pull_event("opened", 1000, updated_at=kit.clock.now(), **opened))
+    _, change = kit.state.record_attempt(failed(shown, 901, kit.clock.now() - ATTEMPT_MEMORY - timedelta(days=1)))
+    await kit.live.persist(change)
+    await kit.pulls.on_pull_request(
+        kit.state, pull_event("closed", 1000, updated_at=kit.clock.now() + timedelta(seconds=1), **opened))
+    assert 1000 not in {p.number for p in kit.state.overlap.prs()}
+    kit.state.forget_attempts_before(kit.clock.now() - ATTEMPT_MEMORY)
+    assert [a.run_id for a in kit.state.ledger.for_candidate(shown)] == []
+    await kit.pulls.on_pull_request(
+        kit.state, pull_event("reopened", 1000, updated_at=kit.clock.now() + timedelta(seconds=2), **opened))
+    assert 1000 in {p.number for p in kit.state.overlap.prs()}
+    running = [a.run_id for a in kit.state.ledger.for_candidate(shown)]
+    loaded = await kit.live.load_repo(REPO)
+    assert loaded is not None and [a.run_id for a in loaded.ledger.for_candidate(shown)] == [901]
+    assert running == [901]
+
+
 async def test_a_section_that_took_its_state_before_a_handover_writes_no_ghost_back(kit: Kit) -> None:
     # What this catches: a state dropped for another replica was not noted as departed: a late write brought it back under this process.
     await kit.reconciler.reconcile(REPO, 1)

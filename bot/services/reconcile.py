@@ -123,6 +123,8 @@ class Reconciler:
                     self._note_failure(name, installation, str(exc))
                 raise
             state = self._kept_as(name, event.repository.id)
+            if state is not None:
+                self.failures.pop(name, None)  # reconciled: no longer failing, nothing to retry
             if state is None and "moved_from" in report and "skipped" in report:
                 raise RepositoryMoved(report["repo"])
         return state

@@ -7,7 +7,12 @@ from datetime import timedelta
 import pytest
 
 from bot.core.domain import stamp
-from bot.github.errors import Conflict
+from bot.core.events import Account, Comment, RepoEvent
+from bot.github.errors import Conflict, Unavailable
+from bot.services.missed_comments import MissedComments
+from bot.services.permissions import Permissions
+from bot.services.reconcile import Reconciler
+from bot.services.responder import CommandResponder
 from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
 from tests.services.fakes import pull, pull_event
@@ -59,12 +64,6 @@ async def test_one_pull_request_github_cannot_list_the_files_of_does_not_stop_th
 async def test_a_command_whose_delivery_was_given_up_before_the_first_reconcile_is_still_answered(
     kit: Kit, installation_event: str
 ) -> None:
-    from bot.core.events import Account, Comment, RepoEvent
-    from bot.github.errors import Unavailable
-    from bot.services.missed_comments import MissedComments
-    from bot.services.permissions import Permissions
-    from bot.services.reconcile import Reconciler
-    from bot.services.responder import CommandResponder
 
     responder = CommandResponder(kit.live, kit.waves, Permissions(kit.clock), kit.clock)
     reconciler = Reconciler(kit.live, kit.catalog, kit.pulls, kit.outcomes, kit.claims, None,
@@ -104,3 +103,23 @@ async def test_a_command_whose_delivery_was_given_up_before_the_first_reconcile_
     replies = [c.body for c in kit.repo.comments_on[12] if f"<!-- klaud-command:{701} -->" in (c.body or "")]
     assert len(replies) == 1, "alice's command is never answered"
     assert H200 in kit.state.holds
+
+
+async def test_a_first_reconcile_that_succeeds_at_the_next_event_is_no_longer_failing(kit: Kit) -> None:
+    # README: `failing` lists "the reconciles that failed and wait for their retry". The
+    # first event's reconcile fails (remembered by state_for), the next event's succeeds:
+    # the repository stayed `failing`, and its retry reconciled it once more from GitHub.
+    kit.repo.fail("repository", Unavailable(502, "Bad Gateway"), times=1)
+    event = RepoEvent.model_validate({"repository": {"full_name": REPO}, "installation": {"id": 1}})
+    try:
+        await kit.reconciler.state_for(event)
+    except Unavailable:
+        pass
+    assert REPO in kit.reconciler.failures
+    kit.clock.advance(10)
+    assert await kit.reconciler.state_for(event) is not None
+    assert REPO not in kit.reconciler.failures
+    kit.clock.advance(3600)
+    before = len(kit.repo.calls)
+    await kit.reconciler.retry_failed()
+    assert kit.repo.calls[before:] == []

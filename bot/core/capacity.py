@@ -35,10 +35,12 @@ def evaluate_feed(document: Any, *, now: datetime, retrieved_at: datetime) -> Ca
         generated_at, clusters = _usable_clusters(document, now=now, retrieved_at=retrieved_at)
     except FeedUnusable as problem:
         return closed_reading(retrieved_at, problem.code)
+    invalid = frozenset(c["id"] for c in clusters if not _well_formed(c))
     return CapacityReading(
-        eligible=frozenset(c["id"] for c in clusters if _has_capacity(c, generated_at)),
+        eligible=frozenset(c["id"] for c in clusters if c["id"] not in invalid and _has_capacity(c, generated_at)),
         known=frozenset(c["id"] for c in clusters),
         at=retrieved_at,
+        invalid=invalid,
     )
 
 
@@ -97,16 +99,13 @@ def _time(value: Any) -> datetime | None:
         return None
 
 
-def _has_capacity(cluster: dict[str, Any], generated_at: datetime) -> bool:
-    status = cluster.get("status")
+def _well_formed(cluster: dict[str, Any]) -> bool:
+    """Whether a cluster's entry has the shape of domain §4.5: a malformed one is never
+    eligible, and its families are told the feed entry is at fault, not that it is busy."""
     # Checked as text first: a list or an object is not a status (and not hashable).
-    if cluster.get("stale") is not False or not isinstance(status, str) or status not in USABLE_STATUSES:
+    if not isinstance(cluster.get("stale"), bool) or not isinstance(cluster.get("status"), str):
         return False
-    observed_at = _time(cluster.get("observedAt"))
-    received_at = _time(cluster.get("receivedAt"))
-    if observed_at is None or received_at is None:
-        return False
-    if observed_at - received_at > CLOCK_SKEW or received_at - generated_at > CLOCK_SKEW:
+    if _time(cluster.get("observedAt")) is None or _time(cluster.get("receivedAt")) is None:
         return False
     summary = cluster.get("summary")
     if not isinstance(summary, dict):
@@ -115,11 +114,25 @@ def _has_capacity(cluster: dict[str, Any], generated_at: datetime) -> bool:
     counts = [_node_count(summary.get(name)) for name in NODE_COUNTS]
     if total is None or total <= 0 or any(c is None for c in counts):
         return False
-    allocated, mixed, idle, down, other = (c or 0 for c in counts)
-    if allocated + mixed + idle + down + other != total:
+    return sum(c or 0 for c in counts) == total
+
+
+def _has_capacity(cluster: dict[str, Any], generated_at: datetime) -> bool:
+    """Whether a well-formed cluster entry may take work now."""
+    if cluster["stale"] is not False or cluster["status"] not in USABLE_STATUSES:
         return False
+    observed_at = _time(cluster["observedAt"])
+    received_at = _time(cluster["receivedAt"])
+    if observed_at is None or received_at is None:
+        return False
+    if observed_at - received_at > CLOCK_SKEW or received_at - generated_at > CLOCK_SKEW:
+        return False
+    summary = cluster["summary"]
+    total: int = summary["totalNodes"]
+    busy: int = summary["allocatedNodes"] + summary["mixedNodes"]
+    idle: int = summary["idleNodes"]
     # Strictly below 80 % busy, in integers so no rounding can let a full cluster through.
-    return idle > 0 and (allocated + mixed) * 5 < total * 4
+    return idle > 0 and busy * 5 < total * 4
 
 
 def _node_count(value: Any) -> int | None:
@@ -186,6 +199,8 @@ def _clusters_eligibility(
 
 
 def _why_blocked(cluster: str, reading: CapacityReading) -> str:
+    if cluster in reading.invalid:
+        return f"cluster {cluster} has an invalid entry in the capacity feed"
     if cluster in reading.known:
         return f"cluster {cluster} is busy"
     return f"cluster {cluster} is not in the capacity feed"

@@ -189,4 +189,11 @@ def capacity_check(reading: CapacityReading, families: Iterable[Family]) -> Chec
             "capacity feed", False, "the feed does not report " + ", ".join(unknown),
             "make the feed report these cluster ids, or fix their names in runners.yaml",
         )
+    invalid = [cluster for cluster in wanted if cluster in reading.invalid]
+    if invalid:
+        return Check(
+            "capacity feed", False, "the feed's entry is invalid for " + ", ".join(invalid),
+            "fix the cluster status service: each cluster needs stale, status, observedAt, receivedAt and"
+            " whole, non-negative node counts that add up to totalNodes",
+        )
     return Check("capacity feed", True, f"reports all {len(wanted)} clusters the families target")

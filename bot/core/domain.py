@@ -307,13 +307,15 @@ class CapacityReading:
     """Which clusters may take Klaud work now (domain §4.5), fetched once per wave.
 
     `error` is set (and `eligible` empty) when the feed is missing or structurally
-    invalid: Klaud fails closed and every capacity decision says why.
+    invalid: Klaud fails closed and every capacity decision says why. `invalid`: the known
+    clusters whose own entry is malformed (never eligible, and not to be called busy).
     """
 
     eligible: frozenset[str]
     known: frozenset[str]
     at: UtcTime
     error: str | None = None
+    invalid: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -335,3 +335,29 @@ def test_a_reading_is_usable_until_the_older_of_generation_and_retrieval_ages_ou
     assert usable_until(feed(at=NOW + timedelta(seconds=3)), NOW) == NOW + MAX_AGE + CLOCK_SKEW
     assert usable_until({"kind": "x"}, NOW) == NOW + MAX_AGE + CLOCK_SKEW
     assert usable_until(["not", "a", "document"], NOW) == NOW + MAX_AGE + CLOCK_SKEW
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        {"idleNodes": "6"},  # a count as text
+        {"downNodes": -1, "idleNodes": 7},  # a negative count
+        {"idleNodes": 6.0},  # a count that is not whole
+        {"otherNodes": 1},  # counts that no longer add up to the total
+    ],
+)
+def test_a_cluster_whose_feed_entry_is_broken_is_not_called_busy(summary: dict[str, Any]) -> None:
+    # A feed that keeps reporting a cluster's counts as text (or negative, or not adding up)
+    # decides its families `capacity` at every wave: the reason must say the feed entry is
+    # the problem, not that the cluster is busy (which only says "wait", forever).
+    broken = cluster("b200-nscale")
+    broken["summary"].update(summary)
+    full = cluster("b200-dgxc", summary={"allocatedNodes": 8, "idleNodes": 0})
+    reading = evaluate(feed(broken, full))
+    assert reading.eligible == frozenset()
+    broken_eligible, broken_reason = target_eligibility(["b200-nscale"], reading, "all")
+    _, busy_reason = target_eligibility(["b200-dgxc"], reading, "all")
+    assert busy_reason == "cluster b200-dgxc is busy"
+    assert not broken_eligible
+    assert "b200-nscale" in broken_reason and "invalid" in broken_reason
+    assert "busy" not in broken_reason

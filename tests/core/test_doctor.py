@@ -127,3 +127,17 @@ def test_every_config_problem_is_a_line_of_its_own_and_runner_problems_say_how_t
     assert undeclared.hint == ("declare b300-new in configs/runners.yaml (a `clusters:` key, or `cluster:b300-new`"
                                " under `hardware:`), or fix the runner's name")
     assert [c.hint for c in checks[2:4]] == ["declare the cluster in configs/runners.yaml or fix the runner's name"] * 2
+
+
+def test_the_capacity_feed_check_fails_for_a_target_cluster_whose_entry_is_invalid() -> None:
+    # A feed that names the cluster but with counts as text makes every family on it wait
+    # at every wave: the doctor must not report the feed as fine.
+    from tests.core.test_capacity import cluster, evaluate, feed
+
+    broken = cluster("b200-nscale")
+    broken["summary"]["idleNodes"] = "6"
+    reading = evaluate(feed(broken))
+    families = [family("a", clusters=("b200-nscale",))]
+    check = capacity_check(reading, families)
+    assert not check.ok
+    assert "b200-nscale" in check.detail

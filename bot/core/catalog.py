@@ -459,12 +459,15 @@ def image_dates(families: Iterable[Family], ranges: Sequence[tuple[int, int, dat
 
 
 def _image_line(block: yaml.Node) -> int | None:
-    """The 1-based line of the block's own `image:` key (its blame dates the image)."""
+    """The 1-based line of the block's own `image:` key (its blame dates the image): the
+    last one, as YAML keeps the later of a repeated key (and a block's own keys follow
+    those a merge key brought in)."""
+    line = None
     if isinstance(block, yaml.MappingNode):
         for key, _ in block.value:
             if isinstance(key, yaml.ScalarNode) and key.value == "image":
-                return int(key.start_mark.line) + 1
-    return None
+                line = int(key.start_mark.line) + 1
+    return line
 
 
 def _child_indent(block: yaml.Node) -> int:

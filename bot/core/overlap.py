@@ -160,15 +160,17 @@ def _blocks(text: str) -> dict[str, tuple[str, ...]]:
 
 
 def _image_line(block: tuple[str, ...] | None) -> str | None:
-    """The block's own `image:` line: the first child key named image at child depth."""
+    """The block's own `image:` line: the last child key named image at child depth (YAML
+    keeps the later of a repeated key, as the catalog does)."""
     if not block or len(block) < 2:
         return None
     indent = len(block[1]) - len(block[1].lstrip(" "))
+    found = None
     for line in block[1:]:
         child = _INDENTED_KEY_RE.match(line)
         if child and child["key"].rstrip() == "image" and len(child["indent"]) == indent:
-            return line
-    return None
+            found = line
+    return found
 
 
 def touched_keys(

@@ -349,6 +349,17 @@ def test_a_hunk_inside_a_four_space_block_knows_its_indentation_from_the_catalog
     assert change.keys == {"fam-a": kind} == file_change_from_contents(NV, FOUR_SPACES, head).keys
 
 
+def test_a_block_repeating_its_image_key_changes_its_image_by_the_later_line() -> None:
+    # YAML keeps the later of a repeated key: that line is the image that runs. Compared by
+    # contents, a change of it was read as the first line's block settings (`flags`).
+    base = "fam-a:\n  image: repo/img:a\n  model: m\n  runner: h100\n  image: repo/img:b\n"
+    head = base.replace("repo/img:b", "repo/img:c")
+    assert read_master(NV, base, None).families[0].image == "repo/img:b"
+    patch = unified_diff(base, head)
+    assert file_change_from_contents(NV, base, head).keys == {"fam-a": "image"}
+    assert file_change_from_patch(NV, patch).keys == {"fam-a": "image"}
+
+
 def test_hunk_at_the_top_without_a_key_and_no_newline_marker() -> None:
     patch = (
         "@@ -1,3 +1,3 @@\n"

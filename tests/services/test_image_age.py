@@ -83,3 +83,24 @@ async def test_the_image_age_histogram_counts_each_wave_and_follows_a_newly_date
     assert image_age_sample("count") == total
     assert image_age_sample("bucket", le="3.0") == recent and image_age_sample("bucket", le="1.0") == 0
     assert image_age_sample("sum") == pytest.approx(91 * len(dated) + 3 * recent)
+
+
+async def test_a_block_that_repeats_its_image_key_is_dated_by_the_line_that_wins(kit: Kit) -> None:
+    # YAML (PyYAML, as Klaud and the benchmark's own tooling read it) keeps the later of two
+    # `image:` keys of one block: the image that runs is the one on the later line, so that
+    # line's blame dates it, not the overridden line above.
+    text = sc.NVIDIA.replace(
+        "  framework: trt\n", "  framework: trt\n  image: nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc1\n", 1)
+    kit.repo.files[kit.repo.head][NVIDIA] = text
+    first, winner = line_of(sc.NVIDIA, "dsr1-fp8-h200-trt"), text.split("\n").index(
+        "  image: nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc1") + 1
+    kit.repo.blames[NVIDIA] = [
+        BlameRange(startingLine=1, endingLine=winner - 1, committed=NOW - timedelta(days=90)),
+        BlameRange(startingLine=winner, endingLine=winner, committed=NOW - timedelta(days=3)),
+        BlameRange(startingLine=winner + 1, endingLine=10_000, committed=NOW - timedelta(days=90)),
+    ]
+    assert first < winner
+    await kit.reconciler.reconcile(REPO, 1)
+    h200 = kit.state.catalog.get(H200)
+    assert h200 is not None and h200.image == "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc1"
+    assert h200.image_changed_at == NOW - timedelta(days=3), h200.image_changed_at

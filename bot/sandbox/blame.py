@@ -1,9 +1,10 @@
 """`git blame` over the sandbox's history: which commit last changed each line of a file.
 
-Commits are visited oldest first (parents are always older). A commit's lines start as its
-own; every line git's diff keeps from a parent takes that parent's origin instead, the
-first parent first, as `git blame` passes blame on. So a merge commit owns only the lines
-that neither parent had, and a push of unrelated files leaves every line where it was.
+A commit's lines start as its own; every line git's diff keeps from a parent takes that
+parent's origin instead, the first parent first, as `git blame` passes blame on. So a
+merge commit owns only the lines that neither parent had, and a push of unrelated files
+leaves every line where it was. A file renamed whole is followed to its old path, as git
+and GitHub do.
 """
 
 from __future__ import annotations
@@ -38,28 +39,72 @@ def blame(repo: RepoState, sha: str, path: str) -> list[BlameRange] | None:
 
 
 def line_origins(repo: RepoState, sha: str, path: str) -> list[str] | None:
-    """For each line of `path` at `sha`, the sha of the commit that made it so."""
-    history = sorted(repo.ancestors(sha), key=lambda s: repo.commits[s].seq)
-    origins: dict[str, list[str] | None] = {}
-    for commit in (repo.commits[s] for s in history):
-        origins[commit.sha] = commit_origins(repo, commit, path, origins)
-    return origins.get(sha)
+    """For each line of `path` at `sha`, the sha of the commit that made it so.
+
+    Walked from `sha` back (with a stack, not recursion: histories are long), through
+    each parent at the path the file had there: its own, or the one it was renamed from.
+    """
+    known: dict[tuple[str, str], list[str] | None] = {}
+    stack = [(sha, path)]
+    while stack:
+        at = stack[-1]
+        if at in known:
+            stack.pop()
+            continue
+        commit = repo.commits[at[0]]
+        sources = [(parent, source_path(repo, commit, parent, at[1])) for parent in commit.parents
+                   if parent in repo.commits]
+        waiting = [(parent, source) for parent, source in sources
+                   if source is not None and (parent, source) not in known]
+        if waiting and at[1] in commit.tree:
+            stack.extend(waiting)
+            continue
+        stack.pop()
+        known[at] = commit_origins(repo, commit, at[1], sources, known)
+    return known[(sha, path)]
 
 
-def commit_origins(repo: RepoState, commit: Commit, path: str,
-                   known: dict[str, list[str] | None]) -> list[str] | None:
+# git's rename detection: a file at least this similar to one the commit deleted was moved.
+RENAME_SIMILARITY = 0.5
+
+
+def source_path(repo: RepoState, commit: Commit, parent: str, path: str) -> str | None:
+    """Where `path`'s lines were in `parent`: the same path, else the file the commit
+    renamed to it (git blame follows whole-file renames, and so does GitHub's); None when
+    the commit made it new."""
+    before = repo.commits[parent].tree
+    text = commit.tree.get(path)
+    if text is None or path in before:
+        return path if text is not None and path in before else None
+    deleted = [old for old in sorted(before) if old not in commit.tree]
+    for old in deleted:
+        if before[old] == text:
+            return old
+    best, score = None, RENAME_SIMILARITY
+    for old in deleted:
+        lines = split_lines(before[old])
+        kept = sum(len(lines[i]) for i, _ in kept_lines(before[old], text))
+        similarity = kept / max(len(before[old]), len(text), 1)
+        if similarity >= score:
+            best, score = old, similarity
+    return best
+
+
+def commit_origins(repo: RepoState, commit: Commit, path: str, sources: list[tuple[str, str | None]],
+                   known: dict[tuple[str, str], list[str] | None]) -> list[str] | None:
     text = commit.tree.get(path)
     if text is None:
         return None
+    for parent, source in sources:
+        # A parent with the very same text takes the blame of every line, as in git.
+        if source is not None and repo.commits[parent].tree[source] == text and known[(parent, source)] is not None:
+            return known[(parent, source)]
     owners = [commit.sha] * len(split_lines(text))
-    for parent in commit.parents:
-        inherited = known.get(parent)
-        if inherited is None:
+    for parent, source in sources:
+        inherited = known.get((parent, source)) if source is not None else None
+        if source is None or inherited is None:
             continue
-        before = repo.commits[parent].tree[path]
-        if before == text:
-            return list(inherited)
-        for old, new in kept_lines(before, text):
+        for old, new in kept_lines(repo.commits[parent].tree[source], text):
             if owners[new] == commit.sha:
                 owners[new] = inherited[old]
     return owners

@@ -298,3 +298,22 @@ async def test_an_issue_lists_its_body_edits_newest_first_and_refuses_an_unbound
     unbounded = EDITS.replace("userContentEdits(first: 1)", "userContentEdits")
     refused = await graphql(history, unbounded, owner="acme", name="bench", number=made["number"])
     assert "exactly one of `first` or `last`" in refused["errors"][0]["message"]
+
+
+async def test_blame_follows_a_master_config_renamed_unchanged_as_git_and_github_do() -> None:
+    # `git mv configs/nvidia-master.yaml configs/nv-master.yaml`, nothing else. git blame
+    # ("the origin of lines is automatically followed across whole-file renames") and
+    # GitHub's blame date the lines by the commits that wrote them, not by the rename.
+    scenario = small_scenario()
+    repo = repo_of(scenario)
+    master = repo["files"].pop("configs/nvidia-master.yaml")
+    repo["files"]["configs/nv-master.yaml"] = master
+    repo["history"] = [
+        {"at": "2026-01-01T00:00:00Z", "message": "Add configs",
+         "files": {"configs/nvidia-master.yaml": master}},
+        {"at": "2026-02-01T00:00:00Z", "message": "Rename the config",
+         "files": {"configs/nvidia-master.yaml": None, "configs/nv-master.yaml": master}},
+    ]
+    async for hub in serve(Sandbox(scenario)):
+        assert await ranges(hub, path="configs/nv-master.yaml") == [
+            (1, MASTER_LINES, "2026-01-01T00:00:00Z")]

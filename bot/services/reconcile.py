@@ -480,6 +480,13 @@ class Reconciler:
     async def _try_reconcile(self, name: str, installation: int) -> bool:
         try:
             await self.reconcile(name, installation)
+        except NotFound as exc:
+            # GitHub no longer has it (deleted, or the App's access removed with its webhook
+            # lost): left to discovery, as `_reconcile_noting_failure` does. Noted, it was
+            # asked of GitHub every hour for as long as the process ran.
+            log.warning("reconcile.gone", repo=name, installation=installation, error=str(exc))
+            self.failures.pop(name, None)
+            return False
         except GitHubError as exc:
             self._note_failure(name, installation, str(exc))
             return False

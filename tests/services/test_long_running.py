@@ -20,6 +20,7 @@ from bot.web.inbox import Inbox
 from handlers import router
 from handlers.context import WebhookEvent
 from tests.services.conftest import REPO, Kit
+from tests.services.fakes import FakeRepo
 
 
 def failed(candidate: str, run_id: int, completed_at: datetime) -> Attempt:
@@ -262,3 +263,32 @@ async def test_the_plan_of_a_disabled_repository_selects_nothing_and_says_why(ki
     assert paused == {d.family for d in enabled.decisions if d.decision == "selected"}
     assert all("enabled: false" in d.reason for d in plan.decisions if d.family in paused)
     assert await kit.waves.run(REPO, trigger="schedule") is None  # and no wave runs
+
+
+async def test_failed_reconciles_of_repositories_github_no_longer_has_do_not_pile_up(kit: Kit, monkeypatch) -> None:
+    """Repositories added to the installation whose first reconcile met a GitHub outage,
+    then deleted (or their access removed) with that webhook lost: each stayed in
+    `Reconciler.failures` for good, asked of GitHub every hour (a 404 each time), though
+    discovery no longer lists it."""
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.state.meta.next_wave_at = stamp(kit.clock.now() + timedelta(days=365))
+    repos = kit.live.github.repos  # type: ignore[union-attr]
+
+    async def listed(installation: int) -> list[Repository]:  # what GitHub lists now: the kept one
+        return [Repository(full_name=REPO, id=kit.repo.id)]
+
+    monkeypatch.setattr(kit.live.github, "repositories", listed)
+    ticks = Scheduler(kit.live, kit.waves, kit.reconciler, kit.outcomes, kit.clock)
+    churned = 20
+    for n in range(churned):  # one repository a day comes and goes
+        name = f"acme/tmp-{n}"
+        repos[name] = repo = FakeRepo(name, id=7000 + n)
+        repo.fail("repository", Unavailable(502, "Bad Gateway"))
+        await kit.reconciler.reconcile_all(1, [name])  # `installation_repositories` added, GitHub unwell
+        repo.fail("repository", NotFound(404, "Not Found"), times=10_000)  # deleted; its webhook lost
+        for _ in range(24):
+            kit.clock.advance(timedelta(hours=1).total_seconds())
+            await ticks.tick()
+    calls = sum(len(repos[f"acme/tmp-{n}"].calls) for n in range(churned))
+    assert len(kit.reconciler.failures) <= 1, (
+        f"{len(kit.reconciler.failures)} failed reconciles kept, {calls} calls to repositories GitHub no longer has")

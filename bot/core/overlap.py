@@ -122,7 +122,7 @@ def file_change_from_contents(
         if len(keys) == MAX_CHANGED_KEYS:
             return FileChange(filename, previous, unavailable=True, oversized=True)
         moved = key in renamed
-        keys[key] = "image" if not moved and _image_line(before) != _image_line(after) else "flags"
+        keys[key] = "image" if not moved and _image_lines(before) != _image_lines(after) else "flags"
     return FileChange(filename, previous, keys=keys)
 
 
@@ -160,17 +160,19 @@ def _blocks(text: str) -> dict[str, tuple[str, ...]]:
 
 
 def _image_line(block: tuple[str, ...] | None) -> str | None:
-    """The block's own `image:` line: the last child key named image at child depth (YAML
-    keeps the later of a repeated key, as the catalog does)."""
+    """The block's own `image:` line: the last (YAML keeps the later of a repeated key)."""
+    lines = _image_lines(block)
+    return lines[-1] if lines else None
+
+
+def _image_lines(block: tuple[str, ...] | None) -> list[str]:
+    """Every child key named image at child depth, in order: a patch that changes any of
+    them touches `image`, so a comparison of contents does too."""
     if not block or len(block) < 2:
-        return None
+        return []
     indent = len(block[1]) - len(block[1].lstrip(" "))
-    found = None
-    for line in block[1:]:
-        child = _INDENTED_KEY_RE.match(line)
-        if child and child["key"].rstrip() == "image" and len(child["indent"]) == indent:
-            found = line
-    return found
+    return [line for line in block[1:] if (child := _INDENTED_KEY_RE.match(line))
+            and child["key"].rstrip() == "image" and len(child["indent"]) == indent]
 
 
 def touched_keys(

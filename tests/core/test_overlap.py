@@ -1006,3 +1006,13 @@ def test_a_family_stored_before_child_indent_does_not_override_what_the_patch_sh
              "@@ -20,3 +20,3 @@ fam-b:\n     framework: vllm\n-    image: b:1\n+    image: b:2\n     tp: 8\n")
     change = file_change_from_patch(NV, patch, known_keys=family_indents(stored))
     assert change.keys == {"fam-a": "image", "fam-b": "image"}
+
+
+def test_a_block_repeating_its_image_key_is_touched_alike_with_or_without_a_patch() -> None:
+    # An edit of the earlier (overridden) image line: its patch says `image`, and so must the
+    # comparison of contents used when GitHub leaves the patch out.
+    base = "fam-a:\n  image: repo/img:a\n  model: m\n  runner: h100\n  image: repo/img:b\n"
+    head = base.replace("repo/img:a", "repo/img:z")
+    by_patch = file_change_from_patch(NV, unified_diff(base, head)).keys
+    assert by_patch == {"fam-a": "image"}
+    assert file_change_from_contents(NV, base, head).keys == by_patch

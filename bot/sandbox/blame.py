@@ -71,23 +71,49 @@ RENAME_SIMILARITY = 0.5
 def source_path(repo: RepoState, commit: Commit, parent: str, path: str) -> str | None:
     """Where `path`'s lines were in `parent`: the same path, else the file the commit
     renamed to it (git blame follows whole-file renames, and so does GitHub's); None when
-    the commit made it new."""
+    the commit made it new. As git's rename detection: an identical file first, then the
+    most similar; among equals, one of the same base name, then the first by path."""
     before = repo.commits[parent].tree
     text = commit.tree.get(path)
     if text is None or path in before:
         return path if text is not None and path in before else None
     deleted = [old for old in sorted(before) if old not in commit.tree]
+    name = path.rsplit("/", 1)[-1]
+    exact = [old for old in deleted if before[old] == text]
+    if exact:
+        return min(exact, key=lambda old: old.rsplit("/", 1)[-1] != name)
+    best, rank = None, None
     for old in deleted:
-        if before[old] == text:
-            return old
-    best, score = None, RENAME_SIMILARITY
-    for old in deleted:
-        lines = split_lines(before[old])
-        kept = sum(len(lines[i]) for i, _ in kept_lines(before[old], text))
-        similarity = kept / max(len(before[old]), len(text), 1)
-        if similarity >= score:
-            best, score = old, similarity
+        score = similarity(before[old], text)
+        key = (-score, old.rsplit("/", 1)[-1] != name)
+        if score >= RENAME_SIMILARITY and (rank is None or key < rank):
+            best, rank = old, key
     return best
+
+
+def similarity(old: str, new: str) -> float:
+    """git's rename score (diffcore-delta): the bytes of `old` found again in `new`, counted
+    by chunks (a line, or 64 bytes of one), over the larger file's size."""
+    source, target = old.encode("utf-8"), new.encode("utf-8")
+    largest = max(len(source), len(target))
+    if not largest:
+        return 1.0
+    kept = _chunks(target)
+    copied = sum(min(count, kept.get(chunk, 0)) for chunk, count in _chunks(source).items())
+    return copied / largest
+
+
+def _chunks(data: bytes) -> dict[bytes, int]:
+    counts: dict[bytes, int] = {}
+    start = 0
+    for at, byte in enumerate(data):
+        if byte == 0x0A or at + 1 - start == 64:
+            chunk = data[start : at + 1]
+            counts[chunk] = counts.get(chunk, 0) + len(chunk)
+            start = at + 1
+    if start < len(data):
+        counts[data[start:]] = counts.get(data[start:], 0) + len(data) - start
+    return counts
 
 
 def commit_origins(repo: RepoState, commit: Commit, path: str, sources: list[tuple[str, str | None]],

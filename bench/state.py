@@ -186,8 +186,11 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         large = await time_updates(state, store, synchronize_pushes(fams, pulls, args.updates, rng, revisions))
         print(describe(f"{len(state.overlap):>6} PRs", *large))
 
-        # A restart loads the attempts of the last ATTEMPT_MEMORY only; older ones stay stored.
-        remembered = sum(1 for a in state.ledger.all() if a.completed_at >= big.NOW - ATTEMPT_MEMORY)
+        # A restart loads the attempts of the last ATTEMPT_MEMORY, and older ones only of the
+        # candidates open Klaud PRs work on (their check runs show them); the rest stay stored.
+        shown = state.klaud_pr_candidates()
+        remembered = sum(1 for a in state.ledger.all()
+                         if a.completed_at >= big.NOW - ATTEMPT_MEMORY or a.candidate in shown)
         expected = {"families": len(state.catalog), "pulls": len(state.overlap), "attempts": remembered}
         await store.db.close()
         restarts = [restart(path, expected) for _ in range(args.rebuilds)]

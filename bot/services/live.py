@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import get_args
 
@@ -268,12 +268,11 @@ class LiveState:
         await self.recall_attempts(state, state.klaud_pr_candidates())
         return state
 
-    async def recall_attempts(self, state: RepoState, candidates: Iterable[str]) -> None:
+    async def recall_attempts(self, state: RepoState, candidates: Collection[str]) -> None:
         """Every stored attempt of `candidates`, however old, back in memory: those of
         candidates open Klaud PRs work on, which their check runs show."""
-        for candidate in candidates:
-            for attempt in (await self.store.attempts_of(state.name, candidate)).values():
-                state.ledger.add(attempt)
+        for attempt in (await self.store.attempts_of(state.name, candidates)).values():
+            state.ledger.add(attempt)
 
     def drop(self, name: str) -> None:
         """Forget a repository's state in memory only (another replica took it over)."""

@@ -11,8 +11,9 @@ edited by hand) is reported in one log line and skipped, never a traceback.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,9 +90,15 @@ COMPLETED_AT: dict[Dialect, str] = {
 # Attempts without a readable time are loaded, so that they are reported, not hidden.
 LOAD_SINCE = LOAD + " AND (kind != 'attempt' OR coalesce({completed_at} >= ?, TRUE))"
 PRUNE_ATTEMPTS = "DELETE FROM records WHERE kind = 'attempt' AND {completed_at} < ?"
-# A candidate's attempts, whatever their age: keys are "<candidate>:<run>:<attempt>", and a
-# candidate id is hex digits and a dash, none of which LIKE reads as a pattern.
-ATTEMPTS_OF = "SELECT kind, key, {data} FROM records WHERE repo = ? AND kind = 'attempt' AND key LIKE ?"
+# Some candidates' attempts, whatever their age, in one pass over the repository's attempts
+# (keys are "<candidate>:<run>:<attempt>", a candidate id 33 characters): a query per
+# candidate read them all again for each of a restart's open Klaud PRs.
+ATTEMPTS_OF: dict[Dialect, str] = {
+    "sqlite": "SELECT kind, key, {data} FROM records WHERE repo = ? AND kind = 'attempt'"
+    " AND substr(key, 1, 33) IN (SELECT value FROM json_each(?))",
+    "postgresql": "SELECT kind, key, {data} FROM records WHERE repo = ? AND kind = 'attempt'"
+    " AND substr(key, 1, 33) = ANY(?::text[])",
+}
 
 
 class StateStore:
@@ -103,7 +110,7 @@ class StateStore:
         self._load = LOAD.format(data=data)
         self._get = GET.format(data=data)
         self._load_since = LOAD_SINCE.format(completed_at=completed_at, data=data)
-        self._attempts_of = ATTEMPTS_OF.format(data=data)
+        self._attempts_of = ATTEMPTS_OF[db.dialect].format(data=data)
         self._prune_attempts = PRUNE_ATTEMPTS.format(completed_at=completed_at)
         # Replicas (PostgreSQL): this process's owner name (set by `Replicas`). Changes then
         # commit only while no other replica holds their repositories' leases (a delivery's
@@ -174,11 +181,15 @@ class StateStore:
             rows = await self.db.fetch(self._load_since, repo, attempts_since)
         return _decoded_by_kind(repo, rows)
 
-    async def attempts_of(self, repo: str, candidate: str) -> dict[str, Any]:
-        """Every readable stored attempt of `candidate` (a candidate id), of any age, by key."""
-        if not CANDIDATE_RE.fullmatch(candidate):
-            raise ValueError(f"not a candidate id: {candidate!r}")
-        rows = await self.db.fetch(self._attempts_of, repo, f"{candidate}:%")
+    async def attempts_of(self, repo: str, candidates: Collection[str]) -> dict[str, Any]:
+        """Every readable stored attempt of `candidates` (candidate ids), of any age, by key."""
+        wanted = sorted(candidates)
+        if not wanted:
+            return {}
+        if not all(CANDIDATE_RE.fullmatch(candidate) for candidate in wanted):
+            raise ValueError(f"not candidate ids: {wanted!r}")
+        listed: str | list[str] = wanted if self.db.dialect == "postgresql" else json.dumps(wanted)
+        rows = await self.db.fetch(self._attempts_of, repo, listed)
         return _decoded_by_kind(repo, rows).get("attempt", {})
 
     async def prune_attempts(self, before: str) -> int:

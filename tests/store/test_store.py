@@ -71,9 +71,11 @@ async def test_the_attempts_of_one_candidate_are_read_whatever_their_age(stores)
         change.put("o/r", "attempt", f"{candidate}:{run_id}:1", dataclasses.replace(attempt(run_id, days), candidate=candidate))
     change.put("o/q", "attempt", f"{mine}:4:1", dataclasses.replace(attempt(4, 40), candidate=mine))
     await stores.state.apply(change)
-    assert sorted(a.run_id for a in (await stores.state.attempts_of("o/r", mine)).values()) == [1, 2]
-    with pytest.raises(ValueError, match="not a candidate id"):
-        await stores.state.attempts_of("o/r", "%")
+    assert sorted(a.run_id for a in (await stores.state.attempts_of("o/r", [mine])).values()) == [1, 2]
+    assert len(await stores.state.attempts_of("o/r", [mine, other])) == 3
+    assert await stores.state.attempts_of("o/r", []) == {}
+    with pytest.raises(ValueError, match="not candidate ids"):
+        await stores.state.attempts_of("o/r", ["%"])
 
 
 async def test_text_holding_u0000_from_github_is_stored_without_it_and_attempts_still_load(stores):

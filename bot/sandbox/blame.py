@@ -66,13 +66,17 @@ def line_origins(repo: RepoState, sha: str, path: str) -> list[str] | None:
 
 # git's rename detection: a file at least this similar to one the commit deleted was moved.
 RENAME_SIMILARITY = 0.5
+# git 2.33+: a deleted file whose base name no other deleted file has is paired with the
+# destination of that name first, at this similarity (halfway from RENAME_SIMILARITY to 1).
+BASENAME_SIMILARITY = 0.75
 
 
 def source_path(repo: RepoState, commit: Commit, parent: str, path: str) -> str | None:
     """Where `path`'s lines were in `parent`: the same path, else the file the commit
     renamed to it (git blame follows whole-file renames, and so does GitHub's); None when
     the commit made it new. As git's rename detection: an identical file first, then the
-    most similar; among equals, one of the same base name, then the first by path."""
+    one deleted file of the same base name when 75 % alike, then the most similar; among
+    equals, one of the same base name, then the first by path."""
     before = repo.commits[parent].tree
     text = commit.tree.get(path)
     if text is None or path in before:
@@ -82,6 +86,9 @@ def source_path(repo: RepoState, commit: Commit, parent: str, path: str) -> str 
     exact = [old for old in deleted if before[old] == text]
     if exact:
         return min(exact, key=lambda old: old.rsplit("/", 1)[-1] != name)
+    named = [old for old in deleted if old.rsplit("/", 1)[-1] == name]
+    if len(named) == 1 and similarity(before[named[0]], text) >= BASENAME_SIMILARITY:
+        return named[0]
     best, rank = None, None
     for old in deleted:
         score = similarity(before[old], text)

@@ -91,3 +91,16 @@ def test_a_config_renamed_with_its_blocks_reordered_is_followed_as_git_does(tmp_
     ], "configs/new-master.yaml")
     assert theirs.count("add") == 12
     assert mine == theirs
+
+
+def test_a_deleted_file_of_the_same_base_name_is_followed_before_a_more_similar_one_as_git_does(tmp_path: Path) -> None:
+    # git (2.33+) pairs a source and a destination whose base name no other source shares
+    # once they are 75 % alike, before scoring any other: old/nv-master.yaml (77 %) is
+    # followed, not x/other.yaml (92 %).
+    e, d = _blocks("e", 2), _blocks("d")
+    mine, theirs = compare(tmp_path, [
+        ("add", (), {"old/nv-master.yaml": A + B + C + e, "x/other.yaml": A + B + C + d}),
+        ("move", (0,), {"configs/nv-master.yaml": A + B + C + d + e}),
+    ], "configs/nv-master.yaml")
+    assert theirs == ["add"] * 36 + ["move"] * 12 + ["add"] * 4
+    assert mine == theirs

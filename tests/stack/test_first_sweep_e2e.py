@@ -6,7 +6,7 @@ from __future__ import annotations
 from tests.harness import sandbox_stack
 from tests.stack.test_installations_e2e import LAB, scenario
 
-GPTOSS = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
+H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
 INBOX = {"base_delay": 0.005, "max_delay": 0.02, "max_attempts": 2}  # retries given up at once
 LAB_DOWN = {"rules": [{"method": "GET", "route": "/repos/acme/lab$", "status": 502}]}
 
@@ -23,7 +23,7 @@ async def test_a_command_given_up_on_before_the_repositorys_first_reconcile_is_a
         await run.act({"action": "add_repositories", "repos": [LAB]})  # its reconcile fails
         assert run.klaud.live.repo(LAB) is None
         await run.act({"action": "comment", "repo": LAB, "number": 7, "user": "alice",
-                       "body": f"/klaud hold {GPTOSS} new driver"})  # its delivery given up on
+                       "body": f"/klaud hold {H200} new driver"})  # its delivery given up on
         assert replies(run, 7) == []
         run.sandbox.set_faults({"rules": []})  # GitHub is back
         for _ in range(8):  # two days of ticks, a few hours apart
@@ -32,4 +32,4 @@ async def test_a_command_given_up_on_before_the_repositorys_first_reconcile_is_a
             await run.settle()
         assert run.klaud.live.repo(LAB) is not None
         assert len(replies(run, 7)) == 1
-        assert GPTOSS in run.klaud.live.repo(LAB).holds
+        assert H200 in run.klaud.live.repo(LAB).holds

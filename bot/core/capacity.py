@@ -36,11 +36,14 @@ def evaluate_feed(document: Any, *, now: datetime, retrieved_at: datetime) -> Ca
     except FeedUnusable as problem:
         return closed_reading(retrieved_at, problem.code)
     invalid = frozenset(c["id"] for c in clusters if not _well_formed(c))
+    formed = [c for c in clusters if c["id"] not in invalid]
+    unavailable = frozenset(c["id"] for c in formed if not _in_service(c, generated_at))
     return CapacityReading(
-        eligible=frozenset(c["id"] for c in clusters if c["id"] not in invalid and _has_capacity(c, generated_at)),
+        eligible=frozenset(c["id"] for c in formed if c["id"] not in unavailable and _has_capacity(c)),
         known=frozenset(c["id"] for c in clusters),
         at=retrieved_at,
         invalid=invalid,
+        unavailable=unavailable,
     )
 
 
@@ -117,16 +120,19 @@ def _well_formed(cluster: dict[str, Any]) -> bool:
     return sum(c or 0 for c in counts) == total
 
 
-def _has_capacity(cluster: dict[str, Any], generated_at: datetime) -> bool:
-    """Whether a well-formed cluster entry may take work now."""
+def _in_service(cluster: dict[str, Any], generated_at: datetime) -> bool:
+    """Whether a well-formed cluster entry is fresh and its cluster in service."""
     if cluster["stale"] is not False or cluster["status"] not in USABLE_STATUSES:
         return False
     observed_at = _time(cluster["observedAt"])
     received_at = _time(cluster["receivedAt"])
     if observed_at is None or received_at is None:
         return False
-    if observed_at - received_at > CLOCK_SKEW or received_at - generated_at > CLOCK_SKEW:
-        return False
+    return observed_at - received_at <= CLOCK_SKEW and received_at - generated_at <= CLOCK_SKEW
+
+
+def _has_capacity(cluster: dict[str, Any]) -> bool:
+    """Whether a well-formed cluster entry in service has room for work now."""
     summary = cluster["summary"]
     total: int = summary["totalNodes"]
     busy: int = summary["allocatedNodes"] + summary["mixedNodes"]
@@ -201,6 +207,8 @@ def _clusters_eligibility(
 def _why_blocked(cluster: str, reading: CapacityReading) -> str:
     if cluster in reading.invalid:
         return f"cluster {cluster} has an invalid entry in the capacity feed"
+    if cluster in reading.unavailable:
+        return f"cluster {cluster} is stale or out of service in the capacity feed"
     if cluster in reading.known:
         return f"cluster {cluster} is busy"
     return f"cluster {cluster} is not in the capacity feed"

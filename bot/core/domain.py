@@ -309,6 +309,8 @@ class CapacityReading:
     `error` is set (and `eligible` empty) when the feed is missing or structurally
     invalid: Klaud fails closed and every capacity decision says why. `invalid`: the known
     clusters whose own entry is malformed (never eligible, and not to be called busy).
+    `unavailable`: those the feed reports stale, out of service, or with times out of step
+    (never eligible; "busy" would send people looking at the cluster's load).
     """
 
     eligible: frozenset[str]
@@ -316,6 +318,7 @@ class CapacityReading:
     at: UtcTime
     error: str | None = None
     invalid: frozenset[str] = frozenset()
+    unavailable: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

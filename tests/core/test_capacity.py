@@ -361,3 +361,21 @@ def test_a_cluster_whose_feed_entry_is_broken_is_not_called_busy(summary: dict[s
     assert not broken_eligible
     assert "b200-nscale" in broken_reason and "invalid" in broken_reason
     assert "busy" not in broken_reason
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"stale": True},  # the feed's own reading of it is stale
+        {"status": "maintenance"},  # out of service
+        {"observedAt": stamp(NOW + timedelta(seconds=30))},  # observed after it was received
+    ],
+)
+def test_a_cluster_the_feed_reports_stale_or_out_of_service_is_not_called_busy(changes: dict[str, Any]) -> None:
+    # A collector that died leaves its cluster `stale: true` for good: its families waited
+    # at every wave with "cluster X is busy", which sends people looking at its load.
+    reading = evaluate(feed(cluster("b200-nscale", **changes), cluster("b200-dgxc", summary={"allocatedNodes": 8, "idleNodes": 0})))
+    assert reading.eligible == frozenset()
+    assert target_eligibility(["b200-nscale"], reading, "all") == (
+        False, "cluster b200-nscale is stale or out of service in the capacity feed")
+    assert target_eligibility(["b200-dgxc"], reading, "all")[1] == "cluster b200-dgxc is busy"

@@ -122,9 +122,10 @@ class CatalogSync:
         before, after = event.before or ZERO_SHA, event.after
         async with self.live.lock(state.name):
             api = self.live.api(state)
-            pushed_at = push_time(event) or self.live.clock.now()
+            github_time = push_time(event)
+            pushed_at = github_time or self.live.clock.now()
             known = state.meta.head_sha
-            if known and (before != known or self._not_after_the_last(state, push_time(event))):
+            if known and (before != known or self._not_after_the_last(state, github_time)):
                 # Not the push after the one applied: delivered late (applied, it took the
                 # catalog back to an older commit for hours; a branch's creation, its before
                 # zero, too), or one before it was lost; or a push from the known head older
@@ -134,7 +135,7 @@ class CatalogSync:
                 log.info("catalog.push_out_of_order", before=before[:12], after=event.after[:12],
                          known=known[:12], head=after[:12])
                 if after == known:
-                    self._note_push(state, push_time(event))
+                    self._note_push(state, github_time)
                     await self.live.persist(state.save_meta())
                     return
                 before, pushed_at = known, pushed_at if after == event.after else self.live.clock.now()
@@ -148,7 +149,7 @@ class CatalogSync:
             # Only once read: a push that failed halfway leaves the old head, so the light
             # reconcile sees it moved and reads everything again.
             state.meta.head_sha = after
-            self._note_push(state, push_time(event))
+            self._note_push(state, github_time)
             self._arm_canary(state, after, "push")
             if _health(state) != health or state.canary_armed:
                 # Every Klaud check run shows the policy, config and setup state, and a pause.

@@ -95,7 +95,7 @@ class CheckPublisher:
             hold=state.holds.get(family.id) if family else None,
             in_flight=dispatch is not None and dispatch.candidate == candidate,
             policy_error=state.meta.policy_error,
-            blocked=state.blocked_now(self.clock.now()),
+            blocked=state.blocked_now(now),
             config_errors=state.meta.config_errors,
             cooled_by=None if cool.eligible else cool.attempt,
         )

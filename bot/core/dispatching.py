@@ -124,12 +124,19 @@ class PauseDocument(TypedDict):
 def count_finished(runs: WaveRuns, attempt: Attempt) -> None:
     """A dispatched run of the wave ended with `attempt`."""
     runs.finished += 1
-    # A run that failed before an outcome, or whose outcome is the workflow's fallback for one.
-    if attempt.error == "run-failed" or attempt.failed_job is not None:
-        job = attempt.failed_job or "an unknown job"
-        runs.failed_jobs[job] = runs.failed_jobs.get(job, 0) + 1
-        if attempt.failed_step:
-            runs.failed_steps.setdefault(job, attempt.failed_step)
+    count_failure(runs, attempt)
+
+
+def count_failure(runs: WaveRuns, attempt: Attempt) -> bool:
+    """Count `attempt` among the wave's failed runs when its run failed before an outcome, or
+    its outcome is the workflow's fallback for one; whether it did."""
+    if attempt.error != "run-failed" and attempt.failed_job is None:
+        return False
+    job = attempt.failed_job or "an unknown job"
+    runs.failed_jobs[job] = runs.failed_jobs.get(job, 0) + 1
+    if attempt.failed_step:
+        runs.failed_steps.setdefault(job, attempt.failed_step)
+    return True
 
 
 def pause_reason(wave: int, runs: WaveRuns) -> str | None:

@@ -115,6 +115,22 @@ async def _where_a_fallback_failed(api: RepoAPI, run: WorkflowRun, attempt: Atte
     return replace(attempt, failed_job=job or "an unknown job", failed_step=step)
 
 
+async def _where_it_failed(api: RepoAPI, run: WorkflowRun, info: RunInfo, attempt: Attempt, *, dispatched: bool) -> Attempt:
+    """A failed run's attempt read late (a retried download): its dispatched candidate's
+    broken archive is `run-failed` as when read at once (`_without_outcome`), a fallback
+    outcome says where the run failed."""
+    if dispatched and attempt.error in UNREADABLE_CONTENT:
+        return run_failed_attempt(attempt.candidate, attempt.family, info, await api.run_jobs(run.id))
+    return await _where_a_fallback_failed(api, run, attempt)
+
+
+def _failed_wave(run: WorkflowRun, dispatch: Dispatch | None, read: ArtifactRead) -> int | None:
+    """The wave of the dispatch a failed `run` ended, when `read` is of its candidate."""
+    if dispatch is None or run.conclusion not in RUN_FAILED_CONCLUSIONS or read.attempt.candidate != dispatch.candidate:
+        return None
+    return dispatch.wave
+
+
 def _dispatch_of(state: RepoState, run: WorkflowRun) -> Dispatch | None:
     """The dispatch `run` is the run of, linked or (unlinked) told by its title."""
     for dispatch in state.dispatches.values():
@@ -243,10 +259,10 @@ class OutcomeRecorder:
             if match:
                 reads.append(await self.read_artifact(state, api, match.group(1), artifact, info))
         attempts = [read.attempt for read in reads]
+        dispatch = _dispatch_of(state, run)
         for read in reads:
             if read.transient:
-                self._schedule_retry(state, run, read, change)
-        dispatch = _dispatch_of(state, run)
+                self._schedule_retry(state, run, read, change, wave=_failed_wave(run, dispatch, read))
         if dispatch is not None:
             without = await self._without_outcome(api, run, info, dispatch, reads)
             if without is not None:
@@ -386,7 +402,11 @@ class OutcomeRecorder:
 
     # -- retrying transient artifact reads -----------------------------------------------
 
-    def _schedule_retry(self, state: RepoState, run: WorkflowRun, read: ArtifactRead, change: Change) -> None:
+    def _schedule_retry(
+        self, state: RepoState, run: WorkflowRun, read: ArtifactRead, change: Change, wave: int | None = None
+    ) -> None:
+        """`wave`: the wave whose dispatch `run` failed, when the read is its candidate's (its
+        dispatch ended with this read's failure: the retried read counts toward the pause)."""
         # Per run attempt: a re-run's failed read must not take the slot of attempt 1's.
         key = f"{run.id}:{run.run_attempt}:{read.attempt.candidate}"
         now = self.live.clock.now()
@@ -397,6 +417,8 @@ class OutcomeRecorder:
             "first_failure_at": stamp(now),
             "failures": 0,
         }
+        if wave is not None:
+            entry["wave"] = wave
         entry["failures"] += 1
         first = parse_time(entry["first_failure_at"]) or now
         due = next_retry_at(first, entry["failures"], now, rng=self._rng)
@@ -436,8 +458,8 @@ class OutcomeRecorder:
                 read = unread("artifact-not-found", False)
             else:
                 read = await self.read_artifact(state, api, candidate, artifact, info)
-                if run.conclusion in RUN_FAILED_CONCLUSIONS:  # the session's fallback, read late
-                    read = replace(read, attempt=await _where_a_fallback_failed(api, run, read.attempt))
+                if run.conclusion in RUN_FAILED_CONCLUSIONS:
+                    read = replace(read, attempt=await _where_it_failed(api, run, info, read.attempt, dispatched="wave" in entry))
         async with self.live.lock(state.name):
             change = Change()
             if read.transient:
@@ -445,5 +467,16 @@ class OutcomeRecorder:
             else:
                 change.extend(state.drop_artifact_retry(key))
             families = await self.apply_attempt(state, api, read.attempt, change)
+            if "wave" in entry and not read.transient:
+                families |= self._note_read_late(state, entry["wave"], read.attempt, change)
             await self.live.persist(change)
         await self.live.notify(state, families)
+
+    def _note_read_late(self, state: RepoState, wave: int, attempt: Attempt, change: Change) -> set[str]:
+        """The families to re-render after a late read of a dispatched run that failed: all of
+        them when it paused dispatch (every Klaud check run shows the pause)."""
+        if state.note_read_late(wave, attempt, self.live.clock.now()) is None:
+            return set()
+        log.warning("dispatch.paused", repo=state.name, reason=state.meta.pause["reason"] if state.meta.pause else None)
+        change.extend(state.save_meta())
+        return {f.id for f in state.catalog}

@@ -21,6 +21,7 @@ from bot.core.dispatching import (
     PauseDocument,
     WaveRuns,
     WaveRunsDocument,
+    count_failure,
     count_finished,
     disabled_block,
     pause_reason,
@@ -497,8 +498,24 @@ class RepoState:
                 # Its own run, from now on told apart from a person's run of the candidate.
                 self.meta.canary["run"] = attempt.run_id
             return self.note_canary_attempt(attempt)
+        return self._pause_if_due(dispatch.wave, runs, now)
+
+    def note_read_late(self, wave: int, attempt: Attempt, now: datetime) -> str | None:
+        """A dispatched run of `wave`, counted finished when its artifact could not be
+        downloaded, read at last: a failure before an outcome counts toward the pause rule as
+        it would have, read at once. "paused" when that pauses."""
+        stats = self.meta.wave_runs.get(str(wave))
+        if stats is None or wave < (self.meta.pause_counts_from or 0) or self.is_canary(attempt):
+            return None  # a wave too old to count, or one before the last canary's
+        runs = WaveRuns(**stats)
+        if not count_failure(runs, attempt):
+            return None
+        self.meta.wave_runs[str(wave)] = runs.document()
+        return self._pause_if_due(wave, runs, now)
+
+    def _pause_if_due(self, wave: int, runs: WaveRuns, now: datetime) -> str | None:
         if self.meta.pause is None:
-            reason = pause_reason(dispatch.wave, runs)
+            reason = pause_reason(wave, runs)
             if reason is not None:
                 self.meta.pause = {"reason": reason, "since": stamp(now) or ""}
                 self.meta.canary = None

@@ -60,6 +60,7 @@ class ArtifactRetry(TypedDict):
     first_failure_at: TimeText
     failures: int
     next_at: NotRequired[TimeText]
+    wave: NotRequired[int]  # the wave whose dispatch the failed run ended (its pause rule counts the read)
 
 
 # kind -> adapter; kinds absent here hold plain JSON documents (repo metadata, waves, ...).

@@ -209,6 +209,55 @@ async def test_a_canarys_fallback_read_on_a_retry_does_not_resume_dispatch(kit: 
     assert blocked is not None and blocked.code == "dispatch-paused", "a fallback canary resumed dispatch"
 
 
+async def test_a_wave_whose_failed_sessions_are_read_on_a_retry_still_pauses_dispatch(kit: Kit) -> None:
+    # As the session test above, but blob storage has a bad minute: each fallback's first
+    # download gets a 502 (the dispatch ends with download-failed, which says nothing of the
+    # run), and the reads an hour later find the three fallbacks, failed in one job.
+    runs = await five_dispatched(kit)
+    for n, run_id in enumerate(runs[:3]):
+        session_failed(kit, run_id, 800 + n)
+        kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+        await kit.outcomes.on_workflow_run(kit.state, event(run_id, conclusion="failure"))
+    assert kit.state.blocked() is None and len(kit.state.pending_artifacts) == 3
+    kit.clock.advance(3600)
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 3
+    attempts = [a for a in kit.state.ledger.all() if a.run_id in runs[:3]]
+    assert len(attempts) == 3 and all(a.verified and a.failed_job == "Klaud Cold" for a in attempts), attempts
+    blocked = kit.state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused", kit.state.meta.wave_runs
+    assert kit.state.meta.wave_runs["1"]["finished"] == 3, "a late read counts its run finished once"
+
+
+async def test_a_failed_runs_broken_archive_read_on_a_retry_says_where_the_run_failed(kit: Kit) -> None:
+    # Read at once, a failed run's broken archive is run-failed with its job (what the pause
+    # counts and people need); read on a retry it must be the same.
+    runs = await five_dispatched(kit)
+    for n, run_id in enumerate(runs[:3]):
+        session_failed(kit, run_id, 800 + n)
+        kit.repo.archives[800 + n] = b"not a zip"
+        kit.repo.fail("download", Unavailable(503, "Service Unavailable"))
+        await kit.outcomes.on_workflow_run(kit.state, event(run_id, conclusion="failure"))
+    kit.clock.advance(3600)
+    await kit.outcomes.retry_artifacts_of(kit.state)
+    attempts = [a for a in kit.state.ledger.all() if a.run_id in runs[:3]]
+    assert {(a.error, a.failed_job, a.failed_step) for a in attempts} == {
+        ("run-failed", "Klaud Cold", "Run the candidate session")}
+    blocked = kit.state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused"
+
+
+async def test_a_successful_runs_late_read_does_not_count_toward_the_pause(kit: Kit) -> None:
+    runs = await five_dispatched(kit)
+    for n, run_id in enumerate(runs[:3]):
+        session_failed(kit, run_id, 800 + n)  # its fallback outcome, though the run succeeded
+        kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+        await kit.outcomes.on_workflow_run(kit.state, event(run_id, conclusion="success"))
+    kit.clock.advance(3600)
+    assert await kit.outcomes.retry_artifacts_of(kit.state) == 3
+    assert kit.state.blocked() is None
+    assert kit.state.meta.wave_runs["1"]["failed_jobs"] == {}
+
+
 async def test_late_failures_of_a_wave_before_the_canarys_do_not_pause_dispatch_again(kit: Kit) -> None:
     # README (320ee56): "the waves before the canary's no longer count towards a pause".
     from bot.core.domain import Attempt, Dispatch

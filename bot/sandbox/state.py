@@ -293,6 +293,11 @@ def finish_jobs(run: WorkflowRun, at: datetime) -> None:
                 step.status, step.conclusion = "completed", run.conclusion
 
 
+def _again(job: Job) -> sc.Job:
+    """`job` as a re-run runs it: its name and steps, their conclusions the new attempt's."""
+    return sc.Job(name=job.name, steps=[sc.JobStep(name=step.name) for step in job.steps])
+
+
 def build_zip(files: dict[str, Any]) -> bytes:
     """An artifact archive; a JSON value is serialised, a string is stored as is."""
     buffer = io.BytesIO()
@@ -718,6 +723,10 @@ class RepoState:
             raise SandboxError(
                 f"run {run.id} already completed; give a higher run_attempt to re-run it", 409
             )
+        rerun = spec.run_attempt > run.run_attempt
+        if rerun:
+            # GitHub: `run_started_at` is the latest attempt's ("resets on re-run").
+            run.run_started_at = min(now, finished)
         run.status = "completed"
         run.conclusion = spec.conclusion or "success"
         run.run_attempt = max(run.run_attempt, spec.run_attempt)
@@ -729,6 +738,8 @@ class RepoState:
         self.attach_artifacts(run, spec.artifacts, finished)
         if spec.jobs:
             run.jobs = self.build_jobs(run, spec.jobs, finished)
+        elif rerun:  # the jobs GitHub lists are the latest attempt's: the same ones, run again
+            run.jobs = self.build_jobs(run, [_again(job) for job in run.jobs], finished)
         else:
             finish_jobs(run, finished)
         return run

@@ -213,6 +213,34 @@ async def test_complete_run_new_and_dispatched(wired: Hub, receiver: Receiver) -
     assert (await wired.json("GET", f"{REPO}/actions/runs/{dispatched}"))["run_attempt"] == 2
 
 
+async def test_a_rerun_starts_anew_and_lists_its_own_jobs(wired: Hub, receiver: Receiver) -> None:
+    # GitHub: `run_started_at` "resets on re-run", and the jobs listed are the latest
+    # attempt's. Klaud tells a re-run's artifacts from attempt 1's by that start.
+    await wired.api("POST", f"{REPO}/actions/workflows/klaud-candidate.yml/dispatches", json={
+        "ref": "main", "inputs": {"candidate": "c", "family": "f", "base": "b"}})
+    await wired.sandbox.drain()
+    run_id = wired.state()["dispatches"][0]["run_id"]
+    wired.sandbox.clock.advance(1800)
+    await wired.act(action="complete_run", repo="acme/bench", run={
+        "id": run_id, "workflow": "klaud-candidate.yml", "conclusion": "success",
+        "jobs": [{"name": "Klaud Cold", "steps": [{"name": "Run the candidate session"}]}],
+        "artifacts": [{"name": "klaud-candidate-c", "files": {"candidate-diagnostics.json": DIAGNOSTICS}}]})
+    first = await wired.json("GET", f"{REPO}/actions/runs/{run_id}")
+    [artifact] = (await wired.json("GET", f"{REPO}/actions/runs/{run_id}/artifacts"))["artifacts"]
+    wired.sandbox.clock.advance(20 * 3600)  # a person re-runs it; attempt 2 uploads nothing
+    receiver.received.clear()
+    await wired.act(action="complete_run", repo="acme/bench", run={
+        "id": run_id, "workflow": "klaud-candidate.yml", "run_attempt": 2, "conclusion": "failure"})
+    rerun = await wired.json("GET", f"{REPO}/actions/runs/{run_id}")
+    [(_, payload)] = [(n, p) for n, p in events(receiver) if n == "workflow_run"]
+    for shown in (rerun, payload["workflow_run"]):
+        assert shown["run_attempt"] == 2
+        assert shown["run_started_at"] > first["updated_at"] >= artifact["created_at"], shown["run_started_at"]
+    [job] = (await wired.json("GET", f"{REPO}/actions/runs/{run_id}/jobs"))["jobs"]
+    assert (job["name"], job["conclusion"], job["started_at"]) == ("Klaud Cold", "failure", rerun["run_started_at"])
+    assert [(s["name"], s["conclusion"]) for s in job["steps"]] == [("Run the candidate session", "failure")]
+
+
 async def test_push_default_adds_changes_and_deletes(wired: Hub, receiver: Receiver) -> None:
     before = wired.state()["head_sha"]
     answer = await wired.act(action="push_default", repo="acme/bench", user="bob",

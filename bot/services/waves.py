@@ -34,9 +34,9 @@ from bot.core.domain import (
 )
 from bot.github.errors import (
     BadRequest,
+    Conflict,
     GitHubError,
     NotFound,
-    RefClash,
     Unauthorized,
     Unavailable,
 )
@@ -249,7 +249,13 @@ class WaveRunner:
             log.warning("dispatch.answer_lost", family=family.id, candidate=family.candidate, error=str(exc))
             return dispatching.answer_lost(decision, str(exc))
         except GitHubError as exc:
-            return await self._refused(state, api, decision, undo, exc, change)
+            failed = await self._refused(state, api, decision, undo, exc, change)
+            if isinstance(exc, BadRequest | NotFound | Unauthorized):
+                # The workflow gone (a push whose webhook was lost), the App's Actions access
+                # refused: every family's dispatch would get the same. A 422 may be about
+                # this family's inputs alone.
+                raise RepositoryRefused(exc) from exc
+            return failed
         if run_id is not None:
             change.extend(state.add_dispatch(replace(pending, run_id=run_id)))
         return decision
@@ -291,7 +297,7 @@ class WaveRunner:
 
 
 class RepositoryRefused(Exception):
-    """A claim GitHub refused for the whole repository, not for the family."""
+    """A claim or dispatch GitHub refused for the whole repository, not for the family."""
 
     def __init__(self, error: GitHubError) -> None:
         super().__init__(str(error))
@@ -301,9 +307,11 @@ class RepositoryRefused(Exception):
 def refuses_the_repository(error: GitHubError) -> bool:
     """A refusal no other family's claim would escape: the repository archived (403 "read
     only"), the App's access to it withdrawn (403, 404), the installation suspended or its
-    credentials refused (401), a branch `klaud` leaving no room for any claim ref; not a
-    rate limit, which waits, nor GitHub unwell."""
-    return isinstance(error, BadRequest | NotFound | Unauthorized | RefClash)
+    credentials refused (401), a branch `klaud` leaving no room for any claim ref, a ruleset
+    restricting the creation of branches (422: claim refs differ only by a hash, so one rule
+    matches them all; "already exists" is no error here); not a rate limit, which waits,
+    nor GitHub unwell."""
+    return isinstance(error, BadRequest | NotFound | Unauthorized | Conflict)
 
 
 @dataclass(frozen=True, slots=True)

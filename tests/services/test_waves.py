@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import pytest
+
 from bot.core.domain import claim_ref
-from bot.github.errors import Unavailable
+from bot.github.errors import BadRequest, NotFound, Unavailable
 from tests import scenarios as sc
 from tests.services.conftest import REPO, Kit
 
@@ -198,6 +200,52 @@ async def test_a_wave_in_an_archived_repository_stops_at_the_first_refused_claim
     failed = [d for d in wave.decisions if d.decision == "dispatch-failed"]
     assert wave.selected == () and len(failed) == kit.state.policy.max_candidates_per_wave
     assert "archived" in failed[0].reason and all("not tried" in d.reason for d in failed[1:])
+
+
+async def test_a_claim_a_ruleset_refuses_stops_the_wave_at_the_first(kit: Kit) -> None:
+    # Claim refs differ only by a hash: a rule restricting the creation of one restricts all.
+    from bot.github.errors import Conflict
+
+    await kit.reconciler.reconcile(REPO, 1)
+    refused = "Repository rule violations found\n\nCannot create ref due to creations being restricted."
+    kit.repo.fail("create_branch", Conflict(422, refused), times=10_000)
+    kit.repo.calls.clear()
+
+    wave = await kit.waves.run(REPO, trigger="schedule")
+
+    assert [c[0] for c in kit.repo.calls].count("create_branch") == 1
+    failed = [d for d in wave.decisions if d.decision == "dispatch-failed"]
+    assert wave.selected == () and "rule violations" in failed[0].reason
+    assert all("not tried" in d.reason for d in failed[1:])
+
+
+@pytest.mark.parametrize("refusal", [
+    NotFound(404, "Not Found"),  # the workflow gone, by a push whose webhook was lost
+    BadRequest(403, "Resource not accessible by integration"),  # Actions access withdrawn
+])
+async def test_a_dispatch_refused_for_the_repository_stops_the_wave_at_the_first(kit: Kit, refusal) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.fail("dispatch", refusal, times=10_000)
+    kit.repo.calls.clear()
+
+    wave = await kit.waves.run(REPO, trigger="schedule")
+
+    assert [c[0] for c in kit.repo.calls].count("dispatch") == 1
+    assert [c[0] for c in kit.repo.calls].count("create_branch") == 1
+    assert wave.selected == () and not kit.state.dispatches and not kit.state.claims
+    failed = [d for d in wave.decisions if d.decision == "dispatch-failed"]
+    assert refusal.message in failed[0].reason and all("not tried" in d.reason for d in failed[1:])
+
+
+async def test_a_dispatch_refused_for_its_inputs_lets_the_next_family_take_the_slot(kit: Kit) -> None:
+    # A 422 may be about one family's values (DESIGN §4: the wave goes on with the next).
+    from bot.github.errors import Conflict
+
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.fail("dispatch", Conflict(422, "Unexpected inputs provided"), times=1)
+    wave = await kit.waves.run(REPO, trigger="schedule")
+    assert [d.decision for d in wave.decisions].count("dispatch-failed") == 1
+    assert len(wave.selected) == 4
 
 
 async def test_a_claim_refused_for_its_family_alone_lets_the_next_family_take_the_slot(kit: Kit) -> None:

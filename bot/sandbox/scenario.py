@@ -493,20 +493,31 @@ def parse_action(data: Any) -> Action:
         raise ScenarioError(describe(exc).replace("step.", "")) from None
 
 
+# The bundled scenario is about 150 KB. Read no further: a file without end (/dev/zero, a
+# pipe) or a huge one named by mistake would take all the memory there is.
+MAX_SCENARIO_BYTES = 64 * 1024 * 1024
+
+
 def load_scenario(path: str | Path | None = None) -> dict[str, Any]:
     """Read and validate a scenario file; None means the bundled demo scenario."""
     source = Path(path) if path is not None else BUNDLED_SCENARIO
     try:
-        text = source.read_text(encoding="utf-8")
+        with source.open("rb") as file:
+            raw = file.read(MAX_SCENARIO_BYTES + 1)
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise ScenarioError(f"{source}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ScenarioError(f"{source}: not UTF-8 text (a scenario is a JSON file)") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{source}: over {MAX_SCENARIO_BYTES} bytes (a scenario is a JSON file)")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ScenarioError(
             f"{source}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
+    except RecursionError:
+        raise ScenarioError(f"{source}: JSON nested too deep") from None
     parse_scenario(data, str(source))
     return data

@@ -102,6 +102,13 @@ class PostgresDatabase:
             raise StoreError(f"cannot connect to {self.where}: {exc}") from exc
         try:
             await self._migrate(pool)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            # Refused before the migrations themselves (on PostgreSQL 15 a role that does not
+            # own the database may not create the version table in `public`), or the
+            # connection lost: one line, as a refused migration says it.
+            await pool.close()
+            reason = " ".join(str(exc).split())
+            raise StoreError(f"{self.where}: cannot read or create the schema: {type(exc).__name__}: {reason}") from exc
         except BaseException:
             await pool.close()
             raise

@@ -237,3 +237,37 @@ async def test_a_migration_the_engine_refuses_is_one_store_error_naming_it_and_c
         assert len(await stores.engine.fetch("SELECT key FROM records WHERE kind = 'wave'")) == 2
     finally:
         await stores.close()
+
+
+async def _url_of_a_role_without_create(postgres_server, database_url: str) -> str:
+    """The database's URL for a role that may connect but not create tables in `public`:
+    PostgreSQL 15's default for a role that does not own the database (a managed server, a
+    DBA's `CREATE ROLE klaud LOGIN` on a database someone else created)."""
+    import asyncpg
+
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(
+            "DO $$ BEGIN CREATE ROLE klaud_limited LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        await admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    finally:
+        await admin.close()
+    return database_url.replace("postgresql://postgres@", "postgresql://klaud_limited@")
+
+
+async def test_a_schema_the_role_may_not_create_is_one_store_error_and_one_cli_line(postgres_server, tmp_path):
+    # The version table is made before the migrations: its refusal escaped start-up as
+    # asyncpg's own exception, a traceback at the CLI's boundary for serve, plan, receive.
+    from tests.conftest import fresh_database
+    from tests.web.test_cli_boundary import klaud_env, one_line, run_klaud
+
+    async with fresh_database(postgres_server) as url:
+        limited = await _url_of_a_role_without_create(postgres_server, url)
+        with pytest.raises(StoreError) as refused:
+            await open_stores(limited)
+        message = str(refused.value)
+        assert len(message.splitlines()) == 1 and "permission denied for schema public" in message
+        assert message.startswith("PostgreSQL ") and "cannot read or create the schema" in message
+        done = await asyncio.to_thread(run_klaud, ["plan"], klaud_env(tmp_path, KLAUD_DB=limited))
+    assert "Traceback" not in done.stderr, done.stderr[-800:]
+    assert done.returncode == 1 and one_line(done.stderr).startswith("klaud: KLAUD_DB: ")

@@ -361,6 +361,21 @@ def _at_most_a_gigabyte_of_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
 
+@pytest.mark.parametrize("command", [["demo", "--once"], ["sandbox", "--port", "0"], ["serve", "--sandbox"]])
+@pytest.mark.parametrize("content", ["endless", "nested"])
+def test_a_scenario_file_without_end_or_nested_too_deep_is_refused_in_one_line(tmp_path, command, content):
+    # `--scenario /dev/zero` (a pipe, a huge file named by mistake) was read whole: a
+    # MemoryError traceback; an array nested 100,000 deep, a RecursionError traceback.
+    scenario = tmp_path / "deep.json"
+    scenario.write_text("[" * 100_000 + "]" * 100_000)
+    path = "/dev/zero" if content == "endless" else str(scenario)
+    env = klaud_env(tmp_path, KLAUD_PORT="0", KLAUD_ADMIN_PORT="0")
+    done = run_klaud([*command, "--scenario", path], env, preexec_fn=_at_most_a_gigabyte_of_memory)
+    assert "Traceback" not in done.stderr, done.stderr[-600:]
+    assert done.returncode == 2
+    assert one_line(done.stderr).startswith(f"klaud: {path}: ")
+
+
 def test_a_private_key_file_without_end_is_refused_in_one_line_not_read_whole(tmp_path):
     # What this catches (a review found it): KLAUD_PRIVATE_KEY_FILE=/dev/zero (or a huge
     # file, a pipe) was read whole, before the CLI's boundary: a MemoryError traceback.

@@ -110,6 +110,8 @@ class Reconciler:
         """
         name, installation = event.repository.full_name, event.installation.id
         state = self._kept_as(name, event.repository.id) or await self._same_repository(event)
+        if state is not None and state.meta.installation != installation:
+            state = await self._through_installation(state, event)
         if state is None:
             kept_as = await self._kept_elsewhere_by_id(event.repository.id, name)
             if kept_as is not None:
@@ -128,6 +130,23 @@ class Reconciler:
             if state is None and "moved_from" in report and "skipped" in report:
                 raise RepositoryMoved(report["repo"])
         return state
+
+    async def _through_installation(self, state: RepoState, event: RepoEvent) -> RepoState | None:
+        """The repository of an event sent through another installation than the kept one:
+        the App installed again (or the repository moved to another account's installation)
+        while the installation events were lost, the kept one reaching it no more; or a late
+        event of the old installation. A light reconcile through the event's installation
+        tells which (it also catches up what was lost meanwhile): one GitHub refuses leaves
+        the kept installation; GitHub unwell fails the delivery, tried again."""
+        kept = state.meta.installation
+        try:
+            await self.reconcile(state.name, event.installation.id, light=True)
+        except GitHubError as exc:
+            if exc.transient:
+                raise
+            log.info("live.installation_kept", repo=state.name, installation=kept,
+                     refused=event.installation.id, error=str(exc))
+        return self._kept_as(event.repository.full_name, event.repository.id)
 
     async def _kept_elsewhere_by_id(self, repo_id: int | None, name: str) -> str | None:
         """The other name than `name` that `repo_id` is stored under, when another process
@@ -185,6 +204,8 @@ class Reconciler:
             # rebuilt from GitHub alone, its wave counter, pause and dispatches would be lost.
             stored = known or await self.live.load_repo(name)
             state = stored or self.live.new_state(name, installation)
+            # Through an installation that cannot reach it (a late event of one removed since),
+            # GitHub's refusal leaves the section: memory is read back, the kept one stays.
             state.meta.installation = installation
             api = self.live.api(state)
             repository = await api.repository()
@@ -392,14 +413,22 @@ class Reconciler:
                 # One kept under an earlier name is followed by its own reconciles and events,
                 # here or at the replica keeping it (built here, it would be a second state).
                 known = self.live.repo(repo.full_name) or self.live.by_id(repo.id)
+                if known is not None and known.meta.installation != installation:
+                    # Installed again (or moved to another account's installation) while its
+                    # events were lost: the kept installation reaches it no more.
+                    await self._reconcile_noting_failure(known.name, installation, light=True)
+                    continue
                 if known is None and await self._kept_elsewhere_by_id(repo.id, repo.full_name):
                     continue
                 # Kept by another replica under this name: its own reconciles keep it current.
                 # Its holder is only asked to make sure it has a state (one whose stored record
                 # it could not read has none): asked to reconcile, it would rebuild the
-                # repository at every discovery.
-                if known is None and stored.find(repo) is not None and self.live.kept_elsewhere(repo.full_name):
-                    await self._ask_holder(repo.full_name, installation, action="ensure")
+                # repository at every discovery. Kept for another installation, it is asked
+                # to follow this one, as above.
+                found = stored.find(repo) if known is None else None
+                if found is not None and self.live.kept_elsewhere(repo.full_name):
+                    moved = found.installation is not None and found.installation != installation
+                    await self._ask_holder(repo.full_name, installation, action="light" if moved else "ensure")
                     continue
                 if known is None and await self._try_reconcile(repo.full_name, installation):
                     done.append(repo.full_name)

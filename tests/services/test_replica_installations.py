@@ -138,6 +138,26 @@ async def test_discovery_at_the_leader_has_a_repository_another_replica_keeps_re
     assert a.live.repo("o/a") is None and b.live.repo("o/a") is kept and github.repos["o/a"].calls == []
 
 
+async def test_discovery_at_the_leader_has_the_keeper_follow_a_repository_to_its_new_installation(
+        nodes, github, monkeypatch) -> None:
+    # The App installed again while its installation events were lost: installation 1, the
+    # kept one, reaches the repository no more; GitHub lists it under installation 2.
+    a, b = await leader_and_keeper(nodes)
+    listed = await github.repositories(1)
+
+    async def only_the_new_installation() -> list[int]:
+        return [2]
+
+    async def its_repositories(installation: int) -> list[Repository]:
+        return listed if installation == 2 else []
+
+    monkeypatch.setattr(github, "installations", only_the_new_installation)
+    monkeypatch.setattr(github, "repositories", its_repositories)
+    await a.reconciler.reconcile_new_installations()
+    assert await run_requests(b) == ["light o/a"]
+    assert b.live.repo("o/a").meta.installation == 2 and a.live.repo("o/a") is None
+
+
 async def test_discovery_has_a_repository_whose_stored_record_its_holder_could_not_read_rebuilt(nodes, github) -> None:
     a = await nodes("a")
     await a.replicas.round()

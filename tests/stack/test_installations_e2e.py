@@ -110,3 +110,43 @@ async def test_a_pr_opened_while_suspended_is_caught_up_at_unsuspend(tmp_path):
         assert [p["number"] for p in run.state()["pulls"]] == [12]
         decision = next(d for d in (await run.klaud.waves.preview(REPO)).decisions if d.family == B200)
         assert (decision.decision, decision.pull_requests) == ("overlap", (12,))
+
+
+def reinstalled_while_its_events_were_lost(run: Any) -> int:
+    """The App uninstalled and installed again on the account while Klaud was down: GitHub
+    sent `installation` deleted and created once, both lost (it does not redeliver)."""
+    world = run.sandbox.world
+    world.uninstall(1)
+    fresh = world.install([world.repo(REPO)])
+    assert fresh != 1
+    return fresh
+
+
+async def test_events_after_a_missed_reinstall_go_through_the_new_installation(tmp_path) -> None:
+    # The kept installation 1 reaches the repository no more: its events, reconciles and
+    # waves all failed (404) until someone deleted its state by hand.
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await run.settle()
+        fresh = reinstalled_while_its_events_were_lost(run)
+        await run.act({"action": "open_pull", "repo": REPO, "pull": sc.image_bump(40)})
+        await run.act({"action": "comment", "repo": REPO, "number": 40, "user": "alice", "body": "/klaud help"})
+        assert run.klaud.live.repo(REPO).meta.installation == fresh
+        pull = next(p for p in run.state()["pulls"] if p["number"] == 40)
+        assert pull["touches"] == {B200: "image"}
+        assert [c for c in run.github()["comments"] if c["user"] == "klaud-cold[bot]"], "the command went unanswered"
+        # A late event of the old installation leaves the new one, and is processed.
+        late = {"action": "edited", "repository": {"full_name": REPO, "id": run.klaud.live.repo(REPO).meta.repo_id},
+                "installation": {"id": 1}, "issue": {"number": 1, "body": ""}, "sender": {"login": "bob"}}
+        await run.klaud.handle(delivery("late", "issues", json.dumps(late).encode()))
+        assert run.klaud.live.repo(REPO).meta.installation == fresh
+
+
+async def test_discovery_follows_a_repository_to_its_new_installation(tmp_path) -> None:
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        await run.settle()
+        fresh = reinstalled_while_its_events_were_lost(run)
+        await run.klaud.reconciler.reconcile_new_installations()
+        assert run.klaud.live.repo(REPO).meta.installation == fresh
+        assert REPO not in run.klaud.reconciler.failures
+        wave = await run.klaud.waves.run(REPO, trigger="test")
+        assert wave is not None and wave.selected, "the wave reaches GitHub through the new installation"

@@ -39,6 +39,18 @@ def own_hold(state: RepoState, family: str, by: str, reason: str) -> Hold | None
     return held if held is not None and (held.by, held.reason) == (by, hold_reason(reason)) else None
 
 
+def own_release(state: RepoState, family: str, by: str, written_at: datetime | None) -> Hold | None:
+    """The hold `by` released since `written_at`: the release of a command written then and
+    run again (its reply refused by GitHub), found late or not."""
+    ended = state.meta.released_holds.get(family)
+    if ended is None or written_at is None or ended["released_by"] != by:
+        return None
+    released_at = parse_time(ended["released_at"])
+    if released_at is None or released_at < written_at:
+        return None
+    return Hold(family, ended["by"], ended["reason"], parse_time(ended["at"]) or released_at)
+
+
 def hold_reason(reason: str) -> str:
     return reason or "no reason given"
 
@@ -58,12 +70,14 @@ async def hold(live: LiveState, state: RepoState, family: Family, by: str, reaso
     return held
 
 
-async def release(live: LiveState, state: RepoState, family: str, asked_at: datetime) -> Hold | None:
-    """Release the family's hold, as asked at `asked_at`; the hold that was released, if
+async def release(
+    live: LiveState, state: RepoState, family: str, asked_at: datetime, by: str | None = None
+) -> Hold | None:
+    """Release the family's hold, as `by` asked at `asked_at`; the hold that was released, if
     there was one. The family may have left the configs since: its hold would otherwise
     stay for good, and come back with it."""
     async with live.lock(state.name):
-        previous, change = state.unhold(family, asked_at)
+        previous, change = state.unhold(family, asked_at, by)
         await live.persist(change)
     await live.notify(state, {family})
     return previous

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
@@ -66,6 +66,16 @@ KEEP_CLOSED_PULLS = 1000  # closed PRs remembered, for events delivered late
 RELEASES_KEPT = timedelta(days=8)
 # A time for records that lost theirs (stored by an older version).
 UNKNOWN_TIME = datetime.fromtimestamp(0, UTC)
+
+
+class ReleasedHold(TypedDict):
+    """A hold a command released, and who released it when (every key required when read)."""
+
+    by: str
+    reason: str
+    at: str
+    released_by: str
+    released_at: str
 
 
 @dataclass
@@ -123,6 +133,10 @@ class RepoMeta:
     # Family -> when its hold was last asked to end (a week of them): a hold asked before
     # that and found late (its webhook lost) is not placed again.
     released: dict[str, str] = field(default_factory=dict)
+    # Family -> the hold its last release by a command ended ({by, reason, at, released_by,
+    # released_at}; a week of them, as `released`): the command run again (GitHub refused
+    # its reply) answers what it did, not "was not held".
+    released_holds: dict[str, ReleasedHold] = field(default_factory=dict)
 
 
 def _another_run(dispatch: Dispatch, attempt: Attempt) -> bool:
@@ -144,6 +158,8 @@ def _readable_times(meta: RepoMeta) -> RepoMeta:
     }
     for name, mapping in (("closed_pulls", meta.closed_pulls), ("stray_refs", meta.stray_refs), ("released", meta.released)):
         fields |= {f"{name}.{key}": value for key, value in mapping.items()}
+    for family, ended in meta.released_holds.items():
+        fields |= {f"released_holds.{family}.at": ended["at"], f"released_holds.{family}.released_at": ended["released_at"]}
     for name, value in fields.items():
         try:
             parse_time(value)
@@ -560,12 +576,20 @@ class RepoState:
         self._forget_verdicts({hold.family})
         return Change().put(self.name, "hold", hold.family, hold)
 
-    def unhold(self, family: str, asked_at: datetime) -> tuple[Hold | None, Change]:
+    def unhold(self, family: str, asked_at: datetime, by: str | None = None) -> tuple[Hold | None, Change]:
+        """End the family's hold, as `by` (a command's author) asked at `asked_at`."""
         previous = self.holds.pop(family, None)
         self._forget_verdicts({family})
         # Remembered even when nothing was held: "unhold" is the person's word either way.
         kept_from = asked_at - RELEASES_KEPT
         self.meta.released = {f: at for f, at in self.meta.released.items() if (parse_time(at) or UNKNOWN_TIME) >= kept_from}
+        self.meta.released_holds = {f: ended for f, ended in self.meta.released_holds.items()
+                                    if (parse_time(ended["released_at"]) or UNKNOWN_TIME) >= kept_from}
+        if previous is not None and by is not None:
+            self.meta.released_holds[family] = {
+                "by": previous.by, "reason": previous.reason, "at": stamp(previous.at) or "",
+                "released_by": by, "released_at": stamp(asked_at) or "",
+            }
         newer = parse_time(self.meta.released.get(family))
         if newer is None or newer < asked_at:  # an older unhold found late is not a later word
             self.meta.released[family] = stamp(asked_at) or ""

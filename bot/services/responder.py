@@ -99,7 +99,8 @@ class CommandResponder:
         author = comment.user.login or ""
         run = commands[:MAX_COMMANDS_PER_COMMENT]
         answers = [
-            (command, await self._answer(api, state, command, author, number, asked_at)) for command in run
+            (command, await self._answer(api, state, command, author, number, asked_at, comment.created_at))
+            for command in run
         ]
         await api.post_comment(number, compose_reply(comment.id, answers, not_run=len(commands) - len(run)))
         log.info("commands.answered", comment_id=comment.id, commands=len(commands))
@@ -111,7 +112,7 @@ class CommandResponder:
 
     async def _answer(
         self, api: RepoAPI, state: RepoState, command: Command, author: str, number: int,
-        asked_at: datetime | None,
+        asked_at: datetime | None, written_at: datetime | None,
     ) -> str:
         spec = command.spec
         if spec is None or command.verb == "help":
@@ -125,8 +126,7 @@ class CommandResponder:
             # A family gone from the configs keeps its hold until someone releases it.
             if controls.held_after(state, command.target, asked_at):
                 return render_refusal(command, HELD_AFTER)
-            released = await controls.release(self.live, state, command.target, asked_at or self.clock.now())
-            return render_unhold(command.target, released, author)
+            return await self._unhold(state, command.target, author, asked_at or self.clock.now(), written_at)
         if command.verb == "status" and command.target is None and not command.text:
             pull = state.overlap.get(number)
             now = self.clock.now()
@@ -165,7 +165,7 @@ class CommandResponder:
         if command.verb == "unhold":
             if controls.held_after(state, family.id, asked_at):
                 return render_refusal(command, HELD_AFTER)
-            return render_unhold(family.id, await controls.release(self.live, state, family.id, asked_at or now), author)
+            return await self._unhold(state, family.id, author, asked_at or now, written_at)
         return self._status(state, family, await self.waves.preview_state(state, now))
 
     @staticmethod
@@ -174,6 +174,11 @@ class CommandResponder:
         if pull is None or pull.klaud_own:
             return []
         return sorted(f for f in state.overlap.touches(number) if f in state.catalog)
+
+    async def _unhold(self, state: RepoState, family: str, author: str, at: datetime, written_at: datetime | None) -> str:
+        released = await controls.release(self.live, state, family, at, author)
+        # Released already by this very command, whose reply GitHub refused: answered as done.
+        return render_unhold(family, released or controls.own_release(state, family, author, written_at), author)
 
     async def _resume(self, state: RepoState, author: str, asked_at: datetime | None) -> str:
         disabled = None if state.policy.enabled else state.blocked_now(self.clock.now())

@@ -303,3 +303,52 @@ async def test_a_flood_of_comments_is_read_over_several_sweeps_and_a_lost_comman
         answered.append(report.get("commands_answered", 0))
     assert answered == [0, 0, 1, 0] and len(replies_to(kit, 700)) == 1
     assert kit.state.meta.comments_swept_at == stamp(kit.clock.now() - GRACE)  # caught up
+
+
+async def test_an_unhold_run_again_after_github_refused_its_reply_says_what_it_released(kit: Kit, sweeping) -> None:
+    # Its first run released bob's hold, then the reply got a 502 (the watermark stays before
+    # it); run again by the next sweep, it answered "was not held: nothing to release".
+    reconciler, _ = sweeping
+    kit.repo.permissions["alice"] = "write"
+    await first_sweep(kit, reconciler)
+    held_at = kit.clock.now()
+    kit.state.holds[H200] = Hold(H200, "bob", "flaky weights", held_at)
+    kit.clock.advance(60)
+    lost_comment(kit, 607, f"/klaud unhold {H200}", ago=timedelta(0))
+    kit.clock.advance((GRACE + timedelta(minutes=1)).total_seconds())
+    kit.repo.fail("post_comment", Unavailable(502, "Bad Gateway"))
+    await reconciler.reconcile(REPO, 1, light=True)
+    assert H200 not in kit.state.holds and replies_to(kit, 607) == []
+    await next_sweep(kit, reconciler)
+    [reply] = replies_to(kit, 607)
+    assert "Released" in reply and "bob" in reply and "flaky weights" in reply, reply
+
+
+async def test_an_unhold_retried_by_its_delivery_says_what_it_released(kit: Kit, sweeping) -> None:
+    from bot.core.events import IssueCommentEvent
+
+    _, responder = sweeping
+    kit.repo.permissions["alice"] = "write"
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.state.holds[H200] = Hold(H200, "bob", "flaky weights", kit.clock.now())
+    kit.clock.advance(60)
+    event = IssueCommentEvent.model_validate({
+        "action": "created", "issue": {"number": 12}, "repository": {"full_name": REPO}, "installation": {"id": 1},
+        "comment": {"id": 608, "body": f"/klaud unhold {H200}", "user": {"login": "alice", "type": "User"},
+                    "created_at": kit.clock.now().isoformat()},
+    })
+    kit.repo.fail("post_comment", Unavailable(502, "Bad Gateway"))
+    with pytest.raises(Unavailable):
+        await responder.handle(kit.state, event)
+    restored = await kit.live.load_repo(REPO)  # the retry may come after a restart
+    assert restored is not None and restored.meta.released_holds[H200]["released_by"] == "alice"
+    kit.clock.advance(30)
+    assert await responder.handle(kit.state, event) == 1
+    [reply] = replies_to(kit, 608)
+    assert "Released" in reply and "bob" in reply, reply
+    # Another person's unhold, written after, is told the truth: nothing was held.
+    later = lost_comment(kit, 609, f"/klaud unhold {H200}", ago=timedelta(0), number=40,
+                         user=Account(login="carol", type="User"))
+    kit.repo.permissions["carol"] = "write"
+    assert await responder.answer(kit.state, 40, later) == 1
+    assert "was not held" in replies_to(kit, 609, number=40)[0]

@@ -165,6 +165,8 @@ class Klaud:
         repo, owns = repository_of(url), self.store.owns
         if owns is not None and repo is not None and not owns(repo):
             raise LeaseTaken(f"{repo} is not held by this replica now: GitHub is not written for it")
+        if self.inbox.running_lost():
+            raise LeaseTaken("the lease of this delivery's repository went while it ran: GitHub is not written for it")
 
     async def start(self, *, drain: bool = True, schedule: bool = False, reconcile: bool = False) -> None:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import itertools
 import random
@@ -55,6 +56,8 @@ T = TypeVar("T")
 Handler = Callable[[Delivery], Awaitable[None]]
 # Replaces a repository's state in memory with what the store holds.
 Reload = Callable[[str], Awaitable[None]]
+# The delivery whose handler runs in this task (the GitHub write guard asks about it).
+_RUNNING: contextvars.ContextVar[Delivery | None] = contextvars.ContextVar("klaud_inbox_running", default=None)
 
 
 async def _no_state(_repo: str) -> None:
@@ -187,6 +190,9 @@ class Inbox:
         self._claimer: asyncio.Task[None] | None = None
         self._queued: set[str] = set()  # ids of the deliveries in the queues
         self._released: set[str] = set()  # ordering keys whose queues are dropped once idle
+        # Ids of deliveries whose handler ran on when their lease went: nothing more of them
+        # is written to GitHub, even if the repository comes back here meanwhile.
+        self._lost: set[str] = set()
         # How many queues were dropped (`_drop_released`): a claim during which one was may
         # have passed over its deliveries as kept here (they were when it read the store).
         self._drops = 0
@@ -370,7 +376,13 @@ class Inbox:
         for key in keys:
             if self._busy_queue(key):
                 self._released.add(key)
+                self._lost.update(d.id for d in self._running.values() if d.ordering_key == key)
                 self._wake.set()
+
+    def running_lost(self) -> bool:
+        """Whether the handler running in this task is of a delivery whose lease went since it began."""
+        delivery = _RUNNING.get()
+        return delivery is not None and delivery.id in self._lost
 
     async def _claim_loop(self, ownership: Ownership) -> None:
         loop = asyncio.get_running_loop()
@@ -432,11 +444,20 @@ class Inbox:
             unrouted = ownership.unrouted()  # the lead may have gone while the claim ran
             fresh = [d for d in claimed
                      if d.id not in self._queued and (unrouted if d.repo is None else d.repo.lower() in owned)]
+        taken = 0
         for delivery in fresh:
-            self._released.discard(delivery.ordering_key)
+            key = delivery.ordering_key
+            if key in self._released:
+                # Its queue from before the lease went is still here (a batch of it runs):
+                # what waits there may have been run by another owner since. The queue is
+                # dropped first; the next claim takes this one again, in order.
+                if self._busy_queue(key):
+                    continue
+                self._released.discard(key)
             delivery.body = self._own_bodies.pop(delivery.id, None)
             self._enqueue(delivery)
-        return len(fresh), len(claimed) >= room
+            taken += 1
+        return taken, len(claimed) >= room
 
     def _drop_released(self, key: str) -> None:
         self._released.discard(key)
@@ -626,6 +647,7 @@ class Inbox:
         unit = writer.begin_unit(fence, after)
         started = time.perf_counter()
         error: Exception | None = None
+        running = _RUNNING.set(delivery)
         try:
             # In this task (not wait_for's): the unit collects the handler's changes.
             async with asyncio.timeout(self.handler_timeout):
@@ -638,6 +660,8 @@ class Inbox:
         except Exception as exc:  # noqa: BLE001
             error = exc
         finally:
+            _RUNNING.reset(running)
+            self._lost.discard(delivery.id)
             structlog.contextvars.clear_contextvars()
         ended = Ended(delivery, error, time.perf_counter() - started, self._status_after(delivery, error))
         message = f"{type(error).__name__}: {error}"[:2000] if error is not None else None

@@ -269,6 +269,14 @@ class PullRequest:
     changes: tuple[FileChange, ...] = ()
     files_complete: bool = True
     files_sha: str | None = None  # head SHA the `changes` were computed for
+    # A comment on it, later than `updated_at`: GitHub moves `updated_at` for it, but here that
+    # field is only set by `pull_request` events and listings, whose order it checks.
+    active_at: UtcTime | None = None
+
+    @property
+    def last_active(self) -> datetime:
+        """When it was last touched: what makes a human PR idle (DESIGN §4)."""
+        return self.active_at if self.active_at is not None and self.active_at > self.updated_at else self.updated_at
 
 
 @dataclass(frozen=True, slots=True)

@@ -367,7 +367,7 @@ def _head_in_base_repo(repo: str, pull: events.PullRequest) -> bool:
 
 def is_idle(pr: PullRequest, now: datetime, idle_days: int) -> bool:
     """A human PR untouched for `idle_days` overlaps nothing; Klaud's own never idle."""
-    return not pr.klaud_own and now - pr.updated_at >= timedelta(days=idle_days)
+    return not pr.klaud_own and now - pr.last_active >= timedelta(days=idle_days)
 
 
 class _FamilyFiles:
@@ -548,9 +548,9 @@ class OverlapIndex:
         """When the first human PR overlapping `family` now goes idle (and stops overlapping)."""
         idle = timedelta(days=idle_days)
         times = [
-            pr.updated_at + idle
+            pr.last_active + idle
             for number in self._by_family.get(family.id, {})
-            if not (pr := self._entries[number].pr).klaud_own and pr.updated_at + idle > now
+            if not (pr := self._entries[number].pr).klaud_own and pr.last_active + idle > now
         ]
         return min(times, default=None)
 

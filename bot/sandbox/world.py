@@ -265,6 +265,11 @@ class World:
             repo.add_issue(number, self.ids.next("pull"), f"Issue #{number}", user, when)
         comment = IssueComment(self.ids.next("comment"), number, user, body, when, when, via_app)
         repo.comments[comment.id] = comment
+        # GitHub: a comment moves its issue's or pull request's `updated_at`.
+        if number in repo.pulls:
+            repo.pulls[number].updated_at = max(repo.pulls[number].updated_at, when)
+        else:
+            repo.issues[number].updated_at = max(repo.issues[number].last_change, when)
         return comment
 
     def open_issue(self, repo: RepoState, title: str, user: str) -> Issue:

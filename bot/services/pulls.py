@@ -9,6 +9,9 @@ refuses overlaps every family until a later refresh lists it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import datetime
+
 import structlog
 
 from bot.core import events
@@ -73,6 +76,20 @@ class PullSync:
         await self.live.notify(state, families, moved)
         return families
 
+    async def on_comment(self, state: RepoState, number: int, at: datetime) -> None:
+        """A comment on PR `number` at `at` (no `pull_request` event says so): a human PR idle
+        for `idle_days` becomes active again, as GitHub's `updated_at` does (DESIGN §4)."""
+        known = state.overlap.get(number)
+        if known is None or at <= known.last_active:
+            return  # an issue, a PR not open, or older news: most comments wait for no lock
+        async with self.live.lock(state.name):
+            known = state.overlap.get(number)
+            if known is None or at <= known.last_active:
+                return
+            await self.live.persist(state.upsert_pull(replace(known, active_at=at)))
+            families = set(state.overlap.touches(number))
+        await self.live.notify(state, families)
+
     async def refresh(self, state: RepoState, api: RepoAPI, pull: events.PullRequest, change: Change) -> int:
         """Upsert one open PR; read its files only when its head or base is new to us (returns reads)."""
         known = state.overlap.get(pull.number)
@@ -93,6 +110,8 @@ class PullSync:
         record = pull_record(
             state.name, pull, self.live.bot_logins, changes=changes, files_complete=complete, files_sha=files_sha
         )
+        if known is not None and known.active_at is not None and known.active_at > record.updated_at:
+            record = replace(record, active_at=known.active_at)  # a comment after what this says
         change.extend(state.upsert_pull(record))
         candidate = state.candidate_of_pull(record) if record.klaud_own else ""
         if candidate and (known is None or state.candidate_of_pull(known) != candidate):

@@ -804,9 +804,9 @@ class RepoState:
                     "head_ref": p.head_ref,
                     "head_sha": p.head_sha,
                     "draft": p.draft,
-                    "updated_at": stamp(p.updated_at),
+                    "updated_at": stamp(p.last_active),
                     "klaud_own": p.klaud_own,
-                    "idle": not p.klaud_own and p.updated_at <= idle_before,
+                    "idle": not p.klaud_own and p.last_active <= idle_before,
                     "files_complete": p.files_complete,
                     "touches": dict(sorted(self.overlap.touches(p.number).items())),
                 }

@@ -132,7 +132,7 @@ class CommandResponder:
             now = self.clock.now()
             if pull is not None and state.overlap.touches(number) and is_idle(pull, now, state.policy.idle_days):
                 # DESIGN §4: an idle PR overlaps nothing, so it has no families to answer for.
-                return render_idle_pull(number, pull.updated_at, state.policy.idle_days)
+                return render_idle_pull(number, pull.last_active, state.policy.idle_days)
             overlapped = self._overlapped(state, number)
             if overlapped:
                 # On another PR, status answers for the families that PR overlaps, from one

@@ -63,6 +63,27 @@ async def test_a_closed_pr_leaves_the_index_and_unblocks_its_families(kit: Kit) 
     assert kit.state.overlap.get(12) is None and kit.repo.calls == []
 
 
+async def test_a_comment_makes_an_idle_pr_active_without_hiding_its_pull_request_events(kit: Kit) -> None:
+    # The comment's time is kept apart from the PR's `updated_at`, which orders its events: a
+    # close (or new head) sent before the comment and delivered after it still counts.
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.repo.pull_files_of[12] = [PullFile(filename=NVIDIA, patch="@@ -14,3 +14,3 @@ dsr1-fp8-h200-trt:\n-  tp: 8\n+  tp: 4\n")]
+    month_ago = NOW - timedelta(days=30)
+    await kit.pulls.on_pull_request(kit.state, pull_event("opened", 12, updated_at=month_ago))
+    family = kit.state.catalog.get(H200)
+    assert kit.state.overlap.overlaps(family, NOW, 7) == []  # idle
+    await kit.pulls.on_comment(kit.state, 12, NOW - timedelta(seconds=5))
+    assert [o.pr for o in kit.state.overlap.overlaps(family, NOW, 7)] == [12]
+    await kit.pulls.on_comment(kit.state, 99, NOW)  # an issue, not a PR: nothing to do
+    await kit.pulls.on_pull_request(kit.state, pull_event("labeled", 12, updated_at=month_ago + timedelta(days=1)))
+    assert [o.pr for o in kit.state.overlap.overlaps(family, NOW, 7)] == [12], "an older event undid the comment"
+    restored = await kit.live.load_repo(REPO)  # stored, as a restart or takeover reads it
+    assert restored is not None and [o.pr for o in restored.overlap.overlaps(family, NOW, 7)] == [12]
+    closed = pull_event("closed", 12, updated_at=NOW - timedelta(seconds=10))
+    await kit.pulls.on_pull_request(kit.state, closed)
+    assert kit.state.overlap.get(12) is None, "a close sent before the comment was taken for old news"
+
+
 async def test_a_new_head_of_a_klaud_pr_asks_for_its_check_run_once(kit: Kit) -> None:
     await kit.reconciler.reconcile(REPO, 1)
     told: list[tuple[set[str], set[int]]] = []

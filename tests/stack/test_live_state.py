@@ -170,6 +170,22 @@ async def test_idle_human_pr_stays_indexed_but_blocks_nothing(tmp_path):
         assert decision.decision == "selected"
 
 
+async def test_a_comment_on_an_idle_human_pr_makes_it_block_again(tmp_path):
+    # GitHub moves a PR's `updated_at` for a comment on it; Klaud heard of it only at the next
+    # light reconcile (up to 6 hours, three waves), and a `/klaud status` there said "idle".
+    idle = sc.image_bump(40, updated_at="2026-11-20T08:00:00Z")
+    async with sandbox_stack(tmp_path, sc.scenario(pulls=[idle])) as run:
+        await run.act({"action": "comment", "repo": "acme/bench", "number": 40, "user": "bob",
+                       "body": "Still working on this, rebasing today."})
+        world = run.sandbox.state_document()
+        on_github = next(p for p in world["repositories"]["acme/bench"]["pulls"] if p["number"] == 40)
+        assert on_github["updated_at"] == world["now"]
+        assert pull(run.state(), 40)["idle"] is False and pull(run.state(), 40)["updated_at"] == world["now"]
+        wave = await run.klaud.waves.preview("acme/bench")
+        decision = next(d for d in wave.decisions if d.family == B200)
+        assert decision.decision == "overlap", decision.reason
+
+
 async def test_klaud_own_pr_claims_its_family(tmp_path):
     own = {"number": 50, "title": "[Klaud Cold] bump", "user": "Klaud-Cold", "head_ref": f"klaud/auto-{sc.candidate(H200)}",
            "draft": True, "files": [{"filename": "perf-changelog.yaml", "status": "modified", "content": "- x\n"}]}

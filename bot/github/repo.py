@@ -542,6 +542,13 @@ class GitHubRepos:
     def forget_installation(self, installation: int) -> None:
         self.app.forget_installation(installation)
 
+    async def installation_of(self, full_name: str) -> int | None:
+        try:
+            answer = await self.app.repo_installation(full_name)
+        except NotFound:
+            return None
+        return int(answer["id"])
+
     async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
         answer = await self.app.repo_installation(full_name)
         return dict(answer.get("permissions") or {}), list(answer.get("events") or [])

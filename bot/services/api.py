@@ -136,6 +136,11 @@ class ReposAPI(Protocol):
         (renamed, transferred), or None when it sees none."""
         ...
 
+    async def installation_of(self, full_name: str) -> int | None:
+        """The installation the App reaches the repository through now, as GitHub says to the
+        App itself (None: not installed)."""
+        ...
+
     async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
         """The permissions and events the repository's installation granted the App."""
         ...

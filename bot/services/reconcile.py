@@ -135,17 +135,22 @@ class Reconciler:
         """The repository of an event sent through another installation than the kept one:
         the App installed again (or the repository moved to another account's installation)
         while the installation events were lost, the kept one reaching it no more; or a late
-        event of the old installation. A light reconcile through the event's installation
-        tells which (it also catches up what was lost meanwhile): one GitHub refuses leaves
-        the kept installation; GitHub unwell fails the delivery, tried again."""
-        kept = state.meta.installation
+        event of the old installation. GitHub tells which, asked as the App (a public
+        repository reads through any installation: a read alone cannot): a new one is
+        adopted with a light reconcile, which catches up what was lost meanwhile. GitHub
+        unwell fails the delivery, tried again."""
+        kept, github = state.meta.installation, self.live.github
         try:
-            await self.reconcile(state.name, event.installation.id, light=True)
+            current = await github.installation_of(state.name) if github is not None else None
+            if current is not None and current != kept:
+                await self.reconcile(state.name, current, light=True)
         except GitHubError as exc:
             if exc.transient:
                 raise
-            log.info("live.installation_kept", repo=state.name, installation=kept,
-                     refused=event.installation.id, error=str(exc))
+            log.info("live.installation_kept", repo=state.name, installation=kept, error=str(exc))
+        else:
+            if current is None or current == kept:  # a late event of an installation it left
+                log.info("live.installation_kept", repo=state.name, installation=kept, sent_by=event.installation.id)
         return self._kept_as(event.repository.full_name, event.repository.id)
 
     async def _kept_elsewhere_by_id(self, repo_id: int | None, name: str) -> str | None:

@@ -349,6 +349,7 @@ class FakeRepos:
 
     repos: dict[str, FakeRepo] = field(default_factory=dict)
     forgotten: list[int] = field(default_factory=list)  # installations whose client was dropped
+    moved_to: dict[str, int] = field(default_factory=dict)  # repository -> another installation than 1
 
     async def installations(self) -> list[int]:
         return [1]
@@ -364,6 +365,9 @@ class FakeRepos:
     async def repository_by_id(self, installation: int, repository_id: int) -> Repository | None:
         found = next((repo for repo in self.repos.values() if repo.id == repository_id), None)
         return None if found is None else Repository(full_name=found.name, id=found.id)
+
+    async def installation_of(self, full_name: str) -> int | None:
+        return self.moved_to.get(full_name.lower(), 1) if full_name in self.repos else None
 
     async def granted(self, full_name: str, installation: int) -> tuple[dict[str, str], list[str]]:
         return dict(REQUIRED_PERMISSIONS), sorted(REQUIRED_EVENTS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -294,3 +295,50 @@ async def test_an_old_name_event_of_a_klaud_pr_does_not_free_its_family_for_the_
 
     after = next(d for d in (await kit.waves.preview_state(state, NOW)).decisions if d.family == H200)
     assert (after.decision, after.reason) == (before.decision, before.reason)
+
+
+class _ReadOnly:
+    """A public repository as another installation's token sees it: every read answers,
+    every write is refused (403)."""
+
+    def __init__(self, repo: Any) -> None:
+        self._repo = repo
+
+    def __getattr__(self, name: str) -> Any:
+        from bot.github.errors import BadRequest
+        from tests.services.fakes import READS
+
+        value = getattr(self._repo, name)
+        if name in READS or not callable(value) or name.startswith("_"):
+            return value
+
+        async def refused(*args: Any, **kwargs: Any) -> Any:
+            raise BadRequest(403, "Resource not accessible by integration")
+        return refused
+
+
+async def test_a_late_event_of_the_installation_a_public_repository_left_does_not_take_it_back(kit: Kit, monkeypatch) -> None:
+    # Transferred to newco, where the App is installation 2, while the installation events
+    # were lost. A delivery of installation 1 sent before the transfer and processed after:
+    # a light reconcile through installation 1 succeeds (a public repository reads through
+    # any installation) and took the repository back, every write then refused with 403.
+    await kit.reconciler.reconcile(REPO, 1)
+    github = kit.live.github
+    moved = "newco/bench"
+    kit.repo.name = moved
+    github.repos[moved] = kit.repo
+    github.moved_to[moved] = github.moved_to[REPO] = 2
+    plain = github.repo
+    monkeypatch.setattr(github, "repo", lambda full_name, installation: (
+        plain(full_name, installation) if installation == 2 else _ReadOnly(plain(full_name, installation))))
+
+    def event(name: str, installation: int) -> RepoEvent:
+        return RepoEvent.model_validate({"repository": {"full_name": name, "id": 4242}, "installation": {"id": installation}})
+
+    state = await kit.reconciler.state_for(event(moved, 2))
+    assert state is not None and state.name == moved and state.meta.installation == 2
+    assert await kit.reconciler.state_for(event(REPO, 1)) is state
+    assert state.meta.installation == 2, "a late event of the old installation took the repository back"
+    kit.clock.advance(3600)
+    wave = await kit.waves.run(moved, trigger="test")
+    assert wave is not None and wave.selected, [d.reason for d in wave.decisions][:2]

@@ -475,8 +475,9 @@ class OutcomeRecorder:
     def _note_read_late(self, state: RepoState, wave: int, attempt: Attempt, change: Change) -> set[str]:
         """The families to re-render after a late read of a dispatched run that failed: all of
         them when it paused dispatch (every Klaud check run shows the pause)."""
-        if state.note_read_late(wave, attempt, self.live.clock.now()) is None:
+        turn = state.note_read_late(wave, attempt, self.live.clock.now())
+        change.extend(state.save_meta())  # the failure it counted, paused or not
+        if turn is None:
             return set()
         log.warning("dispatch.paused", repo=state.name, reason=state.meta.pause["reason"] if state.meta.pause else None)
-        change.extend(state.save_meta())
         return {f.id for f in state.catalog}

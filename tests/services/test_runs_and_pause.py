@@ -372,3 +372,23 @@ async def test_a_persons_pending_read_does_not_keep_a_canary_whose_own_run_gave_
     kit.clock.advance(3600)
     assert await kit.outcomes.retry_artifacts_of(kit.state) == 1
     assert kit.state.blocked() is not None, "a person's run resumed dispatch after the canary's own run gave no outcome"
+
+
+async def test_a_failure_counted_on_a_late_read_is_stored(kit: Kit) -> None:
+    # Counted in memory only (stored when it paused), a restart or a takeover between two late
+    # reads lost it, and three failures in one job never paused dispatch.
+    runs = await five_dispatched(kit)
+    for n, run_id in enumerate(runs[:3]):
+        session_failed(kit, run_id, 800 + n)
+        kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
+        await kit.outcomes.on_workflow_run(kit.state, event(run_id, conclusion="failure"))
+    kit.clock.advance(3600)
+    entries = sorted(kit.state.pending_artifacts.items())
+    for key, entry in entries[:2]:
+        await kit.outcomes._retry_artifact(kit.state, key, entry)
+    kit.live.drop(REPO)  # a restart, or another replica taking the repository over
+    state = await kit.live.load_repo(REPO)
+    assert state is not None and state.meta.wave_runs["1"]["failed_jobs"] == {"Klaud Cold": 2}
+    await kit.outcomes.retry_artifacts_of(state)
+    blocked = state.blocked()
+    assert blocked is not None and blocked.code == "dispatch-paused", state.meta.wave_runs

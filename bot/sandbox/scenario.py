@@ -504,13 +504,14 @@ def load_scenario(path: str | Path | None = None) -> dict[str, Any]:
     try:
         with source.open("rb") as file:
             raw = file.read(MAX_SCENARIO_BYTES + 1)
-        text = raw.decode("utf-8")
     except OSError as exc:
         raise ScenarioError(f"{source}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_SCENARIO_BYTES:  # before decoding: the cut may split a character
+        raise ScenarioError(f"{source}: over {MAX_SCENARIO_BYTES} bytes (a scenario is a JSON file)")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ScenarioError(f"{source}: not UTF-8 text (a scenario is a JSON file)") from None
-    if len(raw) > MAX_SCENARIO_BYTES:
-        raise ScenarioError(f"{source}: over {MAX_SCENARIO_BYTES} bytes (a scenario is a JSON file)")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -250,3 +250,13 @@ def test_the_readmes_scenario_and_faults_examples_are_accepted() -> None:
     sandbox = Sandbox(scenario)
     assert sandbox.world.installation(1).events == tuple(
         scenario["repositories"][0]["events"])
+
+
+def test_a_scenario_over_the_cap_is_told_so_even_when_the_cut_splits_a_character(tmp_path, monkeypatch) -> None:
+    from bot.sandbox import scenario as scenario_module
+
+    monkeypatch.setattr(scenario_module, "MAX_SCENARIO_BYTES", 1000)
+    path = tmp_path / "big.json"
+    path.write_text('{"now":  "' + "é" * 2000 + '"}', encoding="utf-8")  # valid UTF-8, 4,000+ bytes
+    with pytest.raises(ScenarioError, match="over 1000 bytes"):
+        load_scenario(path)

@@ -7,7 +7,7 @@ from datetime import datetime
 from bot.core.cooldown import CooldownState, began_after
 from bot.core.domain import Family, Hold, RetryApproval, parse_time
 from bot.services.live import LiveState
-from bot.services.repo_state import RepoState
+from bot.services.repo_state import UNKNOWN_TIME, RepoState
 
 
 async def approve_retry(
@@ -39,16 +39,13 @@ def own_hold(state: RepoState, family: str, by: str, reason: str) -> Hold | None
     return held if held is not None and (held.by, held.reason) == (by, hold_reason(reason)) else None
 
 
-def own_release(state: RepoState, family: str, by: str, written_at: datetime | None) -> Hold | None:
-    """The hold `by` released since `written_at`: the release of a command written then and
-    run again (its reply refused by GitHub), found late or not."""
+def own_release(state: RepoState, family: str, comment: int) -> Hold | None:
+    """The hold the command of `comment` released: that command run again (its reply
+    refused by GitHub), found late or not."""
     ended = state.meta.released_holds.get(family)
-    if ended is None or written_at is None or ended["released_by"] != by:
+    if ended is None or ended["comment"] != comment:
         return None
-    released_at = parse_time(ended["released_at"])
-    if released_at is None or released_at < written_at:
-        return None
-    return Hold(family, ended["by"], ended["reason"], parse_time(ended["at"]) or released_at)
+    return Hold(family, ended["by"], ended["reason"], parse_time(ended["at"]) or UNKNOWN_TIME)
 
 
 def hold_reason(reason: str) -> str:
@@ -71,13 +68,13 @@ async def hold(live: LiveState, state: RepoState, family: Family, by: str, reaso
 
 
 async def release(
-    live: LiveState, state: RepoState, family: str, asked_at: datetime, by: str | None = None
+    live: LiveState, state: RepoState, family: str, asked_at: datetime, comment: int | None = None
 ) -> Hold | None:
-    """Release the family's hold, as `by` asked at `asked_at`; the hold that was released, if
-    there was one. The family may have left the configs since: its hold would otherwise
-    stay for good, and come back with it."""
+    """Release the family's hold, as asked at `asked_at` (by the command of `comment`); the
+    hold that was released, if there was one. The family may have left the configs since:
+    its hold would otherwise stay for good, and come back with it."""
     async with live.lock(state.name):
-        previous, change = state.unhold(family, asked_at, by)
+        previous, change = state.unhold(family, asked_at, comment)
         await live.persist(change)
     await live.notify(state, {family})
     return previous

@@ -69,12 +69,12 @@ UNKNOWN_TIME = datetime.fromtimestamp(0, UTC)
 
 
 class ReleasedHold(TypedDict):
-    """A hold a command released, and who released it when (every key required when read)."""
+    """A hold a command released: which comment, and when (every key required when read)."""
 
     by: str
     reason: str
     at: str
-    released_by: str
+    comment: int
     released_at: str
 
 
@@ -133,7 +133,7 @@ class RepoMeta:
     # Family -> when its hold was last asked to end (a week of them): a hold asked before
     # that and found late (its webhook lost) is not placed again.
     released: dict[str, str] = field(default_factory=dict)
-    # Family -> the hold its last release by a command ended ({by, reason, at, released_by,
+    # Family -> the hold its last release by a command ended ({by, reason, at, comment,
     # released_at}; a week of them, as `released`): the command run again (GitHub refused
     # its reply) answers what it did, not "was not held".
     released_holds: dict[str, ReleasedHold] = field(default_factory=dict)
@@ -576,8 +576,8 @@ class RepoState:
         self._forget_verdicts({hold.family})
         return Change().put(self.name, "hold", hold.family, hold)
 
-    def unhold(self, family: str, asked_at: datetime, by: str | None = None) -> tuple[Hold | None, Change]:
-        """End the family's hold, as `by` (a command's author) asked at `asked_at`."""
+    def unhold(self, family: str, asked_at: datetime, comment: int | None = None) -> tuple[Hold | None, Change]:
+        """End the family's hold, as asked at `asked_at` (by the command of `comment`)."""
         previous = self.holds.pop(family, None)
         self._forget_verdicts({family})
         # Remembered even when nothing was held: "unhold" is the person's word either way.
@@ -585,10 +585,10 @@ class RepoState:
         self.meta.released = {f: at for f, at in self.meta.released.items() if (parse_time(at) or UNKNOWN_TIME) >= kept_from}
         self.meta.released_holds = {f: ended for f, ended in self.meta.released_holds.items()
                                     if (parse_time(ended["released_at"]) or UNKNOWN_TIME) >= kept_from}
-        if previous is not None and by is not None:
+        if previous is not None and comment is not None:
             self.meta.released_holds[family] = {
                 "by": previous.by, "reason": previous.reason, "at": stamp(previous.at) or "",
-                "released_by": by, "released_at": stamp(asked_at) or "",
+                "comment": comment, "released_at": stamp(asked_at) or "",
             }
         newer = parse_time(self.meta.released.get(family))
         if newer is None or newer < asked_at:  # an older unhold found late is not a later word

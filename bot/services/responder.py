@@ -99,7 +99,7 @@ class CommandResponder:
         author = comment.user.login or ""
         run = commands[:MAX_COMMANDS_PER_COMMENT]
         answers = [
-            (command, await self._answer(api, state, command, author, number, asked_at, comment.created_at))
+            (command, await self._answer(api, state, command, author, number, asked_at, comment.id))
             for command in run
         ]
         await api.post_comment(number, compose_reply(comment.id, answers, not_run=len(commands) - len(run)))
@@ -112,7 +112,7 @@ class CommandResponder:
 
     async def _answer(
         self, api: RepoAPI, state: RepoState, command: Command, author: str, number: int,
-        asked_at: datetime | None, written_at: datetime | None,
+        asked_at: datetime | None, comment: int,
     ) -> str:
         spec = command.spec
         if spec is None or command.verb == "help":
@@ -126,7 +126,7 @@ class CommandResponder:
             # A family gone from the configs keeps its hold until someone releases it.
             if controls.held_after(state, command.target, asked_at):
                 return render_refusal(command, HELD_AFTER)
-            return await self._unhold(state, command.target, author, asked_at or self.clock.now(), written_at)
+            return await self._unhold(state, command.target, author, asked_at or self.clock.now(), comment)
         if command.verb == "status" and command.target is None and not command.text:
             pull = state.overlap.get(number)
             now = self.clock.now()
@@ -165,7 +165,7 @@ class CommandResponder:
         if command.verb == "unhold":
             if controls.held_after(state, family.id, asked_at):
                 return render_refusal(command, HELD_AFTER)
-            return await self._unhold(state, family.id, author, asked_at or now, written_at)
+            return await self._unhold(state, family.id, author, asked_at or now, comment)
         return self._status(state, family, await self.waves.preview_state(state, now))
 
     @staticmethod
@@ -175,10 +175,10 @@ class CommandResponder:
             return []
         return sorted(f for f in state.overlap.touches(number) if f in state.catalog)
 
-    async def _unhold(self, state: RepoState, family: str, author: str, at: datetime, written_at: datetime | None) -> str:
-        released = await controls.release(self.live, state, family, at, author)
+    async def _unhold(self, state: RepoState, family: str, author: str, at: datetime, comment: int) -> str:
+        released = await controls.release(self.live, state, family, at, comment)
         # Released already by this very command, whose reply GitHub refused: answered as done.
-        return render_unhold(family, released or controls.own_release(state, family, author, written_at), author)
+        return render_unhold(family, released or controls.own_release(state, family, comment), author)
 
     async def _resume(self, state: RepoState, author: str, asked_at: datetime | None) -> str:
         disabled = None if state.policy.enabled else state.blocked_now(self.clock.now())

@@ -341,7 +341,7 @@ async def test_an_unhold_retried_by_its_delivery_says_what_it_released(kit: Kit,
     with pytest.raises(Unavailable):
         await responder.handle(kit.state, event)
     restored = await kit.live.load_repo(REPO)  # the retry may come after a restart
-    assert restored is not None and restored.meta.released_holds[H200]["released_by"] == "alice"
+    assert restored is not None and restored.meta.released_holds[H200]["comment"] == 608
     kit.clock.advance(30)
     assert await responder.handle(kit.state, event) == 1
     [reply] = replies_to(kit, 608)
@@ -352,3 +352,35 @@ async def test_an_unhold_retried_by_its_delivery_says_what_it_released(kit: Kit,
     kit.repo.permissions["carol"] = "write"
     assert await responder.answer(kit.state, 40, later) == 1
     assert "was not held" in replies_to(kit, 609, number=40)[0]
+
+
+async def test_an_unhold_run_again_answers_the_hold_it_released_not_a_later_one(kit: Kit, sweeping) -> None:
+    from bot.core.events import IssueCommentEvent
+
+    _, responder = sweeping
+    kit.repo.permissions["alice"] = "write"
+    await kit.reconciler.reconcile(REPO, 1)
+
+    def unhold(comment_id: int) -> IssueCommentEvent:
+        return IssueCommentEvent.model_validate({
+            "action": "created", "issue": {"number": 12}, "repository": {"full_name": REPO}, "installation": {"id": 1},
+            "comment": {"id": comment_id, "body": f"/klaud unhold {H200}", "user": {"login": "alice", "type": "User"},
+                        "created_at": kit.clock.now().isoformat()},
+        })
+
+    kit.state.holds[H200] = Hold(H200, "bob", "flaky weights", kit.clock.now())
+    kit.clock.advance(60)
+    first = unhold(610)
+    kit.repo.fail("post_comment", Unavailable(502, "Bad Gateway"))
+    with pytest.raises(Unavailable):
+        await responder.handle(kit.state, first)  # released "flaky weights"; its reply refused
+    # While its delivery waits for the retry, bob holds again and alice's next comment releases it.
+    kit.clock.advance(30)
+    kit.state.holds[H200] = Hold(H200, "bob", "still broken", kit.clock.now())
+    kit.clock.advance(30)
+    assert await responder.handle(kit.state, unhold(611)) == 1
+    assert "still broken" in replies_to(kit, 611)[0]
+    kit.clock.advance(60)
+    assert await responder.handle(kit.state, first) == 1
+    [reply] = replies_to(kit, 610)
+    assert "still broken" not in reply, "it names a release another comment made"

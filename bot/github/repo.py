@@ -241,6 +241,13 @@ class GitHubRepo:
         async for item in self.client.getiter(f"/repos/{{owner}}/{{repo}}/pulls?state=open&{PER_PAGE}", self._at()):
             yield PullRequest.model_validate(item)
 
+    async def pull(self, number: int) -> PullRequest | None:
+        try:
+            answer = await self.client.getitem("/repos/{owner}/{repo}/pulls/{number}", self._at(number=number))
+        except NotFound:
+            return None
+        return PullRequest.model_validate(answer)
+
     async def pull_files(self, number: int) -> AsyncIterator[PullFile]:
         async for item in self.client.getiter(
             f"/repos/{{owner}}/{{repo}}/pulls/{{number}}/files?{PER_PAGE}", self._at(number=number)

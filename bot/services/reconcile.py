@@ -548,7 +548,17 @@ class Reconciler:
         async for pull in api.open_pulls():
             seen.add(pull.number)
             fetched += await self.pulls.refresh(state, api, pull, change)
-        closed = [p.number for p in state.overlap.prs() if p.number not in seen]
+        closed = []
+        for number in [p.number for p in state.overlap.prs() if p.number not in seen]:
+            # GitHub pages the listing by offset: a PR closed while the pages were read moves
+            # another onto a page already read, never listed. Unlisted is not closed until
+            # GitHub says so (one request per PR a listing leaves out, a lost close mostly).
+            found = await api.pull(number)
+            if found is not None and found.state == "open":
+                seen.add(number)
+                fetched += await self.pulls.refresh(state, api, found, change)
+            else:
+                closed.append(number)
         for number in closed:
             # Closed before this listing: an event of it delivered later and older than that
             # is ignored. A minute's margin for GitHub's clock against ours: a reopen just

@@ -180,6 +180,10 @@ class FakeRepo:
         for number in sorted(self.pulls):
             yield self.pulls[number]
 
+    async def pull(self, number: int) -> PullRequest | None:
+        self._call("pull", number)
+        return self.pulls.get(number)
+
     async def pull_files(self, number: int) -> AsyncIterator[PullFile]:
         self._call("pull_files", number)
         for item in self.pull_files_of.get(number, []):

@@ -3,13 +3,22 @@ stores; renames and names reused; installations, discovery and retries with back
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
 
 from bot.core.dashboard import TITLE, Remembered, _marker
 from bot.core.domain import Hold, claim_ref, stamp
-from bot.core.events import Account, Issue, Named, PullFile, RepoEvent, Repository
+from bot.core.events import (
+    Account,
+    Issue,
+    Named,
+    PullFile,
+    PullRequest,
+    RepoEvent,
+    Repository,
+)
 from bot.github.errors import Unavailable
 from bot.services.dashboard import DashboardKeeper
 from bot.services.permissions import Permissions
@@ -23,7 +32,7 @@ from bot.services.reconcile import (
 )
 from tests import scenarios as sc
 from tests.services.conftest import NOW, REPO, Kit, scenario_repo
-from tests.services.fakes import pull, pull_event
+from tests.services.fakes import FakeRepo, pull, pull_event
 from tests.services.test_rename import event, rename_on_github
 
 H200 = "configs/nvidia-master.yaml:dsr1-fp8-h200-trt"
@@ -653,3 +662,47 @@ async def test_repositories_added_together_are_reconciled_past_one_github_fails_
     kit.clock.advance(FIRST_RETRY.total_seconds())
     await kit.reconciler.retry_failed()
     assert kit.live.repo(REPO) is not None and kit.reconciler.failures == {}
+
+
+class _OffsetPagedRepo(FakeRepo):
+    """GitHub's `GET /pulls?state=open&per_page=100`: newest first, each page computed from
+    the list as it is when that page is asked for."""
+
+    closed_between_pages: list[int]
+
+    async def open_pulls(self) -> AsyncIterator[PullRequest]:
+        self._call("open_pulls")
+        page = 0
+        while True:
+            listed = sorted(self.pulls.values(), key=lambda p: (p.created_at, p.number), reverse=True)
+            chunk = listed[page * 100:(page + 1) * 100]
+            for item in chunk:
+                yield item
+            if len(chunk) < 100:
+                return
+            page += 1
+            for number in self.closed_between_pages:
+                self.pulls.pop(number, None)
+            self.closed_between_pages = []
+
+
+async def test_an_open_pr_a_close_moved_onto_a_page_already_read_stays_indexed(kit: Kit) -> None:
+    # #50 closes while a light reconcile reads the pages: #1, the oldest, moves onto page 1
+    # (already read) and no page lists it. Taken for closed, it left the index, and the next
+    # wave could dispatch the family a person's open PR changes.
+    repo = _OffsetPagedRepo(REPO)
+    repo.__dict__.update({k: v for k, v in kit.repo.__dict__.items() if k != "calls"})
+    repo.closed_between_pages = []
+    kit.live.github.repos[REPO] = repo
+    for number in range(1, 102):
+        repo.pulls[number] = pull(number, updated_at=NOW - timedelta(days=1) + timedelta(minutes=number))
+    image = "@@ -14,7 +14,7 @@ dsr1-fp8-h200-trt:\n-  image: a\n+  image: b\n"
+    repo.pull_files_of[1] = [PullFile(filename="configs/nvidia-master.yaml", patch=image)]
+    await kit.reconciler.reconcile(REPO, 1)
+    repo.closed_between_pages = [50]
+    report = await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert kit.state.overlap.touches(1) == {"configs/nvidia-master.yaml:dsr1-fp8-h200-trt": "image"}
+    assert report["pulls_removed"] == 0  # #50 was listed before it closed: its webhook removes it
+    assert [c for c in repo.calls if c[0] == "pull"] == [("pull", 1)]  # asked of GitHub: still open
+    del repo.pulls[1]  # closed, its webhook lost: the next light reconcile removes it
+    assert (await kit.reconciler.reconcile(REPO, 1, light=True))["pulls_removed"] == 2

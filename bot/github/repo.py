@@ -235,6 +235,18 @@ class GitHubRepo:
                 changed.add(item["previous_filename"])
         return changed
 
+    async def merge_base(self, base: str, head: str) -> str | None:
+        """The merge base of `base` and `head`, which GitHub diffs a pull request's head from
+        (None when it cannot say). One commit a page: the comparison's commits are not read."""
+        try:
+            compare = await self.client.getitem(
+                "/repos/{owner}/{repo}/compare/{base}...{head}?per_page=1", self._at(base=base, head=head)
+            )
+        except NotFound:
+            return None
+        found = (compare.get("merge_base_commit") or {}).get("sha")
+        return str(found) if found else None
+
     # -- pull requests -------------------------------------------------------------------
 
     async def open_pulls(self) -> AsyncIterator[PullRequest]:

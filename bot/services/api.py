@@ -52,6 +52,10 @@ class RepoAPI(Protocol):
 
     async def changed_paths(self, base: str, head: str) -> set[str] | None: ...
 
+    async def merge_base(self, base: str, head: str) -> str | None:
+        """The commit GitHub diffs a pull request's head from (None when it cannot say)."""
+        ...
+
     def open_pulls(self) -> AsyncIterator[PullRequest]: ...
 
     async def pull(self, number: int) -> PullRequest | None:

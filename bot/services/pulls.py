@@ -128,9 +128,10 @@ class PullSync:
         refusal failed the PR's every event and every light reconcile of the repository for
         as long as the PR stayed open, and no lost event of it was caught up meanwhile."""
         changes: list[FileChange] = []
+        diff_base = _DiffBase(api, pull.base.sha, pull.head.sha)
         try:
             async for item in api.pull_files(pull.number):
-                changes.append(await self._file_change(state, api, item, pull.base.sha, pull.head.sha))
+                changes.append(await self._file_change(state, api, item, diff_base))
         except GitHubError as exc:
             if exc.transient:
                 raise
@@ -138,9 +139,7 @@ class PullSync:
             return None
         return tuple(changes), len(changes) < MAX_PR_FILES
 
-    async def _file_change(
-        self, state: RepoState, api: RepoAPI, item: events.PullFile, base_sha: str, head_sha: str
-    ) -> FileChange:
+    async def _file_change(self, state: RepoState, api: RepoAPI, item: events.PullFile, diff_base: _DiffBase) -> FileChange:
         # A copy leaves its source untouched; only a rename changes two paths.
         previous = item.previous_filename if item.status == "renamed" else None
         globs = state.policy.config_globs
@@ -162,8 +161,8 @@ class PullSync:
         # GitHub omits the patch of a large diff, and a hunk header may name a key git cut
         # short that no family key completes: compare the base and head contents here.
         try:
-            base = await api.file_text(previous or item.filename, base_sha)
-            head = await api.file_text(item.filename, head_sha)
+            base = await api.file_text(previous or item.filename, await diff_base.sha())
+            head = await api.file_text(item.filename, diff_base.head)
         except GitHubError as exc:
             if exc.transient:
                 raise
@@ -172,6 +171,22 @@ class PullSync:
             log.warning("overlap.patch_unavailable", file=item.filename)
             return FileChange(filename=item.filename, previous_filename=previous, unavailable=True)
         return file_change_from_contents(item.filename, base, head, previous, item.status)
+
+
+class _DiffBase:
+    """The commit a PR's files are diffed from when that is done here: the merge base of its
+    base and head, as GitHub's file list is (its `base.sha`, the base branch's tip when the
+    PR was opened, would charge it with what the branch got since). Asked once a read, and
+    only when a file needs it."""
+
+    def __init__(self, api: RepoAPI, base: str, head: str) -> None:
+        self.api, self.base, self.head = api, base, head
+        self._sha: str | None = None
+
+    async def sha(self) -> str:
+        if self._sha is None:
+            self._sha = await self.api.merge_base(self.base, self.head) or self.base
+        return self._sha
 
 
 def _diff_missing(state: RepoState, changes: tuple[FileChange, ...]) -> bool:

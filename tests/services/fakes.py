@@ -94,6 +94,7 @@ class FakeRepo:
     pushed_at: datetime | None = None  # GitHub's: the last push to any branch
     files: dict[str, dict[str, str]] = field(default_factory=dict)  # ref -> path -> text
     pulls: dict[int, PullRequest] = field(default_factory=dict)
+    merge_bases: dict[tuple[str, str], str] = field(default_factory=dict)  # (base, head) -> another than base
     pull_files_of: dict[int, list[PullFile]] = field(default_factory=dict)
     branches_at: dict[str, str] = field(default_factory=dict)  # branch -> sha
     runs: dict[int, WorkflowRun] = field(default_factory=dict)
@@ -179,6 +180,10 @@ class FakeRepo:
         self._call("open_pulls")
         for number in sorted(self.pulls):
             yield self.pulls[number]
+
+    async def merge_base(self, base: str, head: str) -> str | None:
+        self._call("merge_base", base, head)
+        return self.merge_bases.get((base, head), base)
 
     async def pull(self, number: int) -> PullRequest | None:
         self._call("pull", number)

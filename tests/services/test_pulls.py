@@ -38,10 +38,14 @@ async def test_files_are_read_once_per_head(kit: Kit) -> None:
 async def test_an_omitted_patch_is_compared_from_base_and_head_contents(kit: Kit) -> None:
     await kit.reconciler.reconcile(REPO, 1)
     head = "c" * 40
-    kit.repo.put_files({NVIDIA: sc.NVIDIA.replace("release:1.2.0rc4", "release:1.2.1")}, ref=head)
-    kit.repo.pull_files_of[12] = [PullFile(filename=NVIDIA, patch=None)]
+    amd = sc.AMD.replace("\n", "\n\n", 1)  # a blank line added: touches nothing
+    kit.repo.put_files({NVIDIA: sc.NVIDIA.replace("release:1.2.0rc4", "release:1.2.1"), "configs/amd-master.yaml": amd},
+                       ref=head)
+    kit.repo.pull_files_of[12] = [PullFile(filename=NVIDIA, patch=None), PullFile(filename="configs/amd-master.yaml", patch=None)]
+    kit.repo.calls.clear()
     await kit.pulls.on_pull_request(kit.state, event("opened", head_sha=head))
     assert kit.state.overlap.touches(12) == {H200: "image"}
+    assert [c[0] for c in kit.repo.calls].count("merge_base") == 1, "asked once a read, not once a file"
 
 
 async def test_an_omitted_patch_without_contents_blocks_the_whole_file(kit: Kit) -> None:

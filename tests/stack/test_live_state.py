@@ -160,6 +160,26 @@ async def test_omitted_patch_falls_back_to_a_local_diff(tmp_path):
         assert pull(run.state(), 30)["touches"] == {GPTOSS: "image"}
 
 
+async def test_an_omitted_patch_is_diffed_from_the_merge_base_not_the_base_tip(tmp_path):
+    # GitHub's file list is the head against the merge base; a PR's `base.sha` is the base
+    # branch's tip when it was opened. Diffed from there, the PR was charged with every image
+    # the default branch bumped since its branch point (over-blocking those families).
+    def bumped(text: str, family: str) -> str:
+        return text.replace(sc.FAMILIES[family], sc.FAMILIES[family] + "-post1")
+
+    async with sandbox_stack(tmp_path, sc.scenario()) as run:
+        run.sandbox.set_faults({"rules": [{"webhook": "pull_request", "action": "opened", "count": 1}]})
+        pr = {"number": 30, "title": "Bump gpt-oss", "user": "bob", "head_ref": "bump-gptoss",
+              "files": [{"filename": NV, "status": "modified", "patch": None, "content": bumped(sc.NVIDIA, GPTOSS)}]}
+        await run.act({"action": "open_pull", "repo": "acme/bench", "pull": pr})
+        await run.act({"action": "push_default", "repo": "acme/bench", "files": {NV: bumped(sc.NVIDIA, B200)}})
+        repo = run.sandbox.world.repo("acme/bench")
+        branch_point, repo.pulls[30].base_sha = repo.pulls[30].base_sha, repo.head_sha  # opened after main moved
+        assert repo.merge_base(repo.pulls[30].base_sha, repo.pulls[30].head_sha) == branch_point
+        await run.klaud.reconciler.reconcile("acme/bench", 1, light=True)
+        assert pull(run.state(), 30)["touches"] == {GPTOSS: "image"}
+
+
 async def test_idle_human_pr_stays_indexed_but_blocks_nothing(tmp_path):
     idle = sc.image_bump(40, updated_at="2026-11-20T08:00:00Z")
     async with sandbox_stack(tmp_path, sc.scenario(pulls=[idle])) as run:

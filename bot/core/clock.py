@@ -11,6 +11,13 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 
+def retry_due(retry_at: datetime, now: datetime, longest_wait: timedelta) -> bool:
+    """Whether a retry set for `retry_at` is due at `now`: its time has come, or it is further
+    off than any wait it was given (set while the clock ran ahead, a year say, and set back
+    since: waited for, the work would not run again for as long)."""
+    return retry_at <= now or retry_at - now > longest_wait
+
+
 class Clock:
     """Wall-clock time; `sleep` really waits."""
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from bot.core.clock import retry_due
 from bot.core.domain import (
     ARTIFACT_RE,
     RUN_FAILED_CONCLUSIONS,
@@ -30,6 +31,7 @@ from bot.core.domain import (
 from bot.core.events import Artifact, Comment, WorkflowRun, WorkflowRunEvent
 from bot.core.outcomes import (
     MAX_ARCHIVE_BYTES,
+    RETRY_MAX_DELAY,
     UNREADABLE_CONTENT,
     ArtifactError,
     ReceiptError,
@@ -433,7 +435,8 @@ class OutcomeRecorder:
         """Re-read the repository's transiently failed artifacts that are due; how many were
         tried (the scheduler runs this per repository, backing off from one whose retries raise)."""
         now = self.live.clock.now()
-        due = [(key, entry) for key, entry in state.pending_artifacts.items() if (parse_time(entry.get("next_at")) or now) <= now]
+        due = [(key, entry) for key, entry in state.pending_artifacts.items()
+               if retry_due(parse_time(entry.get("next_at")) or now, now, RETRY_MAX_DELAY)]
         for key, entry in due:
             await self._retry_artifact(state, key, entry)
         return len(due)

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from bot.core.clock import retry_due
 from bot.core.domain import stamp
 from bot.core.errors import ReconcileFailed, RepositoryMoved
 from bot.core.events import (
@@ -498,7 +499,7 @@ class Reconciler:
     async def retry_failed(self) -> None:
         """Try again every failed reconcile whose backoff has passed."""
         now = self.live.clock.now()
-        due = [(name, f) for name, f in self.failures.items() if f.next_at <= now]
+        due = [(name, f) for name, f in self.failures.items() if retry_due(f.next_at, now, retry_delay(f.attempts))]
         listings = [(name, f) for name, f in due if name == DISCOVERY or _is_listing(name)]
         if listings:
             await self.reconcile_new_installations()  # one discovery retries them all

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from bot.core.clock import Clock
+from bot.core.clock import Clock, retry_due
 from bot.core.cooldown import ATTEMPT_MEMORY
 from bot.core.domain import parse_time, stamp
 from bot.github.errors import GitHubError
@@ -220,7 +220,7 @@ class Scheduler:
         and backed off from, and holds up neither its other work nor other repositories'."""
         key = (name, kind)
         failing = self._failing.get(key)
-        if failing is not None and self.clock.now() < failing[1]:
+        if failing is not None and not retry_due(failing[1], self.clock.now(), retry_delay(failing[0])):
             return False
         attempts = failing[0] + 1 if failing is not None else 1
         try:
@@ -262,9 +262,11 @@ class Scheduler:
     async def _wave_if_due(self, name: str, state: RepoState) -> bool:
         now = self.clock.now()
         retry_at = parse_time(state.meta.retry_wave_at)
-        if retry_at is not None and retry_at <= now:
-            return await self.waves.run(name, trigger=RETRY_TRIGGER) is not None
         due = parse_time(state.meta.next_wave_at)
+        # A scheduled wave due as well (both overdue after a stall) stands for the retry:
+        # run apart, the two dispatched twice a wave's candidates one tick after the other.
+        if retry_at is not None and retry_at <= now and not (due is not None and due <= now):
+            return await self.waves.run(name, trigger=RETRY_TRIGGER) is not None
         every = state.policy.wave_every_minutes
         # Later than the cadence allows: set under a longer `wave_every_minutes` (shortened
         # since, it waited for the old slot, up to a week), or while the clock ran ahead.

@@ -104,3 +104,13 @@ def test_a_time_in_the_year_9999_west_of_utc_is_refused_as_past_the_range() -> N
     with pytest.raises(ValidationError, match="past the year 9000"):
         decode_one("claim", '{"family": "configs/x-master.yaml:k", "candidate": "aaaaaaaaaaaaaaaa-bbbbbbbbbbbbbbbb",'
                             ' "wave": 1, "ref": "klaud/claim-x", "at": "9999-12-31T23:00:00-05:00"}')
+
+
+def test_a_retry_further_off_than_its_longest_wait_is_due() -> None:
+    from bot.core.clock import retry_due
+
+    now = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+    hour = timedelta(hours=1)
+    assert retry_due(now, now, hour) and retry_due(now - hour, now, hour)
+    assert not retry_due(now + hour, now, hour)  # waiting its full delay
+    assert retry_due(now + timedelta(days=365), now, hour)  # set while the clock ran a year ahead

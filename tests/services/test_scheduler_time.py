@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from bot.core.domain import parse_time, stamp
 from bot.core.events import PushEvent
+from bot.github.errors import Unauthorized, Unavailable
 from bot.services.scheduler import LIGHT_RECONCILE_EVERY, Scheduler, next_boundary
 from tests.services.conftest import NOW, REPO, Kit
 
@@ -205,3 +206,77 @@ async def test_retries_that_raise_are_backed_off_not_repeated_at_every_tick(kit:
         calls.append(len(kit.repo.calls))
         kit.clock.advance(1)
     assert calls[0] > 0 and calls[1:] == [0] * 9
+
+
+# A clock that ran ahead (a bad RTC a year ahead; GitHub refuses the App's JWT then, so every
+# GitHub call fails) left backoffs set a year ahead: once set back, that work never ran again.
+
+async def test_a_light_reconcile_that_failed_while_the_clock_ran_ahead_runs_again_after_it_is_corrected(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    ticks = scheduler(kit)
+    await ticks.tick()
+    # The host clock jumps a year ahead; GitHub refuses the App's JWT (exp/iat a year off),
+    # so the light reconcile due at that tick fails.
+    kit.clock.set(NOW + timedelta(days=365))
+    kit.repo.fail("head_sha", Unauthorized(401, "'Issued at' claim ('iat') must be an Integer representing the time that the assertion was issued"), times=1)
+    await ticks.tick()
+    # NTP corrects the clock a minute later; GitHub answers again.
+    kit.clock.set(NOW + timedelta(minutes=1))
+    kit.repo.calls.clear()
+    for _ in range(int((LIGHT_RECONCILE_EVERY * 2).total_seconds()) // 600):
+        await ticks.tick()
+        kit.clock.advance(600)
+    assert any(c[0] == "open_pulls" for c in kit.repo.calls), (
+        f"no light reconcile in 12 h after the clock came back; backoff={ticks._failing}"
+    )
+
+
+async def test_a_wave_that_failed_while_the_clock_ran_ahead_runs_again_after_it_is_corrected(kit: Kit, monkeypatch) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    ticks = scheduler(kit)
+    await ticks.tick()
+    kit.state.meta.reconciled_at = stamp(NOW + timedelta(days=365))  # no reconcile in the way
+    kit.clock.set(NOW + timedelta(days=365))
+    real_apply = kit.live.store.apply
+
+    async def refuse(change: object) -> None:
+        raise OSError("disk I/O error")
+
+    monkeypatch.setattr(kit.live.store, "apply", refuse)
+    assert await ticks.tick() == []  # the wave due then fails (the store refused its write)
+    monkeypatch.setattr(kit.live.store, "apply", real_apply)
+    kit.clock.set(NOW + timedelta(minutes=1))
+    ran = []
+    for _ in range(6 * 3600 // 300):
+        ran += await ticks.tick()
+        kit.clock.advance(300)
+    assert ran, f"no wave for 6 h after the clock was corrected; backoff={ticks._failing}"
+
+
+# A retry wave and the scheduled wave, both overdue after a downtime, ran one tick apart:
+# twice `max_candidates_per_wave` dispatched for one wave time.
+
+async def test_an_overdue_retry_wave_and_scheduled_wave_run_as_one_wave(kit: Kit) -> None:
+    kit.repo.put_files({".github/klaud.yml": "max_candidates_per_wave: 2\n"})
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.state.policy.max_candidates_per_wave == 2
+    ticks = scheduler(kit)
+    await ticks.tick()  # sets next_wave_at: 10:00 (+ jitter)
+    kit.clock.set(parse_time(kit.state.meta.next_wave_at))
+    kit.repo.fail("dispatch", Unavailable(502, "Bad Gateway"), times=100)  # GitHub unwell
+    assert await ticks.tick() == [REPO]  # the 10:00 wave: every dispatch failed
+    assert kit.state.meta.retry_wave_at is not None
+    kit.repo.clear_failures("dispatch")
+    # The process is down (or suspended) from 10:03 until 12:30: both the retry wave (10:05)
+    # and the 12:00 wave are overdue when it runs again.
+    kit.clock.set(NOW + timedelta(hours=4, minutes=30))
+    kit.repo.calls.clear()
+    waves = []
+    for _ in range(60):
+        waves += await ticks.tick()
+        kit.clock.advance(1)
+    dispatched = [c for c in kit.repo.calls if c[0] == "dispatch"]
+    assert len(waves) == 1 and len(dispatched) <= 2, (
+        f"{len(waves)} waves in the minute after the downtime, {len(dispatched)} dispatches "
+        f"(max_candidates_per_wave {kit.state.policy.max_candidates_per_wave})"
+    )

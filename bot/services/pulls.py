@@ -24,7 +24,7 @@ from bot.core.overlap import (
     hunk_headers_name,
     pull_record,
 )
-from bot.github.errors import GitHubError
+from bot.github.errors import GitHubError, RateLimited
 from bot.services.api import RepoAPI
 from bot.services.live import LiveState
 from bot.services.repo_state import RepoState
@@ -185,7 +185,16 @@ class _DiffBase:
 
     async def sha(self) -> str:
         if self._sha is None:
-            self._sha = await self.api.merge_base(self.base, self.head) or self.base
+            try:
+                found = await self.api.merge_base(self.base, self.head)
+            except RateLimited:
+                raise
+            except GitHubError as exc:
+                # A comparison GitHub cannot generate in time answers 500 every time it is
+                # asked (the large diffs whose patches it omits): the base it was opened on.
+                log.info("pulls.merge_base_unread", base=self.base, head=self.head, error=str(exc))
+                found = None
+            self._sha = found or self.base
         return self._sha
 
 

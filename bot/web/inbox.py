@@ -583,6 +583,8 @@ class Inbox:
             self._active.pop(key, None)
             for ended in ends:
                 self._running.pop(ended.delivery.id, None)
+                # A release while the batch ran marks its ended deliveries too: not running now.
+                self._lost.discard(ended.delivery.id)
             self._wake.set()
 
     async def _reload_stale(self, key: str, head: Delivery) -> bool:

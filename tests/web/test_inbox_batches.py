@@ -1184,3 +1184,26 @@ async def test_a_batch_released_before_its_first_delivery_runs_none(db: Recordin
     await asyncio.sleep(0.1)
     await inbox.stop()
     assert gate.runs == [], "the next owner's to run"
+
+
+async def test_a_release_during_a_batch_leaves_no_lost_mark_of_a_delivery_that_had_ended(db: RecordingDatabase) -> None:
+    # d1 ran and ended (its commit waits with the batch's), d2's handler runs, when the lease
+    # goes: `release` marks every delivery of the batch in `_running` as lost, d1 included.
+    # Only a delivery's own run (`_run_one`'s finally) clears its mark: d1's never will.
+    # Each release under a batch of more than one delivery leaves such ids, for as long as
+    # the process runs (rolling deploys, lease moves); and a delivery so marked that runs
+    # here again later (its repository taken back) has its GitHub writes refused.
+    gate = Gate(held={"d2"})
+    lease = Leases("replica-a", "acme/bench")
+    inbox = Inbox(DeliveryStore(db), gate, ownership=lease, claim_every=0.01, batch_size=8)
+    await inbox.open()
+    for n in (1, 2):
+        assert await inbox.store.put(delivery(n))
+    await inbox.start()
+    await wait_for(lambda: gate.runs == ["d1", "d2"] and "d2" in gate.running)
+    lease.held = False
+    inbox.release("acme/bench")
+    gate.open.set()
+    await wait_for(lambda: not gate.running and not inbox.busy("acme/bench"))
+    await inbox.stop()
+    assert not inbox._lost, f"lost marks left behind for good: {sorted(inbox._lost)}"

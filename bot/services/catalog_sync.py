@@ -67,8 +67,17 @@ def drop_unlisted_configs(state: RepoState, listed: set[str]) -> Change:
     # A file that never parsed has no families to remove, only its error, which stayed in the
     # state, check runs and dashboard for good. `config_errors` holds master configs and the
     # runners file.
-    for path in set(state.meta.config_errors) - listed - {state.policy.runners_file}:
+    for path in set(state.meta.config_errors) - listed - {state.policy.runners_file, POLICY_PATH}:
         del state.meta.config_errors[path]
+    # Globs that match no file leave no family to plan: said where config errors show (the
+    # previous planner refused to plan, `live-configs-unavailable`), not silently.
+    if listed:
+        state.meta.config_errors.pop(POLICY_PATH, None)
+    else:
+        globs = ", ".join(state.policy.config_globs)
+        state.meta.config_errors[POLICY_PATH] = (
+            f"config_globs ({globs}) match no file on the default branch: no family is planned"
+        )
     return change
 
 
@@ -317,7 +326,11 @@ class CatalogSync:
         else:
             paths = {p for p in changed or () if is_master_config(p, state.policy.config_globs)}
         for path in sorted(paths):
-            change.extend(await self.refresh_config(state, api, path, ref, pushed_at))
+            # A file the push did not change (read again because the globs or runners moved)
+            # changed no image line: a family new to the catalog there is a backfill, dated by
+            # its history (the next light reconcile's blame), not by this push.
+            dated = pushed_at if changed is None or path in changed else None
+            change.extend(await self.refresh_config(state, api, path, ref, dated))
         change.extend(state.date_images(_moved_ages(earlier, state.catalog), unknown_only=False))
         state.retouch()
         after = {f.id: f.image for f in state.catalog}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from bot.core.domain import claim_ref
-from bot.core.events import Account, PullFile, PullRequestEvent, PushEvent
+from bot.core.events import Account, BlameRange, PullFile, PullRequestEvent, PushEvent
 from bot.services.catalog_sync import pushed_since_pause
 from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
@@ -332,3 +332,57 @@ async def test_a_policy_push_naming_another_runners_file_reads_that_file(kit: Ki
     assert kit.state.policy.runners_file == MOVED_RUNNERS
     assert kit.state.catalog.get(H200).clusters == ("h200-dgxc",)
     assert "configs/runners.yaml" not in kit.state.meta.config_errors
+
+
+_AMD = "configs/amd-master.yaml"
+_OLD = NOW - timedelta(days=200)
+
+
+async def test_a_push_widening_config_globs_dates_the_families_it_brings_in_by_their_history(kit: Kit) -> None:
+    # The amd config has existed, unchanged, for 200 days; only the policy excluded it.
+    kit.repo.put_files({".github/klaud.yml": NVIDIA_ONLY})
+    kit.repo.blames[_AMD] = [BlameRange(startingLine=1, endingLine=10_000, committed=_OLD)]
+    await kit.reconciler.reconcile(REPO, 1)
+    assert kit.state.catalog.get(MI355X) is None
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {k: v for k, v in kit.repo.files[before].items() if k != ".github/klaud.yml"}
+    kit.repo.head = after
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    # And the next light reconcile asks the history for whatever is still unknown.
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    family = kit.state.catalog.get(MI355X)
+    assert family is not None
+    # The push changed only .github/klaud.yml: no image line of the amd config moved. Dated
+    # by the push, the family looked brand new (age 0) and went to the back of every wave.
+    assert family.image_changed_at != PUSHED_AT
+    assert family.image_changed_at == _OLD
+
+
+TYPO = 'config_globs: ["config/*-master.yaml"]\n'  # `config/`, not `configs/`: matches no file
+
+
+async def test_a_push_whose_config_globs_match_no_file_says_why_every_family_left(kit: Kit) -> None:
+    from bot.core.doctor import config_checks
+
+    await kit.reconciler.reconcile(REPO, 1)
+    assert len(kit.state.catalog) > 0
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {**kit.repo.files[before], ".github/klaud.yml": TYPO}
+    kit.repo.head = after
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    # A valid policy whose globs match nothing: every family left the waves.
+    assert kit.state.meta.policy_error is None
+    assert len(kit.state.catalog) == 0
+    preview = await kit.waves.preview(REPO)
+    assert preview is not None and preview.decisions == ()
+    # ... and nothing anywhere says why: no config error, no policy error, and the doctor's
+    # "master configs" check passes with "0 families parsed".
+    document = kit.state.state_document(kit.clock.now())
+    assert document["config_errors"] or document["policy_error"], document["config_errors"]
+    checks = config_checks(kit.state.meta.config_errors, kit.state.policy.runners_file, len(kit.state.catalog))
+    assert not all(check.ok for check in checks), checks
+    fixed = "f" * 40  # the typo fixed: the families come back, the error goes
+    kit.repo.files[fixed] = {k: v for k, v in kit.repo.files[before].items() if k != ".github/klaud.yml"}
+    kit.repo.head = fixed
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", after, fixed))
+    assert len(kit.state.catalog) > 0 and not kit.state.state_document(kit.clock.now())["config_errors"]

@@ -37,9 +37,10 @@ def dispatch_failed(decision: Decision, error: str) -> Decision:
 
 
 def not_tried(decision: Decision, error: str) -> Decision:
-    """The repository refused the wave's claim of another family (archived, the App's
-    access withdrawn or suspended): this one is not tried in the same wave."""
-    reason = f"not tried: the repository refused this wave's claims ({error}); the next wave tries again"
+    """GitHub refused the wave's claim or dispatch of another family for the whole repository
+    (archived, the App's access withdrawn or suspended, a ruleset, the workflow gone): this
+    one is not tried in the same wave."""
+    reason = f"not tried: GitHub refused this wave for the whole repository ({error}); the next wave tries again"
     return replace(decision, decision="dispatch-failed", reason=reason)
 
 

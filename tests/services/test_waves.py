@@ -235,6 +235,7 @@ async def test_a_dispatch_refused_for_the_repository_stops_the_wave_at_the_first
     assert wave.selected == () and not kit.state.dispatches and not kit.state.claims
     failed = [d for d in wave.decisions if d.decision == "dispatch-failed"]
     assert refusal.message in failed[0].reason and all("not tried" in d.reason for d in failed[1:])
+    assert "for the whole repository" in failed[1].reason and "claims" not in failed[1].reason
 
 
 async def test_a_dispatch_refused_for_its_inputs_lets_the_next_family_take_the_slot(kit: Kit) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 from bot.core.clock import ManualClock
 from bot.services.live import LiveState
@@ -24,6 +25,15 @@ from tests.services.test_replicas import database, nodes  # noqa: F401  (fixture
 from tests.web.test_inbox_batches import Gate, wait_for
 
 
+def replica_a(stores: Any, handler: Any) -> tuple[Inbox, Replicas]:
+    """Replica `a`: its inbox running `handler`, and its lease coordinator."""
+    inbox = Inbox(stores.deliveries, handler, claim_every=0.01, batch_size=32)
+    live = LiveState(stores.state, None, ManualClock(datetime(2026, 12, 1, tzinfo=UTC)), ())
+    a = Replicas(stores.leases, stores.deliveries, live, busy=inbox.busy, release=inbox.release, owner="a")
+    inbox.ownership = a
+    return inbox, a
+
+
 async def test_a_delivery_the_next_owner_finished_is_not_run_again_when_the_repository_comes_back(nodes, database):  # noqa: F811
     # a runs x1 (x2 waits behind it in the same batch) when it loses o/x's lease; b takes the
     # repository, processes x1 and x2, and lets it go; a takes it back while x1's handler still
@@ -34,10 +44,7 @@ async def test_a_delivery_the_next_owner_finished_is_not_run_again_when_the_repo
     gate = Gate(held={"x1"})
     inbox = None
     try:
-        inbox = Inbox(stores.deliveries, gate, claim_every=0.01, batch_size=32)
-        live = LiveState(stores.state, None, ManualClock(datetime(2026, 12, 1, tzinfo=UTC)), ())
-        a = Replicas(stores.leases, stores.deliveries, live, busy=inbox.busy, release=inbox.release, owner="a")
-        inbox.ownership = a
+        inbox, a = replica_a(stores, gate)
         for n in (1, 2):
             body = json.dumps({"n": n}).encode()
             assert await stores.deliveries.put(Delivery(f"x{n}", "push", body, repo="o/x", installation=7))
@@ -110,10 +117,8 @@ async def test_a_handler_running_since_before_the_lease_went_writes_no_github_af
 
     inbox = None
     try:
-        inbox = Inbox(stores.deliveries, handler, claim_every=0.01, batch_size=32)
-        live = LiveState(stores.state, None, ManualClock(datetime(2026, 12, 1, tzinfo=UTC)), ())
-        a = Replicas(stores.leases, stores.deliveries, live, busy=inbox.busy, release=inbox.release, owner="a")
-        inbox.ownership = a
+        inbox, a = replica_a(stores, handler)
+        live = a.live
         assert await stores.deliveries.put(Delivery("x1", "issue_comment", b'{"n": 1}', repo="o/x", installation=7))
         await a.round()
         await inbox.open()

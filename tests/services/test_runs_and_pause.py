@@ -209,15 +209,22 @@ async def test_a_canarys_fallback_read_on_a_retry_does_not_resume_dispatch(kit: 
     assert blocked is not None and blocked.code == "dispatch-paused", "a fallback canary resumed dispatch"
 
 
-async def test_a_wave_whose_failed_sessions_are_read_on_a_retry_still_pauses_dispatch(kit: Kit) -> None:
-    # As the session test above, but blob storage has a bad minute: each fallback's first
-    # download gets a 502 (the dispatch ends with download-failed, which says nothing of the
-    # run), and the reads an hour later find the three fallbacks, failed in one job.
+async def three_sessions_failed_while_downloads_failed(kit: Kit) -> list[int]:
+    """Five dispatched runs, three of which failed in their session step, each fallback's
+    first download answered 502: the run ids."""
     runs = await five_dispatched(kit)
     for n, run_id in enumerate(runs[:3]):
         session_failed(kit, run_id, 800 + n)
         kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
         await kit.outcomes.on_workflow_run(kit.state, event(run_id, conclusion="failure"))
+    return runs
+
+
+async def test_a_wave_whose_failed_sessions_are_read_on_a_retry_still_pauses_dispatch(kit: Kit) -> None:
+    # As the session test above, but blob storage has a bad minute: each fallback's first
+    # download gets a 502 (the dispatch ends with download-failed, which says nothing of the
+    # run), and the reads an hour later find the three fallbacks, failed in one job.
+    runs = await three_sessions_failed_while_downloads_failed(kit)
     assert kit.state.blocked() is None and len(kit.state.pending_artifacts) == 3
     kit.clock.advance(3600)
     assert await kit.outcomes.retry_artifacts_of(kit.state) == 3
@@ -377,11 +384,7 @@ async def test_a_persons_pending_read_does_not_keep_a_canary_whose_own_run_gave_
 async def test_a_failure_counted_on_a_late_read_is_stored(kit: Kit) -> None:
     # Counted in memory only (stored when it paused), a restart or a takeover between two late
     # reads lost it, and three failures in one job never paused dispatch.
-    runs = await five_dispatched(kit)
-    for n, run_id in enumerate(runs[:3]):
-        session_failed(kit, run_id, 800 + n)
-        kit.repo.fail("download", Unavailable(502, "Bad Gateway"))
-        await kit.outcomes.on_workflow_run(kit.state, event(run_id, conclusion="failure"))
+    await three_sessions_failed_while_downloads_failed(kit)
     kit.clock.advance(3600)
     entries = sorted(kit.state.pending_artifacts.items())
     for key, entry in entries[:2]:

@@ -187,9 +187,12 @@ class _DiffBase:
         if self._sha is None:
             try:
                 found = await self.api.merge_base(self.base, self.head)
-            except RateLimited:
-                raise
             except GitHubError as exc:
+                # A blip (a timeout, a 502, the token service, a rate limit) is retried: the
+                # fallback is kept for good (files are read once per head). Only the 500 a
+                # comparison too long to generate answers every time falls back.
+                if isinstance(exc, RateLimited) or (exc.transient and exc.status != 500):
+                    raise
                 # A comparison GitHub cannot generate in time answers 500 every time it is
                 # asked (the large diffs whose patches it omits): the base it was opened on.
                 log.info("pulls.merge_base_unread", base=self.base, head=self.head, error=str(exc))

@@ -329,3 +329,20 @@ async def test_an_image_bump_in_a_four_space_config_is_read_as_an_image_change(k
     kit.repo.pull_files_of[12] = [PullFile(filename=four, patch=patch)]
     await kit.pulls.on_pull_request(kit.state, event("opened"))
     assert kit.state.overlap.touches(12) == {f"{four}:fam-a": "image"}
+
+
+async def test_a_transient_merge_base_failure_does_not_charge_the_pr_with_the_base_branch_changes(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    head, branch_point = "c" * 40, "e" * 40
+    # Main bumped B200's image after the PR branched off: at the branch point it was older.
+    old = sc.NVIDIA.replace("lmsysorg/sglang:v0.5.16-cu130", "lmsysorg/sglang:v0.5.15-cu130")
+    kit.repo.put_files({NVIDIA: old}, ref=branch_point)
+    kit.repo.put_files({NVIDIA: old.replace("release:1.2.0rc4", "release:1.2.1")}, ref=head)
+    kit.repo.merge_bases[(kit.repo.head, head)] = branch_point
+    kit.repo.pull_files_of[12] = [PullFile(filename=NVIDIA, patch=None)]
+    kit.repo.pulls[12] = pull(12, head_sha=head, updated_at=NOW)
+    kit.repo.fail("merge_base", Unavailable(502, "Bad Gateway"), times=1)  # one blip
+    with pytest.raises(Unavailable):  # retried: the delivery, or the next light reconcile
+        await kit.pulls.on_pull_request(kit.state, pull_event("opened", 12, head_sha=head, updated_at=NOW))
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert kit.state.overlap.touches(12) == {H200: "image"}, "charged with what main got since its branch point"

@@ -331,6 +331,10 @@ class CatalogSync:
             # its history (the next light reconcile's blame), not by this push.
             dated = pushed_at if changed is None or path in changed else None
             change.extend(await self.refresh_config(state, api, path, ref, dated))
+        if not reload_all and paths and (POLICY_PATH in state.meta.config_errors or not state.catalog):
+            # The first master config pushed (or the last deleted): whether the globs match a
+            # file is the listing's to say, not the last full reconcile's.
+            change.extend(drop_unlisted_configs(state, set(await self.config_paths(state, api, ref))))
         change.extend(state.date_images(_moved_ages(earlier, state.catalog), unknown_only=False))
         state.retouch()
         after = {f.id: f.image for f in state.catalog}

@@ -6,8 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from bot.core.doctor import config_checks
 from bot.core.domain import claim_ref
 from bot.core.events import Account, BlameRange, PullFile, PullRequestEvent, PushEvent
+from bot.core.policy import POLICY_PATH
 from bot.services.catalog_sync import pushed_since_pause
 from bot.services.repo_state import RepoMeta, RepoState
 from bot.store.change import Change
@@ -362,8 +364,6 @@ TYPO = 'config_globs: ["config/*-master.yaml"]\n'  # `config/`, not `configs/`: 
 
 
 async def test_a_push_whose_config_globs_match_no_file_says_why_every_family_left(kit: Kit) -> None:
-    from bot.core.doctor import config_checks
-
     await kit.reconciler.reconcile(REPO, 1)
     assert len(kit.state.catalog) > 0
     before, after = kit.repo.head, "e" * 40
@@ -386,3 +386,35 @@ async def test_a_push_whose_config_globs_match_no_file_says_why_every_family_lef
     kit.repo.head = fixed
     await kit.catalog.on_push(kit.state, push("refs/heads/main", after, fixed))
     assert len(kit.state.catalog) > 0 and not kit.state.state_document(kit.clock.now())["config_errors"]
+
+
+async def test_a_push_adding_the_first_master_config_clears_the_globs_match_no_file_error(kit: Kit) -> None:
+    # A fresh install on a repository whose master configs are not there yet.
+    before = kit.repo.head
+    kit.repo.files[before] = {k: v for k, v in kit.repo.files[before].items() if not k.endswith("-master.yaml")}
+    await kit.reconciler.reconcile(REPO, 1)
+    assert len(kit.state.catalog) == 0 and POLICY_PATH in kit.state.meta.config_errors
+    after = "e" * 40
+    kit.repo.files[after] = {**kit.repo.files[before], "configs/nvidia-master.yaml": sc.NVIDIA}
+    kit.repo.head = after
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert len(kit.state.catalog) > 0  # families are planned now
+    document = kit.state.state_document(kit.clock.now())
+    assert document["config_errors"] == [], document["config_errors"]
+    checks = config_checks(kit.state.meta.config_errors, kit.state.policy.runners_file, len(kit.state.catalog))
+    assert all(check.ok for check in checks), checks
+    # ... and a light reconcile (head known) does not clear it either.
+    await kit.reconciler.reconcile(REPO, 1, light=True)
+    assert POLICY_PATH not in kit.state.meta.config_errors
+
+
+async def test_a_push_deleting_the_last_master_config_says_the_globs_match_no_file(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    assert POLICY_PATH not in kit.state.meta.config_errors
+    before, after = kit.repo.head, "e" * 40
+    kit.repo.files[after] = {k: v for k, v in kit.repo.files[before].items() if not k.endswith("-master.yaml")}
+    kit.repo.head = after
+    await kit.catalog.on_push(kit.state, push("refs/heads/main", before, after))
+    assert len(kit.state.catalog) == 0
+    # Said as a fresh install with no config says it (README: not a silent empty wave).
+    assert POLICY_PATH in kit.state.meta.config_errors

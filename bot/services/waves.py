@@ -115,6 +115,10 @@ class WaveRunner:
                 change.put_wave(state.name, number, wave_record(wave))
                 # Wave documents are large (one decision per family): keep the recent ones.
                 change.delete_wave(state.name, number - KEEP_WAVES)
+            else:
+                # Dry run dispatches nothing to retry: a retry wave a real run left due is
+                # spent here (left, it was due, and ran, at every tick).
+                state.meta.retry_wave_at = None
             if next_wave_at is not None:
                 self._slot_taken(state, next_wave_at)
             state.save_meta(change)

@@ -11,6 +11,7 @@ from bot.core.domain import parse_time, stamp
 from bot.core.events import PushEvent
 from bot.github.errors import Unauthorized, Unavailable
 from bot.services.scheduler import LIGHT_RECONCILE_EVERY, Scheduler, next_boundary
+from bot.services.waves import WaveRunner
 from tests.services.conftest import NOW, REPO, Kit
 
 
@@ -280,3 +281,16 @@ async def test_an_overdue_retry_wave_and_scheduled_wave_run_as_one_wave(kit: Kit
         f"{len(waves)} waves in the minute after the downtime, {len(dispatched)} dispatches "
         f"(max_candidates_per_wave {kit.state.policy.max_candidates_per_wave})"
     )
+
+
+async def test_a_retry_wave_left_due_runs_once_in_dry_run_not_at_every_tick(kit: Kit) -> None:
+    await kit.reconciler.reconcile(REPO, 1)
+    kit.state.meta.retry_wave_at = stamp(NOW + timedelta(minutes=5))  # stored before the restart
+    dry = WaveRunner(kit.live, kit.capacity, kit.clock, dry_run=True)
+    ticks = Scheduler(kit.live, dry, kit.reconciler, kit.outcomes, kit.clock, rng=random.Random(1))
+    kit.clock.advance(6 * 60)
+    waves = []
+    for _ in range(60):
+        waves += await ticks.tick()
+        kit.clock.advance(1)
+    assert len(waves) <= 1, f"{len(waves)} dry-run waves in one minute; retry_wave_at={kit.state.meta.retry_wave_at}"

@@ -36,6 +36,12 @@ def dispatch_failed(decision: Decision, error: str) -> Decision:
     return replace(decision, decision="dispatch-failed", reason=reason)
 
 
+def claim_refused(decision: Decision, error: str) -> Decision:
+    """GitHub refused the family's claim ref: nothing was claimed nor dispatched."""
+    reason = f"claim refused ({error}); not dispatched, the next wave tries again"
+    return replace(decision, decision="dispatch-failed", reason=reason)
+
+
 def not_tried(decision: Decision, error: str) -> Decision:
     """GitHub refused the wave's claim or dispatch of another family for the whole repository
     (archived, the App's access withdrawn or suspended, a ruleset, the workflow gone): this

@@ -22,6 +22,7 @@ from bot.core.catalog import (
     parse_runners,
     read_master,
 )
+from bot.core.commands import code_span
 from bot.core.domain import CLAIM_BRANCH_PREFIX, Claim, Family, parse_time, stamp
 from bot.core.events import PushEvent, Repository
 from bot.core.policy import POLICY_PATH
@@ -74,7 +75,7 @@ def drop_unlisted_configs(state: RepoState, listed: set[str]) -> Change:
     if listed:
         state.meta.config_errors.pop(POLICY_PATH, None)
     else:
-        globs = ", ".join(state.policy.config_globs)
+        globs = ", ".join(code_span(glob) for glob in state.policy.config_globs)  # a person's text
         state.meta.config_errors[POLICY_PATH] = (
             f"config_globs ({globs}) match no file on the default branch: no family is planned"
         )

@@ -189,7 +189,7 @@ class WaveRunner:
                 except RepositoryRefused as refused:
                     # Every other claim would be refused alike (thousands of requests a wave
                     # with 2,000 families, and GitHub's write limits for the installation).
-                    settled[decision.family] = dispatching.dispatch_failed(decision, str(refused.error))
+                    settled[decision.family] = refused.decision
                     wave = state.plan(number, now, reading, settled=settled, in_flight=in_flight)
                     rest = {d.family: dispatching.not_tried(d, str(refused.error))
                             for d in wave.decisions if d.decision == "selected" and d.family not in settled}
@@ -225,9 +225,10 @@ class WaveRunner:
             claimed = await claim_family(api, family, base)
         except GitHubError as exc:
             log.warning("wave.dispatch_failed", family=family.id, error=str(exc))
+            refused = dispatching.claim_refused(decision, str(exc))
             if refuses_the_repository(exc):
-                raise RepositoryRefused(exc) from exc
-            return dispatching.dispatch_failed(decision, str(exc))
+                raise RepositoryRefused(exc, refused) from exc
+            return refused
         if not claimed:
             # Another wave holds the family's claim ref: remembered, so it is resolved (or
             # its orphan deleted) like any claim made elsewhere.
@@ -258,7 +259,7 @@ class WaveRunner:
                 # The workflow gone (a push whose webhook was lost), the App's Actions access
                 # refused: every family's dispatch would get the same. A 422 may be about
                 # this family's inputs alone.
-                raise RepositoryRefused(exc) from exc
+                raise RepositoryRefused(exc, failed) from exc
             return failed
         if run_id is not None:
             change.extend(state.add_dispatch(replace(pending, run_id=run_id)))
@@ -303,9 +304,10 @@ class WaveRunner:
 class RepositoryRefused(Exception):
     """A claim or dispatch GitHub refused for the whole repository, not for the family."""
 
-    def __init__(self, error: GitHubError) -> None:
+    def __init__(self, error: GitHubError, decision: Decision) -> None:
         super().__init__(str(error))
         self.error = error
+        self.decision = decision  # the refused family's, as the refusal left it
 
 
 def refuses_the_repository(error: GitHubError) -> bool:

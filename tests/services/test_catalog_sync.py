@@ -381,6 +381,9 @@ async def test_a_push_whose_config_globs_match_no_file_says_why_every_family_lef
     assert document["config_errors"] or document["policy_error"], document["config_errors"]
     checks = config_checks(kit.state.meta.config_errors, kit.state.policy.runners_file, len(kit.state.catalog))
     assert not all(check.ok for check in checks), checks
+    # A person's text, in a code span: raw in Markdown, two `*` italicise what lies between
+    # them, and a glob `@org/team-*` would mention a team.
+    assert "(`config/*-master.yaml`)" in kit.state.meta.config_errors[".github/klaud.yml"]
     fixed = "f" * 40  # the typo fixed: the families come back, the error goes
     kit.repo.files[fixed] = {k: v for k, v in kit.repo.files[before].items() if k != ".github/klaud.yml"}
     kit.repo.head = fixed

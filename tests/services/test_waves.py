@@ -216,6 +216,8 @@ async def test_a_claim_a_ruleset_refuses_stops_the_wave_at_the_first(kit: Kit) -
     assert [c[0] for c in kit.repo.calls].count("create_branch") == 1
     failed = [d for d in wave.decisions if d.decision == "dispatch-failed"]
     assert wave.selected == () and "rule violations" in failed[0].reason
+    # Nothing was claimed nor dispatched: not "dispatch failed ...; claim released".
+    assert failed[0].reason.startswith("claim refused") and "released" not in failed[0].reason
     assert all("not tried" in d.reason for d in failed[1:])
 
 

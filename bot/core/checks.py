@@ -26,7 +26,7 @@ from typing import Any, Literal
 from bot.core import commands
 from bot.core.catalog import config_problems
 from bot.core.cooldown import human_time
-from bot.core.domain import Attempt, Blocked, Family, Hold, Overlap
+from bot.core.domain import Attempt, Blocked, Family, Hold, Overlap, code_span
 from bot.core.outcomes import check_conclusion
 from bot.core.policy import POLICY_PATH
 
@@ -192,7 +192,7 @@ def _config_warning(errors: Mapping[str, str]) -> list[str]:
     problems = config_problems(errors)
     if not problems:
         return []
-    shown = [f"- {commands.code_span(path)}: {problem}" for path, problem in problems[:CONFIG_PROBLEMS_SHOWN]]
+    shown = [f"- {code_span(path)}: {problem}" for path, problem in problems[:CONFIG_PROBLEMS_SHOWN]]
     more = len(problems) - len(shown)
     return [
         "### ⚠️ Configuration errors",
@@ -216,7 +216,7 @@ def _policy_warning(error: str | None) -> list[str]:
 
 def _facts(view: CheckView) -> list[tuple[str, str]]:
     if view.family is not None:
-        family = commands.code_span(view.family.id)
+        family = code_span(view.family.id)
     else:
         family = "none: the candidate no longer matches a family on the default branch"
     hold = (
@@ -226,7 +226,7 @@ def _facts(view: CheckView) -> list[tuple[str, str]]:
     )
     return [
         ("Family", family),
-        ("Candidate", commands.code_span(view.candidate)),
+        ("Candidate", code_span(view.candidate)),
         ("Image", _image_fact(view)),
         # When the image last changed, not an age: a check run is not re-rendered as it ages.
         ("Image changed", human_time(changed) if (changed := _image_changed_at(view)) else "unknown"),
@@ -238,7 +238,7 @@ def _facts(view: CheckView) -> list[tuple[str, str]]:
 def _image_fact(view: CheckView) -> str:
     if not view.image:
         return "unknown"
-    image = commands.code_span(view.image)
+    image = code_span(view.image)
     if view.family is not None and view.family.candidate != view.candidate:
         # The PR's branch names the candidate it works on; the family has moved on since.
         return f"{image} on the default branch now; this candidate is for an earlier image"

@@ -29,6 +29,7 @@ from bot.core.domain import (
     Family,
     Hold,
     Overlap,
+    code_span,
 )
 
 GITHUB_WEB = "https://github.com"
@@ -814,15 +815,6 @@ def with_until(reason: str, until: datetime | None) -> str:
 def person(login: str) -> str:
     # Bold, not @login: Klaud never notifies people (domain §6.1).
     return f"**{' '.join(login.split())}**"
-
-
-def code_span(text: str) -> str:
-    """`text` as an inline code span that its own backticks cannot break."""
-    flat = " ".join(text.split())
-    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
-    ticks = "`" * (longest + 1)
-    padded = f" {flat} " if flat.startswith("`") or flat.endswith("`") else flat
-    return f"{ticks}{padded}{ticks}"
 
 
 def _answer(*lines: str) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from bot.core.domain import RETRY_NEXT_WAVE_OUTCOMES, Attempt
+from bot.core.domain import RETRY_NEXT_WAVE_OUTCOMES, Attempt, code_span
 from bot.core.outcomes import NO_OUTCOME
 
 # Runs in a row that must end without an outcome (NO_OUTCOME) for the candidate to cool down.
@@ -112,8 +112,9 @@ def _no_outcome(attempt: Attempt) -> str:
 
 
 def _where_failed(attempt: Attempt) -> str:
-    job = f"job {attempt.failed_job}" if attempt.failed_job else "an unknown job"
-    step = f", step {attempt.failed_step}" if attempt.failed_step else ""
+    # Names a workflow gives: code spans, for the Markdown of check runs and the dashboard.
+    job = f"job {code_span(attempt.failed_job)}" if attempt.failed_job else "an unknown job"
+    step = f", step {code_span(attempt.failed_step)}" if attempt.failed_step else ""
     return f"last in {job}{step}, run {attempt.run_id}"
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TypedDict
 
-from bot.core.domain import Attempt, Blocked, Decision, Wave
+from bot.core.domain import Attempt, Blocked, Decision, Wave, code_span
 
 CLAIM_LOST_REASON = "another wave claimed this family first"
 # A pause needs this many runs of one wave failing in the same job …
@@ -151,7 +151,7 @@ def pause_reason(wave: int, runs: WaveRuns) -> str | None:
     for job, count in sorted(runs.failed_jobs.items(), key=lambda item: (-item[1], item[0])):
         if count >= PAUSE_MIN_FAILED_RUNS and count >= runs.finished * PAUSE_MIN_SHARE:
             step = runs.failed_steps.get(job)
-            where = f"job {job}" + (f", step {step}" if step else "")
+            where = f"job {code_span(job)}" + (f", step {code_span(step)}" if step else "")
             return (
                 f"dispatch paused: {count} of the {runs.finished} finished runs of wave {wave} failed "
                 f"before an outcome in {where}; fix the workflow and push, or comment /klaud resume"

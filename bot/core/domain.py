@@ -471,3 +471,12 @@ class Wave:
                 for d in self.decisions
             ],
         }
+
+
+def code_span(text: str) -> str:
+    """`text` as an inline code span that its own backticks cannot break."""
+    flat = " ".join(text.split())
+    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
+    ticks = "`" * (longest + 1)
+    padded = f" {flat} " if flat.startswith("`") or flat.endswith("`") else flat
+    return f"{ticks}{padded}{ticks}"

@@ -22,8 +22,14 @@ from bot.core.catalog import (
     parse_runners,
     read_master,
 )
-from bot.core.commands import code_span
-from bot.core.domain import CLAIM_BRANCH_PREFIX, Claim, Family, parse_time, stamp
+from bot.core.domain import (
+    CLAIM_BRANCH_PREFIX,
+    Claim,
+    Family,
+    code_span,
+    parse_time,
+    stamp,
+)
 from bot.core.events import PushEvent, Repository
 from bot.core.policy import POLICY_PATH
 from bot.core.setup import workflow_path, workflow_setup_errors

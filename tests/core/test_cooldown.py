@@ -174,7 +174,7 @@ def run_failed(hours_ago: float, run_id: int) -> Attempt:
 def test_one_run_failing_before_an_outcome_leaves_the_candidate_eligible() -> None:
     state = check([run_failed(1, 301)])
     assert state.eligible
-    assert "failed before an outcome" in state.reason and "job get-jobs, step Validate matrix" in state.reason
+    assert "failed before an outcome" in state.reason and "job `get-jobs`, step `Validate matrix`" in state.reason
 
 
 def test_two_runs_in_a_row_failing_before_an_outcome_cool_down_naming_job_and_step() -> None:
@@ -182,7 +182,7 @@ def test_two_runs_in_a_row_failing_before_an_outcome_cool_down_naming_job_and_st
     assert not state.eligible
     assert state.until == NOW - timedelta(hours=1) + timedelta(hours=24)
     assert "the last 2 runs failed before an outcome" in state.reason
-    assert "job get-jobs, step Validate matrix, run 302" in state.reason
+    assert "job `get-jobs`, step `Validate matrix`, run 302" in state.reason
 
 
 def test_an_outcome_between_two_run_failures_breaks_the_row() -> None:

@@ -58,7 +58,7 @@ def test_three_runs_failing_in_one_job_pause_dispatch() -> None:
     count_finished(runs, ended("run-failed", "get-jobs"))
     reason = pause_reason(7, runs)
     assert reason is not None
-    assert "3 of the 3 finished runs of wave 7" in reason and "job get-jobs, step Validate matrix" in reason
+    assert "3 of the 3 finished runs of wave 7" in reason and "job `get-jobs`, step `Validate matrix`" in reason
 
 
 def test_a_failing_job_must_be_at_least_half_of_the_finished_runs() -> None:
@@ -83,3 +83,13 @@ def test_a_job_failing_exactly_half_of_the_finished_runs_pauses_dispatch() -> No
         count_finished(runs, ended(None, outcome="validated"))
     reason = pause_reason(7, runs)
     assert reason is not None and "3 of the 6 finished runs of wave 7" in reason
+
+
+def test_a_job_and_step_named_by_a_workflow_are_code_spans_in_the_pause_reason() -> None:
+    # Shown in the Markdown of check runs and the dashboard: a job named after a team would
+    # mention it, and stars would italicise.
+    runs = WaveRuns(dispatched=3)
+    for _ in range(3):
+        count_finished(runs, ended("run-failed", "@acme/infra *matrix*", "Run `make`"))
+    reason = pause_reason(1, runs)
+    assert reason is not None and "job `@acme/infra *matrix*`, step `` Run `make` ``" in reason

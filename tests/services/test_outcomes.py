@@ -187,7 +187,7 @@ async def test_runs_failing_in_one_job_pause_dispatch_and_a_canary_resumes_it(ki
         await kit.outcomes.on_workflow_run(kit.state, failed_run(dispatch.run_id))
     blocked = kit.state.blocked()
     assert blocked is not None and blocked.code == "dispatch-paused"
-    assert "3 of the 3 finished runs of wave 1 failed before an outcome in job get-jobs" in blocked.reason
+    assert "3 of the 3 finished runs of wave 1 failed before an outcome in job `get-jobs`" in blocked.reason
     kit.clock.advance(3 * 3600)
     paused = await kit.waves.run(REPO, trigger="test")
     assert paused is not None and paused.selected == ()

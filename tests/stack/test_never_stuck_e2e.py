@@ -193,7 +193,7 @@ async def test_runs_failing_in_get_jobs_pause_dispatch_until_a_canary_succeeds(t
                 "id": made["run_id"], "conclusion": "failure", "jobs": failing_jobs()}})
         state = run.state()
         assert state["blocked"]["code"] == "dispatch-paused"
-        assert "job get-jobs, step Generate matrix" in state["blocked"]["reason"]
+        assert "job `get-jobs`, step `Generate matrix`" in state["blocked"]["reason"]
         await run.act({"action": "advance_clock", "seconds": ONE_WAVE})
         paused = await run.klaud.waves.run(REPO, trigger="test")
         assert paused.selected == () and paused.document()["blocked"]["code"] == "dispatch-paused"
@@ -290,7 +290,7 @@ async def test_a_candidate_failing_twice_before_an_outcome_cools_down_once_does_
                 assert verdict.decision == "selected"  # once: eligible next wave
             else:
                 assert verdict.decision == "cooldown"
-                assert "job get-jobs, step Generate matrix" in verdict.reason
+                assert "job `get-jobs`, step `Generate matrix`" in verdict.reason
             await run.act({"action": "advance_clock", "seconds": 600})
 
 

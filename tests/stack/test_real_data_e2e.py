@@ -92,7 +92,7 @@ async def test_runs_failing_with_a_broken_artifact_pause_dispatch_on_the_real_co
         assert len(wave.selected) == 5
         wave = await finish_and_wait(run, wave, "failure")
         assert run.state()["blocked"]["code"] == "dispatch-paused"
-        assert "3 of the 3 finished runs of wave 1 failed before an outcome in job Klaud Cold" in run.state()["blocked"]["reason"]
+        assert "3 of the 3 finished runs of wave 1 failed before an outcome in job `Klaud Cold`" in run.state()["blocked"]["reason"]
         assert wave.selected == ()
 
 

@@ -779,7 +779,9 @@ class _KlaudAPI(gidgethub.aiohttp.GitHubAPI):
             # Minting the token is a POST of its own, whose lost answer is "maybe applied":
             # this request was not sent at all (a dispatch taken for a lost answer kept its
             # claim until the claim keeper found no run).
-            raise Unavailable(exc.status, f"not sent, no installation token: {exc.message}") from exc
+            # No answer came back for this request (it was not sent): not its status, which a
+            # caller may read as the request's own (a 500 the comparison answered).
+            raise Unavailable(None, f"not sent, no installation token: {exc}") from exc
 
     async def _authorize(self, headers: dict[str, str], url: str, rejected: str | None) -> None:
         # The credential goes only to the API's own origin, never to a host a URL from a

@@ -384,6 +384,19 @@ async def test_a_failed_mint_reaches_the_caller_typed(inst: InstallationClient, 
         await inst.getitem("/repos/acme/bench")
 
 
+async def test_a_request_not_sent_for_want_of_a_token_carries_no_status_of_its_own(
+    make_app: Callable[..., GitHubApp], stub: Stub
+) -> None:
+    # The token service's 500 is not the request's: read as the request's status, it was taken
+    # for GitHub's "diff taking too long" answer to a comparison never asked (pulls._DiffBase).
+    inst = make_app(max_attempts=2).installation(7)
+    stub.script("POST", "/app/installations/7/access_tokens", *[reply(500, {"message": "Internal Server Error"})] * 2)
+    with pytest.raises(Unavailable) as refused:
+        await inst.getitem("/repos/acme/bench/compare/a...c?per_page=1")
+    assert refused.value.status is None and "500" in str(refused.value) and "not sent" in str(refused.value)
+    assert stub.calls("GET", "/repos/acme/bench/compare/a...c") == []
+
+
 async def test_the_token_mint_is_retried_on_5xx_because_minting_twice_is_harmless(
     inst: InstallationClient, stub: Stub
 ) -> None:

@@ -126,6 +126,16 @@ async def _where_it_failed(api: RepoAPI, run: WorkflowRun, info: RunInfo, attemp
     return await _where_a_fallback_failed(api, run, attempt)
 
 
+def _turned(state: RepoState, turn: str | None) -> set[str]:
+    """The families to re-render when dispatch paused or resumed (`turn`): all of them, as
+    every Klaud check run shows a pause (and LiveState.notify, which follows every recorded
+    attempt, sets klaud_dispatch_paused)."""
+    if turn is None:
+        return set()
+    log.warning("dispatch." + turn, repo=state.name, reason=state.meta.pause["reason"] if state.meta.pause else None)
+    return {f.id for f in state.catalog}
+
+
 def _failed_wave(run: WorkflowRun, dispatch: Dispatch | None, read: ArtifactRead) -> int | None:
     """The wave of the dispatch a failed `run` ended, when `read` is of its candidate."""
     if dispatch is None or run.conclusion not in RUN_FAILED_CONCLUSIONS or read.attempt.candidate != dispatch.candidate:
@@ -393,11 +403,7 @@ class OutcomeRecorder:
         else:
             # A retried read of the canary's artifact ends the canary after its dispatch did.
             turn = state.note_canary_attempt(attempt)
-        if turn is not None:
-            log.warning("dispatch." + turn, repo=state.name, reason=state.meta.pause["reason"] if state.meta.pause else None)
-            # Every Klaud check run shows a pause: all of them re-render (and LiveState.notify,
-            # which follows every recorded attempt, sets klaud_dispatch_paused).
-            families |= {f.id for f in state.catalog}
+        families |= _turned(state, turn)
         if ended is not None or canary:
             change.extend(state.save_meta())
         return families
@@ -480,7 +486,4 @@ class OutcomeRecorder:
         them when it paused dispatch (every Klaud check run shows the pause)."""
         turn = state.note_read_late(wave, attempt, self.live.clock.now())
         change.extend(state.save_meta())  # the failure it counted, paused or not
-        if turn is None:
-            return set()
-        log.warning("dispatch.paused", repo=state.name, reason=state.meta.pause["reason"] if state.meta.pause else None)
-        return {f.id for f in state.catalog}
+        return _turned(state, turn)

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import AfterValidator
 
 CANDIDATE_RE = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{16}$")
+CANDIDATE_LENGTH = 33  # every candidate id: 16 hex digits, a dash, 16 hex digits
 # A family id: the path of a master config (anywhere `config_globs` reaches), ':', its key.
 FAMILY_RE = re.compile(r"^[^\s:]+\.ya?ml:[^\s:]+$")
 ARTIFACT_RE = re.compile(r"^klaud-candidate-([0-9a-f]{16}-[0-9a-f]{16})$")

@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from bot.core.domain import CANDIDATE_RE
+from bot.core.domain import CANDIDATE_LENGTH, CANDIDATE_RE
 from bot.store.change import Change
 from bot.store.codec import decode_document, decode_many, decode_one, unreadable_reason
 from bot.store.engine import Dialect, Engine, Statement, as_count, inflate, stored_as
@@ -91,13 +91,13 @@ COMPLETED_AT: dict[Dialect, str] = {
 LOAD_SINCE = LOAD + " AND (kind != 'attempt' OR coalesce({completed_at} >= ?, TRUE))"
 PRUNE_ATTEMPTS = "DELETE FROM records WHERE kind = 'attempt' AND {completed_at} < ?"
 # Some candidates' attempts, whatever their age, in one pass over the repository's attempts
-# (keys are "<candidate>:<run>:<attempt>", a candidate id 33 characters): a query per
-# candidate read them all again for each of a restart's open Klaud PRs.
+# (keys are "<candidate>:<run>:<attempt>", a candidate id CANDIDATE_LENGTH characters): one query
+# per candidate read them all again for each of a restart's open Klaud PRs.
 ATTEMPTS_OF: dict[Dialect, str] = {
     "sqlite": "SELECT kind, key, {data} FROM records WHERE repo = ? AND kind = 'attempt'"
-    " AND substr(key, 1, 33) IN (SELECT value FROM json_each(?))",
+    " AND substr(key, 1, {length}) IN (SELECT value FROM json_each(?))",
     "postgresql": "SELECT kind, key, {data} FROM records WHERE repo = ? AND kind = 'attempt'"
-    " AND substr(key, 1, 33) = ANY(?::text[])",
+    " AND substr(key, 1, {length}) = ANY(?::text[])",
 }
 
 
@@ -110,7 +110,7 @@ class StateStore:
         self._load = LOAD.format(data=data)
         self._get = GET.format(data=data)
         self._load_since = LOAD_SINCE.format(completed_at=completed_at, data=data)
-        self._attempts_of = ATTEMPTS_OF[db.dialect].format(data=data)
+        self._attempts_of = ATTEMPTS_OF[db.dialect].format(data=data, length=CANDIDATE_LENGTH)
         self._prune_attempts = PRUNE_ATTEMPTS.format(completed_at=completed_at)
         # Replicas (PostgreSQL): this process's owner name (set by `Replicas`). Changes then
         # commit only while no other replica holds their repositories' leases (a delivery's

@@ -314,7 +314,9 @@ def compare(call: Call) -> Reply:
         status = "behind"
     else:
         status = "diverged"
-    merge_base = repo.merge_base(base, head) or base
+    merge_base = repo.merge_base(base, head)
+    if merge_base is None:  # GitHub: "No common ancestor between ..." (unrelated histories)
+        raise ApiError(404, f"No common ancestor between {base_ref} and {head_ref}.")
     files = repo.diff_trees(repo.commits[merge_base].tree, repo.commits[head].tree)
     web = f"{call.shapes.web}/{repo.full_name}"
     commits = sorted((repo.commits[sha] for sha in ahead), key=lambda c: c.seq)

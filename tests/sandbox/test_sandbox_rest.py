@@ -282,6 +282,15 @@ async def test_commit_and_compare(hub: Hub) -> None:
     assert (await hub.api("GET", f"{REPO}/compare/main...nope")).status == 404
 
 
+async def test_compare_of_unrelated_histories_is_404_as_on_github(hub: Hub) -> None:
+    # GitHub: "No common ancestor between ..." (the sandbox answered 200 with `base` as the
+    # merge base, which no caller could then tell from a real one).
+    repo = hub.sandbox.world.repo("acme/bench")
+    orphan = repo.commit({"README.md": "x\n"}, (), "orphan", "bob", datetime(2026, 11, 30, tzinfo=UTC))
+    answer = await hub.api("GET", f"{REPO}/compare/main...{orphan.sha}")
+    assert answer.status == 404 and "No common ancestor" in (await answer.json())["message"]
+
+
 async def test_git_tree_lists_files(hub: Hub) -> None:
     tree = await hub.json("GET", f"{REPO}/git/trees/main", params={"recursive": "1"})
     # GitHub: any value of `recursive` returns the subtrees, "0" and "false" too.
